@@ -1,0 +1,248 @@
+"""Configuration as code: the linker meta-server YAML (PROTOCOL.md section 5), in and out.
+
+Import is all-or-nothing (one transaction; the first bad entry is named and nothing is written)
+and idempotent (natural keys: domain name, link pair, app name). What a file names, it owns:
+an app's distributions are replaced by the file's list. What it does not name is left alone.
+
+Extension keys beyond the linker format: `weight` and `enabled` on links; `tokenSecret`,
+`authMode`, `publicChannels`, `clientSubscriptions` on apps.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Q
+
+from .models import APP_NAME_RE, DOMAIN_NAME_RE, AuthMode, ClientApp, Domain, DomainLink, UserDistribution
+from .services import distribution_validate
+
+
+class ConfigError(Exception):
+    """A config file entry that cannot be imported; the message names the entry."""
+
+
+@dataclass
+class ImportSummary:
+    created: dict[str, int] = field(default_factory=lambda: {"domains": 0, "links": 0, "apps": 0, "distributions": 0})
+    updated: dict[str, int] = field(default_factory=lambda: {"domains": 0, "links": 0, "apps": 0, "distributions": 0})
+
+    def __str__(self) -> str:
+        parts = [f"{kind}: {self.created[kind]} created, {self.updated[kind]} updated" for kind in self.created]
+        return "; ".join(parts)
+
+
+def _require(entry: dict, key: str, where: str) -> Any:
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: expected a mapping, got {type(entry).__name__}")
+    if entry.get(key) in (None, ""):
+        raise ConfigError(f"{where}: '{key}' is required")
+    return entry[key]
+
+
+def _as_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(f"{where}: {value!r} is not a whole number")
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{where}: {value!r} is not a whole number") from None
+
+
+def _validation_text(exc: ValidationError) -> str:
+    if hasattr(exc, "message_dict"):
+        return "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
+    return " ".join(exc.messages)
+
+
+def config_import(*, text: str) -> ImportSummary:
+    try:
+        doc = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError("the file must be a mapping with domains, domainLinks and clientApps")
+    summary = ImportSummary()
+    with transaction.atomic():
+        domains = _import_domains(doc.get("domains") or [], summary)
+        _import_links(doc.get("domainLinks") or [], domains, summary)
+        _import_apps(doc.get("clientApps") or [], summary)
+    return summary
+
+
+def _import_domains(entries: list, summary: ImportSummary) -> dict[str, Domain]:
+    by_name = {d.name: d for d in Domain.objects.all()}
+    for i, entry in enumerate(entries):
+        where = f"domains[{i}]"
+        name = str(_require(entry, "name", where))
+        where = f"domains[{i}] ({name})"
+        if not re.match(DOMAIN_NAME_RE, name):
+            raise ConfigError(f"{where}: invalid domain name")
+        urls = entry.get("urls") or []
+        if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+            raise ConfigError(f"{where}: 'urls' must be a list of strings")
+        domain = by_name.get(name)
+        if domain is None:
+            by_name[name] = Domain.objects.create(name=name, urls=urls)
+            summary.created["domains"] += 1
+        elif domain.urls != urls:
+            domain.urls = urls
+            domain.save(update_fields=["urls"])
+            summary.updated["domains"] += 1
+    return by_name
+
+
+def _import_links(entries: list, domains: dict[str, Domain], summary: ImportSummary) -> None:
+    for i, entry in enumerate(entries):
+        where = f"domainLinks[{i}]"
+        n1, n2 = str(_require(entry, "n1", where)), str(_require(entry, "n2", where))
+        where = f"domainLinks[{i}] ({n1} - {n2})"
+        for name in (n1, n2):
+            if name not in domains:
+                raise ConfigError(f"{where}: unknown domain '{name}' (list it under domains)")
+        if n1 == n2:
+            raise ConfigError(f"{where}: a link must join two different domains")
+        weight = _as_int(entry.get("weight", 1), f"{where} weight")
+        if weight < 1:
+            raise ConfigError(f"{where}: weight must be 1 or more")
+        enabled = bool(entry.get("enabled", True))
+        a, b = domains[n1], domains[n2]
+        link = DomainLink.objects.filter(Q(n1=a, n2=b) | Q(n1=b, n2=a)).first()
+        if link is None:
+            DomainLink.objects.create(n1=a, n2=b, weight=weight, enabled=enabled)
+            summary.created["links"] += 1
+        elif (link.weight, link.enabled) != (weight, enabled):
+            link.weight, link.enabled = weight, enabled
+            link.save(update_fields=["weight", "enabled"])
+            summary.updated["links"] += 1
+
+
+def _inferred_auth_mode(*, auth_enabled: bool, token_secret: str) -> str:
+    # Linker files only know authEnabled; a tokenSecret alone means signed tokens.
+    if auth_enabled:
+        return AuthMode.AUTH_URL
+    return AuthMode.SIGNED_TOKEN if token_secret else AuthMode.NONE
+
+
+def _app_fields(entry: dict, where: str) -> dict[str, Any]:
+    app_name = str(_require(entry, "appName", where))
+    if not re.match(APP_NAME_RE, app_name):
+        raise ConfigError(f"{where}: appName must be letters/digits (it is the user-id prefix)")
+    auth_url = entry.get("authUrl") or ""
+    auth_enabled = bool(entry.get("authEnabled", False))
+    token_secret = entry.get("tokenSecret") or ""
+    mode = entry.get("authMode")
+    if mode is None:
+        mode = _inferred_auth_mode(auth_enabled=auth_enabled, token_secret=token_secret)
+    if mode not in AuthMode.values:
+        raise ConfigError(f"{where}: authMode must be one of {', '.join(AuthMode.values)}")
+    if mode == AuthMode.AUTH_URL and not auth_url:
+        raise ConfigError(f"{where}: authEnabled is true but authUrl is missing")
+    if mode == AuthMode.SIGNED_TOKEN and not token_secret:
+        raise ConfigError(f"{where}: signed tokens need a tokenSecret")
+    public = entry.get("publicChannels") or []
+    if not isinstance(public, list) or not all(isinstance(p, str) for p in public):
+        raise ConfigError(f"{where}: publicChannels must be a list of channel patterns")
+    return {
+        "app_name": app_name,
+        "app_id": str(_require(entry, "appId", where)),
+        "master_user_id": str(_require(entry, "masterUserId", where)),
+        "auth_url": auth_url,
+        "auth_enabled": auth_enabled,
+        "auth_mode": mode,
+        "token_secret": token_secret,
+        "public_channel_patterns": public,
+        "client_subscriptions_allowed": bool(entry.get("clientSubscriptions", False)),
+    }
+
+
+def _import_apps(entries: list, summary: ImportSummary) -> None:
+    seen_ids: dict[str, str] = {}
+    for i, entry in enumerate(entries):
+        where = f"clientApps[{i}]"
+        fields = _app_fields(entry, where)
+        where = f"clientApps[{i}] ({fields['app_name']})"
+        if fields["app_id"] in seen_ids:
+            raise ConfigError(f"{where}: appId '{fields['app_id']}' is also used by {seen_ids[fields['app_id']]}")
+        seen_ids[fields["app_id"]] = fields["app_name"]
+        other = ClientApp.objects.filter(app_id=fields["app_id"]).exclude(app_name=fields["app_name"]).first()
+        if other is not None:
+            raise ConfigError(f"{where}: appId '{fields['app_id']}' already belongs to app {other.app_name}")
+        app = ClientApp.objects.filter(app_name=fields["app_name"]).first()
+        if app is None:
+            app = ClientApp.objects.create(**fields)
+            summary.created["apps"] += 1
+        elif any(getattr(app, k) != v for k, v in fields.items()):
+            for k, v in fields.items():
+                setattr(app, k, v)
+            app.save()
+            summary.updated["apps"] += 1
+        _import_distributions(app, entry.get("userDistributions") or [], where, summary)
+
+
+def _import_distributions(app: ClientApp, entries: list, where: str, summary: ImportSummary) -> None:
+    wanted = []
+    for j, dist in enumerate(entries):
+        dwhere = f"{where} userDistributions[{j}]"
+        domain_name = str(_require(dist, "domainName", dwhere))
+        domain = Domain.objects.filter(name=domain_name).first()
+        if domain is None:
+            raise ConfigError(f"{dwhere}: unknown domain '{domain_name}'")
+        range_from = _as_int(dist.get("from", 0), f"{dwhere} from")
+        range_to = None if dist.get("to") is None else _as_int(dist["to"], f"{dwhere} to")
+        wanted.append((domain.pk, range_from, range_to, domain, dwhere))
+    current = sorted(app.distributions.values_list("domain_id", "range_from", "range_to"))
+    if current == sorted(w[:3] for w in wanted):
+        return
+    app.distributions.all().delete()
+    for _, range_from, range_to, domain, dwhere in wanted:
+        try:
+            distribution_validate(app=app, range_from=range_from, range_to=range_to)
+        except ValidationError as exc:
+            raise ConfigError(f"{dwhere}: {_validation_text(exc)}") from None
+        UserDistribution.objects.create(app=app, domain=domain, range_from=range_from, range_to=range_to)
+        summary.created["distributions"] += 1
+
+
+def config_export() -> str:
+    doc: dict[str, Any] = {
+        "domains": [{"name": d.name, "urls": list(d.urls)} for d in Domain.objects.order_by("name")],
+        "domainLinks": [],
+        "clientApps": [],
+    }
+    for link in DomainLink.objects.select_related("n1", "n2").order_by("pk"):  # file order survives
+        item: dict[str, Any] = {"n1": link.n1.name, "n2": link.n2.name}
+        if link.weight != 1:
+            item["weight"] = link.weight
+        if not link.enabled:
+            item["enabled"] = False
+        doc["domainLinks"].append(item)
+    apps = ClientApp.objects.prefetch_related("distributions__domain").order_by("app_name")
+    for app in apps:
+        item = {"appName": app.app_name, "appId": app.app_id, "masterUserId": app.master_user_id}
+        if app.auth_url:
+            item["authUrl"] = app.auth_url
+        item["authEnabled"] = app.auth_enabled
+        if app.auth_mode != _inferred_auth_mode(auth_enabled=app.auth_enabled, token_secret=app.token_secret):
+            item["authMode"] = app.auth_mode
+        if app.token_secret:
+            item["tokenSecret"] = app.token_secret
+        if app.public_channel_patterns:
+            item["publicChannels"] = list(app.public_channel_patterns)
+        if app.client_subscriptions_allowed:
+            item["clientSubscriptions"] = True
+        dists = []
+        for d in sorted(app.distributions.all(), key=lambda d: d.range_from):
+            entry: dict[str, Any] = {"domainName": d.domain.name, "from": d.range_from}
+            if d.range_to is not None:
+                entry["to"] = d.range_to
+            dists.append(entry)
+        if dists:
+            item["userDistributions"] = dists
+        doc["clientApps"].append(item)
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)

@@ -1,0 +1,23 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from apps_registry.config_io import ConfigError, config_import
+
+
+class Command(BaseCommand):
+    help = "Import domains, links, client apps and distributions from a linker meta-server YAML file."
+
+    def add_arguments(self, parser):
+        parser.add_argument("file", type=Path)
+
+    def handle(self, *args, file: Path, **options):
+        if not file.exists():
+            raise CommandError(f"{file}: no such file")
+        try:
+            summary = config_import(text=file.read_text())
+        except ConfigError as exc:
+            raise CommandError(f"{file}: {exc} (nothing was imported)") from None
+        self.stdout.write(self.style.SUCCESS(f"imported {file}: {summary}"))

@@ -1,0 +1,183 @@
+"""The configuration registry: client apps, their API keys, domains, links and user distributions.
+
+What the database guarantees (not just the forms):
+- an app name (the user-id prefix) and an appId belong to one app;
+- an API key is stored only as a SHA-256 digest; its short prefix is unique and shown;
+- a domain link joins two different domains, and a pair is linked at most once in either order;
+- within one app, user distributions never overlap: a trigger (migration 0002) locks the app row and
+  refuses an overlapping range, so two concurrent admins cannot both win. (An exclusion constraint
+  would need btree_gist, which the embedded Postgres and many managed ones lack.)
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+from django.conf import settings
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models import F, Q
+from django.db.models.functions import Greatest, Least
+
+APP_NAME_RE = r"^[A-Za-z][A-Za-z0-9_.]{0,63}$"
+DOMAIN_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+USER_ID_RE = re.compile(r"^(?P<app>[A-Za-z][A-Za-z0-9_.]{0,63})-(?P<number>\d{1,18})$")
+
+
+class AuthMode(models.TextChoices):
+    NONE = "none", "appId and user-id prefix only"
+    AUTH_URL = "auth_url", "external auth URL"
+    SIGNED_TOKEN = "signed_token", "signed token (HMAC-SHA256)"
+
+
+class ClientApp(models.Model):
+    """A tenant. Its end users are `<app_name>-<digits>`; its master user sees their presence."""
+
+    app_name = models.CharField(
+        "app name", max_length=64, unique=True, validators=[RegexValidator(APP_NAME_RE)],
+        help_text="Also the user-id prefix: users of this app are APPNAME-<digits>.",
+    )
+    app_id = models.CharField("appId", max_length=128, unique=True)
+    master_user_id = models.CharField("master user id", max_length=96)
+
+    auth_mode = models.CharField(max_length=16, choices=AuthMode.choices, default=AuthMode.NONE)
+    auth_url = models.URLField("auth URL", blank=True)
+    auth_enabled = models.BooleanField(
+        "auth URL enabled", default=False,
+        help_text="With auth mode 'external auth URL', the URL is asked only while this is on.",
+    )
+    auth_timeout_ms = models.PositiveIntegerField("auth URL timeout (ms)", default=3000)
+    token_secret = models.CharField(
+        max_length=128, blank=True,
+        help_text="HMAC-SHA256 secret for signed tokens (sub = userId, exp). Keep it out of client code.",
+    )
+    confirmation_enabled = models.BooleanField(default=True)
+
+    max_content_bytes = models.PositiveIntegerField(default=64 * 1024, validators=[MinValueValidator(1)])
+    max_group_recipients = models.PositiveIntegerField(default=100, validators=[MinValueValidator(1)])
+    rate_limit_per_second = models.FloatField(
+        "messages per second per connection", default=50.0, validators=[MinValueValidator(0.1)]
+    )
+    rate_limit_burst = models.PositiveIntegerField("rate limit burst", default=100, validators=[MinValueValidator(1)])
+    retention_days = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
+    max_delivery_attempts = models.PositiveIntegerField(default=10, validators=[MinValueValidator(1)])
+
+    public_channel_patterns = models.JSONField(
+        default=list, blank=True, help_text='Glob patterns of channels anyone may read with ?app=appId, e.g. ["news.*"].'
+    )
+    client_subscriptions_allowed = models.BooleanField(default=False)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["app_name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=~Q(auth_mode=AuthMode.AUTH_URL) | ~Q(auth_url=""), name="auth_url_mode_needs_url"
+            ),
+            models.CheckConstraint(
+                condition=~Q(auth_mode=AuthMode.SIGNED_TOKEN) | ~Q(token_secret=""),
+                name="signed_token_mode_needs_secret",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.app_name
+
+    @property
+    def uses_auth_url(self) -> bool:
+        return self.auth_mode == AuthMode.AUTH_URL and self.auth_enabled
+
+
+class ApiKey(models.Model):
+    """A server-side credential of one app. The key itself is shown once and never stored."""
+
+    app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    # Lookup goes by prefix (indexed, unique), then a constant-time digest compare.
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    key_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class Domain(models.Model):
+    """One cluster (its own Postgres and Redis). This node's domain is settings.DOMAIN_NAME."""
+
+    name = models.CharField(max_length=64, unique=True, validators=[RegexValidator(DOMAIN_NAME_RE)])
+    urls = models.JSONField(default=list, blank=True, help_text="e.g. ws://host:8000/ws, http://host:8000")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def is_this_node(self) -> bool:
+        return self.name == settings.DOMAIN_NAME
+
+
+def new_link_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
+class DomainLink(models.Model):
+    """An undirected, weighted edge of the domain graph; only enabled links carry traffic."""
+
+    n1 = models.ForeignKey(Domain, on_delete=models.CASCADE, related_name="+")
+    n2 = models.ForeignKey(Domain, on_delete=models.CASCADE, related_name="+")
+    weight = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    enabled = models.BooleanField(default=True)
+    shared_secret = models.CharField(max_length=128, default=new_link_secret)
+
+    class Meta:
+        ordering = ["n1__name", "n2__name"]
+        constraints = [
+            models.CheckConstraint(condition=~Q(n1=F("n2")), name="domain_link_joins_two_domains"),
+            # n1-n2 and n2-n1 are the same undirected link.
+            models.UniqueConstraint(Least("n1", "n2"), Greatest("n1", "n2"), name="domain_link_unique_pair"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.n1.name} — {self.n2.name}"
+
+
+class UserDistribution(models.Model):
+    """Users `<app>-<from>` … `<app>-<to>` (inclusive; no `to` = no upper end) live in `domain`."""
+
+    app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="distributions")
+    domain = models.ForeignKey(Domain, on_delete=models.PROTECT, related_name="distributions")
+    range_from = models.BigIntegerField("from", validators=[MinValueValidator(0)])
+    range_to = models.BigIntegerField("to", null=True, blank=True, help_text="Empty means no upper end.")
+
+    class Meta:
+        ordering = ["app__app_name", "range_from"]
+        constraints = [
+            models.CheckConstraint(condition=Q(range_from__gte=0), name="distribution_from_not_negative"),
+            models.CheckConstraint(
+                condition=Q(range_to__isnull=True) | Q(range_to__gte=F("range_from")), name="distribution_to_after_from"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        upper = "" if self.range_to is None else self.range_to
+        return f"{self.app.app_name} {self.range_from}–{upper} @ {self.domain.name}"
+
+    def contains(self, number: int) -> bool:
+        return number >= self.range_from and (self.range_to is None or number <= self.range_to)

@@ -1,0 +1,107 @@
+"""Write-side operations of the configuration registry."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from datetime import timedelta
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from .models import ApiKey, ClientApp, Domain, UserDistribution
+from .selectors import distribution_overlaps
+
+API_KEY_PREFIX_LEN = 10
+# last_used_at is written at most this often per key: a busy key must not turn every API call
+# into an UPDATE.
+API_KEY_TOUCH_EVERY = timedelta(seconds=60)
+
+
+def _digest(raw_key: str) -> str:
+    # API keys carry 256 bits of randomness, so a fast hash is safe (no dictionary to guess from)
+    # and keeps per-request authentication cheap.
+    return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+def api_key_create(*, app: ClientApp, name: str) -> tuple[ApiKey, str]:
+    """Create a key; returns the row and the only copy of the raw key there will ever be."""
+    prefix = "sb_" + secrets.token_hex(API_KEY_PREFIX_LEN // 2 + 1)[: API_KEY_PREFIX_LEN - 3]
+    raw_key = f"{prefix}.{secrets.token_urlsafe(32)}"
+    key = ApiKey.objects.create(app=app, name=name, prefix=prefix, key_hash=_digest(raw_key))
+    return key, raw_key
+
+
+def api_key_authenticate(*, raw_key: str) -> ApiKey | None:
+    """The active key matching `raw_key`, or None. Records when it was last used."""
+    prefix, _, _ = (raw_key or "").partition(".")
+    if not prefix:
+        return None
+    key = ApiKey.objects.select_related("app").filter(prefix=prefix, revoked_at__isnull=True).first()
+    if key is None or not hmac.compare_digest(key.key_hash, _digest(raw_key)):
+        return None
+    now = timezone.now()
+    if key.last_used_at is None or now - key.last_used_at > API_KEY_TOUCH_EVERY:
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        key.last_used_at = now
+    return key
+
+
+def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
+    if api_key.revoked_at is None:
+        api_key.revoked_at = timezone.now()
+        api_key.save(update_fields=["revoked_at"])
+    return api_key
+
+
+def distribution_validate(
+    *, app: ClientApp, range_from: int, range_to: int | None, exclude_id: int | None = None
+) -> None:
+    """Raise ValidationError naming the clash when the range is invalid or overlaps another."""
+    if range_from < 0:
+        raise ValidationError({"range_from": "'from' must be 0 or more."})
+    if range_to is not None and range_to < range_from:
+        raise ValidationError({"range_to": f"'to' ({range_to}) must not be below 'from' ({range_from})."})
+    clash = distribution_overlaps(app=app, range_from=range_from, range_to=range_to, exclude_id=exclude_id)
+    if clash is not None:
+        upper = "no upper end" if clash.range_to is None else clash.range_to
+        raise ValidationError(
+            f"Users {app.app_name}-{range_from}…{'' if range_to is None else range_to} overlap the distribution "
+            f"{clash.range_from}…{upper} on {clash.domain.name}; a user can live in one domain only."
+        )
+
+
+def distribution_create(*, app: ClientApp, domain: Domain, range_from: int, range_to: int | None) -> UserDistribution:
+    with transaction.atomic():
+        ClientApp.objects.select_for_update().filter(pk=app.pk).first()  # serialise per app
+        distribution_validate(app=app, range_from=range_from, range_to=range_to)
+        return UserDistribution.objects.create(app=app, domain=domain, range_from=range_from, range_to=range_to)
+
+
+DEMO_APP = {"app_name": "ANZ", "app_id": "app-id-343", "master_user_id": "ANZ-123223"}
+
+
+def demo_config_ensure(*, domain_name: str, ws_url: str) -> ClientApp:
+    """The demo tenant of the README: app ANZ / app-id-343 / master ANZ-123223, homed here."""
+    with transaction.atomic():
+        domain, _ = Domain.objects.get_or_create(name=domain_name, defaults={"urls": [ws_url]})
+        app, _ = ClientApp.objects.get_or_create(app_name=DEMO_APP["app_name"], defaults=DEMO_APP)
+        if not app.distributions.exists():
+            distribution_create(app=app, domain=domain, range_from=0, range_to=None)
+    return app
+
+
+def admin_user_ensure(*, username: str, password: str | None) -> str | None:
+    """Create the first staff superuser; returns the generated password when one was made up."""
+    from django.contrib.auth import get_user_model
+
+    user_model = get_user_model()
+    if user_model.objects.filter(username=username).exists():
+        return None
+    generated = None
+    if not password:
+        password = generated = secrets.token_urlsafe(12)
+    user_model.objects.create_superuser(username=username, email="", password=password)
+    return generated

@@ -1,0 +1,73 @@
+"""System checks (ids switchboard.*) that catch a misconfigured node before it serves."""
+
+from __future__ import annotations
+
+import re
+
+from django.conf import settings
+from django.core.checks import Error, Tags, Warning, register
+
+DOMAIN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+@register(Tags.security, deploy=False)
+def check_secrets(app_configs, **kwargs):
+    errors = []
+    if getattr(settings, "PRODUCTION", False):
+        if settings.SECRET_KEY == settings.DEFAULT_SECRET_KEY or len(settings.SECRET_KEY) < 40:
+            errors.append(Error(
+                "Production runs with the default or a short SECRET_KEY.",
+                hint="Set SECRET_KEY (or SECRET_KEY_FILE) to 50+ random characters.",
+                id="switchboard.E001",
+            ))
+        if settings.DEBUG:
+            errors.append(Error("DEBUG is on in production.", hint="Unset DEBUG.", id="switchboard.E002"))
+        if "*" in settings.ALLOWED_HOSTS:
+            errors.append(Warning(
+                "ALLOWED_HOSTS accepts any host in production.",
+                hint="List the public host names in ALLOWED_HOSTS.",
+                id="switchboard.W001",
+            ))
+    return errors
+
+
+@register(Tags.database, deploy=False)
+def check_services(app_configs, **kwargs):
+    errors = []
+    if getattr(settings, "PRODUCTION", False):
+        if not settings.PRODUCTION_DATABASE_URL_SET:
+            errors.append(Error(
+                "DATABASE_URL is not set; production never starts an embedded Postgres.",
+                hint="DATABASE_URL=postgresql://user:password@host:5432/switchboard",
+                id="switchboard.E003",
+            ))
+        if not settings.PRODUCTION_REDIS_URL_SET:
+            errors.append(Error(
+                "REDIS_URL is not set; production never starts an embedded Redis.",
+                hint="REDIS_URL=redis://host:6379/0",
+                id="switchboard.E004",
+            ))
+    layer = settings.CHANNEL_LAYERS.get("default", {}).get("BACKEND", "")
+    if not layer.startswith("channels_redis."):
+        errors.append(Error(
+            f"The channel layer is {layer!r}; web nodes can only reach each other's sockets through Redis.",
+            hint="Use channels_redis (the default settings do).",
+            id="switchboard.E005",
+        ))
+    return errors
+
+
+@register(deploy=False)
+def check_node_identity(app_configs, **kwargs):
+    errors = []
+    if not DOMAIN_NAME_RE.match(settings.DOMAIN_NAME or ""):
+        errors.append(Error(
+            f"DOMAIN_NAME={settings.DOMAIN_NAME!r} is not a valid domain name.",
+            hint="Letters, digits, '-', '_' and '.', at most 64 characters (e.g. domain-01).",
+            id="switchboard.E006",
+        ))
+    if not settings.NODE_ID:
+        errors.append(Error("NODE_ID is empty.", id="switchboard.E007"))
+    if not 1 <= settings.PORT <= 65535:
+        errors.append(Error(f"PORT={settings.PORT} is out of range.", id="switchboard.E008"))
+    return errors

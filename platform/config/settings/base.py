@@ -1,0 +1,156 @@
+"""Settings shared by every environment. Environment variables are read here and only here.
+
+Leaf modules (local, test, production) import this and call :func:`service_settings` with the
+Postgres and Redis URLs they resolved; everything that depends on those URLs is built there.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from .env import database_from_url, env_bool, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parents[3]
+VAR_DIR = Path(env_str("SWITCHBOARD_VAR_DIR", str(BASE_DIR / "var")))
+
+# Recognised by the production system check (switchboard.E001): never deploy with it.
+DEFAULT_SECRET_KEY = "insecure-switchboard-dev-key-do-not-use-in-production"
+SECRET_KEY = env_str("SECRET_KEY", DEFAULT_SECRET_KEY)
+DEBUG = env_bool("DEBUG", False)
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# --- this node ---------------------------------------------------------------------------------
+DOMAIN_NAME = env_str("DOMAIN_NAME", "domain-01")
+PORT = env_int("PORT", 8000)
+NODE_ID = env_str("NODE_ID", f"{socket.gethostname()}-{PORT}")
+
+# --- Django ------------------------------------------------------------------------------------
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "channels",
+    "rest_framework",
+    "drf_spectacular",
+    "apps_registry",
+    "messaging",
+    "presence",
+    "analytics",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+WHITENOISE_USE_FINDERS = True
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # whitenoise warns about a missing root
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGIN_URL = "admin:login"
+
+REST_FRAMEWORK = {
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Switchboard server API",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.channels.server": {"level": "WARNING"}},
+}
+
+# --- Switchboard limits and tuning ---------------------------------------------------------------
+# redis-py's asyncio pool raises "Too many connections" past max_connections (100 by default);
+# hundreds of consumers each awaiting a channel-layer send must never hit that ceiling.
+REDIS_MAX_CONNECTIONS = env_int("REDIS_MAX_CONNECTIONS", 2000)
+DB_CONN_MAX_AGE = env_int("DB_CONN_MAX_AGE", 60)
+ADMIN_USERNAME = env_str("ADMIN_USERNAME", "admin")
+ADMIN_PASSWORD = env_str("ADMIN_PASSWORD", "")
+
+
+def service_settings(database_url: str, redis_url: str) -> dict:
+    """Everything that depends on where Postgres and Redis are."""
+    database = database_from_url(database_url)
+    database["CONN_MAX_AGE"] = DB_CONN_MAX_AGE
+    database["CONN_HEALTH_CHECKS"] = True
+    return {
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "DATABASES": {"default": database},
+        "CACHES": {
+            "default": {
+                "BACKEND": "django.core.cache.backends.redis.RedisCache",
+                "LOCATION": redis_url,
+                "KEY_PREFIX": "sb-cache",
+            }
+        },
+        "CHANNEL_LAYERS": {
+            "default": {
+                "BACKEND": "channels_redis.core.RedisChannelLayer",
+                "CONFIG": {
+                    "hosts": [{"address": redis_url, "max_connections": REDIS_MAX_CONNECTIONS}],
+                    "prefix": "sb-asgi",
+                    "capacity": 5000,
+                    "expiry": 30,
+                },
+            }
+        },
+        "CELERY_BROKER_URL": redis_url,
+        "CELERY_RESULT_BACKEND": None,
+    }

@@ -1,0 +1,164 @@
+"""`make run`: the whole platform as one supervised foreground process group.
+
+Starts (or reuses) the embedded services when no DATABASE_URL / REDIS_URL is set, migrates,
+ensures the demo app and an admin login, then runs a daphne web node, a Celery worker and Celery
+beat with prefixed logs. A child that crashes is restarted with backoff. Ctrl-C or SIGTERM stops
+the web node first (so no new work arrives), then the worker (which finishes what it holds), then
+beat, and finally the embedded services if this run started them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+COLOURS = {"web": "\033[36m", "worker": "\033[33m", "beat": "\033[35m", "run": "\033[32m"}
+RESET = "\033[0m"
+_print_lock = threading.Lock()
+
+
+def say(name: str, line: str) -> None:
+    colour = COLOURS.get(name, "") if sys.stdout.isatty() else ""
+    end = RESET if colour else ""
+    with _print_lock:
+        sys.stdout.write(f"{colour}{name:<6} |{end} {line}\n")
+        sys.stdout.flush()
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    proc: subprocess.Popen | None = None
+    restarts: list[float] = field(default_factory=list)
+
+    def start(self, env: dict[str, str]) -> None:
+        # Own session: a terminal's Ctrl-C reaches only the supervisor, which then stops the
+        # children in order instead of all at once.
+        self.proc = subprocess.Popen(
+            self.argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, bufsize=1, start_new_session=True,
+        )
+        threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
+        say("run", f"started {self.name} (pid {self.proc.pid}): {' '.join(self.argv[1:4])} …")
+
+    def _pump(self, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            say(self.name, line.rstrip())
+
+    def stop(self, timeout: float) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            say("run", f"{self.name} did not stop in {timeout:.0f}s; killing it")
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def _manage(env: dict[str, str], *args: str) -> None:
+    result = subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], cwd=ROOT, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"manage.py {' '.join(args)} failed with exit code {result.returncode}")
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+def main() -> int:
+    started = time.monotonic()
+    env = dict(os.environ)
+    env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "platform"), str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    port = env.setdefault("PORT", "8000")
+    host = env.get("HOST", "127.0.0.1")
+
+    sys.path.insert(0, str(ROOT / "platform"))
+    from config import embedded
+
+    started_services = False
+    if not env.get("DATABASE_URL") or not env.get("REDIS_URL"):
+        before = embedded.status()
+        services = embedded.ensure_running(postgres=not env.get("DATABASE_URL"), redis=not env.get("REDIS_URL"))
+        started_services = not all(before.values())
+        env.setdefault("DATABASE_URL", services.database_url)
+        env.setdefault("REDIS_URL", services.redis_url)
+        say("run", f"embedded Postgres and Redis under {embedded.var_dir()} ({'started' if started_services else 'reused'})")
+
+    _manage(env, "migrate", "--noinput", "-v", "0")
+    _manage(env, "bootstrap")
+
+    bin_dir = Path(sys.executable).parent
+    concurrency = env.get("WORKER_CONCURRENCY", "2")
+    children = [
+        Child("web", [str(bin_dir / "daphne"), "-b", host, "-p", port, "--proxy-headers",
+                      "--websocket_timeout", "-1", "config.asgi:application"]),
+        Child("worker", [str(bin_dir / "celery"), "-A", "config", "worker", "-l", "INFO", "-c", concurrency,
+                         "-n", f"worker-{port}@%h", "-Q", "celery,routing"]),
+        Child("beat", [str(bin_dir / "celery"), "-A", "config", "beat", "-l", "INFO",
+                       "-s", str(embedded.var_dir() / "celerybeat-schedule")]),
+    ]
+    stopping = threading.Event()
+
+    def on_signal(signum, frame):
+        stopping.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    for child in children:
+        child.start(env)
+
+    base = f"http://{'localhost' if host in ('127.0.0.1', '0.0.0.0') else host}:{port}"
+    if _wait_ready(f"{base}/readyz", children[0].proc):
+        say("run", f"ready in {time.monotonic() - started:.1f}s")
+        say("run", f"admin:     {base}/admin/")
+        say("run", f"demo:      {base}/demo/")
+        say("run", f"websocket: {base.replace('http', 'ws', 1)}/ws")
+        say("run", "Ctrl-C stops everything")
+
+    exit_code = 0
+    while not stopping.wait(0.5):
+        for child in children:
+            if child.proc and child.proc.poll() is not None:
+                now = time.monotonic()
+                child.restarts = [t for t in child.restarts if now - t < 60] + [now]
+                if len(child.restarts) > 5:
+                    say("run", f"{child.name} keeps crashing (exit {child.proc.returncode}); stopping")
+                    exit_code = 1
+                    stopping.set()
+                    break
+                say("run", f"{child.name} exited with {child.proc.returncode}; restarting")
+                time.sleep(min(2 ** (len(child.restarts) - 1), 10))
+                child.start(env)
+
+    say("run", "stopping: web, then worker, then beat")
+    for child, timeout in zip(children, (15, 30, 10)):
+        child.stop(timeout)
+    if started_services:
+        say("run", f"stopped embedded {', '.join(embedded.stop()) or 'services'}")
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

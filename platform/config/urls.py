@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import path
+from django.views.generic import RedirectView
+
+from config import health
+
+admin.site.site_header = "Switchboard"
+admin.site.site_title = "Switchboard console"
+admin.site.index_title = "Operator console"
+
+urlpatterns = [
+    path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("admin/", admin.site.urls),
+]

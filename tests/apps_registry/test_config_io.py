@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+from io import StringIO
+from pathlib import Path
+
+import pytest
+import yaml
+from django.core.management import CommandError, call_command
+
+from apps_registry.config_io import ConfigError, config_export, config_import
+from apps_registry.models import ClientApp, Domain, DomainLink, UserDistribution
+from apps_registry.selectors import user_home_domain
+
+pytestmark = pytest.mark.django_db
+EXAMPLE = Path(__file__).resolve().parents[1] / "fixtures" / "linker_meta_4_domains.yaml"
+
+
+def test_the_linker_example_imports_with_its_domains_links_apps_and_distributions():
+    config_import(text=EXAMPLE.read_text())
+    assert list(Domain.objects.values_list("name", flat=True)) == ["domain-01", "domain-02", "domain-03", "domain-04"]
+    assert DomainLink.objects.count() == 4
+    assert ClientApp.objects.count() == 5
+    anz = ClientApp.objects.get(app_name="ANZ")
+    assert (anz.app_id, anz.master_user_id, anz.auth_url, anz.auth_enabled) == (
+        "app-id-343", "ANZ-123223", "http://localhost:4200/auth", False)
+    assert user_home_domain("ANZ-2000000").name == "domain-02"
+    assert user_home_domain("ANZ-999999").name == "domain-01"
+    assert user_home_domain("ANZ-987654321").name == "domain-04"  # open-ended last range
+
+
+def test_export_then_import_round_trips_the_example_exactly():
+    config_import(text=EXAMPLE.read_text())
+    exported = config_export()
+    original = yaml.safe_load(EXAMPLE.read_text())
+    again = yaml.safe_load(exported)
+    assert again["domains"] == original["domains"]
+    assert again["domainLinks"] == original["domainLinks"]
+    by_name = {a["appName"]: a for a in again["clientApps"]}
+    for app in original["clientApps"]:
+        assert by_name[app["appName"]] == app
+
+    summary = config_import(text=exported)
+    assert sum(summary.created.values()) == 0 and sum(summary.updated.values()) == 0
+    assert config_export() == exported
+
+
+def test_extension_keys_survive_the_round_trip():
+    text = EXAMPLE.read_text() + """
+  - appName: NEWS
+    appId: news-app
+    masterUserId: NEWS-1
+    tokenSecret: s3cret
+    publicChannels: ["headlines.*"]
+    clientSubscriptions: true
+"""
+    config_import(text=text)
+    news = ClientApp.objects.get(app_name="NEWS")
+    assert (news.auth_mode, news.token_secret, news.public_channel_patterns, news.client_subscriptions_allowed) == (
+        "signed_token", "s3cret", ["headlines.*"], True)
+    exported = yaml.safe_load(config_export())
+    news_out = next(a for a in exported["clientApps"] if a["appName"] == "NEWS")
+    assert news_out["tokenSecret"] == "s3cret" and news_out["publicChannels"] == ["headlines.*"]
+
+
+def test_a_bad_entry_is_named_and_nothing_is_half_imported():
+    broken = EXAMPLE.read_text().replace("domainName: domain-03", "domainName: domain-99")
+    with pytest.raises(ConfigError, match=r"clientApps\[4\] \(ANZ\) userDistributions\[2\].*domain-99"):
+        config_import(text=broken)
+    assert Domain.objects.count() == 0 and ClientApp.objects.count() == 0
+
+
+def test_overlapping_distributions_in_a_file_are_refused():
+    broken = EXAMPLE.read_text().replace("from: 1000000", "from: 999000")
+    with pytest.raises(ConfigError, match=r"userDistributions\[1\].*overlap"):
+        config_import(text=broken)
+    assert UserDistribution.objects.count() == 0
+
+
+def test_a_link_to_an_unknown_domain_is_refused():
+    broken = EXAMPLE.read_text().replace("n2: domain-04\n\nclientApps", "n2: domain-07\n\nclientApps")
+    with pytest.raises(ConfigError, match=r"domainLinks\[3\].*domain-07"):
+        config_import(text=broken)
+
+
+def test_import_and_export_commands(tmp_path):
+    out = StringIO()
+    call_command("import_config", str(EXAMPLE), stdout=out)
+    assert "domains: 4 created" in out.getvalue()
+    target = tmp_path / "exported.yaml"
+    call_command("export_config", "--output", str(target), stdout=StringIO())
+    assert yaml.safe_load(target.read_text())["domains"][0]["name"] == "domain-01"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("domains:\n  - urls: []\n")
+    with pytest.raises(CommandError, match=r"domains\[0\]: 'name' is required"):
+        call_command("import_config", str(bad))
