@@ -261,7 +261,7 @@ def domain_graph_svg(graph: DomainGraph, path_names: list[str] | None, *, this_d
     for i, name in enumerate(names):
         angle = 2 * math.pi * i / max(len(names), 1) - math.pi / 2
         pos[name] = (size / 2 + radius * math.cos(angle), size / 2 + radius * math.sin(angle))
-    on_path = set(zip(path_names or [], (path_names or [])[1:]))
+    on_path = set(zip(path_names or [], (path_names or [])[1:], strict=False))
     on_path |= {(b, a) for a, b in on_path}
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{size}" height="{size}" role="img" '
              f'aria-label="domain graph" id="domain-graph">']

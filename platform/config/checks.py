@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 from django.conf import settings
-from django.core.checks import Error, Tags, Warning, register
+from django.core.checks import Error, Tags, register
+from django.core.checks import Warning as CheckWarning
 
 DOMAIN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -23,7 +24,7 @@ def check_secrets(app_configs, **kwargs):
         if settings.DEBUG:
             errors.append(Error("DEBUG is on in production.", hint="Unset DEBUG.", id="switchboard.E002"))
         if "*" in settings.ALLOWED_HOSTS:
-            errors.append(Warning(
+            errors.append(CheckWarning(
                 "ALLOWED_HOSTS accepts any host in production.",
                 hint="List the public host names in ALLOWED_HOSTS.",
                 id="switchboard.W001",

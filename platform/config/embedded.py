@@ -25,10 +25,10 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 DATABASE_NAME = "switchboard"
@@ -124,7 +124,6 @@ def _pg_prepare_root(pg_root: Path) -> None:
     if not _as_root():
         return
     import pwd
-
     import stat
 
     with warnings.catch_warnings():

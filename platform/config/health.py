@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import redis
 from django.conf import settings
 from django.db import connection

@@ -153,7 +153,7 @@ def main() -> int:
                 child.start(env)
 
     say("run", "stopping: web, then worker, then beat")
-    for child, timeout in zip(children, (15, 30, 10)):
+    for child, timeout in zip(children, (15, 30, 10), strict=True):
         child.stop(timeout)
     if started_services:
         say("run", f"stopped embedded {', '.join(embedded.stop()) or 'services'}")

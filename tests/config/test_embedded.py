@@ -6,9 +6,8 @@ from pathlib import Path
 
 import psycopg
 import redis
-from django.conf import settings
-
 from config import embedded
+from django.conf import settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +24,7 @@ def test_a_second_process_sees_the_same_services(tmp_path):
     # A second terminal's `manage.py shell` must find the running platform's Postgres and Redis.
     key = "switchboard:test:second-process"
     redis.Redis.from_url(settings.REDIS_URL).set(key, "hello", ex=60)
-    code = "from django.conf import settings; import redis; print(redis.Redis.from_url(settings.REDIS_URL).get('%s').decode())" % key
+    code = f"from django.conf import settings; import redis; print(redis.Redis.from_url(settings.REDIS_URL).get('{key}').decode())"
     result = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -30,3 +30,19 @@ def test_every_model_change_has_a_migration():
     result = subprocess.run([sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_docker_compose_describes_the_production_stack():
+    import yaml
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"postgres", "redis", "web", "worker", "beat"} <= set(services)
+    for role in ("web", "worker", "beat"):
+        assert services[role]["build"]["dockerfile"] == "platform/Dockerfile"
+        env = services[role]["environment"]
+        assert {"DATABASE_URL", "REDIS_URL", "SECRET_KEY"} <= set(env)
+        assert env["DJANGO_SETTINGS_MODULE"] == "config.settings.production"
+    assert "celery" in services["worker"]["command"] and "worker" in services["worker"]["command"]
+    assert "beat" in services["beat"]["command"]
+    assert (ROOT / "platform" / "Dockerfile").exists()

@@ -7,10 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from config.settings.env import database_from_url, env_bool, env_int
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
-
-from config.settings.env import database_from_url, env_bool, env_int
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,148 @@
+"""Real processes for system tests: daphne web nodes and Celery workers on the test database."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+LOG_DIR = ROOT / "var" / "test-logs"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def database_url_for_tests() -> str:
+    db = connection.settings_dict
+    return f"postgresql://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+    port: int | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.alive():
+            os.killpg(self.popen.pid, sig)
+            self.popen.wait(30)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+class ProcessFactory:
+    """Starts real platform processes with the test database's URL; stops them at teardown."""
+
+    def __init__(self, request):
+        self.procs: list[Proc] = []
+        self.test_name = request.node.name
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            "DJANGO_SETTINGS_MODULE": "config.settings.local",
+            "DATABASE_URL": database_url_for_tests(),
+            "REDIS_URL": settings.REDIS_URL,
+            "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}",
+            "DEBUG": "false",
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.update(extra)
+        return env
+
+    def spawn(self, name: str, argv: list[str], port: int | None = None, **env: str) -> Proc:
+        log = LOG_DIR / f"{self.test_name}-{name}.log"
+        fh = open(log, "w")
+        popen = subprocess.Popen(argv, cwd=ROOT, env=self.env(**env), stdout=fh, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        proc = Proc(name, popen, log, port)
+        self.procs.append(proc)
+        return proc
+
+    def web(self, name: str = "web", **env: str) -> Proc:
+        port = free_port()
+        env.setdefault("NODE_ID", f"{name}-{port}")
+        proc = self.spawn(name, [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port),
+                                 "config.asgi:application"], port=port, PORT=str(port), **env)
+        wait_http(f"{proc.url}/readyz", proc)
+        return proc
+
+    def worker(self, name: str = "worker", concurrency: int = 2, **env: str) -> Proc:
+        proc = self.spawn(name, [str(BIN / "celery"), "-A", "config", "worker", "-l", "INFO", "-c", str(concurrency),
+                                 "-n", f"{name}-{os.getpid()}-{time.monotonic_ns()}@%h", "-Q", "celery,routing",
+                                 "--without-mingle", "--without-gossip"], **env)
+        wait_log(proc, "ready.")
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.alive():
+                os.killpg(proc.popen.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.popen.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def wait_http(url: str, proc: Proc, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited:\n{proc.output()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready:\n{proc.output()[-3000:]}")
+
+
+def wait_log(proc: Proc, text: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in proc.output():
+            return
+        if not proc.alive():
+            raise RuntimeError(f"{proc.name} exited:\n{proc.output()[-3000:]}")
+        time.sleep(0.1)
+    raise TimeoutError(f"{proc.name} never logged {text!r}:\n{proc.output()[-3000:]}")
+
+
+@pytest.fixture
+def processes(request, transactional_db):
+    factory = ProcessFactory(request)
+    yield factory
+    factory.stop_all()
