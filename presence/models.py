@@ -1,0 +1,59 @@
+"""Nodes and their WebSocket sessions: the durable record behind the Redis presence cache.
+
+The hot path (who is online, on which channel) reads Redis (presence.cache); these rows are the
+operator's view and the source for cleaning up after a node that died: a node whose heartbeat is
+older than PRESENCE_NODE_TIMEOUT has its open sessions closed by presence.services.node_reap.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+from apps_registry.models import ClientApp
+
+
+class Node(models.Model):
+    node_id = models.CharField(max_length=128, primary_key=True)
+    domain = models.CharField(max_length=64)
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node_id"]
+
+    def __str__(self) -> str:
+        return self.node_id
+
+
+class Session(models.Model):
+    connection_id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="sessions")
+    user_id = models.CharField(max_length=96)
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="sessions")
+    channel_name = models.CharField(max_length=200)
+    acks = models.BooleanField(default=False)
+    connected_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    disconnected_at = models.DateTimeField(null=True, blank=True)
+    remote_addr = models.CharField(max_length=64, blank=True, default="")
+    user_agent = models.CharField(max_length=300, blank=True, default="")
+
+    class Meta:
+        indexes = [
+            # Live sessions per node: the reaper's query and the admin's node filter.
+            models.Index(fields=["node"], name="session_live_by_node", condition=Q(disconnected_at__isnull=True)),
+            # A user's sessions, newest first (admin search by user).
+            models.Index(fields=["app", "user_id", "-connected_at"], name="session_user_recent"),
+            models.Index(fields=["-connected_at"], name="session_recent"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} on {self.node_id}"
+
+    @property
+    def is_live(self) -> bool:
+        return self.disconnected_at is None
