@@ -46,7 +46,8 @@ class Message(models.Model):
     content = models.TextField()
     reference = models.CharField(max_length=256, blank=True, default="")
     confirmation_requested = models.BooleanField(default=False)
-    client_message_id = models.CharField(max_length=128, null=True, blank=True)
+    # NULL, not "": the unique constraint must not treat "no id" as one shared id.
+    client_message_id = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001
     origin_domain = models.CharField(max_length=64, blank=True, default="")
     created_at = models.DateTimeField(db_index=True)  # serves the admin's date ordering and expiry
 

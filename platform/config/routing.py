@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
-from django.urls import path  # noqa: F401
+from django.urls import re_path
 
-websocket_urlpatterns: list = []
+from messaging.consumers import ClientConsumer
+
+websocket_urlpatterns = [
+    re_path(r"^ws/?$", ClientConsumer.as_asgi()),
+]

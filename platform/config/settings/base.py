@@ -154,3 +154,23 @@ def service_settings(database_url: str, redis_url: str) -> dict:
         "CELERY_BROKER_URL": redis_url,
         "CELERY_RESULT_BACKEND": None,
     }
+
+# --- messaging ---------------------------------------------------------------------------------
+WS_AUTH_TIMEOUT = env_int("WS_AUTH_TIMEOUT", 15)  # seconds an unauthenticated socket may stay
+WS_MAX_FRAME_BYTES = env_int("WS_MAX_FRAME_BYTES", 1024 * 1024)  # larger frames close with 1009
+WEB_DB_THREADS = env_int("WEB_DB_THREADS", 8)
+# A pushed message not confirmed (written or ACKed) within this many seconds is retried.
+DELIVERY_ACK_TIMEOUT = env_int("DELIVERY_ACK_TIMEOUT", 30)
+RETRY_BASE_SECONDS = env_int("RETRY_BASE_SECONDS", 2)
+RETRY_MAX_SECONDS = env_int("RETRY_MAX_SECONDS", 300)
+RETRY_SWEEP_SECONDS = env_int("RETRY_SWEEP_SECONDS", 5)
+# --- presence ----------------------------------------------------------------------------------
+PRESENCE_HEARTBEAT_SECONDS = env_int("PRESENCE_HEARTBEAT_SECONDS", 5)
+PRESENCE_NODE_TIMEOUT = env_int("PRESENCE_NODE_TIMEOUT", 20)  # no heartbeat for this long = dead node
+
+CELERY_BEAT_SCHEDULE = {
+    "retry-sweep": {"task": "messaging.tasks.retry_sweep", "schedule": float(RETRY_SWEEP_SECONDS)},
+    "reap-dead-nodes": {"task": "presence.tasks.reap_dead_nodes", "schedule": float(PRESENCE_HEARTBEAT_SECONDS)},
+    "expire-deliveries": {"task": "messaging.tasks.expire_deliveries", "schedule": 3600.0},
+}
+CELERY_TASK_ROUTES = {"messaging.tasks.route_deliveries": {"queue": "routing"}}

@@ -1,0 +1,1 @@
+"""The benchmark baseline: a hand-built Channels relay with no persistence (see bench/README.md)."""

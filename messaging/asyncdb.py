@@ -1,0 +1,41 @@
+"""Running sync ORM services from async consumers.
+
+Channels' `database_sync_to_async` funnels every call of a process through one thread (one DB
+connection). A web node with hundreds of sockets needs more than one lane, so services run on a
+small dedicated pool; connections are checked before and after each call exactly as Channels
+does, so a restarted Postgres costs one failed call, not a dead thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.db import close_old_connections
+
+T = TypeVar("T")
+_executor: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _executor
+    if _executor is None:
+        _executor = ThreadPoolExecutor(max_workers=settings.WEB_DB_THREADS, thread_name_prefix="db")
+    return _executor
+
+
+def _call(fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
+    close_old_connections()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        close_old_connections()
+
+
+async def run_db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_pool(), functools.partial(_call, fn, args, kwargs))

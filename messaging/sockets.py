@@ -1,0 +1,121 @@
+"""The one door to the sockets: every event for a live connection goes through here.
+
+Events travel over the Redis channel layer to the node holding the connection, where the
+consumer method named after the event type (``message.deliver`` -> ``message_deliver``) writes
+to the socket. Each event type has a TypedDict below.
+
+Web nodes call the async functions from their event loop. Celery workers (sync code) call the
+``*_sync`` variants, which run on one long-lived event loop thread per process: a fresh loop per
+call would open a fresh Redis pool per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Coroutine, Iterable
+from typing import Any, Literal, TypedDict
+
+from channels.layers import get_channel_layer
+
+log = logging.getLogger(__name__)
+
+
+class DeliverItem(TypedDict):
+    delivery_id: int
+    message_id: int
+    frame: str  # the JSON text written to the socket as is
+
+
+class MessageDeliverEvent(TypedDict):
+    type: Literal["message.deliver"]
+    items: list[DeliverItem]
+
+
+class MessageFastEvent(TypedDict):
+    type: Literal["message.fast"]
+    frame: str
+
+
+class PresenceEvent(TypedDict):
+    type: Literal["presence.event"]
+    frame: str
+
+
+class ConnectionCloseEvent(TypedDict):
+    type: Literal["connection.close"]
+    code: int
+    reason: str
+
+
+Event = MessageDeliverEvent | MessageFastEvent | PresenceEvent | ConnectionCloseEvent
+
+
+def message_deliver_event(items: list[DeliverItem]) -> MessageDeliverEvent:
+    return {"type": "message.deliver", "items": items}
+
+
+def message_fast_event(frame: str) -> MessageFastEvent:
+    return {"type": "message.fast", "frame": frame}
+
+
+def presence_event(frame: str) -> PresenceEvent:
+    return {"type": "presence.event", "frame": frame}
+
+
+def connection_close_event(code: int, reason: str) -> ConnectionCloseEvent:
+    return {"type": "connection.close", "code": code, "reason": reason}
+
+
+async def send_many(sends: Iterable[tuple[str, Event]]) -> list[tuple[str, Exception]]:
+    """Send each (channel, event); returns the channels that could not be reached and why."""
+    layer = get_channel_layer()
+    sends = list(sends)
+    results = await asyncio.gather(*(layer.send(channel, event) for channel, event in sends), return_exceptions=True)
+    failures = []
+    for (channel, _), result in zip(sends, results, strict=True):
+        if isinstance(result, Exception):
+            log.warning("channel-layer send to %s failed: %r", channel, result)
+            failures.append((channel, result))
+    return failures
+
+
+# --- sync side (workers) -------------------------------------------------------------------------
+
+
+class _LoopThread:
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="sockets-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+
+_loop: _LoopThread | None = None
+_loop_lock = threading.Lock()
+
+
+def _loop_thread() -> _LoopThread:
+    global _loop
+    with _loop_lock:
+        # Celery's prefork children inherit the parent's object but not its thread: start anew.
+        if _loop is None or _loop.pid != os.getpid():
+            _loop = _LoopThread()
+        return _loop
+
+
+def send_many_sync(sends: Iterable[tuple[str, Event]], timeout: float = 10) -> list[tuple[str, Exception]]:
+    sends = list(sends)
+    if not sends:
+        return []
+    return _loop_thread().run(send_many(sends), timeout)
+
+
+def run_async(coro: Coroutine[Any, Any, Any], timeout: float = 10) -> Any:
+    """Run a coroutine that uses the channel layer or async Redis from sync worker code."""
+    return _loop_thread().run(coro, timeout)

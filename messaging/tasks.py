@@ -1,0 +1,52 @@
+"""Celery tasks of messaging. Each takes ids, calls one service and is safe to run twice."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from celery import shared_task
+from django.db import DatabaseError
+from redis import RedisError
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(
+    bind=True, acks_late=True, autoretry_for=(DatabaseError, RedisError, OSError), retry_backoff=1,
+    retry_backoff_max=60, retry_jitter=True, max_retries=None,
+)
+def route_deliveries(self, delivery_ids: list[int]) -> dict:
+    """Push committed deliveries to their recipients (infrastructure errors retry the task;
+    per-delivery failures become delivery retries)."""
+    from messaging.router import deliveries_route
+
+    outcome = deliveries_route(delivery_ids)
+    return {"pushed": outcome.pushed, "offline": outcome.offline, "failed": outcome.failed}
+
+
+@shared_task(acks_late=True)
+def retry_sweep() -> dict:
+    """Beat: time out unconfirmed pushes, route retries that are due, and re-route pending rows of
+    connected users whose routing task was lost (a crashed worker or node never strands a message)."""
+    from messaging.dispatch import routing_task_send
+    from messaging.services import deliveries_pending_for_online, deliveries_sweep
+    from presence.selectors import online_user_ids
+
+    result = deliveries_sweep()
+    for start in range(0, len(result.due), 500):
+        routing_task_send(result.due[start:start + 500])
+    stranded = deliveries_pending_for_online(user_ids=online_user_ids(), older_than=timedelta(seconds=10))
+    for start in range(0, len(stranded), 500):
+        routing_task_send(stranded[start:start + 500])
+    if result.timed_out or result.due or stranded:
+        log.info("retry sweep: %d timed out, %d due, %d stranded", result.timed_out, len(result.due), len(stranded))
+    return {"timed_out": result.timed_out, "due": len(result.due), "stranded": len(stranded)}
+
+
+@shared_task(acks_late=True)
+def expire_deliveries() -> int:
+    """Beat: undelivered messages past their app's retention become expired."""
+    from messaging.services import deliveries_expire
+
+    return deliveries_expire()

@@ -1,0 +1,80 @@
+"""Write-side services of presence: nodes, sessions, and who-is-online announcements."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import transaction
+from django.utils import timezone
+
+from messaging import sockets
+from messaging.protocol import CLOSE_NORMAL, encode
+
+from . import cache
+from .models import Node, Session
+
+
+def node_register(*, node_id: str, domain: str) -> None:
+    now = timezone.now()
+    Node.objects.update_or_create(
+        node_id=node_id, defaults={"domain": domain, "started_at": now, "heartbeat_at": now, "stopped_at": None})
+
+
+def node_heartbeat_record(*, node_id: str) -> None:
+    now = timezone.now()
+    with transaction.atomic():
+        updated = Node.objects.filter(node_id=node_id).update(heartbeat_at=now, stopped_at=None)
+        if not updated:
+            from django.conf import settings
+
+            node_register(node_id=node_id, domain=settings.DOMAIN_NAME)
+        Session.objects.filter(node_id=node_id, disconnected_at__isnull=True).update(last_seen_at=now)
+
+
+def session_open(*, app_id: int, user_id: str, node_id: str, channel_name: str, acks: bool,
+                 remote_addr: str, user_agent: str) -> uuid.UUID:
+    now = timezone.now()
+    session = Session.objects.create(
+        app_id=app_id, user_id=user_id, node_id=node_id, channel_name=channel_name, acks=acks,
+        connected_at=now, last_seen_at=now, remote_addr=remote_addr[:64], user_agent=user_agent[:300])
+    return session.connection_id
+
+
+def session_close(*, connection_id: uuid.UUID) -> None:
+    now = timezone.now()
+    Session.objects.filter(pk=connection_id, disconnected_at__isnull=True).update(
+        disconnected_at=now, last_seen_at=now)
+
+
+def presence_frame(event_type: str, user_id: str) -> str:
+    return encode(event_type, {"userId": user_id})
+
+
+async def master_notify(*, master_user_id: str, event_type: str, user_id: str) -> None:
+    """USER_CONNECTED / USER_DISCONNECTED to the app's master user, wherever it is connected."""
+    if user_id == master_user_id:
+        return
+    conns = await cache.connections_of(master_user_id)
+    event = sockets.presence_event(presence_frame(event_type, user_id))
+    await sockets.send_many((c.channel_name, event) for c in conns)
+
+
+def master_notify_sync(*, master_user_id: str, event_type: str, user_id: str) -> None:
+    if user_id == master_user_id:
+        return
+    conns = cache.connections_of_many([master_user_id])[master_user_id]
+    event = sockets.presence_event(presence_frame(event_type, user_id))
+    sockets.send_many_sync((c.channel_name, event) for c in conns)
+
+
+async def user_disconnect_everywhere(*, user_id: str, reason: str) -> int:
+    """Close every connection of `user_id` in the cluster (CLOSE_CONNECTION)."""
+    conns = await cache.connections_of(user_id)
+    event = sockets.connection_close_event(CLOSE_NORMAL, reason)
+    await sockets.send_many((c.channel_name, event) for c in conns)
+    return len(conns)
+
+
+def session_disconnect(*, session: Session, reason: str) -> None:
+    """The admin's disconnect action: ask the node holding the socket to close it."""
+    sockets.send_many_sync([(session.channel_name, sockets.connection_close_event(CLOSE_NORMAL, reason))])
