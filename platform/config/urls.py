@@ -5,6 +5,7 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from config import health
+from messaging.views import demo_client
 
 admin.site.site_header = "Switchboard"
 admin.site.site_title = "Switchboard console"
@@ -15,4 +16,5 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("admin/", admin.site.urls),
+    path("demo/", demo_client, name="demo"),
 ]

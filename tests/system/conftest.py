@@ -146,3 +146,49 @@ def processes(request, transactional_db):
     factory = ProcessFactory(request)
     yield factory
     factory.stop_all()
+
+
+class _ModuleRequest:
+    def __init__(self, name: str):
+        self.node = type("N", (), {"name": name})()
+
+
+@pytest.fixture(scope="module")
+def demo_network(django_db_setup, django_db_blocker):
+    """The demo tenant, committed for the whole module (processes outlive single tests).
+
+    ANZ (app-id-343, master ANZ-123223) homed here for users 0-8999999; users 9000000+ are homed
+    in domain-09 (another domain); BNZ is a second app.
+    """
+    from apps_registry.models import ClientApp, Domain, UserDistribution
+    from apps_registry.selectors import app_snapshots_clear
+
+    with django_db_blocker.unblock():
+        UserDistribution.objects.all().delete()
+        ClientApp.objects.all().delete()
+        here, _ = Domain.objects.get_or_create(name="domain-01")
+        there, _ = Domain.objects.get_or_create(name="domain-09")
+        anz = ClientApp.objects.create(app_name="ANZ", app_id="app-id-343", master_user_id="ANZ-123223",
+                                       rate_limit_per_second=50, rate_limit_burst=60, max_group_recipients=5,
+                                       max_delivery_attempts=3)
+        UserDistribution.objects.create(app=anz, domain=here, range_from=0, range_to=8999999)
+        UserDistribution.objects.create(app=anz, domain=there, range_from=9000000, range_to=None)
+        bnz = ClientApp.objects.create(app_name="BNZ", app_id="app-id-bnz", master_user_id="BNZ-1")
+        UserDistribution.objects.create(app=bnz, domain=here, range_from=0, range_to=None)
+        app_snapshots_clear()
+    yield {"anz": anz, "bnz": bnz}
+
+
+@pytest.fixture(scope="module")
+def module_processes(request, demo_network):
+    factory = ProcessFactory(_ModuleRequest(request.module.__name__.rsplit(".", 1)[-1]))
+    yield factory
+    factory.stop_all()
+
+
+@pytest.fixture(scope="module")
+def node(module_processes):
+    """One web node and one worker shared by a test module."""
+    web = module_processes.web("web")
+    module_processes.worker("worker")
+    return web

@@ -1,0 +1,95 @@
+"""The console for messages, their per-recipient delivery records and the dead-letter queue.
+
+Built to stay fast with millions of rows: no full COUNT(*) on changelists, related rows fetched
+with the page (list_select_related), filters on indexed columns only.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from .models import DeadLetter, Delivery, Message
+from .services import dead_letters_discard, dead_letters_requeue
+
+
+class DeliveryInline(admin.TabularInline):
+    model = Delivery
+    fields = ["recipient", "seq", "state", "attempts", "created_at", "sent_at", "delivered_at", "next_attempt_at",
+              "last_node", "last_error"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Message)
+class MessageAdmin(admin.ModelAdmin):
+    list_display = ["id", "created_at", "app", "sender", "kind", "reference", "short_content"]
+    list_filter = ["kind", "app"]
+    list_select_related = ["app"]
+    search_fields = ["=sender", "=reference", "=client_message_id"]
+    show_full_result_count = False
+    ordering = ["-id"]
+    inlines = [DeliveryInline]
+    readonly_fields = ["app", "sender", "kind", "content", "reference", "confirmation_requested",
+                       "client_message_id", "origin_domain", "created_at"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="content")
+    def short_content(self, obj: Message) -> str:
+        return obj.content[:80] + ("…" if len(obj.content) > 80 else "")
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(admin.ModelAdmin):
+    list_display = ["id", "message_id", "recipient", "seq", "state", "attempts", "created_at", "delivered_at",
+                    "next_attempt_at"]
+    list_filter = ["state"]
+    list_select_related = ["message"]
+    search_fields = ["=recipient", "=message__id"]
+    show_full_result_count = False
+    ordering = ["-id"]
+    raw_id_fields = ["message"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(admin.ModelAdmin):
+    list_display = ["id", "message_id", "app", "recipient", "attempts", "dead_at", "last_error"]
+    list_filter = ["app"]
+    list_select_related = ["app", "message"]
+    search_fields = ["=recipient"]
+    show_full_result_count = False
+    ordering = ["-dead_at"]
+    actions = ["requeue", "discard"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(state="dead")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Re-queue selected dead letters (fresh attempts)")
+    def requeue(self, request, queryset):
+        count = dead_letters_requeue(delivery_ids=list(queryset.values_list("id", flat=True)))
+        self.message_user(request, f"Re-queued {count} dead letter(s).")
+
+    @admin.action(description="Discard selected dead letters")
+    def discard(self, request, queryset):
+        count = dead_letters_discard(delivery_ids=list(queryset.values_list("id", flat=True)))
+        self.message_user(request, f"Discarded {count} dead letter(s).")

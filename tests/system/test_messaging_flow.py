@@ -1,0 +1,164 @@
+"""Reliable messaging end to end: real daphne, a real Celery worker, real Postgres and Redis."""
+
+from __future__ import annotations
+
+import pytest
+
+from messaging.models import Delivery, Message
+from tests.wsclient import WsClient, wait_for
+
+pytestmark = pytest.mark.system
+
+
+def test_online_recipient_gets_the_message_and_the_sender_its_confirmation(node):
+    with WsClient(node.ws_url) as alice, WsClient(node.ws_url) as bob:
+        assert alice.auth("ANZ-1001")["data"] == {"appId": "app-id-343", "userId": "ANZ-1001", "isAuthenticated": True}
+        bob.auth("ANZ-1002")
+        alice.message("ANZ-1002", "hello bob", reference="ref-1")
+        got = bob.recv_type("MESSAGE")
+        assert got["data"]["from"] == "ANZ-1001" and got["data"]["content"] == "hello bob"
+        assert got["reference"] == "ref-1"
+        assert got["data"]["seq"] == 1 and got["data"]["id"].isdigit()
+        confirmation = alice.recv_type("MESSAGE_CONFIRMATION")
+        assert confirmation["data"]["reference"] == "ref-1"
+
+
+def test_no_confirmation_without_a_reference_or_when_the_sender_declines_it(node):
+    with WsClient(node.ws_url) as alice, WsClient(node.ws_url) as bob:
+        alice.auth("ANZ-1011")
+        bob.auth("ANZ-1012")
+        alice.message("ANZ-1012", "no reference")
+        alice.message("ANZ-1012", "declined", reference="r", confirmationEnabled=False)
+        assert [f["data"]["content"] for f in (bob.recv_type("MESSAGE"), bob.recv_type("MESSAGE"))] == [
+            "no reference", "declined"]
+        assert [f for f in alice.recv_all(quiet=1.5) if f["type"] == "MESSAGE_CONFIRMATION"] == []
+
+
+@pytest.mark.django_db
+def test_offline_recipient_fetches_in_batches_with_the_right_left_missing_count(node):
+    with WsClient(node.ws_url) as alice:
+        alice.auth("ANZ-2001")
+        for i in range(25):
+            alice.message("ANZ-2002", f"missed {i}", reference=f"m{i}")
+    # RELIABLE sends carry no per-frame receipt in the linker protocol: wait until all are stored.
+    wait_for(lambda: Delivery.objects.filter(recipient="ANZ-2002").count() == 25)
+    with WsClient(node.ws_url) as bob:
+        bob.auth("ANZ-2002")
+        first, left = bob.fetch(10)
+        assert [m["data"]["content"] for m in first] == [f"missed {i}" for i in range(10)]
+        assert left == 15
+        second, left = bob.fetch(10)
+        assert [m["data"]["seq"] for m in second] == list(range(11, 21))
+        assert left == 5
+        third, left = bob.fetch(10)
+        assert len(third) == 5 and left == 0
+        assert bob.fetch(10) == ([], 0)
+    wait_for(lambda: Delivery.objects.filter(recipient="ANZ-2001", message__kind="confirmation").count() == 25)
+    with WsClient(node.ws_url) as alice:
+        alice.auth("ANZ-2001")
+        confirmations, _ = alice.fetch(100)  # the sender was offline: its confirmations waited
+        assert sorted(c["data"]["reference"] for c in confirmations) == sorted(f"m{i}" for i in range(25))
+
+
+@pytest.mark.django_db
+def test_fast_messages_are_delivered_but_never_stored(node):
+    before = Message.objects.count()
+    with WsClient(node.ws_url) as alice, WsClient(node.ws_url) as bob:
+        alice.auth("ANZ-3001")
+        bob.auth("ANZ-3002")
+        alice.message("ANZ-3002", "quick", feature="FAST")
+        got = bob.recv_type("MESSAGE")
+        assert got["data"] == {"from": "ANZ-3001", "content": "quick"}
+        alice.message("ANZ-3999", "to nobody online", feature="FAST")
+    assert Message.objects.count() == before
+    with WsClient(node.ws_url) as nobody:
+        nobody.auth("ANZ-3999")
+        assert nobody.fetch(10) == ([], 0)  # FAST to an offline user is gone, by design
+
+
+@pytest.mark.django_db
+def test_group_message_reaches_every_recipient_once(node):
+    with WsClient(node.ws_url) as a, WsClient(node.ws_url) as b, WsClient(node.ws_url) as c:
+        a.auth("ANZ-4001")
+        b.auth("ANZ-4002")
+        c.auth("ANZ-4003")
+        a.send("GROUP_MESSAGE", {"to": ["ANZ-4002", "ANZ-4003", "ANZ-4002", "ANZ-4004"], "content": "all"},
+               reference="g1")
+        assert b.recv_type("MESSAGE")["data"]["content"] == "all"
+        assert c.recv_type("MESSAGE")["data"]["content"] == "all"
+        assert [f for f in b.recv_all(quiet=1) if f["type"] == "MESSAGE"] == []
+        assert [f for f in a.recv_all(quiet=0.5) if f["type"] == "MESSAGE_CONFIRMATION"] == []
+    assert Delivery.objects.filter(message__sender="ANZ-4001").count() == 3  # 4004 waits offline
+
+
+@pytest.mark.django_db
+def test_duplicate_client_message_id_is_stored_and_delivered_once(node):
+    with WsClient(node.ws_url) as alice, WsClient(node.ws_url) as bob:
+        alice.auth("ANZ-5001")
+        bob.auth("ANZ-5002")
+        for _ in range(3):
+            alice.message("ANZ-5002", "pay 10 EUR", clientMessageId="payment-77")
+        alice.message("ANZ-5002", "after")
+        got = [bob.recv_type("MESSAGE")["data"]["content"], bob.recv_type("MESSAGE")["data"]["content"]]
+        assert got == ["pay 10 EUR", "after"]
+        assert [f for f in bob.recv_all(quiet=1) if f["type"] == "MESSAGE"] == []
+    assert Message.objects.filter(sender="ANZ-5001", client_message_id="payment-77").count() == 1
+
+
+@pytest.mark.django_db
+def test_ack_mode_redelivers_unacked_messages_after_reconnect_with_the_same_id(node):
+    with WsClient(node.ws_url) as alice:
+        alice.auth("ANZ-6001")
+        with WsClient(node.ws_url) as bob:
+            bob.auth("ANZ-6002", acks=True)
+            alice.message("ANZ-6002", "first")
+            alice.message("ANZ-6002", "second")
+            first = bob.recv_type("MESSAGE")
+            second = bob.recv_type("MESSAGE")
+            bob.send("ACK", {"ids": [first["data"]["id"]]})
+            bob.send("PING")
+            bob.recv_type("PONG")
+        with WsClient(node.ws_url) as bob_again:
+            bob_again.auth("ANZ-6002", acks=True)
+            again = bob_again.recv_type("MESSAGE")
+            assert again["data"]["id"] == second["data"]["id"] and again["data"]["content"] == "second"
+            bob_again.send("ACK", {"ids": [again["data"]["id"]]})
+            assert [f for f in bob_again.recv_all(quiet=1) if f["type"] == "MESSAGE"] == []
+    states = dict(Delivery.objects.filter(recipient="ANZ-6002").values_list("message__content", "state"))
+    assert states == {"first": "delivered", "second": "delivered"}
+
+
+def test_a_user_with_two_connections_gets_the_message_on_both(node):
+    with WsClient(node.ws_url) as alice, WsClient(node.ws_url) as phone, WsClient(node.ws_url) as laptop:
+        alice.auth("ANZ-7001")
+        phone.auth("ANZ-7002")
+        laptop.auth("ANZ-7002")
+        alice.message("ANZ-7002", "both")
+        assert phone.recv_type("MESSAGE")["data"]["content"] == "both"
+        assert laptop.recv_type("MESSAGE")["data"]["content"] == "both"
+
+
+def test_master_user_sees_first_and_last_connections_and_can_close_a_user(node):
+    with WsClient(node.ws_url) as master:
+        master.auth("ANZ-123223")
+        first = WsClient(node.ws_url)
+        first.auth("ANZ-8001")
+        assert master.recv_type("USER_CONNECTED")["data"] == {"userId": "ANZ-8001"}
+        second = WsClient(node.ws_url)
+        second.auth("ANZ-8001")  # not the first connection: no second announcement
+        first.close()
+        master.send("PING")
+        assert [f["type"] for f in master.recv_all(quiet=1)] == ["PONG"]
+        master.send("CLOSE_CONNECTION", {"userId": "ANZ-8001"})
+        assert second.wait_closed() == 1000
+        assert master.recv_type("USER_DISCONNECTED")["data"] == {"userId": "ANZ-8001"}
+
+
+def test_only_the_master_may_close_connections_and_only_in_its_own_app(node):
+    with WsClient(node.ws_url) as user, WsClient(node.ws_url) as master:
+        user.auth("ANZ-8101")
+        user.send("CLOSE_CONNECTION", {"userId": "ANZ-8102"})
+        assert "master" in user.recv_type("INVALID_MESSAGE")["data"]["reason"]
+        master.auth("ANZ-123223")
+        master.send("CLOSE_CONNECTION", {"userId": "BNZ-5"})
+        assert "not a user of this app" in master.recv_type("INVALID_MESSAGE")["data"]["reason"]
