@@ -171,8 +171,8 @@ class ClientConsumer(AsyncWebsocketConsumer):
         return self.app
 
     def _check_recipient(self, app: AppSnapshot, to: Any, data: Any) -> str:
-        if not isinstance(to, str):
-            raise FrameError("each recipient must be a user id string", data)
+        if not isinstance(to, str) or not to:
+            raise FrameError("missing or invalid recipient in 'to' (a user id string)", data)
         parsed = user_id_parse(to)
         if parsed is None:
             raise FrameError(f"recipient '{to[:96]}' is not a user id (<appName>-<digits>)", data)

@@ -112,8 +112,7 @@ def main() -> int:
     bin_dir = Path(sys.executable).parent
     concurrency = env.get("WORKER_CONCURRENCY", "2")
     children = [
-        Child("web", [str(bin_dir / "daphne"), "-b", host, "-p", port, "--proxy-headers",
-                      "--websocket_timeout", "-1", "config.asgi:application"]),
+        Child("web", [sys.executable, "-m", "config.web", "--bind", host, "--port", port]),
         Child("worker", [str(bin_dir / "celery"), "-A", "config", "worker", "-l", "INFO", "-c", concurrency,
                          "-n", f"worker-{port}@%h", "-Q", "celery,routing"]),
         Child("beat", [str(bin_dir / "celery"), "-A", "config", "beat", "-l", "INFO",

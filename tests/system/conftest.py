@@ -92,8 +92,8 @@ class ProcessFactory:
     def web(self, name: str = "web", **env: str) -> Proc:
         port = free_port()
         env.setdefault("NODE_ID", f"{name}-{port}")
-        proc = self.spawn(name, [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port),
-                                 "config.asgi:application"], port=port, PORT=str(port), **env)
+        proc = self.spawn(name, [sys.executable, "-m", "config.web", "--port", str(port)],
+                          port=port, PORT=str(port), **env)
         wait_http(f"{proc.url}/readyz", proc)
         return proc
 
@@ -158,7 +158,7 @@ def demo_network(django_db_setup, django_db_blocker):
     """The demo tenant, committed for the whole module (processes outlive single tests).
 
     ANZ (app-id-343, master ANZ-123223) homed here for users 0-8999999; users 9000000+ are homed
-    in domain-09 (another domain); BNZ is a second app.
+    in domain-09 (another domain); BNZ is a second app (users 0-999999 only).
     """
     from apps_registry.models import ClientApp, Domain, UserDistribution
     from apps_registry.selectors import app_snapshots_clear
@@ -174,7 +174,7 @@ def demo_network(django_db_setup, django_db_blocker):
         UserDistribution.objects.create(app=anz, domain=here, range_from=0, range_to=8999999)
         UserDistribution.objects.create(app=anz, domain=there, range_from=9000000, range_to=None)
         bnz = ClientApp.objects.create(app_name="BNZ", app_id="app-id-bnz", master_user_id="BNZ-1")
-        UserDistribution.objects.create(app=bnz, domain=here, range_from=0, range_to=None)
+        UserDistribution.objects.create(app=bnz, domain=here, range_from=0, range_to=999999)
         app_snapshots_clear()
     yield {"anz": anz, "bnz": bnz}
 

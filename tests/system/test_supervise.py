@@ -26,7 +26,7 @@ def test_make_run_brings_up_web_worker_and_beat_and_sigterm_stops_them_all(proce
     assert f"websocket: ws://localhost:{port}/ws" in out
     children = psutil.Process(proc.popen.pid).children(recursive=True)
     roles = " ".join(" ".join(c.cmdline()) for c in children)
-    assert "daphne" in roles and "worker" in roles and "beat" in roles
+    assert "config.web" in roles and "worker" in roles and "beat" in roles
     for prefix in ("web    |", "worker |", "beat   |"):
         deadline = time.monotonic() + 30
         while prefix not in proc.output() and time.monotonic() < deadline:
