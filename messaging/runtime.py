@@ -20,6 +20,7 @@ from messaging.asyncdb import run_db
 from messaging.batching import Batcher
 from messaging.services import deliveries_mark_delivered
 from presence import cache
+from presence.liveness import node_restart_cleanup
 from presence.services import node_heartbeat_record, node_register
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ class NodeRuntime:
         self.routing.bind(loop)
         self.delivered.bind(loop)
         dispatch.routing_batch_sink_install(self.routing.add_threadsafe)
+        await run_db(node_restart_cleanup, node_id=self.node_id)
         await run_db(node_register, node_id=self.node_id, domain=settings.DOMAIN_NAME)
         await cache.node_heartbeat(node_id=self.node_id, ttl=settings.PRESENCE_NODE_TIMEOUT, connections=[])
         self._heartbeat = asyncio.ensure_future(self._beat())

@@ -29,6 +29,8 @@ def route_deliveries(self, delivery_ids: list[int]) -> dict:
 def retry_sweep() -> dict:
     """Beat: time out unconfirmed pushes, route retries that are due, and re-route pending rows of
     connected users whose routing task was lost (a crashed worker or node never strands a message)."""
+    from django.conf import settings
+
     from messaging.dispatch import routing_task_send
     from messaging.services import deliveries_pending_for_online, deliveries_sweep
     from presence.selectors import online_user_ids
@@ -36,7 +38,7 @@ def retry_sweep() -> dict:
     result = deliveries_sweep()
     for start in range(0, len(result.due), 500):
         routing_task_send(result.due[start:start + 500])
-    stranded = deliveries_pending_for_online(user_ids=online_user_ids(), older_than=timedelta(seconds=10))
+    stranded = deliveries_pending_for_online(user_ids=online_user_ids(), older_than=timedelta(seconds=settings.STRANDED_AFTER_SECONDS))
     for start in range(0, len(stranded), 500):
         routing_task_send(stranded[start:start + 500])
     if result.timed_out or result.due or stranded:

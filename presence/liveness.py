@@ -56,6 +56,14 @@ def nodes_reap() -> ReapResult:
             log.warning("reaper lock had expired before release")
 
 
+def node_restart_cleanup(*, node_id: str) -> None:
+    """A node starting under an id that has live sessions crashed before: end them now rather
+    than waiting for the reaper (the old sockets are certainly gone)."""
+    node = Node.objects.filter(node_id=node_id).first()
+    if node is not None and Session.objects.filter(node_id=node_id, disconnected_at__isnull=True).exists():
+        _node_reap(node)
+
+
 def _node_reap(node: Node) -> tuple[int, int]:
     sessions = live_sessions_of_node(node.node_id)
     for session in sessions:

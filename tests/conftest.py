@@ -13,3 +13,13 @@ def redis_client():
     client = redis.Redis.from_url(settings.REDIS_URL)
     yield client
     client.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _clean_test_redis():
+    """The test Redis database starts empty: no presence or queued tasks from an earlier run."""
+    import redis
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.flushdb()
+    client.close()

@@ -142,7 +142,8 @@ def wait_log(proc: Proc, text: str, timeout: float = 60) -> None:
 
 
 @pytest.fixture
-def processes(request, transactional_db):
+def processes(request, demo_network):
+    """Processes of one test (stopped at its end), on the module's committed demo network."""
     factory = ProcessFactory(request)
     yield factory
     factory.stop_all()
@@ -192,3 +193,21 @@ def node(module_processes):
     web = module_processes.web("web")
     module_processes.worker("worker")
     return web
+
+
+FAST_FAILURE_ENV = {
+    # Shrunk timers so failure handling is observable within a test.
+    "PRESENCE_HEARTBEAT_SECONDS": "1",
+    "PRESENCE_NODE_TIMEOUT": "3",
+    "RETRY_SWEEP_SECONDS": "1",
+    "DELIVERY_ACK_TIMEOUT": "3",
+    "STRANDED_AFTER_SECONDS": "2",
+    "RETRY_BASE_SECONDS": "1",
+}
+
+
+def start_beat(factory: ProcessFactory, tmp_path: Path, **env: str) -> Proc:
+    proc = factory.spawn("beat", [str(BIN / "celery"), "-A", "config", "beat", "-l", "INFO",
+                                  "-s", str(tmp_path / "beat-schedule")], **{**FAST_FAILURE_ENV, **env})
+    wait_log(proc, "beat: Starting")
+    return proc

@@ -144,7 +144,10 @@ def service_settings(database_url: str, redis_url: str) -> dict:
             "default": {
                 "BACKEND": "channels_redis.core.RedisChannelLayer",
                 "CONFIG": {
-                    "hosts": [{"address": redis_url, "max_connections": REDIS_MAX_CONNECTIONS}],
+                    # redis-py 8 reads with a 5 s socket timeout by default, exactly the
+                    # BZPOPMIN timeout channels-redis uses: reads raced and killed consumers.
+                    "hosts": [{"address": redis_url, "max_connections": REDIS_MAX_CONNECTIONS,
+                               "socket_timeout": 15, "socket_connect_timeout": 5}],
                     "prefix": "sb-asgi",
                     "capacity": 5000,
                     "expiry": 30,
@@ -164,6 +167,9 @@ DELIVERY_ACK_TIMEOUT = env_int("DELIVERY_ACK_TIMEOUT", 30)
 RETRY_BASE_SECONDS = env_int("RETRY_BASE_SECONDS", 2)
 RETRY_MAX_SECONDS = env_int("RETRY_MAX_SECONDS", 300)
 RETRY_SWEEP_SECONDS = env_int("RETRY_SWEEP_SECONDS", 5)
+# A pending delivery of a connected user not routed after this long lost its routing task
+# (a process crashed between commit and enqueue); the sweep routes it again.
+STRANDED_AFTER_SECONDS = env_int("STRANDED_AFTER_SECONDS", 10)
 # --- presence ----------------------------------------------------------------------------------
 PRESENCE_HEARTBEAT_SECONDS = env_int("PRESENCE_HEARTBEAT_SECONDS", 5)
 PRESENCE_NODE_TIMEOUT = env_int("PRESENCE_NODE_TIMEOUT", 20)  # no heartbeat for this long = dead node

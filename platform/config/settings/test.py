@@ -1,8 +1,26 @@
-"""Test runs: the same real services as local (embedded unless the URLs are set)."""
+"""Test runs: the same real services as local (embedded unless the URLs are set).
+
+Tests use their own Redis database (index 15 by default) so a test run never mixes its channel
+layer, presence cache or Celery queue with a platform running from the same checkout, and can
+wipe it freely.
+"""
 
 from __future__ import annotations
 
+from urllib.parse import urlparse, urlunparse
+
 from .local import *  # noqa: F403
+from .local import REDIS_URL, env_int, service_settings
+
+TEST_REDIS_DB = env_int("TEST_REDIS_DB", 15)
+
+
+def _with_db(url: str, db: int) -> str:
+    parsed = urlparse(url)
+    return urlunparse(parsed._replace(path=f"/{db}"))
+
+
+globals().update(service_settings(DATABASE_URL, _with_db(REDIS_URL, TEST_REDIS_DB)))  # noqa: F405
 
 DEBUG = False
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed; never outside tests
