@@ -23,3 +23,6 @@ def _clean_test_redis():
     client = redis.Redis.from_url(settings.REDIS_URL)
     client.flushdb()
     client.close()
+
+
+from tests.processes import demo_network, module_processes, node, processes  # noqa: E402,F401  (fixtures)

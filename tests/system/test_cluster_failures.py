@@ -8,7 +8,7 @@ import time
 import pytest
 
 from messaging.models import Delivery
-from tests.system.conftest import FAST_FAILURE_ENV, start_beat
+from tests.processes import FAST_FAILURE_ENV, start_beat
 from tests.wsclient import WsClient, wait_for
 
 pytestmark = pytest.mark.system

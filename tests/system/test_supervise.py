@@ -7,7 +7,7 @@ import time
 import psutil
 import pytest
 
-from tests.system.conftest import free_port, wait_http
+from tests.processes import free_port, wait_http
 
 pytestmark = pytest.mark.system
 

@@ -1,4 +1,4 @@
-"""Real processes for system tests: daphne web nodes and Celery workers on the test database."""
+"""Real processes for system and browser tests: daphne web nodes, Celery workers and beat."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 LOG_DIR = ROOT / "var" / "test-logs"
 

@@ -1,0 +1,36 @@
+"""The one door to the sockets: every event type reaches a real channel over Redis intact."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.layers import get_channel_layer
+
+from messaging import sockets
+
+
+@pytest.mark.parametrize("event", [
+    sockets.message_deliver_event([{"delivery_id": 1, "message_id": 2, "frame": '{"type":"MESSAGE"}'}]),
+    sockets.message_fast_event('{"type":"MESSAGE"}'),
+    sockets.presence_event('{"type":"USER_CONNECTED","data":{"userId":"ANZ-1"}}'),
+    sockets.connection_close_event(1000, "bye"),
+])
+def test_each_event_type_travels_through_the_redis_channel_layer(event):
+    async def roundtrip():
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        assert await sockets.send_many([(channel, event)]) == []
+        return await asyncio.wait_for(layer.receive(channel), 5)
+
+    assert sockets.run_async(roundtrip()) == event
+
+
+def test_worker_code_sends_from_sync_code_on_one_long_lived_loop():
+    async def new_channel():
+        return await get_channel_layer().new_channel()
+
+    channel = sockets.run_async(new_channel())
+    assert sockets.send_many_sync([(channel, sockets.message_fast_event("x"))]) == []
+    received = sockets.run_async(get_channel_layer().receive(channel))
+    assert received == sockets.message_fast_event("x")
