@@ -64,10 +64,14 @@ class _Axes:
             label = f"{10**exp:g}"
             out.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{LEFT + self.plot_w}" y2="{y:.1f}" stroke="#eee"/>')
             out.append(f'<text x="{LEFT - 8}" y="{y + 4:.1f}" text-anchor="end">{label}</text>')
-        out.append(f'<text x="{LEFT + self.plot_w / 2}" y="{HEIGHT - 15}" text-anchor="middle">'
-                   "offered rate (messages/s)</text>")
-        out.append(f'<text transform="translate(18 {TOP + self.plot_h / 2}) rotate(-90)" text-anchor="middle">'
-                   "p99 latency (ms, log scale)</text>")
+        out.append(
+            f'<text x="{LEFT + self.plot_w / 2}" y="{HEIGHT - 15}" text-anchor="middle">'
+            "offered rate (messages/s)</text>"
+        )
+        out.append(
+            f'<text transform="translate(18 {TOP + self.plot_h / 2}) rotate(-90)" text-anchor="middle">'
+            "p99 latency (ms, log scale)</text>"
+        )
         return out
 
 
@@ -82,7 +86,9 @@ def _series_marks(axes: _Axes, series: Series, color: str) -> list[str]:
         if p.lost:
             # Losses matter more than latency: ring the point and say how many.
             out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="8" fill="none" stroke="{LOSS_COLOR}" stroke-width="2"/>')
-            out.append(f'<text x="{x + 10:.1f}" y="{y - 8:.1f}" fill="{LOSS_COLOR}" font-size="11">lost {p.lost}</text>')
+            out.append(
+                f'<text x="{x + 10:.1f}" y="{y - 8:.1f}" fill="{LOSS_COLOR}" font-size="11">lost {p.lost}</text>'
+            )
     return out
 
 

@@ -132,8 +132,10 @@ class _Run:
         for plan in self.plans:
             if plan.index not in collected:
                 collected[plan.index] = WorkerResult(
-                    index=plan.index, connections_planned=plan.connections,
-                    failure=f"worker {plan.index} sent no result (crashed or timed out)")
+                    index=plan.index,
+                    connections_planned=plan.connections,
+                    failure=f"worker {plan.index} sent no result (crashed or timed out)",
+                )
         return [collected[i] for i in sorted(collected)]
 
     def _reap(self) -> None:
@@ -205,10 +207,18 @@ def add_load_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> LoadConfig:
     values: dict[str, Any] = {
-        "connections": args.connections, "duration": args.duration, "warmup": args.warmup,
-        "processes": args.processes, "app_id": args.app_id, "app_name": args.app_name,
-        "user_base": args.user_base, "payload": args.payload, "drain": args.drain,
-        "ramp_rate": args.ramp_rate, "token": args.token, "confirmation": not args.no_confirmation,
+        "connections": args.connections,
+        "duration": args.duration,
+        "warmup": args.warmup,
+        "processes": args.processes,
+        "app_id": args.app_id,
+        "app_name": args.app_name,
+        "user_base": args.user_base,
+        "payload": args.payload,
+        "drain": args.drain,
+        "ramp_rate": args.ramp_rate,
+        "token": args.token,
+        "confirmation": not args.no_confirmation,
     }
     values.update(overrides)
     return LoadConfig(**values)

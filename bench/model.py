@@ -146,8 +146,18 @@ def merge_results(config: LoadConfig, workers: list[WorkerResult], machine_cpu_b
     latencies: list[float] = []
     lags: list[float] = []
     for w in workers:
-        for name in ("connections_ok", "sent", "sent_measured", "received", "lost", "lost_measured",
-                     "duplicates", "stale", "unexpected", "corrupt"):
+        for name in (
+            "connections_ok",
+            "sent",
+            "sent_measured",
+            "received",
+            "lost",
+            "lost_measured",
+            "duplicates",
+            "stale",
+            "unexpected",
+            "corrupt",
+        ):
             setattr(result, name, getattr(result, name) + getattr(w, name))
         errors.update(w.errors)
         other.update(w.other_frames)

@@ -52,17 +52,22 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _percent(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction:.0%}"
+
+
 def results_table(rows: list[Row], budget_ms: float) -> str:
     lines = [
-        "| rate/s | target | feature | sent | received | lost | p50 ms | p95 ms | p99 ms | max ms | achieved/s | errors | ok |",
-        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|",
+        "| rate/s | target | feature | sent | received | lost | p50 ms | p95 ms | p99 ms | max ms | achieved/s | errors "
+        "| machine CPU | ok |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:-:|",
     ]
     for row in rows:
         r = row.result
         lines.append(
             f"| {row.rate:g} | {row.target} | {row.feature} | {r.sent} | {r.received} | {r.lost} | {_ms(r.p50_ms)} "
             f"| {_ms(r.p95_ms)} | {_ms(r.p99_ms)} | {_ms(r.max_ms)} | {r.achieved_rate:.0f} | {r.error_count} "
-            f"| {'yes' if passes(row, budget_ms) else 'no'} |"
+            f"| {_percent(r.machine_cpu_busy)} | {'yes' if passes(row, budget_ms) else 'no'} |"
         )
     return "\n".join(lines)
 
@@ -96,6 +101,16 @@ def machine_info() -> dict[str, str]:
     return info
 
 
+def _coverage_note(rows: list[Row]) -> str:
+    measured = list(dict.fromkeys(row.label for row in rows))
+    if any(row.target == "platform" for row in rows):
+        return f"\nMeasured: {', '.join(measured)}."
+    return (
+        f"\n**This run measured only: {', '.join(measured)}.** Start the platform (`make run`) and run "
+        "the command below without `--targets` to add Switchboard RELIABLE and FAST."
+    )
+
+
 def benchmarks_markdown(*, rows: list[Row], budget_ms: float, command: str, params: dict[str, str]) -> str:
     m = machine_info()
     param_lines = "\n".join(f"- {k}: {v}" for k, v in params.items())
@@ -105,12 +120,13 @@ Switchboard against a hand-built Channels relay with no persistence (`bench/rela
 load of the linker seed's benchmark: every connection authenticates as its own user and sends a
 `MESSAGE` to itself on a fixed clock; latency is the time from just before the send to the receipt
 of the same message. How to reproduce: `bench/README.md`.
+{_coverage_note(rows)}
 
 ## Machine
 
 | nproc | memory | CPU | Python | OS | date |
 |---|---|---|---|---|---|
-| {m['nproc']} | {m['memory']} | {m['cpu']} | {m['python']} | {m['os']} | {m['date']} |
+| {m["nproc"]} | {m["memory"]} | {m["cpu"]} | {m["python"]} | {m["os"]} | {m["date"]} |
 
 The load generator, the servers, Redis and Postgres all share this machine, so every target
 competes with the load generator for the same cores.
@@ -131,7 +147,8 @@ the id in the content.
 {results_table(rows, budget_ms)}
 
 `ok` = zero loss, zero errors, every connection authenticated, at least 95% of the offered rate
-actually sent, and p99 under {budget_ms:g} ms.
+actually sent, and p99 under {budget_ms:g} ms. `machine CPU` = share of all cores busy while
+sending, whoever used them: a high value at a low rate means something else was running.
 
 {best_table(rows, budget_ms)}
 

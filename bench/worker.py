@@ -68,8 +68,15 @@ class Worker:
             # No compression (clients of the linker protocol do not negotiate it), no proxy from
             # the environment, and no client keepalive pings: a ping timeout under load would
             # close connections for reasons of the harness, not the server.
-            ws = await connect(cfg.url, open_timeout=cfg.connect_timeout, compression=None, proxy=None,
-                               ping_interval=None, close_timeout=2, max_size=None)
+            ws = await connect(
+                cfg.url,
+                open_timeout=cfg.connect_timeout,
+                compression=None,
+                proxy=None,
+                ping_interval=None,
+                close_timeout=2,
+                max_size=None,
+            )
         except (OSError, WebSocketException, TimeoutError):
             self.result.errors["connect_failed"] += 1
             return None
@@ -219,8 +226,14 @@ async def _wait_for_start(start_event: Event, start_at: Synchronized[float], tim
     return float(start_at.value)
 
 
-async def _run(config: LoadConfig, plan: WorkerPlan, run_id: str, ready: Queue[Any],
-               start_event: Event, start_at: Synchronized[float]) -> WorkerResult:
+async def _run(
+    config: LoadConfig,
+    plan: WorkerPlan,
+    run_id: str,
+    ready: Queue[Any],
+    start_event: Event,
+    start_at: Synchronized[float],
+) -> WorkerResult:
     worker = Worker(config, plan, run_id)
     conns = await worker.open_all()
     worker.result.connections_ok = len(conns)
@@ -242,8 +255,15 @@ async def _run(config: LoadConfig, plan: WorkerPlan, run_id: str, ready: Queue[A
     return worker.finish()
 
 
-def worker_main(config: LoadConfig, plan: WorkerPlan, run_id: str, ready: Queue[Any], results: Queue[Any],
-                start_event: Event, start_at: Synchronized[float]) -> None:
+def worker_main(
+    config: LoadConfig,
+    plan: WorkerPlan,
+    run_id: str,
+    ready: Queue[Any],
+    results: Queue[Any],
+    start_event: Event,
+    start_at: Synchronized[float],
+) -> None:
     """Process entry point; always reports back, even if the run crashed."""
     try:
         result = asyncio.run(_run(config, plan, run_id, ready, start_event, start_at))

@@ -19,9 +19,15 @@ log = logging.getLogger(__name__)
 def route_deliveries(self, delivery_ids: list[int]) -> dict:
     """Push committed deliveries to their recipients (infrastructure errors retry the task;
     per-delivery failures become delivery retries)."""
+    from django.db import close_old_connections
+
     from messaging.router import deliveries_route
 
-    outcome = deliveries_route(delivery_ids)
+    try:
+        outcome = deliveries_route(delivery_ids)
+    except DatabaseError:
+        close_old_connections()  # a broken connection is replaced before the retry
+        raise
     return {"pushed": outcome.pushed, "offline": outcome.offline, "failed": outcome.failed}
 
 

@@ -33,7 +33,12 @@ CHANNEL_LAYERS = {
         "CONFIG": {
             # redis-py's default pool ceiling (100) fails under a few hundred busy connections;
             # match the platform's REDIS_MAX_CONNECTIONS default so the comparison is fair.
-            "hosts": [{"address": REDIS_URL, "max_connections": 2000}],
+            # socket_timeout: redis-py 8 defaults it to 5 s, which races channels_redis's 5 s
+            # BZPOPMIN and kills consumers with TimeoutError (django/channels_redis#422); None is
+            # the pre-8.0 default channels_redis was written for.
+            # capacity stays at Channels' default (100 per process channel), as a hand-built app
+            # would have it: under overload group_send then drops messages (logged at INFO only).
+            "hosts": [{"address": REDIS_URL, "max_connections": 2000, "socket_timeout": None}],
         },
     }
 }

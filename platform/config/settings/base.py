@@ -124,6 +124,30 @@ ADMIN_USERNAME = env_str("ADMIN_USERNAME", "admin")
 ADMIN_PASSWORD = env_str("ADMIN_PASSWORD", "")
 
 
+CHANNEL_LAYER = env_str("CHANNEL_LAYER", "pubsub")
+
+
+def channel_layer_settings(redis_url: str) -> dict:
+    """channels-redis, pub/sub flavour by default.
+
+    Every event Switchboard sends to a socket is either re-creatable from Postgres (stored
+    messages: the retry sweep re-pushes what was not confirmed) or best effort by contract (FAST,
+    presence notices). So the layer need not buffer for absent readers, and Redis pub/sub delivers
+    without the core layer's per-message BZPOPMIN round trips, which were a fifth of a web node's
+    CPU under load. CHANNEL_LAYER=core selects the buffered list-based layer instead.
+    """
+    # redis-py 8 reads with a 5 s socket timeout by default, exactly the BZPOPMIN timeout the
+    # core layer uses: reads raced and killed consumers, hence the explicit 15 s.
+    host = {"address": redis_url, "max_connections": REDIS_MAX_CONNECTIONS,
+            "socket_timeout": 15, "socket_connect_timeout": 5}
+    if CHANNEL_LAYER == "core":
+        return {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                "CONFIG": {"hosts": [host], "prefix": "sb-asgi", "capacity": 5000, "expiry": 30}}
+    host["socket_timeout"] = None  # the subscriber connection blocks while nothing is published
+    return {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+            "CONFIG": {"hosts": [host], "prefix": "sb-asgi"}}
+
+
 def service_settings(database_url: str, redis_url: str) -> dict:
     """Everything that depends on where Postgres and Redis are."""
     database = database_from_url(database_url)
@@ -140,20 +164,7 @@ def service_settings(database_url: str, redis_url: str) -> dict:
                 "KEY_PREFIX": "sb-cache",
             }
         },
-        "CHANNEL_LAYERS": {
-            "default": {
-                "BACKEND": "channels_redis.core.RedisChannelLayer",
-                "CONFIG": {
-                    # redis-py 8 reads with a 5 s socket timeout by default, exactly the
-                    # BZPOPMIN timeout channels-redis uses: reads raced and killed consumers.
-                    "hosts": [{"address": redis_url, "max_connections": REDIS_MAX_CONNECTIONS,
-                               "socket_timeout": 15, "socket_connect_timeout": 5}],
-                    "prefix": "sb-asgi",
-                    "capacity": 5000,
-                    "expiry": 30,
-                },
-            }
-        },
+        "CHANNEL_LAYERS": {"default": channel_layer_settings(redis_url)},
         "CELERY_BROKER_URL": redis_url,
         "CELERY_RESULT_BACKEND": None,
     }
@@ -179,4 +190,7 @@ CELERY_BEAT_SCHEDULE = {
     "reap-dead-nodes": {"task": "presence.tasks.reap_dead_nodes", "schedule": float(PRESENCE_HEARTBEAT_SECONDS)},
     "expire-deliveries": {"task": "messaging.tasks.expire_deliveries", "schedule": 3600.0},
 }
+# Celery's Django fix-up closes the DB connection after every task unless told otherwise: a new
+# Postgres connection per routing task. Reuse it (it is recycled every 2 x this many tasks).
+CELERY_DB_REUSE_MAX = env_int("CELERY_DB_REUSE_MAX", 1000)
 CELERY_TASK_ROUTES = {"messaging.tasks.route_deliveries": {"queue": "routing"}}
