@@ -1,9 +1,12 @@
 """Per-process micro-batching for web nodes.
 
-A `Batcher` collects items from any thread and hands them to a flush function in batches: the
-first item starts a short timer (or the batch fills up), and the flush runs in a worker thread so
-the event loop keeps serving sockets. Used for "route these deliveries" (one Celery task per
-batch) and "these deliveries were written to their sockets" (one UPDATE per batch).
+A `Batcher` collects items from any thread and hands them to a flush function in a DB thread, so
+the event loop keeps serving sockets. It batches adaptively, the way group commit does: an item
+arriving while no flush runs is flushed at once (after `linger`, a fraction of a millisecond), and
+items arriving while a flush runs wait for it and go together in the next one. Light load pays no
+batching delay; heavy load gets big batches and one Celery task or one UPDATE per batch.
+
+Used for "route these committed deliveries" and "these deliveries were written to their sockets".
 """
 
 from __future__ import annotations
@@ -19,16 +22,16 @@ log = logging.getLogger(__name__)
 
 
 class Batcher:
-    def __init__(self, name: str, flush: Callable[[list], None], *, max_delay: float = 0.002, max_size: int = 500):
+    def __init__(self, name: str, flush: Callable[[list], None], *, linger: float = 0.0005, max_size: int = 500):
         self.name = name
         self._flush = flush
-        self.max_delay = max_delay
+        self.linger = linger
         self.max_size = max_size
         self._items: list = []
         self._lock = threading.Lock()
-        self._scheduled = False
+        self._wakeup_pending = False
+        self._running: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._inflight: set[asyncio.Task] = set()
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -37,46 +40,45 @@ class Batcher:
         """Callable from any thread (e.g. a transaction's on_commit in a DB thread)."""
         with self._lock:
             self._items.extend(items)
-            if self._scheduled:
+            if self._wakeup_pending:
                 return
-            self._scheduled = True
+            self._wakeup_pending = True
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._schedule)
+        self._loop.call_soon_threadsafe(self._wake)
 
     def add(self, items: Sequence) -> None:
         """Callable from the event loop thread."""
         with self._lock:
             self._items.extend(items)
-            if self._scheduled:
-                if len(self._items) >= self.max_size:
-                    self._start_flush()
+            if self._wakeup_pending:
                 return
-            self._scheduled = True
-        self._schedule()
+            self._wakeup_pending = True
+        self._wake()
 
-    def _schedule(self) -> None:
-        assert self._loop is not None
-        self._loop.call_later(self.max_delay, self._start_flush)
+    def _wake(self) -> None:
+        if self._running is None or self._running.done():
+            self._running = asyncio.ensure_future(self._drain())
+        # else: the running drain picks the new items up when its flush returns
 
-    def _start_flush(self) -> None:
-        with self._lock:
-            items, self._items = self._items, []
-            self._scheduled = False
-        if not items:
-            return
-        task = asyncio.ensure_future(self._run(items))
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
-
-    async def _run(self, items: list) -> None:
-        try:
-            await run_db(self._flush, items)
-        except Exception:
-            # What failed here is recovered by the retry sweep (deliveries stay pending/sent);
-            # a batch must never take the node down.
-            log.exception("%s: flushing %d items failed", self.name, len(items))
+    async def _drain(self) -> None:
+        await asyncio.sleep(self.linger)
+        while True:
+            with self._lock:
+                items, self._items = self._items[: self.max_size], self._items[self.max_size:]
+                if not items:
+                    self._wakeup_pending = False
+                    return
+                if not self._items:
+                    self._wakeup_pending = False
+            try:
+                await run_db(self._flush, items)
+            except Exception:
+                # What failed here is recovered by the retry sweep (deliveries stay pending or
+                # sent, and are found again); a batch must never take the node down.
+                log.exception("%s: flushing %d items failed", self.name, len(items))
 
     async def drain(self) -> None:
-        self._start_flush()
-        if self._inflight:
-            await asyncio.gather(*self._inflight, return_exceptions=True)
+        """Flush everything queued so far (used at shutdown and by tests)."""
+        self.add([])
+        while self._running is not None and not self._running.done():
+            await asyncio.shield(self._running)

@@ -1,5 +1,6 @@
 """Writing a reliable message: the message row, a mailbox sequence and a delivery row per
-recipient, in one transaction, before anything is acknowledged. Routing is queued on commit."""
+recipient, in one transaction (one statement), before anything is acknowledged. Routing is
+queued on commit."""
 
 from __future__ import annotations
 
@@ -35,50 +36,49 @@ def message_send(
     # Sorted, de-duplicated recipients: mailbox rows are locked in one global order, so two
     # group messages to overlapping recipient sets cannot deadlock.
     recipients = sorted(set(recipients))
-    with transaction.atomic(), connection.cursor() as cur:
+    # One statement, so one round trip and its own transaction: the message, the mailbox
+    # sequences (each upsert holds its mailbox row lock until commit, so sequences are gap-free)
+    # and the delivery rows commit together or not at all. A repeated clientMessageId inserts no
+    # message, and then nothing else either.
+    with connection.cursor() as cur:
         cur.execute(
             """
-            INSERT INTO messaging_message
-                (app_id, sender, kind, content, reference, confirmation_requested, client_message_id,
-                 origin_domain, created_at)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
-            ON CONFLICT (app_id, sender, client_message_id) WHERE client_message_id IS NOT NULL DO NOTHING
-            RETURNING id
+            WITH m AS (
+                INSERT INTO messaging_message
+                    (app_id, sender, kind, content, reference, confirmation_requested, client_message_id,
+                     origin_domain, created_at)
+                VALUES (%(app)s, %(sender)s, %(kind)s, %(content)s, %(reference)s, %(confirm)s, %(cmid)s,
+                        %(origin)s, %(now)s)
+                ON CONFLICT (app_id, sender, client_message_id) WHERE client_message_id IS NOT NULL DO NOTHING
+                RETURNING id
+            ), mb AS (
+                INSERT INTO messaging_mailbox (app_id, user_id, last_seq)
+                SELECT %(app)s, r, 1 FROM unnest(%(recipients)s::text[]) AS r WHERE EXISTS (SELECT 1 FROM m)
+                ON CONFLICT (app_id, user_id) DO UPDATE SET last_seq = messaging_mailbox.last_seq + 1
+                RETURNING user_id, last_seq
+            ), d AS (
+                INSERT INTO messaging_delivery
+                    (message_id, app_id, recipient, seq, state, attempts, last_node, last_error, created_at)
+                SELECT m.id, %(app)s, mb.user_id, mb.last_seq, 'pending', 0, '', '', %(now)s FROM m, mb
+                RETURNING id
+            )
+            SELECT (SELECT id FROM m), ARRAY(SELECT id FROM d ORDER BY id)
             """,
-            [app_id, sender, kind, content, reference or "", confirmation_requested, client_message_id,
-             origin_domain, now],
+            {"app": app_id, "sender": sender, "kind": kind, "content": content, "reference": reference or "",
+             "confirm": confirmation_requested, "cmid": client_message_id, "origin": origin_domain, "now": now,
+             "recipients": recipients},
         )
-        row = cur.fetchone()
-        if row is None:
+        message_id, delivery_ids = cur.fetchone()
+        if message_id is None:
             cur.execute(
                 "SELECT id FROM messaging_message WHERE app_id = %s AND sender = %s AND client_message_id = %s",
                 [app_id, sender, client_message_id],
             )
             return SendResult(message_id=cur.fetchone()[0], delivery_ids=(), duplicate=True)
-        message_id = row[0]
-        # The upsert takes each mailbox row's lock until commit: sequences are gap-free.
-        cur.execute(
-            """
-            INSERT INTO messaging_mailbox (app_id, user_id, last_seq)
-            SELECT %s, r, 1 FROM unnest(%s::text[]) AS r
-            ON CONFLICT (app_id, user_id) DO UPDATE SET last_seq = messaging_mailbox.last_seq + 1
-            RETURNING user_id, last_seq
-            """,
-            [app_id, recipients],
-        )
-        seqs = cur.fetchall()
-        cur.execute(
-            """
-            INSERT INTO messaging_delivery
-                (message_id, app_id, recipient, seq, state, attempts, last_node, last_error, created_at)
-            SELECT %s, %s, r.user_id, r.seq, 'pending', 0, '', '', %s
-            FROM unnest(%s::text[], %s::bigint[]) AS r(user_id, seq)
-            RETURNING id
-            """,
-            [message_id, app_id, now, [s[0] for s in seqs], [s[1] for s in seqs]],
-        )
-        delivery_ids = tuple(r[0] for r in cur.fetchall())
-        transaction.on_commit(lambda: routing_enqueue(delivery_ids))
+    delivery_ids = tuple(delivery_ids)
+    # Inside a caller's transaction this waits for its commit; otherwise the statement has
+    # already committed and routing is queued right away.
+    transaction.on_commit(lambda: routing_enqueue(delivery_ids))
     return SendResult(message_id=message_id, delivery_ids=delivery_ids, duplicate=False)
 
 
