@@ -27,7 +27,7 @@ lint: install
 	$(BIN)/ruff check .
 
 bench: install
-	$(BIN)/python -m bench.loadtest $(BENCH_ARGS)
+	$(BIN)/python -m bench.compare --start-platform --no-confirmation --connections 200 --rates $(or $(RATES),400,600,800,1000) --duration 20 --warmup 5 --processes 2 $(BENCH_ARGS)
 
 clean: stop
 	rm -rf var/

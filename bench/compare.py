@@ -1,7 +1,8 @@
 """Switchboard (RELIABLE and FAST) against the baseline relay, under the same load, in one run.
 
-The caller starts the platform (`make run`); this starts the relay itself as a daphne subprocess on
-a free port and stops it afterwards.
+The relay is always started here (a daphne subprocess on a free port). The platform is either the
+caller's (`--platform-url`, e.g. a running `make run`) or, with `--start-platform`, a web node and a
+worker started here on the embedded services, with DEBUG off (what `make bench` does).
 
     python -m bench.compare --platform-url ws://127.0.0.1:8000/ws --redis-url redis://127.0.0.1:6380/0 \
         --connections 200 --rates 400,800,1200 --duration 20 --write-docs
@@ -19,7 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -204,6 +205,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"comma-separated subset of {','.join(TARGETS)}, run in this order at each rate",
     )
     parser.add_argument("--relay-port", type=int, help="port for the relay (default: a free one)")
+    parser.add_argument("--start-platform", action="store_true",
+                        help="start a web node and a worker here (DEBUG off) instead of using --platform-url")
     parser.add_argument("--p99-budget-ms", type=float, default=250.0)
     parser.add_argument("--write-docs", action="store_true", help="write docs/benchmarks.md and the SVG chart")
     parser.add_argument("--json", type=Path, help="also write every run's full result as JSON")
@@ -213,6 +216,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = set(args.target_names) - set(TARGETS)
     if unknown:
         parser.error(f"unknown targets {sorted(unknown)}; choose from {TARGETS}")
+    if args.start_platform and not args.redis_url:
+        from bench.platform_proc import platform_env
+
+        args.redis_url = platform_env()["REDIS_URL"]
     if "relay" in args.target_names and not args.redis_url:
         parser.error(
             "the relay needs Redis: pass --redis-url or set REDIS_URL "
@@ -242,9 +249,14 @@ def check_platform(url: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command = "python -m bench.compare " + shlex.join(sys.argv[1:] if argv is None else argv)
-    if any(n.startswith("platform") for n in args.target_names):
-        check_platform(args.platform_url)
-    with tempfile.TemporaryDirectory(prefix="bench-relay-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-relay-") as tmp, ExitStack() as stack:
+        if args.start_platform:
+            from bench.platform_proc import platform_processes
+
+            args.platform_url = stack.enter_context(platform_processes(free_port(), Path(tmp)))
+            print(f"platform listening at {args.platform_url} (logs in {tmp})", flush=True)
+        if any(n.startswith("platform") for n in args.target_names):
+            check_platform(args.platform_url)
         log_path = Path(tmp) / "relay.log"
         if "relay" in args.target_names:
             with relay_server(args.redis_url, log_path, args.relay_port) as relay_url:

@@ -15,7 +15,7 @@ from .services import dead_letters_discard, dead_letters_requeue
 class DeliveryInline(admin.TabularInline):
     model = Delivery
     fields = ["recipient", "seq", "state", "attempts", "created_at", "sent_at", "delivered_at", "next_attempt_at",
-              "last_node", "last_error"]
+              "last_error"]
     readonly_fields = fields
     extra = 0
     can_delete = False

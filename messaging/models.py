@@ -88,7 +88,6 @@ class Delivery(models.Model):
     state = models.CharField(max_length=16, choices=DeliveryState.choices, default=DeliveryState.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
-    last_node = models.CharField(max_length=128, blank=True, default="")
     last_error = models.CharField(max_length=500, blank=True, default="")
     created_at = models.DateTimeField()
     sent_at = models.DateTimeField(null=True, blank=True)
@@ -112,8 +111,10 @@ class Delivery(models.Model):
                 fields=["next_attempt_at"], name="delivery_retry_due",
                 condition=Q(state__in=["sent", "retrying"]),
             ),
-            # The admin's dead-letter and state filters.
-            models.Index(fields=["state", "-created_at"], name="delivery_state_recent"),
+            # The dead-letter queue in the admin and the API, newest first. Deliberately partial:
+            # a general (state, ...) index tempted the planner into scanning every undelivered
+            # row for batch updates by id (see messaging.services.deliveries).
+            models.Index(fields=["-dead_at"], name="delivery_dead_letters", condition=Q(state="dead")),
         ]
 
     def __str__(self) -> str:

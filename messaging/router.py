@@ -1,10 +1,11 @@
 """Where a message is routed: from committed delivery rows to the sockets of the recipients.
 
-For each delivery still pending (or due for a retry): look the recipient's live connections up in
-the presence cache, claim the row (-> sent, one attempt), and push the frame through the channel
-layer to every node holding one of those connections. Offline recipients keep the row pending in
-their mailbox; a failed push becomes a retry with backoff. Users homed in another domain are
-left pending here until inter-domain forwarding (domain network) takes them.
+Claim the deliveries still pending (or due for a retry) in one statement (-> sent, one attempt),
+look the recipients' live connections up in the presence cache, and push each frame through the
+channel layer to every node holding one of those connections. Offline recipients get the row
+back as pending in their mailbox (no attempt counted); a failed push becomes a retry with
+backoff. Users homed in another domain stay pending here until inter-domain forwarding (the
+domain network) takes them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from messaging import sockets
 from messaging.protocol import delivery_frame
-from messaging.services import deliveries_claim, deliveries_for_routing, deliveries_park, deliveries_retry
+from messaging.services import deliveries_claim, deliveries_park, deliveries_retry
 from presence import cache
 
 log = logging.getLogger(__name__)
@@ -29,23 +30,18 @@ class RouteOutcome:
 
 
 def deliveries_route(delivery_ids: list[int]) -> RouteOutcome:
-    rows = deliveries_for_routing(delivery_ids)
-    if not rows:
+    claimed = deliveries_claim(delivery_ids=delivery_ids)
+    if not claimed:
         return RouteOutcome(0, 0, 0)
-    connections = cache.connections_of_many(r.recipient for r in rows)
-    online = [r for r in rows if connections[r.recipient]]
-    offline = [r for r in rows if not connections[r.recipient]]
-    deliveries_park(delivery_ids=[r.delivery_id for r in offline if r.state != "pending"])
+    connections = cache.connections_of_many(row.recipient for row in claimed)
+    offline = [row.delivery_id for row in claimed if not connections[row.recipient]]
+    deliveries_park(delivery_ids=offline)
 
-    claimed = deliveries_claim(
-        delivery_ids=[r.delivery_id for r in online],
-        nodes=[connections[r.recipient][0].node_id for r in online],
-    )
     per_channel: dict[str, list[sockets.DeliverItem]] = defaultdict(list)
     channels_of: dict[int, list[str]] = defaultdict(list)
-    for row in online:
-        if row.delivery_id not in claimed:
-            continue  # someone else (a fetch, a duplicate task) already took it
+    for row in claimed:
+        if not connections[row.recipient]:
+            continue
         frame = delivery_frame(kind=row.kind, sender=row.sender, content=row.content, reference=row.reference,
                                message_id=row.message_id, seq=row.seq)
         for conn in connections[row.recipient]:

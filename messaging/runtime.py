@@ -45,7 +45,7 @@ class NodeRuntime:
     def __init__(self) -> None:
         self.node_id = settings.NODE_ID
         self.connections: dict[str, LocalConnection] = {}
-        self.routing = Batcher("routing", _route)
+        self.routing = Batcher("routing", _route, linger=0.003)
         self.delivered = Batcher("delivered", _mark_delivered, linger=0.002)
         self._started: asyncio.Future | None = None
         self._heartbeat: asyncio.Task | None = None

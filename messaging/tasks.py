@@ -39,12 +39,12 @@ def retry_sweep() -> dict:
 
     from messaging.dispatch import routing_task_send
     from messaging.services import deliveries_pending_for_online, deliveries_sweep
-    from presence.selectors import online_user_ids
+    from presence.selectors import online_users
 
     result = deliveries_sweep()
     for start in range(0, len(result.due), 500):
         routing_task_send(result.due[start:start + 500])
-    stranded = deliveries_pending_for_online(user_ids=online_user_ids(), older_than=timedelta(seconds=settings.STRANDED_AFTER_SECONDS))
+    stranded = deliveries_pending_for_online(users=online_users(), older_than=timedelta(seconds=settings.STRANDED_AFTER_SECONDS))
     for start in range(0, len(stranded), 500):
         routing_task_send(stranded[start:start + 500])
     if result.timed_out or result.due or stranded:

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from messaging.dispatch import routing_enqueue
-from messaging.services import deliveries_requeue_from_node
+from messaging.services import deliveries_requeue_for_users
 
 from . import cache
 from .models import Node, Session
@@ -75,7 +75,7 @@ def _node_reap(node: Node) -> tuple[int, int]:
     with transaction.atomic():
         Session.objects.filter(pk__in=[s.pk for s in sessions]).update(disconnected_at=now)
         Node.objects.filter(pk=node.pk).update(stopped_at=now)
-        requeued = deliveries_requeue_from_node(node_id=node.node_id)
+        requeued = deliveries_requeue_for_users(users=sorted({(s.app_id, s.user_id) for s in sessions}))
         transaction.on_commit(lambda: routing_enqueue(requeued))
     log.warning("node %s declared dead: %d sessions closed, %d deliveries re-queued",
                 node.node_id, len(sessions), len(requeued))

@@ -9,9 +9,9 @@ from django.utils import timezone
 from .models import Node, Session
 
 
-def online_user_ids() -> list[str]:
-    # Served by the partial index session_live_by_node (disconnected_at IS NULL).
-    return list(Session.objects.filter(disconnected_at__isnull=True).values_list("user_id", flat=True).distinct())
+def online_users() -> list[tuple[int, str]]:
+    """(app id, user id) of everyone connected. Served by the partial index session_live_by_node."""
+    return list(Session.objects.filter(disconnected_at__isnull=True).values_list("app_id", "user_id").distinct())
 
 
 def nodes_silent_for(seconds: int) -> list[Node]:

@@ -6,11 +6,10 @@ from .dead_letters import dead_letters_discard, dead_letters_requeue
 from .deliveries import (
     deliveries_claim,
     deliveries_expire,
-    deliveries_for_routing,
     deliveries_mark_delivered,
     deliveries_park,
     deliveries_pending_for_online,
-    deliveries_requeue_from_node,
+    deliveries_requeue_for_users,
     deliveries_retry,
     deliveries_sweep,
     deliveries_unacked_for,
@@ -20,7 +19,7 @@ from .persist import SendResult, confirmations_create, message_send
 
 __all__ = [
     "FetchResult", "SendResult", "confirmations_create", "dead_letters_discard", "dead_letters_requeue",
-    "deliveries_claim", "deliveries_expire", "deliveries_for_routing", "deliveries_mark_delivered",
-    "deliveries_park", "deliveries_pending_for_online", "deliveries_requeue_from_node", "deliveries_retry",
+    "deliveries_claim", "deliveries_expire", "deliveries_mark_delivered",
+    "deliveries_park", "deliveries_pending_for_online", "deliveries_requeue_for_users", "deliveries_retry",
     "deliveries_sweep", "deliveries_unacked_for", "message_send", "missing_fetch",
 ]

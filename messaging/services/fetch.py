@@ -40,6 +40,7 @@ def missing_fetch(*, app_id: int, user_id: str, count: int, skip_ids: list[int],
                AND NOT (d.id = ANY(%s))
              ORDER BY d.seq
              LIMIT %s
+             FOR UPDATE OF d SKIP LOCKED
             """,
             [app_id, user_id, skip_ids, count],
         )
@@ -64,9 +65,9 @@ def missing_fetch(*, app_id: int, user_id: str, count: int, skip_ids: list[int],
             cur.execute(
                 """
                 UPDATE messaging_delivery SET state = 'sent', sent_at = now(), attempts = attempts + 1,
-                       next_attempt_at = now() + make_interval(secs => %s), last_node = %s
-                 WHERE id = ANY(%s) AND state IN ('pending', 'sent', 'retrying')
+                       next_attempt_at = now() + make_interval(secs => %s)
+                 WHERE id = ANY(%s)
                 """,
-                [settings.DELIVERY_ACK_TIMEOUT, settings.NODE_ID, [i.delivery_id for i in items]],
+                [settings.DELIVERY_ACK_TIMEOUT, [i.delivery_id for i in items]],
             )
     return FetchResult(items=items, left=left)

@@ -58,8 +58,8 @@ def message_send(
                 RETURNING user_id, last_seq
             ), d AS (
                 INSERT INTO messaging_delivery
-                    (message_id, app_id, recipient, seq, state, attempts, last_node, last_error, created_at)
-                SELECT m.id, %(app)s, mb.user_id, mb.last_seq, 'pending', 0, '', '', %(now)s FROM m, mb
+                    (message_id, app_id, recipient, seq, state, attempts, last_error, created_at)
+                SELECT m.id, %(app)s, mb.user_id, mb.last_seq, 'pending', 0, '', %(now)s FROM m, mb
                 RETURNING id
             )
             SELECT (SELECT id FROM m), ARRAY(SELECT id FROM d ORDER BY id)

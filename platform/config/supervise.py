@@ -110,7 +110,7 @@ def main() -> int:
     _manage(env, "bootstrap")
 
     bin_dir = Path(sys.executable).parent
-    concurrency = env.get("WORKER_CONCURRENCY", "2")
+    concurrency = env.get("WORKER_CONCURRENCY", "4")
     children = [
         Child("web", [sys.executable, "-m", "config.web", "--bind", host, "--port", port]),
         Child("worker", [str(bin_dir / "celery"), "-A", "config", "worker", "-l", "INFO", "-c", concurrency,

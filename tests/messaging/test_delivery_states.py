@@ -85,10 +85,11 @@ def test_a_repeated_client_message_id_is_stored_once(anz):
 
 def test_claim_then_delivered_with_one_confirmation_even_if_reported_twice(anz):
     sent = _send(anz, reference="r-1", confirmation_requested=True)
-    assert deliveries_claim(delivery_ids=list(sent.delivery_ids), nodes=["node-1"]) == set(sent.delivery_ids)
-    assert deliveries_claim(delivery_ids=list(sent.delivery_ids), nodes=["node-1"]) == set()  # already taken
+    claimed = deliveries_claim(delivery_ids=list(sent.delivery_ids))
+    assert [(c.delivery_id, c.recipient, c.reference) for c in claimed] == [(sent.delivery_ids[0], "ANZ-2", "r-1")]
+    assert deliveries_claim(delivery_ids=list(sent.delivery_ids)) == []  # already taken
     row = Delivery.objects.get(pk=sent.delivery_ids[0])
-    assert (row.state, row.attempts, row.last_node) == ("sent", 1, "node-1")
+    assert (row.state, row.attempts) == ("sent", 1)
     assert deliveries_mark_delivered(delivery_ids=list(sent.delivery_ids)) == 1
     assert deliveries_mark_delivered(delivery_ids=list(sent.delivery_ids)) == 0
     confirmation = Delivery.objects.get(recipient="ANZ-1")
@@ -101,7 +102,7 @@ def test_failed_pushes_back_off_and_become_dead_letters_after_max_attempts(anz):
     waits = []
     for attempt in range(1, 4):
         Delivery.objects.filter(pk__in=ids).update(state="retrying")
-        deliveries_claim(delivery_ids=ids, nodes=["n"])
+        deliveries_claim(delivery_ids=ids)
         before = timezone.now()
         deliveries_retry(delivery_ids=ids, error="push failed")
         row = Delivery.objects.get(pk=ids[0])
@@ -117,7 +118,7 @@ def test_failed_pushes_back_off_and_become_dead_letters_after_max_attempts(anz):
 def test_the_sweep_times_out_unconfirmed_pushes_and_hands_out_due_retries(anz):
     sent = _send(anz)
     ids = list(sent.delivery_ids)
-    deliveries_claim(delivery_ids=ids, nodes=["n"])
+    deliveries_claim(delivery_ids=ids)
     Delivery.objects.filter(pk__in=ids).update(next_attempt_at=timezone.now() - timedelta(seconds=1))
     first = deliveries_sweep()
     assert first.timed_out == 1 and first.due == []

@@ -1,0 +1,80 @@
+"""Start a Switchboard web node and Celery worker for a benchmark run, and stop them after.
+
+They run as in production (DEBUG off) on the embedded Postgres and Redis, or on DATABASE_URL /
+REDIS_URL when those are set: the same services `make run` uses.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def platform_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+    env["DEBUG"] = "false"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT / "platform"), str(REPO_ROOT),
+                                                      env.get("PYTHONPATH")]))
+    if not env.get("DATABASE_URL") or not env.get("REDIS_URL"):
+        sys.path.insert(0, str(REPO_ROOT / "platform"))
+        from config.embedded import ensure_running
+
+        services = ensure_running()
+        env.setdefault("DATABASE_URL", services.database_url)
+        env.setdefault("REDIS_URL", services.redis_url)
+    return env
+
+
+@contextmanager
+def platform_processes(port: int, log_dir: Path, worker_concurrency: int = 4) -> Iterator[str]:
+    """Yield the WebSocket URL of a fresh web node (plus one worker) on `port`."""
+    env = platform_env()
+    for args in (["migrate", "--noinput", "-v", "0"], ["bootstrap"]):
+        subprocess.run([sys.executable, "manage.py", *args], cwd=REPO_ROOT, env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+    procs = []
+    try:
+        for name, argv in (
+            ("web", [sys.executable, "-m", "config.web", "--port", str(port)]),
+            ("worker", [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "WARNING", "-Q",
+                        "celery,routing", "-c", str(worker_concurrency), "-n", f"bench-{port}@%h"]),
+        ):
+            log = open(log_dir / f"platform-{name}.log", "w")
+            procs.append(subprocess.Popen(argv, cwd=REPO_ROOT, env={**env, "NODE_ID": f"bench-{port}"},
+                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        _wait_ready(f"http://127.0.0.1:{port}/readyz", procs[0])
+        time.sleep(3)  # the worker connects to the broker
+        yield f"ws://127.0.0.1:{port}/ws"
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the web node exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"{url} did not answer 200 within {timeout:.0f} s")
