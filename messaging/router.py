@@ -49,10 +49,16 @@ def deliveries_route(delivery_ids: list[int]) -> RouteOutcome:
                 {"delivery_id": row.delivery_id, "message_id": row.message_id, "frame": frame})
             channels_of[row.delivery_id].append(conn.channel_name)
 
-    failures = sockets.send_many_sync(
-        (channel, sockets.message_deliver_event(items)) for channel, items in per_channel.items())
-    failed_channels = {channel for channel, _ in failures}
-    failed = [d for d, chans in channels_of.items() if all(c in failed_channels for c in chans)]
+    failures = dict(sockets.send_many_sync(
+        (channel, sockets.message_deliver_event(items)) for channel, items in per_channel.items()))
+    unreached = [d for d, chans in channels_of.items() if all(c in failures for c in chans)]
+    # Nobody subscribed on any of the recipient's channels: its connections are gone (a node died
+    # and the reaper has not caught up yet). That is an offline recipient, not a failed attempt.
+    gone = [d for d in unreached if all(isinstance(failures[c], sockets.NoSubscriber) for c in channels_of[d])]
+    failed = [d for d in unreached if d not in set(gone)]
+    deliveries_park(delivery_ids=gone)
     if failed:
-        deliveries_retry(delivery_ids=failed, error=f"push failed: {failures[0][1]!r}"[:500])
-    return RouteOutcome(pushed=len(channels_of) - len(failed), offline=len(offline), failed=len(failed))
+        first_error = next(e for e in failures.values() if not isinstance(e, sockets.NoSubscriber))
+        deliveries_retry(delivery_ids=failed, error=f"push failed: {first_error!r}"[:500])
+    return RouteOutcome(pushed=len(channels_of) - len(unreached), offline=len(offline) + len(gone),
+                        failed=len(failed))

@@ -4,9 +4,15 @@ Events travel over the Redis channel layer to the node holding the connection, w
 consumer method named after the event type (``message.deliver`` -> ``message_deliver``) writes
 to the socket. Each event type has a TypedDict below.
 
-Web nodes call the async functions from their event loop. Celery workers (sync code) call the
-``*_sync`` variants, which run on one long-lived event loop thread per process: a fresh loop per
-call would open a fresh Redis pool per call.
+Web nodes call the async functions from their event loop; Celery workers (sync code) call the
+``*_sync`` variants.
+
+With the pub/sub channel layer (the default) a send is a Redis PUBLISH on the channel's name of
+the layer's serialized event. channels-redis serialises every publish of a process behind one
+lock, one round trip at a time; this door instead pipelines all the publishes of a batch in one
+round trip, and PUBLISH's answer (how many subscribers got it) tells at once whether anyone
+holds that connection any more: zero means the push failed and the delivery is retried. With the
+core layer it falls back to `layer.send`, on one long-lived loop thread per worker process.
 """
 
 from __future__ import annotations
@@ -69,10 +75,45 @@ def connection_close_event(code: int, reason: str) -> ConnectionCloseEvent:
     return {"type": "connection.close", "code": code, "reason": reason}
 
 
+class NoSubscriber(Exception):
+    """Nobody listens on that channel any more (the connection or its node is gone)."""
+
+
+def _pubsub_layer():
+    from channels_redis.pubsub import RedisPubSubChannelLayer
+
+    layer = get_channel_layer()
+    return layer if isinstance(layer, RedisPubSubChannelLayer) else None
+
+
+def _outcomes(sends: list[tuple[str, Event]], counts: list) -> list[tuple[str, Exception]]:
+    failures = []
+    for (channel, _), count in zip(sends, counts, strict=True):
+        if isinstance(count, Exception):
+            failures.append((channel, count))
+        elif not count:
+            failures.append((channel, NoSubscriber(channel)))
+    return failures
+
+
 async def send_many(sends: Iterable[tuple[str, Event]]) -> list[tuple[str, Exception]]:
     """Send each (channel, event); returns the channels that could not be reached and why."""
-    layer = get_channel_layer()
     sends = list(sends)
+    if not sends:
+        return []
+    layer = _pubsub_layer()
+    if layer is not None:
+        from presence.cache import async_client
+
+        pipe = async_client().pipeline(transaction=False)
+        for channel, event in sends:
+            pipe.publish(channel, layer.serialize(event))
+        try:
+            return _outcomes(sends, await pipe.execute(raise_on_error=False))
+        except Exception as exc:  # Redis away: every send failed, the caller retries them
+            log.warning("publishing %d events failed: %r", len(sends), exc)
+            return [(channel, exc) for channel, _ in sends]
+    layer = get_channel_layer()
     results = await asyncio.gather(*(layer.send(channel, event) for channel, event in sends), return_exceptions=True)
     failures = []
     for (channel, _), result in zip(sends, results, strict=True):
@@ -113,6 +154,18 @@ def send_many_sync(sends: Iterable[tuple[str, Event]], timeout: float = 10) -> l
     sends = list(sends)
     if not sends:
         return []
+    layer = _pubsub_layer()
+    if layer is not None:
+        from presence.cache import sync_client
+
+        pipe = sync_client().pipeline(transaction=False)
+        for channel, event in sends:
+            pipe.publish(channel, layer.serialize(event))
+        try:
+            return _outcomes(sends, pipe.execute(raise_on_error=False))
+        except Exception as exc:
+            log.warning("publishing %d events failed: %r", len(sends), exc)
+            return [(channel, exc) for channel, _ in sends]
     return _loop_thread().run(send_many(sends), timeout)
 
 
