@@ -34,6 +34,11 @@ DOCS = REPO_ROOT / "docs"
 TARGETS = ("platform-RELIABLE", "platform-FAST", "relay")
 # Lets the servers finish closing the previous run's sockets before the next run connects.
 PAUSE_BETWEEN_RUNS = 2.0
+# An overloaded target goes on working through its backlog after its run ends (the relay's
+# channel layer, a platform's queued routing tasks). The next run, of another target, waits until
+# the machine is quiet again, so it does not pay for its predecessor.
+SETTLE_BUSY_BELOW = 0.25
+SETTLE_MAX_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,24 @@ def summary_line(row: Row) -> str:
     )
 
 
+def _cpu_times() -> tuple[int, int]:
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def settle() -> float:
+    """Wait (up to SETTLE_MAX_SECONDS) until the machine is under SETTLE_BUSY_BELOW busy for a second."""
+    started = time.monotonic()
+    while time.monotonic() - started < SETTLE_MAX_SECONDS:
+        busy0, total0 = _cpu_times()
+        time.sleep(1.0)
+        busy1, total1 = _cpu_times()
+        if total1 > total0 and (busy1 - busy0) / (total1 - total0) < SETTLE_BUSY_BELOW:
+            break
+    return time.monotonic() - started
+
+
 def sweep(args: argparse.Namespace, targets: list[Target]) -> list[Row]:
     rows: list[Row] = []
     run_index = 0
@@ -147,6 +170,7 @@ def sweep(args: argparse.Namespace, targets: list[Target]) -> list[Row]:
             run_index += 1
             print(summary_line(row), flush=True)
             time.sleep(PAUSE_BETWEEN_RUNS)
+            settle()
         best = best_rates(rows, args.p99_budget_ms)
         print(
             "  highest rate so far with zero loss and p99 < "

@@ -18,7 +18,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from apps_registry.selectors import AppSnapshot, app_snapshot, user_id_parse
-from messaging import sockets
+from messaging import metrics, sockets
 from messaging.asyncdb import run_db
 from messaging.authentication import client_authenticate
 from messaging.models import MessageKind
@@ -82,6 +82,7 @@ class ClientConsumer(AsyncWebsocketConsumer):
         if self.user_id is None or self.app is None:
             return
         runtime().connections.pop(self.channel_name, None)
+        metrics.CONNECTIONS.set(len(runtime().connections))
         try:
             last = await cache.connection_remove(user_id=self.user_id, channel_name=self.channel_name)
             if last:
@@ -109,8 +110,10 @@ class ClientConsumer(AsyncWebsocketConsumer):
         try:
             frame = parse_frame(text_data)
         except FrameError as exc:
+            metrics.REFUSED.labels("INVALID_MESSAGE").inc()
             await self.send(text_data=invalid(exc.reason, exc.data))
             return
+        metrics.FRAMES.labels(frame.type).inc()
         if self.user_id is None:
             if frame.type == "AUTH_CLIENT":
                 await self._guard(frame, ClientConsumer.on_auth_client)
@@ -130,8 +133,10 @@ class ClientConsumer(AsyncWebsocketConsumer):
         try:
             await handler(self, frame)
         except FrameError as exc:
+            metrics.REFUSED.labels("INVALID_MESSAGE").inc()
             await self.send(text_data=invalid(exc.reason, frame.data if exc.data is None else exc.data, **exc.extra))
         except Exception:
+            metrics.REFUSED.labels("GENERAL_ERROR").inc()
             log.exception("handling %s from %s failed", frame.type, self.user_id)
             await self.send(text_data=encode("GENERAL_ERROR", frame.data, frame.reference))
 
@@ -140,6 +145,7 @@ class ClientConsumer(AsyncWebsocketConsumer):
         app_id, user_id = require_str(data, "appId"), require_str(data, "userId", max_len=96)
         token = data.get("token") if isinstance(data.get("token"), str) else ""
         outcome = await client_authenticate(app_id=app_id, user_id=user_id, token=token)
+        metrics.AUTH.labels("admitted" if outcome.ok else "refused").inc()
         if not outcome.ok:
             await self.send(text_data=encode("AUTH_CLIENT_REPLY",
                                              {"appId": app_id, "userId": user_id, "isAuthenticated": False}))
@@ -162,6 +168,7 @@ class ClientConsumer(AsyncWebsocketConsumer):
         self.bucket = TokenBucket(app.rate_limit_per_second, app.rate_limit_burst)
         self.auth_timer.cancel()
         node.connections[self.channel_name] = LocalConnection(user_id=user_id, acks=self.acks)
+        metrics.CONNECTIONS.set(len(node.connections))
         first = await cache.connection_add(user_id=user_id, channel_name=self.channel_name,
                                            node_id=node.node_id, acks=self.acks)
         await self.send(text_data=encode("AUTH_CLIENT_REPLY",
@@ -310,8 +317,11 @@ class ClientConsumer(AsyncWebsocketConsumer):
     # --- events from the channel layer (messaging.sockets) -------------------------------------
 
     async def message_deliver(self, event: sockets.MessageDeliverEvent) -> None:
+        now = time.time()
         for item in event["items"]:
             await self.send(text_data=item["frame"])
+            metrics.DELIVERY_LATENCY.observe(max(0.0, now - item["stored_at"]))
+        metrics.WRITTEN.inc(len(event["items"]))
         if not self.acks:
             ids = [item["delivery_id"] for item in event["items"]]
             self._remember_written(ids)

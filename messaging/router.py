@@ -45,8 +45,8 @@ def deliveries_route(delivery_ids: list[int]) -> RouteOutcome:
         frame = delivery_frame(kind=row.kind, sender=row.sender, content=row.content, reference=row.reference,
                                message_id=row.message_id, seq=row.seq)
         for conn in connections[row.recipient]:
-            per_channel[conn.channel_name].append(
-                {"delivery_id": row.delivery_id, "message_id": row.message_id, "frame": frame})
+            per_channel[conn.channel_name].append({"delivery_id": row.delivery_id, "message_id": row.message_id,
+                                                   "frame": frame, "stored_at": row.stored_at})
             channels_of[row.delivery_id].append(conn.channel_name)
 
     failures = dict(sockets.send_many_sync(

@@ -33,6 +33,7 @@ class DeliverItem(TypedDict):
     delivery_id: int
     message_id: int
     frame: str  # the JSON text written to the socket as is
+    stored_at: float  # epoch seconds the message was stored (for the delivery-latency metric)
 
 
 class MessageDeliverEvent(TypedDict):

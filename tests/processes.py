@@ -178,6 +178,14 @@ def demo_network(django_db_setup, django_db_blocker):
         UserDistribution.objects.create(app=bnz, domain=here, range_from=0, range_to=999999)
         app_snapshots_clear()
     yield {"anz": anz, "bnz": bnz}
+    # Committed rows outlive the module unless removed: later tests expect an empty database.
+    from presence.models import Node
+
+    with django_db_blocker.unblock():
+        ClientApp.objects.all().delete()  # cascades to messages, deliveries, mailboxes, sessions
+        Node.objects.all().delete()
+        Domain.objects.all().delete()
+        app_snapshots_clear()
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,7 @@ class ClaimedRow:
     kind: str
     content: str
     reference: str
+    stored_at: float  # epoch seconds
 
 
 def deliveries_claim(*, delivery_ids: list[int]) -> list[ClaimedRow]:
@@ -64,7 +65,8 @@ def deliveries_claim(*, delivery_ids: list[int]) -> list[ClaimedRow]:
                  WHERE d.id = l.id AND l.state IN ('pending', 'retrying')
                 RETURNING d.id, d.recipient, d.seq, d.message_id
             )
-            SELECT c.id, c.recipient, c.seq, m.id, m.sender, m.kind, m.content, m.reference
+            SELECT c.id, c.recipient, c.seq, m.id, m.sender, m.kind, m.content, m.reference,
+                   extract(epoch FROM m.created_at)::float8
               FROM claimed c JOIN messaging_message m ON m.id = c.message_id
             """,
             [sorted(set(delivery_ids)), settings.DELIVERY_ACK_TIMEOUT],

@@ -5,6 +5,7 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from config import health
+from messaging.metrics import metrics_view
 from messaging.views import demo_client
 
 admin.site.site_header = "Switchboard"
@@ -15,6 +16,7 @@ urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("demo/", demo_client, name="demo"),
 ]

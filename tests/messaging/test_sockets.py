@@ -11,7 +11,8 @@ from messaging import sockets
 
 
 @pytest.mark.parametrize("event", [
-    sockets.message_deliver_event([{"delivery_id": 1, "message_id": 2, "frame": '{"type":"MESSAGE"}'}]),
+    sockets.message_deliver_event([{"delivery_id": 1, "message_id": 2, "frame": '{"type":"MESSAGE"}',
+                                    "stored_at": 1.5}]),
     sockets.message_fast_event('{"type":"MESSAGE"}'),
     sockets.presence_event('{"type":"USER_CONNECTED","data":{"userId":"ANZ-1"}}'),
     sockets.connection_close_event(1000, "bye"),

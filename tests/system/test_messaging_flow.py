@@ -162,3 +162,25 @@ def test_only_the_master_may_close_connections_and_only_in_its_own_app(node):
         master.auth("ANZ-123223")
         master.send("CLOSE_CONNECTION", {"userId": "BNZ-5"})
         assert "not a user of this app" in master.recv_type("INVALID_MESSAGE")["data"]["reason"]
+
+
+def test_the_node_exposes_prometheus_metrics_for_its_traffic(node):
+    import urllib.request
+
+    with WsClient(node.ws_url) as alice, WsClient(node.ws_url) as bob:
+        alice.auth("ANZ-9001")
+        bob.auth("ANZ-9002")
+        alice.message("ANZ-9002", "counted")
+        bob.recv_type("MESSAGE")
+        alice.send_raw("{oops")
+        alice.recv_type("INVALID_MESSAGE")
+        with urllib.request.urlopen(f"{node.url}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+               if line and not line.startswith("#")}
+    assert samples["switchboard_ws_connections"] >= 2
+    assert samples['switchboard_ws_frames_received_total{type="MESSAGE"}'] >= 1
+    assert samples['switchboard_ws_frames_refused_total{answer="INVALID_MESSAGE"}'] >= 1
+    assert samples["switchboard_deliveries_written_total"] >= 1
+    assert samples["switchboard_delivery_latency_seconds_count"] >= 1
+    assert "switchboard_dead_letters" in samples
