@@ -59,19 +59,22 @@ def test_admin_action_revokes(client):
     assert api_key_authenticate(raw_key=raw) is None
 
 
-def test_apikey_command_prints_the_key_as_its_last_line(django_db_blocker):
-    # The command runs in its own process against the real (non-test) database.
-    code = (
-        "from apps_registry.models import ClientApp;"
-        "ClientApp.objects.get_or_create(app_name='CLIKEY', defaults={'app_id': 'cli-key-app', 'master_user_id': 'CLIKEY-1'})"
-    )
-    subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, check=True, capture_output=True)
-    result = subprocess.run([sys.executable, "manage.py", "apikey", "create", "CLIKEY"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
+@pytest.mark.django_db(transaction=True)
+def test_apikey_command_prints_the_key_as_its_last_line():
+    import os
+
+    from django.conf import settings
+
+    from tests.processes import database_url_for_tests
+
+    make_app(app_name="CLIKEY", app_id="cli-key-app", master="CLIKEY-1")
+    env = {**os.environ, "DATABASE_URL": database_url_for_tests(), "REDIS_URL": settings.REDIS_URL}
+    result = subprocess.run([sys.executable, "manage.py", "apikey", "create", "CLIKEY", "--name", "crm"], cwd=ROOT,
+                            env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     raw = result.stdout.strip().splitlines()[-1]
-    check = ("from apps_registry.services import api_key_authenticate as a;"
-             f"print(a(raw_key='{raw}').app.app_name)")
-    verified = subprocess.run([sys.executable, "manage.py", "shell", "-c", check], cwd=ROOT,
-                              capture_output=True, text=True, timeout=120)
-    assert verified.stdout.strip().endswith("CLIKEY")
+    key = api_key_authenticate(raw_key=raw)
+    assert (key.app.app_name, key.name) == ("CLIKEY", "crm")
+    unknown = subprocess.run([sys.executable, "manage.py", "apikey", "create", "NOPE"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert unknown.returncode != 0 and "no client app named 'NOPE'" in unknown.stderr
