@@ -29,7 +29,7 @@ class MessageAdmin(admin.ModelAdmin):
     list_display = ["id", "created_at", "app", "sender", "kind", "reference", "short_content"]
     list_filter = ["kind", "app"]
     list_select_related = ["app"]
-    search_fields = ["=sender", "=reference", "=client_message_id"]
+    search_fields = ["sender__exact"]  # indexed; an OR with unindexed columns would scan the table
     show_full_result_count = False
     ordering = ["-id"]
     inlines = [DeliveryInline]
@@ -53,7 +53,7 @@ class DeliveryAdmin(admin.ModelAdmin):
                     "next_attempt_at"]
     list_filter = ["state"]
     list_select_related = ["message"]
-    search_fields = ["=recipient", "=message__id"]
+    search_fields = ["recipient__exact"]
     show_full_result_count = False
     ordering = ["-id"]
     raw_id_fields = ["message"]
@@ -70,7 +70,7 @@ class DeadLetterAdmin(admin.ModelAdmin):
     list_display = ["id", "message_id", "app", "recipient", "attempts", "dead_at", "last_error"]
     list_filter = ["app"]
     list_select_related = ["app", "message"]
-    search_fields = ["=recipient"]
+    search_fields = ["recipient__exact"]
     show_full_result_count = False
     ordering = ["-dead_at"]
     actions = ["requeue", "discard"]

@@ -60,8 +60,8 @@ class Message(models.Model):
             ),
         ]
         indexes = [
-            # The admin's "messages of this sender" search.
-            models.Index(fields=["app", "sender", "-created_at"], name="message_sender_recent"),
+            # The console's "messages of this sender" search, newest first.
+            models.Index(fields=["sender", "-id"], name="message_sender_recent"),
         ]
 
     def __str__(self) -> str:
@@ -111,6 +111,8 @@ class Delivery(models.Model):
                 fields=["next_attempt_at"], name="delivery_retry_due",
                 condition=Q(state__in=["sent", "retrying"]),
             ),
+            # The console's "deliveries to this recipient" search, newest first (any state).
+            models.Index(fields=["recipient", "-id"], name="delivery_recipient_recent"),
             # The dead-letter queue in the admin and the API, newest first. Deliberately partial:
             # a general (state, ...) index tempted the planner into scanning every undelivered
             # row for batch updates by id (see messaging.services.deliveries).

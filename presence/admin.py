@@ -30,7 +30,7 @@ class SessionAdmin(admin.ModelAdmin):
                     "remote_addr"]
     list_filter = [LiveFilter, "app", "node"]
     list_select_related = ["app", "node"]
-    search_fields = ["=user_id"]
+    search_fields = ["user_id__exact"]
     show_full_result_count = False
     ordering = ["-connected_at"]
     actions = ["disconnect"]
