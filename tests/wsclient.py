@@ -72,6 +72,20 @@ class WsClient:
             if frame["type"] in ("MESSAGE", "MESSAGE_CONFIRMATION"):
                 messages.append(frame)
 
+    def collect_messages(self, want: int, timeout: float) -> dict[str, str]:
+        """Message id -> content of the MESSAGE frames received until `want` distinct ids arrived
+        or `timeout` passed (a redelivery with the same id counts once: the client's view)."""
+        seen: dict[str, str] = {}
+        deadline = time.monotonic() + timeout
+        while len(seen) < want and time.monotonic() < deadline:
+            try:
+                frame = self.recv(timeout=max(0.1, deadline - time.monotonic()))
+            except TimeoutError:
+                break
+            if frame["type"] == "MESSAGE":
+                seen[frame["data"]["id"]] = frame["data"]["content"]
+        return seen
+
     def wait_closed(self, timeout: float = 10) -> int | None:
         deadline = time.monotonic() + timeout
         try:

@@ -14,20 +14,6 @@ from tests.wsclient import WsClient, wait_for
 pytestmark = pytest.mark.system
 
 
-def _collect(client: WsClient, until: int, timeout: float) -> dict[str, str]:
-    """Message id -> content of every MESSAGE received (duplicates collapse: the client's view)."""
-    seen: dict[str, str] = {}
-    deadline = time.monotonic() + timeout
-    while len(seen) < until and time.monotonic() < deadline:
-        try:
-            frame = client.recv(timeout=max(0.1, deadline - time.monotonic()))
-        except TimeoutError:
-            break
-        if frame["type"] == "MESSAGE":
-            seen[frame["data"]["id"]] = frame["data"]["content"]
-    return seen
-
-
 @pytest.mark.django_db
 def test_a_worker_killed_mid_load_loses_nothing_and_each_message_is_seen_once(processes, tmp_path):
     web = processes.web("web", **FAST_FAILURE_ENV)
@@ -38,7 +24,7 @@ def test_a_worker_killed_mid_load_loses_nothing_and_each_message_is_seen_once(pr
         sender.auth("ANZ-20001")
         receiver.auth("ANZ-20002")
         received: dict[str, str] = {}
-        reader = threading.Thread(target=lambda: received.update(_collect(receiver, total, 90)))
+        reader = threading.Thread(target=lambda: received.update(receiver.collect_messages(total, 90)))
         reader.start()
         for i in range(total):
             sender.message("ANZ-20002", f"m-{i}")

@@ -53,19 +53,6 @@ def private_redis(tmp_path):
         pass
 
 
-def _contents(client: WsClient, want: int, timeout: float) -> set[str]:
-    seen: dict[str, str] = {}
-    deadline = time.monotonic() + timeout
-    while len(seen) < want and time.monotonic() < deadline:
-        try:
-            frame = client.recv(timeout=max(0.1, deadline - time.monotonic()))
-        except TimeoutError:
-            break
-        if frame["type"] == "MESSAGE":
-            seen[frame["data"]["id"]] = frame["data"]["content"]
-    return set(seen.values())
-
-
 def test_messages_sent_around_a_redis_restart_all_arrive(processes, private_redis, tmp_path):
     env = {**FAST_FAILURE_ENV, "REDIS_URL": private_redis.url}
     web = processes.web("web", **env)
@@ -85,7 +72,7 @@ def test_messages_sent_around_a_redis_restart_all_arrive(processes, private_redi
         for i in range(3):
             alice.message("ANZ-60002", f"after {i}")
 
-        got = _contents(bob, 4, timeout=45)
+        got = set(bob.collect_messages(4, timeout=45).values())
         assert got == {"while redis is down", "after 0", "after 1", "after 2"}
         # and the connections still work both ways
         bob.message("ANZ-60001", "still here")
