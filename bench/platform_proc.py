@@ -11,10 +11,11 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from config.supervise import wait_ready
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +53,8 @@ def platform_processes(port: int, log_dir: Path, worker_concurrency: int = 4) ->
             log = open(log_dir / f"platform-{name}.log", "w")
             procs.append(subprocess.Popen(argv, cwd=REPO_ROOT, env={**env, "NODE_ID": f"bench-{port}"},
                                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        _wait_ready(f"http://127.0.0.1:{port}/readyz", procs[0])
+        if not wait_ready(f"http://127.0.0.1:{port}/readyz", procs[0]):
+            raise SystemExit(f"the web node on port {port} did not become ready (log in {log_dir})")
         time.sleep(3)  # the worker connects to the broker
         yield f"ws://127.0.0.1:{port}/ws"
     finally:
@@ -64,17 +66,3 @@ def platform_processes(port: int, log_dir: Path, worker_concurrency: int = 4) ->
                 proc.wait(20)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the web node exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"{url} did not answer 200 within {timeout:.0f} s")

@@ -36,24 +36,25 @@ class Batcher:
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
 
-    def add_threadsafe(self, items: Sequence) -> None:
-        """Callable from any thread (e.g. a transaction's on_commit in a DB thread)."""
+    def _append(self, items: Sequence) -> bool:
+        """Queue items; True when the caller must wake the drain (none is pending)."""
         with self._lock:
             self._items.extend(items)
             if self._wakeup_pending:
-                return
+                return False
             self._wakeup_pending = True
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._wake)
+            return True
+
+    def add_threadsafe(self, items: Sequence) -> None:
+        """Callable from any thread (e.g. a transaction's on_commit in a DB thread)."""
+        if self._append(items):
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._wake)
 
     def add(self, items: Sequence) -> None:
         """Callable from the event loop thread."""
-        with self._lock:
-            self._items.extend(items)
-            if self._wakeup_pending:
-                return
-            self._wakeup_pending = True
-        self._wake()
+        if self._append(items):
+            self._wake()
 
     def _wake(self) -> None:
         if self._running is None or self._running.done():
@@ -76,9 +77,3 @@ class Batcher:
                 # What failed here is recovered by the retry sweep (deliveries stay pending or
                 # sent, and are found again); a batch must never take the node down.
                 log.exception("%s: flushing %d items failed", self.name, len(items))
-
-    async def drain(self) -> None:
-        """Flush everything queued so far (used at shutdown and by tests)."""
-        self.add([])
-        while self._running is not None and not self._running.done():
-            await asyncio.shield(self._running)

@@ -31,7 +31,13 @@ def routing_enqueue(delivery_ids: Sequence[int]) -> None:
     routing_task_send(delivery_ids)
 
 
-def routing_task_send(delivery_ids: Sequence[int], countdown: float | None = None) -> None:
+ROUTING_TASK_MAX_IDS = 500  # keeps one task's claim statement and its pushes short
+
+
+def routing_task_send(delivery_ids: Sequence[int]) -> None:
+    """One routing task per ROUTING_TASK_MAX_IDS deliveries."""
     from messaging.tasks import route_deliveries
 
-    route_deliveries.apply_async(args=[list(delivery_ids)], queue="routing", countdown=countdown)
+    ids = list(delivery_ids)
+    for start in range(0, len(ids), ROUTING_TASK_MAX_IDS):
+        route_deliveries.apply_async(args=[ids[start:start + ROUTING_TASK_MAX_IDS]], queue="routing")

@@ -32,11 +32,6 @@ class LocalConnection:
     acks: bool
 
 
-def _route(ids: list[int]) -> None:
-    for start in range(0, len(ids), 500):
-        dispatch.routing_task_send(ids[start:start + 500])
-
-
 def _mark_delivered(ids: list[int]) -> None:
     deliveries_mark_delivered(delivery_ids=ids)
 
@@ -45,7 +40,7 @@ class NodeRuntime:
     def __init__(self) -> None:
         self.node_id = settings.NODE_ID
         self.connections: dict[str, LocalConnection] = {}
-        self.routing = Batcher("routing", _route, linger=0.003)
+        self.routing = Batcher("routing", dispatch.routing_task_send, linger=0.003)
         self.delivered = Batcher("delivered", _mark_delivered, linger=0.002)
         self._started: asyncio.Future | None = None
         self._heartbeat: asyncio.Task | None = None

@@ -97,6 +97,17 @@ def _outcomes(sends: list[tuple[str, Event]], counts: list) -> list[tuple[str, E
     return failures
 
 
+def _queue_publishes(pipe, layer, sends: list[tuple[str, Event]]) -> None:
+    for channel, event in sends:
+        pipe.publish(channel, layer.serialize(event))
+
+
+def _all_failed(sends: list[tuple[str, Event]], exc: Exception) -> list[tuple[str, Exception]]:
+    # Redis away: every send failed; the caller retries them (stored ones come back via the sweep).
+    log.warning("publishing %d events failed: %r", len(sends), exc)
+    return [(channel, exc) for channel, _ in sends]
+
+
 async def send_many(sends: Iterable[tuple[str, Event]]) -> list[tuple[str, Exception]]:
     """Send each (channel, event); returns the channels that could not be reached and why."""
     sends = list(sends)
@@ -107,13 +118,11 @@ async def send_many(sends: Iterable[tuple[str, Event]]) -> list[tuple[str, Excep
         from presence.cache import async_client
 
         pipe = async_client().pipeline(transaction=False)
-        for channel, event in sends:
-            pipe.publish(channel, layer.serialize(event))
+        _queue_publishes(pipe, layer, sends)
         try:
             return _outcomes(sends, await pipe.execute(raise_on_error=False))
-        except Exception as exc:  # Redis away: every send failed, the caller retries them
-            log.warning("publishing %d events failed: %r", len(sends), exc)
-            return [(channel, exc) for channel, _ in sends]
+        except Exception as exc:
+            return _all_failed(sends, exc)
     layer = get_channel_layer()
     results = await asyncio.gather(*(layer.send(channel, event) for channel, event in sends), return_exceptions=True)
     failures = []
@@ -160,13 +169,11 @@ def send_many_sync(sends: Iterable[tuple[str, Event]], timeout: float = 10) -> l
         from presence.cache import sync_client
 
         pipe = sync_client().pipeline(transaction=False)
-        for channel, event in sends:
-            pipe.publish(channel, layer.serialize(event))
+        _queue_publishes(pipe, layer, sends)
         try:
             return _outcomes(sends, pipe.execute(raise_on_error=False))
         except Exception as exc:
-            log.warning("publishing %d events failed: %r", len(sends), exc)
-            return [(channel, exc) for channel, _ in sends]
+            return _all_failed(sends, exc)
     return _loop_thread().run(send_many(sends), timeout)
 
 

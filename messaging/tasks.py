@@ -42,11 +42,9 @@ def retry_sweep() -> dict:
     from presence.selectors import online_users
 
     result = deliveries_sweep()
-    for start in range(0, len(result.due), 500):
-        routing_task_send(result.due[start:start + 500])
+    routing_task_send(result.due)
     stranded = deliveries_pending_for_online(users=online_users(), older_than=timedelta(seconds=settings.STRANDED_AFTER_SECONDS))
-    for start in range(0, len(stranded), 500):
-        routing_task_send(stranded[start:start + 500])
+    routing_task_send(stranded)
     if result.timed_out or result.due or stranded:
         log.info("retry sweep: %d timed out, %d due, %d stranded", result.timed_out, len(result.due), len(stranded))
     return {"timed_out": result.timed_out, "due": len(result.due), "stranded": len(stranded)}

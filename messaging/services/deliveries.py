@@ -164,26 +164,23 @@ def deliveries_sweep(*, limit: int = 5000) -> SweepResult:
     never handle the same row.
     """
     with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(
-            """
-            SELECT id FROM messaging_delivery
-             WHERE state = 'sent' AND next_attempt_at <= now()
-             ORDER BY next_attempt_at LIMIT %s FOR UPDATE SKIP LOCKED
-            """,
-            [limit],
-        )
-        timed_out = [row[0] for row in cur.fetchall()]
+        timed_out = _due_ids(cur, "sent", limit)
         deliveries_retry(delivery_ids=timed_out, error="not confirmed within the ack timeout")
-        cur.execute(
-            """
-            SELECT id FROM messaging_delivery
-             WHERE state = 'retrying' AND next_attempt_at <= now()
-             ORDER BY next_attempt_at LIMIT %s FOR UPDATE SKIP LOCKED
-            """,
-            [limit],
-        )
-        due = [row[0] for row in cur.fetchall()]
+        due = _due_ids(cur, "retrying", limit)
     return SweepResult(timed_out=len(timed_out), due=due)
+
+
+def _due_ids(cur, state: str, limit: int) -> list[int]:
+    """Rows in `state` whose timer ran out, oldest first (served by delivery_retry_due)."""
+    cur.execute(
+        """
+        SELECT id FROM messaging_delivery
+         WHERE state = %s AND next_attempt_at <= now()
+         ORDER BY next_attempt_at LIMIT %s FOR UPDATE SKIP LOCKED
+        """,
+        [state, limit],
+    )
+    return [row[0] for row in cur.fetchall()]
 
 
 def deliveries_pending_for_online(*, users: list[tuple[int, str]], older_than: timedelta) -> list[int]:

@@ -168,13 +168,14 @@ def _ensure_postgres(root: Path, state: dict) -> None:
         state["postgres"] = {"port": _free_port(), "password": secrets.token_urlsafe(24)}
     if _pg_answers(state):
         return
-    _pg_prepare_root(pg_root)
-    if not (data / "PG_VERSION").exists():
+    needs_init = not (data / "PG_VERSION").exists()
+    pwfile = pg_root / ".pwfile"
+    if needs_init:
         if data.exists():
             shutil.rmtree(data)
-        pwfile = pg_root / ".pwfile"
         pwfile.write_text(state["postgres"]["password"])
-        _pg_prepare_root(pg_root)
+    _pg_prepare_root(pg_root)  # as root: hands the folder (and the password file) to the postgres user
+    if needs_init:
         try:
             _pg_run([str(_pg_bin("initdb")), "-D", str(data), "-U", "postgres", "--encoding=UTF8",
                      "--auth-local=scram-sha-256", "--auth-host=scram-sha-256", f"--pwfile={pwfile}"])

@@ -73,7 +73,8 @@ def _manage(env: dict[str, str], *args: str) -> None:
         raise SystemExit(f"manage.py {' '.join(args)} failed with exit code {result.returncode}")
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> bool:
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> bool:
+    """True once `url` answers 200; False if `proc` exits or `timeout` passes first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         try:
@@ -129,7 +130,7 @@ def main() -> int:
         child.start(env)
 
     base = f"http://{'localhost' if host in ('127.0.0.1', '0.0.0.0') else host}:{port}"
-    if _wait_ready(f"{base}/readyz", children[0].proc):
+    if wait_ready(f"{base}/readyz", children[0].proc):
         say("run", f"ready in {time.monotonic() - started:.1f}s")
         say("run", f"admin:     {base}/admin/")
         say("run", f"demo:      {base}/demo/")
