@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test test-fast stop lint bench clean
+.PHONY: install sysdeps run test test-fast stop lint bench clean
 
 install: $(STAMP)
 
@@ -17,7 +17,12 @@ $(STAMP): pyproject.toml
 run: install
 	$(BIN)/python -m config.supervise
 
-test: install
+# What the tests need from the operating system (Chromium, a Java runtime for Spark): installed
+# with apt-get when missing and we are root, else a one-line instruction and a stop.
+sysdeps: install
+	$(BIN)/python -m config.sysdeps chromium java
+
+test: install sysdeps
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 stop:
