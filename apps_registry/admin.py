@@ -13,15 +13,9 @@ from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils.html import format_html
 
-from .models import ApiKey, ClientApp, Domain, DomainLink, UserDistribution
+from .models import ApiKey, ClientApp, Domain, DomainLink, UserDistribution, UserRange
 from .routing import DomainGraph, route_for_user
 from .services import api_key_create, api_key_revoke, distribution_validate
-
-
-def _ranges_overlap(a: tuple[int, int | None], b: tuple[int, int | None]) -> bool:
-    a_to = math.inf if a[1] is None else a[1]
-    b_to = math.inf if b[1] is None else b[1]
-    return a[0] <= b_to and b[0] <= a_to
 
 
 class DistributionForm(forms.ModelForm):
@@ -57,13 +51,13 @@ class DistributionFormSet(BaseInlineFormSet):
             data = getattr(form, "cleaned_data", None)
             if not data or data.get("DELETE") or data.get("range_from") is None:
                 continue
-            current = (data["range_from"], data.get("range_to"))
+            current = UserRange(data["range_from"], data.get("range_to"))
             for other in rows:
-                if _ranges_overlap(current, other):
-                    upper = "no upper end" if other[1] is None else other[1]
+                if current.overlaps(other):
+                    upper = "no upper end" if other.high is None else other.high
                     raise ValidationError(
-                        f"Distribution {current[0]}…{current[1] if current[1] is not None else ''} overlaps "
-                        f"{other[0]}…{upper}; a user can live in one domain only."
+                        f"Distribution {current.low}…{current.high if current.high is not None else ''} overlaps "
+                        f"{other.low}…{upper}; a user can live in one domain only."
                     )
             rows.append(current)
 
@@ -88,8 +82,25 @@ class ApiKeyInline(admin.TabularInline):
         return False  # keys are made on the API key page, where the key is shown once
 
 
+class ClientAppForm(forms.ModelForm):
+    """The token secret is write-only: the form never shows it, and a blank field keeps it."""
+
+    token_secret = forms.CharField(
+        required=False, strip=True, widget=forms.PasswordInput(render_value=False),
+        help_text="HMAC-SHA256 secret for signed tokens. Never shown again; leave blank to keep the current one.",
+    )
+
+    class Meta:
+        model = ClientApp
+        fields = ["token_secret"]  # the admin adds the fieldsets' fields
+
+    def clean_token_secret(self) -> str:
+        return self.cleaned_data.get("token_secret") or (self.instance.token_secret if self.instance.pk else "")
+
+
 @admin.register(ClientApp)
 class ClientAppAdmin(admin.ModelAdmin):
+    form = ClientAppForm
     list_display = ["app_name", "app_id", "master_user_id", "auth_mode", "retention_days", "max_delivery_attempts"]
     search_fields = ["app_name", "app_id", "master_user_id"]
     list_filter = ["auth_mode"]
@@ -98,7 +109,9 @@ class ClientAppAdmin(admin.ModelAdmin):
         (None, {"fields": ["app_name", "app_id", "master_user_id", "confirmation_enabled"]}),
         ("Authentication", {"fields": ["auth_mode", "auth_url", "auth_enabled", "auth_timeout_ms", "token_secret"]}),
         ("Limits", {"fields": ["max_content_bytes", "max_group_recipients", "rate_limit_per_second",
-                               "rate_limit_burst", "retention_days", "max_delivery_attempts"]}),
+                               "rate_limit_burst", "deliveries_per_second", "deliveries_burst",
+                               "max_connections_per_user", "retention_days", "max_delivery_attempts"]}),
+        ("Security", {"fields": ["allowed_origins", "max_token_lifetime_seconds"]}),
         ("Channels", {"fields": ["public_channel_patterns", "client_subscriptions_allowed"]}),
     ]
 

@@ -6,6 +6,10 @@ an app's distributions are replaced by the file's list. What it does not name is
 
 Extension keys beyond the linker format: `weight` and `enabled` on links; `tokenSecret`,
 `authMode`, `publicChannels`, `clientSubscriptions` on apps.
+
+Secrets stay out of exports unless asked for (`include_secrets`): a file that travels to a
+repository or a ticket must not carry an app's token secret. Importing a file without
+`tokenSecret` keeps the secret an existing app already has.
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
 
-from .models import APP_NAME_RE, DOMAIN_NAME_RE, AuthMode, ClientApp, Domain, DomainLink, UserDistribution
+from config.names import domain_name_valid
+
+from .models import APP_NAME_RE, AuthMode, ClientApp, Domain, DomainLink, UserDistribution
+from .selectors import user_id_parse
 from .services import distribution_validate
 
 
@@ -81,7 +88,7 @@ def _import_domains(entries: list, summary: ImportSummary) -> dict[str, Domain]:
         where = f"domains[{i}]"
         name = str(_require(entry, "name", where))
         where = f"domains[{i}] ({name})"
-        if not re.match(DOMAIN_NAME_RE, name):
+        if not domain_name_valid(name):
             raise ConfigError(f"{where}: invalid domain name")
         urls = entry.get("urls") or []
         if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
@@ -133,9 +140,16 @@ def _app_fields(entry: dict, where: str) -> dict[str, Any]:
     app_name = str(_require(entry, "appName", where))
     if not re.match(APP_NAME_RE, app_name):
         raise ConfigError(f"{where}: appName must be letters/digits (it is the user-id prefix)")
+    master = str(_require(entry, "masterUserId", where))
+    parsed = user_id_parse(master)
+    if parsed is None or parsed.app_name != app_name:
+        raise ConfigError(f"{where}: masterUserId '{master}' is not a user id of {app_name} ({app_name}-<digits>)")
     auth_url = entry.get("authUrl") or ""
     auth_enabled = bool(entry.get("authEnabled", False))
     token_secret = entry.get("tokenSecret") or ""
+    if not token_secret:
+        existing = ClientApp.objects.filter(app_name=app_name).values_list("token_secret", flat=True).first()
+        token_secret = existing or ""
     mode = entry.get("authMode")
     if mode is None:
         mode = _inferred_auth_mode(auth_enabled=auth_enabled, token_secret=token_secret)
@@ -151,7 +165,7 @@ def _app_fields(entry: dict, where: str) -> dict[str, Any]:
     return {
         "app_name": app_name,
         "app_id": str(_require(entry, "appId", where)),
-        "master_user_id": str(_require(entry, "masterUserId", where)),
+        "master_user_id": master,
         "auth_url": auth_url,
         "auth_enabled": auth_enabled,
         "auth_mode": mode,
@@ -209,7 +223,7 @@ def _import_distributions(app: ClientApp, entries: list, where: str, summary: Im
         summary.created["distributions"] += 1
 
 
-def config_export() -> str:
+def config_export(*, include_secrets: bool = False) -> str:
     doc: dict[str, Any] = {
         "domains": [{"name": d.name, "urls": list(d.urls)} for d in Domain.objects.order_by("name")],
         "domainLinks": [],
@@ -228,10 +242,11 @@ def config_export() -> str:
         if app.auth_url:
             item["authUrl"] = app.auth_url
         item["authEnabled"] = app.auth_enabled
-        if app.auth_mode != _inferred_auth_mode(auth_enabled=app.auth_enabled, token_secret=app.token_secret):
+        exported_secret = app.token_secret if include_secrets else ""
+        if app.auth_mode != _inferred_auth_mode(auth_enabled=app.auth_enabled, token_secret=exported_secret):
             item["authMode"] = app.auth_mode
-        if app.token_secret:
-            item["tokenSecret"] = app.token_secret
+        if exported_secret:
+            item["tokenSecret"] = exported_secret
         if app.public_channel_patterns:
             item["publicChannels"] = list(app.public_channel_patterns)
         if app.client_subscriptions_allowed:

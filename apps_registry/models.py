@@ -1,4 +1,4 @@
-"""The configuration registry: client apps, their API keys, domains, links and user distributions.
+r"""The configuration registry: client apps, their API keys, domains, links and user distributions.
 
 What the database guarantees (not just the forms):
 - an app name (the user-id prefix) and an appId belong to one app;
@@ -7,12 +7,17 @@ What the database guarantees (not just the forms):
 - within one app, user distributions never overlap: a trigger (migration 0002) locks the app row and
   refuses an overlapping range, so two concurrent admins cannot both win. (An exclusion constraint
   would need btree_gist, which the embedded Postgres and many managed ones lack.)
+
+A user id is `<appName>-<number>` with the number in ASCII digits and no leading zero, so one user
+has exactly one id: `ANZ-0123`, `ANZ-１２３` (full-width) or `ANZ-١٢٣` (Arabic-Indic digits) are
+not ids at all (Python's `\d` would accept the last two).
 """
 
 from __future__ import annotations
 
 import re
 import secrets
+from typing import NamedTuple
 
 from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
@@ -20,9 +25,38 @@ from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Greatest, Least
 
-APP_NAME_RE = r"^[A-Za-z][A-Za-z0-9_.]{0,63}$"
-DOMAIN_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-USER_ID_RE = re.compile(r"^(?P<app>[A-Za-z][A-Za-z0-9_.]{0,63})-(?P<number>\d{1,18})$")
+from config.names import DOMAIN_NAME_PATTERN
+
+APP_NAME_PATTERN = r"[A-Za-z][A-Za-z0-9_.]{0,63}"
+APP_NAME_RE = rf"^{APP_NAME_PATTERN}\Z"
+DOMAIN_NAME_RE = rf"^{DOMAIN_NAME_PATTERN}\Z"
+# ASCII digits only, no leading zero, at most 18 digits (fits a bigint); use with fullmatch.
+USER_ID_RE = re.compile(rf"(?P<app>{APP_NAME_PATTERN})-(?P<number>0|[1-9][0-9]{{0,17}})", re.ASCII)
+
+
+class UserRange(NamedTuple):
+    """Users `<app>-<low>` … `<app>-<high>` inclusive; `high` None means no upper end.
+
+    The one definition of the range rule (the overlap trigger in migration 0002 is its SQL twin):
+    two ranges share a user iff each starts at or before the other ends. Containment is overlap
+    with a one-user range.
+    """
+
+    low: int
+    high: int | None
+
+    def overlaps(self, other: UserRange) -> bool:
+        return (other.high is None or self.low <= other.high) and (self.high is None or other.low <= self.high)
+
+    def contains(self, number: int) -> bool:
+        return self.overlaps(UserRange(number, number))
+
+    def overlapping_q(self) -> Q:
+        """The same rule as a filter on UserDistribution rows."""
+        q = Q(range_to__isnull=True) | Q(range_to__gte=self.low)
+        if self.high is not None:
+            q &= Q(range_from__lte=self.high)
+        return q
 
 
 class AuthMode(models.TextChoices):
@@ -60,6 +94,25 @@ class ClientApp(models.Model):
         "messages per second per connection", default=50.0, validators=[MinValueValidator(0.1)]
     )
     rate_limit_burst = models.PositiveIntegerField("rate limit burst", default=100, validators=[MinValueValidator(1)])
+    deliveries_per_second = models.FloatField(
+        "deliveries per second per user", default=200.0, validators=[MinValueValidator(0.1)],
+        help_text="Work a user's connections on one node may create: a MESSAGE costs 1, a GROUP_MESSAGE one per "
+                  "recipient. Beyond it, sends are refused with INVALID_MESSAGE and a retryAfterMs.",
+    )
+    deliveries_burst = models.PositiveIntegerField("deliveries burst", default=400, validators=[MinValueValidator(1)])
+    max_connections_per_user = models.PositiveIntegerField(
+        "connections per user", default=10, validators=[MinValueValidator(1)],
+        help_text="Beyond it, AUTH_CLIENT is refused (isAuthenticated false, close 1008).",
+    )
+    allowed_origins = models.JSONField(
+        "allowed origins", default=list, blank=True,
+        help_text='Browser origins that may open WebSockets for this app, e.g. ["https://app.example.com"]. '
+                  "Empty: any origin (and clients without an Origin header, such as servers).",
+    )
+    max_token_lifetime_seconds = models.PositiveIntegerField(
+        "max token lifetime (s)", default=24 * 3600, validators=[MinValueValidator(1)],
+        help_text="Signed tokens whose exp lies further ahead than this are refused.",
+    )
     retention_days = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
     max_delivery_attempts = models.PositiveIntegerField(default=10, validators=[MinValueValidator(1)])
 
@@ -179,5 +232,6 @@ class UserDistribution(models.Model):
         upper = "" if self.range_to is None else self.range_to
         return f"{self.app.app_name} {self.range_from}–{upper} @ {self.domain.name}"
 
-    def contains(self, number: int) -> bool:
-        return number >= self.range_from and (self.range_to is None or number <= self.range_to)
+    @property
+    def user_range(self) -> UserRange:
+        return UserRange(self.range_from, self.range_to)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
-from django.db.models import Q
-
-from .models import USER_ID_RE, ClientApp, Domain, UserDistribution
+from .models import USER_ID_RE, AuthMode, ClientApp, Domain, UserDistribution, UserRange
 
 
 @dataclass(frozen=True)
@@ -19,8 +20,11 @@ class UserId:
 
 
 def user_id_parse(user_id: str) -> UserId | None:
-    """`ANZ-123223` -> UserId('ANZ', 123223); None when it is not `<appName>-<digits>`."""
-    match = USER_ID_RE.match(user_id or "")
+    """`ANZ-123223` -> UserId('ANZ', 123223); None when it is not `<appName>-<digits>` exactly
+    (ASCII digits, no leading zero, nothing before or after)."""
+    if not isinstance(user_id, str):
+        return None
+    match = USER_ID_RE.fullmatch(user_id)
     if not match:
         return None
     return UserId(match["app"], int(match["number"]))
@@ -34,8 +38,7 @@ def user_distribution_for(*, app: ClientApp, number: int) -> UserDistribution | 
     # Served by the (app_id, range_from) ordering; distributions per app are few.
     return (
         UserDistribution.objects.select_related("domain")
-        .filter(app=app, range_from__lte=number)
-        .filter(Q(range_to__isnull=True) | Q(range_to__gte=number))
+        .filter(UserRange(number, number).overlapping_q(), app=app)
         .first()
     )
 
@@ -56,21 +59,22 @@ def distribution_overlaps(
     *, app: ClientApp, range_from: int, range_to: int | None, exclude_id: int | None = None
 ) -> UserDistribution | None:
     """The first distribution of `app` that shares a user with [range_from, range_to]."""
-    qs = UserDistribution.objects.select_related("domain").filter(app=app)
+    qs = UserDistribution.objects.select_related("domain").filter(UserRange(range_from, range_to).overlapping_q(),
+                                                                   app=app)
     if exclude_id is not None:
         qs = qs.exclude(pk=exclude_id)
-    qs = qs.filter(Q(range_to__isnull=True) | Q(range_to__gte=range_from))
-    if range_to is not None:
-        qs = qs.filter(range_from__lte=range_to)
     return qs.order_by("range_from").first()
 
 
 # --- hot-path snapshots --------------------------------------------------------------------------
 # Every frame a client sends needs its app's limits and the recipient's home domain. Reading them
 # from Postgres per frame would cost more than the message itself, so each process keeps an
-# immutable snapshot per app for a few seconds (admin edits show up within SNAPSHOT_TTL).
+# immutable snapshot per app for a few seconds (admin edits show up within SNAPSHOT_TTL). The cache
+# is bounded: unauthenticated clients choose the names looked up, and each miss is remembered too
+# (so a flood of made-up names cannot turn into a flood of queries, nor grow memory).
 
 SNAPSHOT_TTL = 5.0
+SNAPSHOT_CACHE_SIZE = 1024
 
 
 @dataclass(frozen=True)
@@ -92,34 +96,52 @@ class AppSnapshot:
     retention_days: int
     max_delivery_attempts: int
     client_subscriptions_allowed: bool
-    distributions: tuple[tuple[int, int | None, str], ...]  # (from, to or None, domain name)
+    deliveries_per_second: float
+    deliveries_burst: int
+    max_connections_per_user: int
+    allowed_origins: tuple[str, ...]
+    max_token_lifetime_seconds: int
+    public_channel_patterns: tuple[str, ...]
+    distributions: tuple[tuple[UserRange, str], ...]  # (range, domain name)
 
     def home_domain(self, number: int) -> str | None:
-        for low, high, domain in self.distributions:
-            if number >= low and (high is None or number <= high):
+        for user_range, domain in self.distributions:
+            if user_range.contains(number):
                 return domain
         return None
 
     @property
     def uses_auth_url(self) -> bool:
-        return self.auth_mode == "auth_url" and self.auth_enabled
+        return self.auth_mode == AuthMode.AUTH_URL and self.auth_enabled
 
 
-_snapshots: dict[str, tuple[float, AppSnapshot | None]] = {}
+_snapshots: OrderedDict[str, tuple[float, AppSnapshot | None]] = OrderedDict()
+_snapshots_lock = threading.Lock()
 
 
 def app_snapshot(app_name: str) -> AppSnapshot | None:
-    import time
-
     now = time.monotonic()
-    cached = _snapshots.get(app_name)
-    if cached is not None and now - cached[0] < SNAPSHOT_TTL:
-        return cached[1]
+    with _snapshots_lock:
+        cached = _snapshots.get(app_name)
+        if cached is not None and now - cached[0] < SNAPSHOT_TTL:
+            _snapshots.move_to_end(app_name)
+            return cached[1]
+    snapshot = _snapshot_load(app_name)
+    with _snapshots_lock:
+        _snapshots[app_name] = (now, snapshot)
+        _snapshots.move_to_end(app_name)
+        while len(_snapshots) > SNAPSHOT_CACHE_SIZE:
+            _snapshots.popitem(last=False)
+    return snapshot
+
+
+def _snapshot_load(app_name: str) -> AppSnapshot | None:
     app = ClientApp.objects.filter(app_name=app_name).first()
     snapshot = None
     if app is not None:
         dists = tuple(
-            UserDistribution.objects.filter(app=app).order_by("range_from").values_list(
+            (UserRange(low, high), domain)
+            for low, high, domain in UserDistribution.objects.filter(app=app).order_by("range_from").values_list(
                 "range_from", "range_to", "domain__name")
         )
         snapshot = AppSnapshot(
@@ -130,11 +152,16 @@ def app_snapshot(app_name: str) -> AppSnapshot | None:
             max_group_recipients=app.max_group_recipients, rate_limit_per_second=app.rate_limit_per_second,
             rate_limit_burst=app.rate_limit_burst, retention_days=app.retention_days,
             max_delivery_attempts=app.max_delivery_attempts,
-            client_subscriptions_allowed=app.client_subscriptions_allowed, distributions=dists,
+            client_subscriptions_allowed=app.client_subscriptions_allowed,
+            deliveries_per_second=app.deliveries_per_second, deliveries_burst=app.deliveries_burst,
+            max_connections_per_user=app.max_connections_per_user,
+            allowed_origins=tuple(app.allowed_origins or ()),
+            max_token_lifetime_seconds=app.max_token_lifetime_seconds,
+            public_channel_patterns=tuple(app.public_channel_patterns or ()), distributions=dists,
         )
-    _snapshots[app_name] = (now, snapshot)
     return snapshot
 
 
 def app_snapshots_clear() -> None:
-    _snapshots.clear()
+    with _snapshots_lock:
+        _snapshots.clear()

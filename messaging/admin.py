@@ -2,13 +2,17 @@
 
 Built to stay fast with millions of rows: no full COUNT(*) on changelists, related rows fetched
 with the page (list_select_related), filters on indexed columns only.
+
+Nothing here deletes: removing one message or delivery would leave a hole in a mailbox's sequence
+(a client fetching would see seq 1, 3, 4). Removal belongs to retention; a dead letter an operator
+gives up on is discarded (it stays on record as expired).
 """
 
 from __future__ import annotations
 
 from django.contrib import admin
 
-from .models import DeadLetter, Delivery, Message
+from .models import DeadLetter, Delivery, DeliveryState, Message
 from .services import dead_letters_discard, dead_letters_requeue
 
 
@@ -42,6 +46,9 @@ class MessageAdmin(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
+    def has_delete_permission(self, request, obj=None):
+        return False
+
     @admin.display(description="content")
     def short_content(self, obj: Message) -> str:
         return obj.content[:80] + ("…" if len(obj.content) > 80 else "")
@@ -64,6 +71,9 @@ class DeliveryAdmin(admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
+    def has_delete_permission(self, request, obj=None):
+        return False
+
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(admin.ModelAdmin):
@@ -76,12 +86,15 @@ class DeadLetterAdmin(admin.ModelAdmin):
     actions = ["requeue", "discard"]
 
     def get_queryset(self, request):
-        return super().get_queryset(request).filter(state="dead")
+        return super().get_queryset(request).filter(state=DeliveryState.DEAD)
 
     def has_add_permission(self, request):
         return False
 
     def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
         return False
 
     @admin.action(description="Re-queue selected dead letters (fresh attempts)")

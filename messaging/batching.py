@@ -1,12 +1,16 @@
-"""Per-process micro-batching for web nodes.
+"""Per-process micro-batching for web nodes (group commit).
 
-A `Batcher` collects items from any thread and hands them to a flush function in a DB thread, so
-the event loop keeps serving sockets. It batches adaptively, the way group commit does: an item
-arriving while no flush runs is flushed at once (after `linger`, a fraction of a millisecond), and
-items arriving while a flush runs wait for it and go together in the next one. Light load pays no
-batching delay; heavy load gets big batches and one Celery task or one UPDATE per batch.
+A `Batcher` collects items from the event loop (or any thread) and hands them to a flush function
+in a DB thread, so the event loop keeps serving sockets. It batches adaptively, the way group
+commit does: an item arriving while no flush runs is flushed at once (after `linger`, a fraction of
+a millisecond), and items arriving while a flush runs wait for it and go together in the next one.
+Light load pays no batching delay; heavy load gets big batches and one statement, one commit and
+one Celery task per batch.
 
-Used for "route these committed deliveries" and "these deliveries were written to their sockets".
+`submit` waits for the item's own result (the intake: a sender is answered after its message is
+committed); `add` is fire-and-forget (routing, delivered marks, releases). A batcher with
+`max_pending` refuses new items with `BatcherFull` while that many wait: a bounded intake, so a
+node whose database falls behind says so to its senders instead of queueing without limit.
 """
 
 from __future__ import annotations
@@ -14,32 +18,47 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from messaging.asyncdb import run_db
 
 log = logging.getLogger(__name__)
 
 
+class BatcherFull(Exception):
+    def __init__(self, name: str, retry_after: float):
+        super().__init__(f"{name} is full")
+        self.retry_after = retry_after
+
+
 class Batcher:
-    def __init__(self, name: str, flush: Callable[[list], None], *, linger: float = 0.0005, max_size: int = 500):
+    def __init__(self, name: str, flush: Callable[[list], Sequence[Any] | None], *, linger: float = 0.0005,
+                 max_size: int = 500, max_pending: int | None = None):
         self.name = name
         self._flush = flush
         self.linger = linger
         self.max_size = max_size
-        self._items: list = []
+        self.max_pending = max_pending
+        self._items: list[tuple[Any, asyncio.Future | None]] = []
         self._lock = threading.Lock()
         self._wakeup_pending = False
         self._running: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.last_flush_seconds = 0.0  # how long the latest flush took: the retry hint when full
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
 
-    def _append(self, items: Sequence) -> bool:
-        """Queue items; True when the caller must wake the drain (none is pending)."""
+    @property
+    def pending(self) -> int:
+        return len(self._items)
+
+    def _append(self, entries: Sequence[tuple[Any, asyncio.Future | None]]) -> bool:
+        """Queue entries; True when the caller must wake the drain (none is pending)."""
         with self._lock:
-            self._items.extend(items)
+            self._items.extend(entries)
             if self._wakeup_pending:
                 return False
             self._wakeup_pending = True
@@ -47,14 +66,23 @@ class Batcher:
 
     def add_threadsafe(self, items: Sequence) -> None:
         """Callable from any thread (e.g. a transaction's on_commit in a DB thread)."""
-        if self._append(items):
+        if items and self._append([(item, None) for item in items]):
             assert self._loop is not None
             self._loop.call_soon_threadsafe(self._wake)
 
     def add(self, items: Sequence) -> None:
         """Callable from the event loop thread."""
-        if self._append(items):
+        if items and self._append([(item, None) for item in items]):
             self._wake()
+
+    async def submit(self, item: Any) -> Any:
+        """Queue one item and wait for its result; BatcherFull when `max_pending` items wait."""
+        if self.max_pending is not None and len(self._items) >= self.max_pending:
+            raise BatcherFull(self.name, max(0.05, self.last_flush_seconds * 2))
+        future = asyncio.get_running_loop().create_future()
+        if self._append([(item, future)]):
+            self._wake()
+        return await future
 
     def _wake(self) -> None:
         if self._running is None or self._running.done():
@@ -65,15 +93,27 @@ class Batcher:
         await asyncio.sleep(self.linger)
         while True:
             with self._lock:
-                items, self._items = self._items[: self.max_size], self._items[self.max_size:]
-                if not items:
+                batch, self._items = self._items[: self.max_size], self._items[self.max_size:]
+                if not batch:
                     self._wakeup_pending = False
                     return
                 if not self._items:
                     self._wakeup_pending = False
+            started = time.monotonic()
+            items = [item for item, _ in batch]
             try:
-                await run_db(self._flush, items)
-            except Exception:
-                # What failed here is recovered by the retry sweep (deliveries stay pending or
-                # sent, and are found again); a batch must never take the node down.
+                results = await run_db(self._flush, items)
+            except Exception as exc:
+                # What failed here is recovered elsewhere (deliveries stay pending or sent and are
+                # found again by the sweep); a batch must never take the node down. A waiting
+                # sender learns of the failure.
                 log.exception("%s: flushing %d items failed", self.name, len(items))
+                for _, future in batch:
+                    if future is not None and not future.done():
+                        future.set_exception(exc)
+                continue
+            finally:
+                self.last_flush_seconds = time.monotonic() - started
+            for index, (_, future) in enumerate(batch):
+                if future is not None and not future.done():
+                    future.set_result(results[index] if results is not None else None)

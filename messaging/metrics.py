@@ -2,15 +2,23 @@
 
 Counters and gauges live in the web node's process (each node is scraped on its own); the
 dead-letter count is read from Postgres at scrape time through its partial index.
+
+Outside DEBUG the endpoint answers only a scraper that shows METRICS_TOKEN (as a Bearer token) or
+comes from METRICS_ALLOWED_IPS; anyone else gets 403 (the figures describe who is online).
 """
 
 from __future__ import annotations
 
-from django.db import connection
-from django.http import HttpRequest, HttpResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import hmac
+import ipaddress
 
-REGISTRY = CollectorRegistry(auto_describe=True)
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+
+from config.metrics import REGISTRY
+from messaging.models import DeliveryState, states_sql
 
 CONNECTIONS = Gauge("switchboard_ws_connections", "Authenticated WebSocket connections on this node",
                     registry=REGISTRY)
@@ -30,8 +38,33 @@ DEAD_LETTERS = Gauge("switchboard_dead_letters", "Deliveries in the dead-letter 
                      registry=REGISTRY)
 
 
+INTAKE_REFUSED = Counter("switchboard_intake_refused_total",
+                         "Sends refused because the node's intake was full (the database fell behind)",
+                         registry=REGISTRY)
+LIMITED = Counter("switchboard_ws_limited_total", "Frames refused by a rate or work limit, by limit", ["limit"],
+                  registry=REGISTRY)
+
+
+def _scraper_allowed(request: HttpRequest) -> bool:
+    if settings.DEBUG:
+        return True
+    token = settings.METRICS_TOKEN
+    header = request.headers.get("Authorization", "")
+    if token and header.startswith("Bearer ") and hmac.compare_digest(header[7:].strip(), token):
+        return True
+    try:
+        addr = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
+    except ValueError:
+        return False
+    return any(addr in ipaddress.ip_network(net, strict=False) for net in settings.METRICS_ALLOWED_IPS)
+
+
 def metrics_view(request: HttpRequest) -> HttpResponse:
+    if not _scraper_allowed(request):
+        return JsonResponse({"error": "forbidden", "detail": "metrics need METRICS_TOKEN or an allowed address"},
+                            status=403)
     with connection.cursor() as cur:
-        cur.execute("SELECT count(*) FROM messaging_delivery WHERE state = 'dead'")  # partial index
+        # served by the partial index delivery_dead_letters
+        cur.execute(f"SELECT count(*) FROM messaging_delivery WHERE state = {states_sql(DeliveryState.DEAD)}")
         DEAD_LETTERS.set(cur.fetchone()[0])
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -8,9 +8,29 @@ Guarantees:
   rolled-back message leaves no hole and two concurrent messages cannot take the same number.
 - (app, sender, client_message_id) is unique: a retried send with the same clientMessageId is
   stored once.
+- A confirmation confirms one message once: `confirms` is unique. It is a column of its own, not
+  a clientMessageId, so no client input can collide with it.
 - Delivery states move pending -> sent -> delivered, with retrying / dead / expired as side exits;
-  every move is a function in messaging.services.deliveries and stamps its time.
+  every move is one conditional statement in messaging.services.deliveries and stamps its time.
+  State names live here only: SQL is built from the tuples below (`states_sql`), and the partial
+  indexes use the same tuples, so a new state cannot leave a query or an index behind.
+- A mailbox has no holes: delivery rows are never deleted one by one (the admin cannot delete
+  them); only retention removes whole prefixes.
 FAST messages never reach these tables.
+
+What `next_attempt_at` (the row's timer) means depends on the state:
+- pending: NULL = parked in the mailbox, waiting for a fetch; a time = the routing deadline (set
+  when stored, or the lease of a sweep hand-out): once it passes, the row is routed again, so a
+  routing task lost with a crashed process never strands a message.
+- sent: the confirmation deadline of the push (or of an ACK-mode fetch); once it passes, the
+  attempt failed: `attempts` + 1, then retrying with backoff or dead.
+- retrying: when the next attempt is due (and, once handed to routing, its lease); NULL = given
+  back by a connection that closed before its client had it: waits for the recipient's next
+  ACK-mode connection (pushed again on connect) or a fetch.
+`attempts` counts failed attempts only: a recipient being offline, a connection closing before it
+read or acknowledged, a node dying or Redis being away are not the recipient's failures.
+`claim` is the token of the current claim of a `sent` row (a routing task or an ACK-mode fetch);
+park, release and fail name it, so a late actor never moves a row someone else has claimed since.
 """
 
 from __future__ import annotations
@@ -36,7 +56,27 @@ class DeliveryState(models.TextChoices):
     EXPIRED = "expired"
 
 
-UNDELIVERED_STATES = (DeliveryState.PENDING, DeliveryState.SENT, DeliveryState.RETRYING)
+# The mailbox: what FETCH_MISSING_MESSAGES returns and counts, and what may still move.
+UNDELIVERED_STATES: tuple[str, ...] = (DeliveryState.PENDING.value, DeliveryState.SENT.value,
+                                      DeliveryState.RETRYING.value)
+# What a routing task (or an ACK-mode fetch) may claim.
+CLAIMABLE_STATES: tuple[str, ...] = (DeliveryState.PENDING.value, DeliveryState.RETRYING.value)
+# What a confirmation (a written frame, an ACK) may move to delivered: a late ACK of a dead letter
+# still counts.
+DELIVERABLE_STATES: tuple[str, ...] = (*UNDELIVERED_STATES, DeliveryState.DEAD.value)
+# Rows retention ends.
+EXPIRABLE_STATES = UNDELIVERED_STATES
+
+
+def states_sql(states: tuple[str, ...] | str) -> str:
+    """A state or a tuple of states as SQL text: `'sent'` or `('pending', 'sent')`.
+
+    Literal on purpose (not a bound parameter): the planner matches it against the partial indexes'
+    predicates, which are built from the same tuples.
+    """
+    if isinstance(states, str):
+        return f"'{DeliveryState(states).value}'"
+    return "(" + ", ".join(f"'{DeliveryState(s).value}'" for s in states) + ")"
 
 
 class Message(models.Model):
@@ -49,6 +89,9 @@ class Message(models.Model):
     # NULL, not "": the unique constraint must not treat "no id" as one shared id.
     client_message_id = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001
     origin_domain = models.CharField(max_length=64, blank=True, default="")
+    # Set on MESSAGE_CONFIRMATIONs only: the message this one confirms.
+    confirms = models.OneToOneField("self", null=True, blank=True, on_delete=models.CASCADE,
+                                    related_name="confirmation")
     created_at = models.DateTimeField(db_index=True)  # serves the admin's date ordering and expiry
 
     class Meta:
@@ -87,7 +130,8 @@ class Delivery(models.Model):
     seq = models.BigIntegerField()
     state = models.CharField(max_length=16, choices=DeliveryState.choices, default=DeliveryState.PENDING)
     attempts = models.PositiveIntegerField(default=0)
-    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)  # the row's timer (see the module docstring)
+    claim = models.BigIntegerField(null=True, blank=True)
     last_error = models.CharField(max_length=500, blank=True, default="")
     created_at = models.DateTimeField()
     sent_at = models.DateTimeField(null=True, blank=True)
@@ -104,19 +148,20 @@ class Delivery(models.Model):
             # FETCH_MISSING_MESSAGES: a recipient's undelivered rows in mailbox order, and the count left.
             models.Index(
                 fields=["app", "recipient", "seq"], name="delivery_undelivered_mailbox",
-                condition=Q(state__in=["pending", "sent", "retrying"]),
+                condition=Q(state__in=UNDELIVERED_STATES),
             ),
-            # The retry sweep: rows whose timer ran out.
+            # The sweep: undelivered rows whose timer ran out. Parked rows (no timer) stay out, so
+            # the mailboxes of offline users never weigh on it.
             models.Index(
-                fields=["next_attempt_at"], name="delivery_retry_due",
-                condition=Q(state__in=["sent", "retrying"]),
+                fields=["next_attempt_at"], name="delivery_timer_due",
+                condition=Q(state__in=UNDELIVERED_STATES, next_attempt_at__isnull=False),
             ),
             # The console's "deliveries to this recipient" search, newest first (any state).
             models.Index(fields=["recipient", "-id"], name="delivery_recipient_recent"),
             # The dead-letter queue in the admin and the API, newest first. Deliberately partial:
             # a general (state, ...) index tempted the planner into scanning every undelivered
             # row for batch updates by id (see messaging.services.deliveries).
-            models.Index(fields=["-dead_at"], name="delivery_dead_letters", condition=Q(state="dead")),
+            models.Index(fields=["-dead_at"], name="delivery_dead_letters", condition=Q(state=DeliveryState.DEAD.value)),
         ]
 
     def __str__(self) -> str:

@@ -1,31 +1,34 @@
-"""The client WebSocket protocol (PROTOCOL.md section 1): frame parsing and frame building.
+"""The client WebSocket protocol (docs/protocol.md): frame parsing and frame building.
 
 Parsing never raises past this module: a bad frame becomes a `FrameError` whose reason goes back
 to the client as INVALID_MESSAGE, and the connection keeps working.
+
+What a frame may carry is checked once, here, before any handler sees it: JSON only (NaN and
+Infinity are not JSON), and no string anywhere in it may hold a lone surrogate (no UTF-8 socket can
+carry one back, and echoing it killed the connection) or a NUL character (Postgres text cannot
+store it). Such a frame is refused without echoing its data.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from config.transport.frames import encode
+
 FEATURE_RELIABLE = "RELIABLE"
 FEATURE_FAST = "FAST"
-FETCH_MAX = 2000
+FETCH_MAX = 2000  # messages per FETCH_MISSING_MESSAGES_REQUEST (the linker protocol's cap)
+ACK_MAX_IDS = 2000  # ids per ACK
+REFERENCE_MAX = 256
+CLIENT_MESSAGE_ID_MAX = 128
 
 CLIENT_TYPES = {
     "AUTH_CLIENT", "MESSAGE", "GROUP_MESSAGE", "FETCH_MISSING_MESSAGES_REQUEST", "CLOSE_CONNECTION",
     "ACK", "PING", "PONG", "SUBSCRIBE", "UNSUBSCRIBE",
 }
-
-# Close codes (PROTOCOL.md).
-CLOSE_NORMAL = 1000
-CLOSE_POLICY = 1008
-CLOSE_TOO_BIG = 1009
-CLOSE_INTERNAL = 1011
-CLOSE_RESTART = 1012
-CLOSE_AUTH_TIMEOUT = 4001
 
 
 class FrameError(Exception):
@@ -46,13 +49,47 @@ class Frame:
     raw: dict
 
 
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _strings(value: Any, depth: int = 0) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _strings(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v, depth + 1)
+
+
+def _unsafe_string(raw: Any) -> str | None:
+    """Why some string in the frame cannot be taken, or None."""
+    for text in _strings(raw):
+        if "\x00" in text:
+            return "strings must not contain NUL (\\u0000)"
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return "strings must be valid Unicode (a lone surrogate such as \\udc00 is not)"
+    return None
+
+
 def parse_frame(text: str | None) -> Frame:
     if text is None:
         raise FrameError("binary frames are not supported; send JSON text")
     try:
-        raw = json.loads(text)
+        raw = json.loads(text, parse_constant=_no_constants)
     except (ValueError, RecursionError):
         raise FrameError("malformed JSON") from None
+    # Only escapes (\u0000, \udc00) can put these characters into decoded strings: the raw text
+    # came off the socket as valid UTF-8, and JSON refuses raw control characters in strings.
+    if "\\u" in text or "\\U" in text:
+        problem = _unsafe_string(raw)
+        if problem:
+            raise FrameError(problem)
     if not isinstance(raw, dict):
         raise FrameError("a frame must be a JSON object with 'type' and 'data'")
     frame_type = raw.get("type")
@@ -64,13 +101,15 @@ def parse_frame(text: str | None) -> Frame:
     if feature not in (FEATURE_RELIABLE, FEATURE_FAST):
         raise FrameError("feature must be RELIABLE or FAST", raw.get("data"))
     reference = raw.get("reference")
-    if reference is not None and not isinstance(reference, (str, int)):
+    if reference is not None and (isinstance(reference, bool) or not isinstance(reference, (str, int))):
         raise FrameError("reference must be a string", raw.get("data"))
+    if isinstance(reference, str) and len(reference) > REFERENCE_MAX:
+        raise FrameError(f"reference must be at most {REFERENCE_MAX} characters", raw.get("data"))
     confirmation = raw.get("confirmationEnabled", True)
     return Frame(
         type=frame_type,
         data=raw.get("data"),
-        reference=None if reference is None else str(reference)[:256],
+        reference=None if reference is None else str(reference)[:REFERENCE_MAX],
         feature=feature,
         confirmation_enabled=confirmation is not False,
         raw=raw,
@@ -92,12 +131,24 @@ def require_str(data: dict, key: str, *, max_len: int = 256) -> str:
     return value
 
 
-def encode(frame_type: str, data: Any, reference: str | None = None) -> str:
-    """A server frame; absent/null fields are omitted (PROTOCOL.md)."""
-    frame: dict[str, Any] = {"type": frame_type, "data": data}
-    if reference not in (None, ""):
-        frame["reference"] = reference
-    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+def message_ids(values: Any, data: Any) -> list[int]:
+    """ACK ids: server message ids as strings (as sent) or integers, within a bigint."""
+    if not isinstance(values, list) or not values or len(values) > ACK_MAX_IDS:
+        raise FrameError(f"'ids' must be a list of 1 to {ACK_MAX_IDS} message ids", data)
+    ids = []
+    for value in values:
+        if isinstance(value, bool):
+            raise FrameError("'ids' must hold message ids", data)
+        if isinstance(value, int):
+            number = value
+        elif isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
+            number = int(value)
+        else:
+            raise FrameError("'ids' must hold message ids (digit strings as received)", data)
+        if not 0 < number < 2**63:
+            raise FrameError("'ids' must hold message ids", data)
+        ids.append(number)
+    return ids
 
 
 def invalid(reason: str, data: Any = None, **extra: Any) -> str:
@@ -112,3 +163,14 @@ def delivery_frame(*, kind: str, sender: str, content: str, reference: str, mess
     if kind == "confirmation":
         return encode("MESSAGE_CONFIRMATION", {"reference": reference, "id": str(message_id), "seq": seq})
     return encode("MESSAGE", {"from": sender, "content": content, "id": str(message_id), "seq": seq}, reference or None)
+
+
+def accepted_frame(*, message_id: int, client_message_id: str | None, reference: str | None, duplicate: bool,
+                   recipients: int) -> str:
+    """MESSAGE_ACCEPTED (ACK-mode senders): the message is stored; resend whatever never got one."""
+    data: dict[str, Any] = {"id": str(message_id), "recipients": recipients}
+    if client_message_id is not None:
+        data["clientMessageId"] = client_message_id
+    if duplicate:
+        data["duplicate"] = True
+    return encode("MESSAGE_ACCEPTED", data, reference)

@@ -1,11 +1,19 @@
 """Where a message is routed: from committed delivery rows to the sockets of the recipients.
 
-Claim the deliveries still pending (or due for a retry) in one statement (-> sent, one attempt),
-look the recipients' live connections up in the presence cache, and push each frame through the
-channel layer to every node holding one of those connections. Offline recipients get the row
-back as pending in their mailbox (no attempt counted); a failed push becomes a retry with
-backoff. Users homed in another domain stay pending here until inter-domain forwarding (the
-domain network) takes them.
+Claim the deliveries still pending (or due for a retry) in one statement (-> sent under a fresh
+claim token), look the recipients' live connections up in the presence cache, and push each frame
+through the channel layer to every node holding one of those connections. Then, always naming the
+claim (so nothing is done to a row another worker has re-claimed since):
+
+- offline recipients: parked in their mailbox for a fetch, no attempt counted;
+- pushes nobody received (the connection or its node is gone): parked the same way;
+- pushes that could not be made at all (Redis away): released at once, no attempt counted, due for
+  routing again, so the sweep routes them as soon as Redis answers;
+- pushes that were made and failed: one attempt counted, retried with backoff or dead-lettered.
+
+A push that was made is confirmed by the node that writes it (or by the client's ACK); until then
+the row stays `sent`, and the sweep counts a failed attempt if no confirmation comes in time.
+Users homed in another domain stay pending here until inter-domain forwarding takes them.
 """
 
 from __future__ import annotations
@@ -14,9 +22,11 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
-from messaging import sockets
+from redis import RedisError
+
+from config.transport import sockets
 from messaging.protocol import delivery_frame
-from messaging.services import deliveries_claim, deliveries_park, deliveries_retry
+from messaging.services import claim_token, deliveries_claim, deliveries_fail, deliveries_park, deliveries_release
 from presence import cache
 
 log = logging.getLogger(__name__)
@@ -26,16 +36,22 @@ log = logging.getLogger(__name__)
 class RouteOutcome:
     pushed: int
     offline: int
+    released: int
     failed: int
 
 
 def deliveries_route(delivery_ids: list[int]) -> RouteOutcome:
-    claimed = deliveries_claim(delivery_ids=delivery_ids)
+    token = claim_token()
+    claimed = deliveries_claim(delivery_ids=delivery_ids, token=token)
     if not claimed:
-        return RouteOutcome(0, 0, 0)
-    connections = cache.connections_of_many(row.recipient for row in claimed)
-    offline = [row.delivery_id for row in claimed if not connections[row.recipient]]
-    deliveries_park(delivery_ids=offline)
+        return RouteOutcome(0, 0, 0, 0)
+    try:
+        connections = cache.connections_of_many(row.recipient for row in claimed)
+    except RedisError as exc:
+        log.warning("presence lookup failed, releasing %d claims: %r", len(claimed), exc)
+        deliveries_release(claims=[(row.delivery_id, token) for row in claimed], park=False)
+        return RouteOutcome(0, 0, len(claimed), 0)
+    offline = [(row.delivery_id, token) for row in claimed if not connections[row.recipient]]
 
     per_channel: dict[str, list[sockets.DeliverItem]] = defaultdict(list)
     channels_of: dict[int, list[str]] = defaultdict(list)
@@ -46,19 +62,25 @@ def deliveries_route(delivery_ids: list[int]) -> RouteOutcome:
                                message_id=row.message_id, seq=row.seq)
         for conn in connections[row.recipient]:
             per_channel[conn.channel_name].append({"delivery_id": row.delivery_id, "message_id": row.message_id,
-                                                   "frame": frame, "stored_at": row.stored_at})
+                                                   "frame": frame, "stored_at": row.stored_at, "claim": token})
             channels_of[row.delivery_id].append(conn.channel_name)
 
     failures = dict(sockets.send_many_sync(
         (channel, sockets.message_deliver_event(items)) for channel, items in per_channel.items()))
     unreached = [d for d, chans in channels_of.items() if all(c in failures for c in chans)]
-    # Nobody subscribed on any of the recipient's channels: its connections are gone (a node died
-    # and the reaper has not caught up yet). That is an offline recipient, not a failed attempt.
-    gone = [d for d in unreached if all(isinstance(failures[c], sockets.NoSubscriber) for c in channels_of[d])]
-    failed = [d for d in unreached if d not in set(gone)]
-    deliveries_park(delivery_ids=gone)
+    gone, unpushed, failed = [], [], []
+    for delivery_id in unreached:
+        errors = [failures[c] for c in channels_of[delivery_id]]
+        if all(isinstance(e, sockets.NoSubscriber) for e in errors):
+            gone.append((delivery_id, token))  # its connections are gone: an offline recipient
+        elif any(isinstance(e, (RedisError, OSError)) for e in errors):
+            unpushed.append((delivery_id, token))
+        else:
+            failed.append((delivery_id, token))
+    deliveries_park(claims=offline + gone)
+    deliveries_release(claims=unpushed, park=False)
     if failed:
         first_error = next(e for e in failures.values() if not isinstance(e, sockets.NoSubscriber))
-        deliveries_retry(delivery_ids=failed, error=f"push failed: {first_error!r}"[:500])
+        deliveries_fail(claims=failed, error=f"push failed: {first_error!r}"[:500])
     return RouteOutcome(pushed=len(channels_of) - len(unreached), offline=len(offline) + len(gone),
-                        failed=len(failed))
+                        released=len(unpushed), failed=len(failed))

@@ -1,27 +1,41 @@
 """The web node's per-process machinery, started by its first WebSocket connection.
 
-- registers the Node row and heartbeats (Redis key + Node row + re-asserting local connections in
-  the presence cache, which also heals a restarted Redis);
-- owns the two micro-batchers: "route these committed deliveries" and "these deliveries were
-  written to their sockets";
-- knows the connections this process holds.
+- registers the Node row and heartbeats: each beat reconciles the presence cache with exactly the
+  connections this process holds (presence.cache.node_heartbeat), announces USER_DISCONNECTED for
+  users a stale entry kept online, and stamps the Node row. A node the reaper declared dead while
+  it was silent closes every socket with 1012 (clients reconnect and fetch) and starts a new life;
+- owns the micro-batchers: the intake (group commit of what senders send), "route these committed
+  deliveries", "these deliveries reached their sockets" and "these claims go back to the mailbox";
+- knows the connections this process holds, and the per-user delivery budgets.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db import DataError, IntegrityError
 
-from messaging import dispatch
+from apps_registry.selectors import app_snapshot, user_id_parse
+from config.transport.frames import CLOSE_RESTART
+from messaging import dispatch, metrics
 from messaging.asyncdb import run_db
 from messaging.batching import Batcher
-from messaging.services import deliveries_mark_delivered
+from messaging.limits import UserWorkLimits
+from messaging.services import (
+    OutgoingMessage,
+    SendResult,
+    dead_nodes_settle,
+    deliveries_mark_delivered,
+    deliveries_release,
+    messages_store,
+)
 from presence import cache
 from presence.liveness import node_restart_cleanup
-from presence.services import node_heartbeat_record, node_register
+from presence.services import master_notify, node_heartbeat_record, node_register
 
 log = logging.getLogger(__name__)
 
@@ -29,50 +43,127 @@ log = logging.getLogger(__name__)
 @dataclass
 class LocalConnection:
     user_id: str
+    app_id: int
     acks: bool
+    close: Callable[[int, str], Awaitable[None]]  # closes the socket with a code
+
+
+def _store(messages: list[OutgoingMessage]) -> list[SendResult | Exception]:
+    """The intake's flush: one statement for the batch. A message the database refuses on its own
+    account fails alone: the batch is retried one by one to find it."""
+    try:
+        return messages_store(messages=messages)
+    except (DataError, IntegrityError) as exc:
+        if len(messages) == 1:
+            return [exc]
+    results: list[SendResult | Exception] = []
+    for message in messages:
+        try:
+            results.extend(messages_store(messages=[message]))
+        except (DataError, IntegrityError) as exc:
+            results.append(exc)
+    return results
 
 
 def _mark_delivered(ids: list[int]) -> None:
     deliveries_mark_delivered(delivery_ids=ids)
 
 
+def _release(claims: list[tuple[int, int]]) -> None:
+    deliveries_release(claims=claims, park=True)
+
+
+def _restart_cleanup(node_id: str) -> None:
+    reaped = node_restart_cleanup(node_id=node_id)
+    if reaped is not None:
+        dead_nodes_settle(reaped=[reaped])
+
+
 class NodeRuntime:
     def __init__(self) -> None:
         self.node_id = settings.NODE_ID
         self.connections: dict[str, LocalConnection] = {}
+        self.intake = Batcher("intake", _store, linger=settings.INTAKE_LINGER_SECONDS, max_size=500,
+                              max_pending=settings.INTAKE_MAX_PENDING)
         self.routing = Batcher("routing", dispatch.routing_task_send, linger=0.003)
         self.delivered = Batcher("delivered", _mark_delivered, linger=0.002)
+        self.released = Batcher("released", _release, linger=0.002)
+        self.work_limits = UserWorkLimits()
         self._started: asyncio.Future | None = None
         self._heartbeat: asyncio.Task | None = None
 
     async def ensure_started(self) -> None:
-        if self._started is None:
+        if self._started is None or (self._started.done() and self._started.exception() is not None):
             self._started = asyncio.ensure_future(self._start())
         await asyncio.shield(self._started)
 
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.routing.bind(loop)
-        self.delivered.bind(loop)
+        for batcher in (self.intake, self.routing, self.delivered, self.released):
+            batcher.bind(loop)
         dispatch.routing_batch_sink_install(self.routing.add_threadsafe)
-        await run_db(node_restart_cleanup, node_id=self.node_id)
-        await run_db(node_register, node_id=self.node_id, domain=settings.DOMAIN_NAME)
-        await cache.node_heartbeat(node_id=self.node_id, ttl=settings.PRESENCE_NODE_TIMEOUT, connections=[])
+        await run_db(_restart_cleanup, self.node_id)
+        await self._join()
         self._heartbeat = asyncio.ensure_future(self._beat())
         log.info("node %s joined domain %s", self.node_id, settings.DOMAIN_NAME)
+
+    async def _join(self) -> None:
+        await cache.node_revive(node_id=self.node_id)
+        await run_db(node_register, node_id=self.node_id, domain=settings.DOMAIN_NAME)
+        await cache.node_heartbeat(node_id=self.node_id, ttl=settings.PRESENCE_NODE_TIMEOUT, held=[])
+
+    def connection_add(self, channel_name: str, conn: LocalConnection) -> None:
+        self.connections[channel_name] = conn
+        metrics.CONNECTIONS.set(len(self.connections))
+
+    def connection_remove(self, channel_name: str) -> None:
+        self.connections.pop(channel_name, None)
+        metrics.CONNECTIONS.set(len(self.connections))
 
     async def _beat(self) -> None:
         while True:
             await asyncio.sleep(settings.PRESENCE_HEARTBEAT_SECONDS)
             try:
-                conns = [(c.user_id, ch, c.acks) for ch, c in list(self.connections.items())]
-                await cache.node_heartbeat(node_id=self.node_id, ttl=settings.PRESENCE_NODE_TIMEOUT,
-                                           connections=conns)
-                await run_db(node_heartbeat_record, node_id=self.node_id)
+                await self.heartbeat()
             except Exception:
                 # Redis or Postgres away for a moment: the next beat tries again. If it stays away
                 # long enough, the reaper elsewhere declares this node dead, which is right.
                 log.exception("heartbeat of node %s failed", self.node_id)
+
+    async def heartbeat(self) -> None:
+        held = [cache.HeldConnection(ch, c.user_id, c.acks) for ch, c in list(self.connections.items())]
+        try:
+            gone = await cache.node_heartbeat(node_id=self.node_id, ttl=settings.PRESENCE_NODE_TIMEOUT, held=held)
+            alive = await run_db(node_heartbeat_record, node_id=self.node_id)
+        except cache.NodeDeclaredDead:
+            alive, gone = False, []
+        if not alive:
+            await self.declared_dead()
+            return
+        for user_id in gone:
+            master = await self._master_of(user_id)
+            if master:
+                await master_notify(master_user_id=master, event_type="USER_DISCONNECTED", user_id=user_id)
+
+    async def _master_of(self, user_id: str) -> str | None:
+        parsed = user_id_parse(user_id)
+        app = await run_db(app_snapshot, parsed.app_name) if parsed else None
+        return app.master_user_id if app else None
+
+    async def declared_dead(self) -> None:
+        """The reaper ended this node's sessions while it was silent: its sockets are ghosts.
+
+        Close them all with 1012 (the clients reconnect, to this node or another, and fetch what
+        they missed), then join again as a new life of the node.
+        """
+        conns = list(self.connections.values())
+        self.connections.clear()  # the next beat must not re-assert sockets that are closing
+        metrics.CONNECTIONS.set(0)
+        log.warning("node %s was declared dead while silent; closing %d sockets with 1012",
+                    self.node_id, len(conns))
+        await asyncio.gather(*(c.close(CLOSE_RESTART, "this node was declared dead; reconnect") for c in conns),
+                             return_exceptions=True)
+        await self._join()
 
 
 _runtime: NodeRuntime | None = None

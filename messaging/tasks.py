@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 
 from celery import shared_task
 from django.db import DatabaseError
@@ -18,7 +17,7 @@ log = logging.getLogger(__name__)
 )
 def route_deliveries(self, delivery_ids: list[int]) -> dict:
     """Push committed deliveries to their recipients (infrastructure errors retry the task;
-    per-delivery failures become delivery retries)."""
+    per-delivery outcomes are recorded on the rows)."""
     from django.db import close_old_connections
 
     from messaging.router import deliveries_route
@@ -28,26 +27,36 @@ def route_deliveries(self, delivery_ids: list[int]) -> dict:
     except DatabaseError:
         close_old_connections()  # a broken connection is replaced before the retry
         raise
-    return {"pushed": outcome.pushed, "offline": outcome.offline, "failed": outcome.failed}
+    return {"pushed": outcome.pushed, "offline": outcome.offline, "released": outcome.released,
+            "failed": outcome.failed}
 
 
 @shared_task(acks_late=True)
 def retry_sweep() -> dict:
-    """Beat: time out unconfirmed pushes, route retries that are due, and re-route pending rows of
-    connected users whose routing task was lost (a crashed worker or node never strands a message)."""
-    from django.conf import settings
-
+    """Beat: count unconfirmed pushes as failed attempts, and hand retries that are due, and rows
+    whose routing never came, to routing under a lease (a crashed worker or node never strands a
+    message, and a routing queue that is behind is not fed the same rows again)."""
     from messaging.dispatch import routing_task_send
-    from messaging.services import deliveries_pending_for_online, deliveries_sweep
-    from presence.selectors import online_users
+    from messaging.services import deliveries_sweep
 
     result = deliveries_sweep()
     routing_task_send(result.due)
-    stranded = deliveries_pending_for_online(users=online_users(), older_than=timedelta(seconds=settings.STRANDED_AFTER_SECONDS))
-    routing_task_send(stranded)
-    if result.timed_out or result.due or stranded:
-        log.info("retry sweep: %d timed out, %d due, %d stranded", result.timed_out, len(result.due), len(stranded))
-    return {"timed_out": result.timed_out, "due": len(result.due), "stranded": len(stranded)}
+    if result.timed_out or result.due:
+        log.info("retry sweep: %d timed out (%d now dead), %d handed to routing", len(result.timed_out),
+                 len(result.dead), len(result.due))
+    return {"timed_out": len(result.timed_out), "dead": len(result.dead), "due": len(result.due)}
+
+
+@shared_task(acks_late=True)
+def reap_dead_nodes() -> dict:
+    """Beat: presence declares silent web nodes dead (presence.liveness); messaging re-queues what
+    was in flight to their users."""
+    from messaging.services import dead_nodes_settle
+    from presence.liveness import nodes_reap
+
+    reaped = nodes_reap()
+    requeued = dead_nodes_settle(reaped=reaped)
+    return {"nodes": [r.node_id for r in reaped], "sessions": sum(r.sessions for r in reaped), "requeued": requeued}
 
 
 @shared_task(acks_late=True)

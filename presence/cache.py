@@ -1,12 +1,28 @@
 """The Redis presence cache: who is connected, on which channel of which node.
 
-One hash per user, `sb:u:<userId>`, field = channel name, value = "<node>|<acks 0/1>". Adding and
-removing a connection are Lua scripts, so "was this the user's first / last connection in the
-cluster?" is answered atomically: two nodes connecting (or a node and the reaper disconnecting)
-the same user at once cannot both announce.
+Keys:
+- `sb:u:<userId>`: hash, field = channel name, value = "<node>|<acks 0/1>": the user's connections
+  anywhere in the cluster (what routing reads).
+- `sb:n:<node>:conns`: hash, field = channel name, value = user id: what one node holds.
+- `sb:n:<node>:alive`: a key with a TTL, refreshed by the node's heartbeat.
+- `sb:n:<node>:dead`: the tombstone the reaper leaves when it declares a node dead.
+- `sb:n:<node>:suspect`: channels the last heartbeat found in the cache but not on the node.
 
-The cache is rebuilt, not trusted: every node re-asserts its live connections on each heartbeat,
-so a restarted (emptied) Redis is whole again within one heartbeat.
+Adding and removing a connection are Lua scripts, so "was this the user's first / last connection
+in the cluster?" is answered atomically: two nodes connecting (or a node and the reaper
+disconnecting) the same user at once cannot both announce.
+
+The cache is rebuilt, not trusted. Every heartbeat reconciles the node's whole set in one script:
+what the node holds is re-asserted (an emptied, restarted Redis is whole again within one
+heartbeat), and entries the node no longer holds are removed (a disconnect whose Redis call failed
+leaves no ghost; the users whose last connection that was are returned so the master hears
+USER_DISCONNECTED). An entry is removed only when two heartbeats in a row found it missing on the
+node: a connection registered between the node's snapshot and the script's run is not mistaken
+for a ghost. A node with a tombstone is told so instead of re-adding its sockets behind the
+reaper's back.
+
+A user may hold at most the app's `max_connections_per_user` connections in the cluster: the
+connect script refuses the next one.
 """
 
 from __future__ import annotations
@@ -14,21 +30,92 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import redis
-import redis.asyncio as aioredis
-from django.conf import settings
+from config.transport.redis_clients import async_client, sync_client
 
 USER_KEY = "sb:u:{user_id}"
+NODE_CONNS_KEY = "sb:n:{node_id}:conns"
 NODE_ALIVE_KEY = "sb:n:{node_id}:alive"
+NODE_DEAD_KEY = "sb:n:{node_id}:dead"
+NODE_SUSPECT_KEY = "sb:n:{node_id}:suspect"
+TOMBSTONE_SECONDS = 24 * 3600
 
+# KEYS: user hash, node hash, tombstone. ARGV: channel, value, user, limit.
+# -> {added, count}, {-1} (node declared dead) or {-2, count} (the user has `limit` connections).
 _CONNECT = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return {-1, 0} end
+local count = redis.call('HLEN', KEYS[1])
+if count >= tonumber(ARGV[4]) and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return {-2, count} end
 local added = redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 return {added, redis.call('HLEN', KEYS[1])}
 """
+# KEYS: user hash, node hash. ARGV: channel. -> {removed, count}
 _DISCONNECT = """
 local removed = redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
 return {removed, redis.call('HLEN', KEYS[1])}
 """
+# KEYS: node hash, alive key, tombstone, suspect set. ARGV: ttl, node id, then triples channel,
+# user, acks. -> {-1} when the node was declared dead, else {1, user whose last connection went, ...}.
+# User hashes are computed keys: fine on a single Redis (the deployment this project supports);
+# a Redis Cluster would need hash tags.
+_HEARTBEAT = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return {-1} end
+redis.call('SET', KEYS[2], '1', 'EX', tonumber(ARGV[1]))
+local node = ARGV[2]
+local held = {}
+for i = 3, #ARGV, 3 do held[ARGV[i]] = true end
+local gone = {1}
+local suspects = {}
+local stored = redis.call('HGETALL', KEYS[1])
+for i = 1, #stored, 2 do
+  local channel, user = stored[i], stored[i + 1]
+  if not held[channel] then
+    if redis.call('SISMEMBER', KEYS[4], channel) == 1 then
+      local ukey = 'sb:u:' .. user
+      local removed = redis.call('HDEL', ukey, channel)
+      redis.call('HDEL', KEYS[1], channel)
+      if removed == 1 and redis.call('HLEN', ukey) == 0 then table.insert(gone, user) end
+    else
+      table.insert(suspects, channel)
+    end
+  end
+end
+redis.call('DEL', KEYS[4])
+for _, channel in ipairs(suspects) do redis.call('SADD', KEYS[4], channel) end
+for i = 3, #ARGV, 3 do
+  redis.call('HSET', 'sb:u:' .. ARGV[i + 1], ARGV[i], node .. '|' .. ARGV[i + 2])
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+return gone
+"""
+# KEYS: node hash, tombstone, alive key. ARGV: tombstone ttl -> flat list channel, user, was-last (0/1).
+_FORGET_NODE = """
+redis.call('SET', KEYS[2], '1', 'EX', tonumber(ARGV[1]))
+redis.call('DEL', KEYS[3])
+local out = {}
+local stored = redis.call('HGETALL', KEYS[1])
+for i = 1, #stored, 2 do
+  local channel, user = stored[i], stored[i + 1]
+  local ukey = 'sb:u:' .. user
+  local removed = redis.call('HDEL', ukey, channel)
+  local last = 0
+  if removed == 1 and redis.call('HLEN', ukey) == 0 then last = 1 end
+  table.insert(out, channel); table.insert(out, user); table.insert(out, last)
+end
+redis.call('DEL', KEYS[1])
+return out
+"""
+
+
+class NodeDeclaredDead(Exception):
+    """The reaper declared this node dead while it was silent: its sockets must go."""
+
+
+class TooManyConnections(Exception):
+    def __init__(self, user_id: str, limit: int):
+        super().__init__(f"{user_id} already has {limit} connections")
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -38,15 +125,35 @@ class LiveConnection:
     acks: bool
 
 
+@dataclass(frozen=True)
+class HeldConnection:
+    """A connection as the node holding it knows it (heartbeat input)."""
+
+    channel_name: str
+    user_id: str
+    acks: bool
+
+
 def user_key(user_id: str) -> str:
     return USER_KEY.format(user_id=user_id)
 
 
+def _node_keys(node_id: str) -> tuple[str, str, str]:
+    return (NODE_CONNS_KEY.format(node_id=node_id), NODE_ALIVE_KEY.format(node_id=node_id),
+            NODE_DEAD_KEY.format(node_id=node_id))
+
+
+def _suspect_key(node_id: str) -> str:
+    return NODE_SUSPECT_KEY.format(node_id=node_id)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _decode(channel: bytes | str, value: bytes | str) -> LiveConnection:
-    channel = channel.decode() if isinstance(channel, bytes) else channel
-    value = value.decode() if isinstance(value, bytes) else value
-    node_id, _, acks = value.rpartition("|")
-    return LiveConnection(channel_name=channel, node_id=node_id, acks=acks == "1")
+    node_id, _, acks = _text(value).rpartition("|")
+    return LiveConnection(channel_name=_text(channel), node_id=node_id, acks=acks == "1")
 
 
 def _value(node_id: str, acks: bool) -> str:
@@ -55,32 +162,27 @@ def _value(node_id: str, acks: bool) -> str:
 
 # --- async (web nodes) ---------------------------------------------------------------------------
 
-_async_clients: dict[int, aioredis.Redis] = {}
 
+async def connection_add(*, user_id: str, channel_name: str, node_id: str, acks: bool, limit: int) -> bool:
+    """Register a connection; True when it is the user's first in the cluster.
 
-def async_client() -> aioredis.Redis:
-    import asyncio
-
-    loop_id = id(asyncio.get_running_loop())
-    client = _async_clients.get(loop_id)
-    if client is None:
-        client = aioredis.Redis.from_url(
-            settings.REDIS_URL, max_connections=settings.REDIS_MAX_CONNECTIONS, socket_timeout=5,
-            socket_connect_timeout=5, retry_on_timeout=True, health_check_interval=30,
-        )
-        _async_clients[loop_id] = client
-    return client
-
-
-async def connection_add(*, user_id: str, channel_name: str, node_id: str, acks: bool) -> bool:
-    """Register a connection; True when it is the user's first in the cluster."""
-    added, count = await async_client().eval(_CONNECT, 1, user_key(user_id), channel_name, _value(node_id, acks))
+    Raises TooManyConnections when the user already holds `limit` connections, and NodeDeclaredDead
+    when this node carries the reaper's tombstone.
+    """
+    conns, _, dead = _node_keys(node_id)
+    added, count = await async_client().eval(_CONNECT, 3, user_key(user_id), conns, dead, channel_name,
+                                             _value(node_id, acks), user_id, limit)
+    if int(added) == -1:
+        raise NodeDeclaredDead(node_id)
+    if int(added) == -2:
+        raise TooManyConnections(user_id, limit)
     return bool(added) and int(count) == 1
 
 
-async def connection_remove(*, user_id: str, channel_name: str) -> bool:
+async def connection_remove(*, user_id: str, channel_name: str, node_id: str) -> bool:
     """Forget a connection; True when it was the user's last one in the cluster."""
-    removed, count = await async_client().eval(_DISCONNECT, 1, user_key(user_id), channel_name)
+    conns, _, _ = _node_keys(node_id)
+    removed, count = await async_client().eval(_DISCONNECT, 2, user_key(user_id), conns, channel_name)
     return bool(removed) and int(count) == 0
 
 
@@ -89,26 +191,38 @@ async def connections_of(user_id: str) -> list[LiveConnection]:
     return [_decode(c, v) for c, v in raw.items()]
 
 
-async def node_heartbeat(*, node_id: str, ttl: int, connections: Iterable[tuple[str, str, bool]]) -> None:
-    """Mark the node alive and re-assert its connections (restores a flushed or restarted Redis)."""
+async def connections_of_many_async(user_ids: Iterable[str]) -> dict[str, list[LiveConnection]]:
+    users = list(dict.fromkeys(user_ids))
     pipe = async_client().pipeline(transaction=False)
-    pipe.set(NODE_ALIVE_KEY.format(node_id=node_id), "1", ex=ttl)
-    for user_id, channel_name, acks in connections:
-        pipe.hset(user_key(user_id), channel_name, _value(node_id, acks))
-    await pipe.execute()
+    for user_id in users:
+        pipe.hgetall(user_key(user_id))
+    results = await pipe.execute()
+    return {u: [_decode(c, v) for c, v in raw.items()] for u, raw in zip(users, results, strict=True)}
+
+
+async def node_heartbeat(*, node_id: str, ttl: int, held: Iterable[HeldConnection]) -> list[str]:
+    """Mark the node alive and make the cache hold exactly `held` for it.
+
+    Returns the users whose last connection in the cluster was a stale entry that is now gone.
+    Raises NodeDeclaredDead when the reaper declared this node dead.
+    """
+    conns, alive, dead = _node_keys(node_id)
+    args: list[str | int] = [ttl, node_id]
+    for conn in held:
+        args.extend((conn.channel_name, conn.user_id, 1 if conn.acks else 0))
+    result = await async_client().eval(_HEARTBEAT, 4, conns, alive, dead, _suspect_key(node_id), *args)
+    if int(result[0]) == -1:
+        raise NodeDeclaredDead(node_id)
+    return [_text(u) for u in result[1:]]
+
+
+async def node_revive(*, node_id: str) -> None:
+    """A node starting afresh under its id: no tombstone, no connections from an earlier life."""
+    conns, _, dead = _node_keys(node_id)
+    await async_client().delete(dead, conns, _suspect_key(node_id))
 
 
 # --- sync (workers, maintenance, admin) ----------------------------------------------------------
-
-_sync_client: redis.Redis | None = None
-
-
-def sync_client() -> redis.Redis:
-    global _sync_client
-    if _sync_client is None:
-        _sync_client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5,
-                                            retry_on_timeout=True, health_check_interval=30)
-    return _sync_client
 
 
 def connections_of_many(user_ids: Iterable[str]) -> dict[str, list[LiveConnection]]:
@@ -119,15 +233,36 @@ def connections_of_many(user_ids: Iterable[str]) -> dict[str, list[LiveConnectio
     return {u: [_decode(c, v) for c, v in raw.items()] for u, raw in zip(users, pipe.execute(), strict=True)}
 
 
-def connection_remove_sync(*, user_id: str, channel_name: str) -> bool:
-    removed, count = sync_client().eval(_DISCONNECT, 1, user_key(user_id), channel_name)
+@dataclass(frozen=True)
+class ForgottenConnection:
+    channel_name: str
+    user_id: str
+    was_last: bool  # the user has no connection left anywhere
+
+
+def node_forget(*, node_id: str) -> list[ForgottenConnection]:
+    """The reaper's half in Redis: tombstone the node and drop every connection it held."""
+    conns, alive, dead = _node_keys(node_id)
+    sync_client().delete(_suspect_key(node_id))
+    flat = sync_client().eval(_FORGET_NODE, 3, conns, dead, alive, TOMBSTONE_SECONDS)
+    return [ForgottenConnection(_text(flat[i]), _text(flat[i + 1]), int(flat[i + 2]) == 1)
+            for i in range(0, len(flat), 3)]
+
+
+def connection_remove_sync(*, user_id: str, channel_name: str, node_id: str) -> bool:
+    conns, _, _ = _node_keys(node_id)
+    removed, count = sync_client().eval(_DISCONNECT, 2, user_key(user_id), conns, channel_name)
     return bool(removed) and int(count) == 0
 
 
 def node_is_alive(node_id: str) -> bool:
-    return bool(sync_client().exists(NODE_ALIVE_KEY.format(node_id=node_id)))
+    _, alive, _ = _node_keys(node_id)
+    return bool(sync_client().exists(alive))
 
 
-def lock_acquire(name: str, ttl: int) -> redis.lock.Lock | None:
-    lock = sync_client().lock(f"sb:lock:{name}", timeout=ttl, blocking=False)
-    return lock if lock.acquire() else None
+def users_online(user_ids: Iterable[str]) -> dict[str, bool]:
+    pipe = sync_client().pipeline(transaction=False)
+    users = list(dict.fromkeys(user_ids))
+    for user_id in users:
+        pipe.exists(user_key(user_id))
+    return {u: bool(n) for u, n in zip(users, pipe.execute(), strict=True)}

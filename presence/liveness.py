@@ -1,24 +1,32 @@
-"""Where a node is declared dead, and what happens then.
+"""Where a node is declared dead, and what presence does then.
 
 A web node heartbeats every PRESENCE_HEARTBEAT_SECONDS (a Redis key with a TTL and its Node row).
-The reaper (Celery beat, under a cluster-wide Redis lock so exactly one worker does it) takes
-every node silent for PRESENCE_NODE_TIMEOUT whose Redis key is gone, and for each of its open
-sessions: forgets the connection in the presence cache, announces USER_DISCONNECTED where it was
-the user's last connection, closes the session row; then puts the node's in-flight deliveries
-back to retrying so they reach the users wherever they reconnect.
+The reaper (a beat task, under a cluster-wide Redis lock so exactly one worker does it) takes every
+node silent for PRESENCE_NODE_TIMEOUT whose Redis key is gone and:
+
+1. tombstones it in Redis and drops every connection it held from the presence cache (one
+   script), announcing USER_DISCONNECTED to the master user where that was a user's last one;
+2. closes its open session rows and marks the node stopped.
+
+A node that was only paused (a long GC, a frozen VM) and comes back finds the tombstone and its
+stopped row at its next heartbeat and closes its sockets with 1012 (messaging.runtime): its clients
+reconnect and fetch, rather than living on as ghosts with closed session rows.
+
+Presence does not touch deliveries (layers point down): `nodes_reap` returns the users whose
+connections died, and the messaging task that called it re-queues what was in flight to them.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from messaging.dispatch import routing_enqueue
-from messaging.services import deliveries_requeue_for_users
+from apps_registry.selectors import app_snapshot, user_id_parse
+from config.transport.redis_clients import lock_acquire
 
 from . import cache
 from .models import Node, Session
@@ -29,26 +37,24 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ReapResult:
-    nodes: list[str]
+class ReapedNode:
+    node_id: str
     sessions: int
-    requeued: int
+    users: list[tuple[int, str]] = field(default_factory=list)  # (app id, user id) whose connections died
 
 
-def nodes_reap() -> ReapResult:
-    lock = cache.lock_acquire("node-reaper", ttl=60)
+def nodes_reap() -> list[ReapedNode]:
+    """Declare every silent node dead; [] when another worker holds the reaper's lock."""
+    lock = lock_acquire("node-reaper", ttl=60)
     if lock is None:
-        return ReapResult([], 0, 0)  # another worker is doing it right now
+        return []
     try:
-        reaped, sessions, requeued = [], 0, 0
+        reaped = []
         for node in nodes_silent_for(settings.PRESENCE_NODE_TIMEOUT):
             if cache.node_is_alive(node.node_id):
                 continue  # Postgres lagged behind Redis; the node is fine
-            s, r = _node_reap(node)
-            reaped.append(node.node_id)
-            sessions += s
-            requeued += r
-        return ReapResult(reaped, sessions, requeued)
+            reaped.append(node_reap(node=node, reason="node died"))
+        return reaped
     finally:
         try:
             lock.release()
@@ -56,27 +62,32 @@ def nodes_reap() -> ReapResult:
             log.warning("reaper lock had expired before release")
 
 
-def node_restart_cleanup(*, node_id: str) -> None:
+def node_restart_cleanup(*, node_id: str) -> ReapedNode | None:
     """A node starting under an id that has live sessions crashed before: end them now rather
     than waiting for the reaper (the old sockets are certainly gone)."""
     node = Node.objects.filter(node_id=node_id).first()
-    if node is not None and Session.objects.filter(node_id=node_id, disconnected_at__isnull=True).exists():
-        _node_reap(node)
+    if node is None or not Session.objects.filter(node_id=node_id, disconnected_at__isnull=True).exists():
+        return None
+    return node_reap(node=node, reason="node restarted")
 
 
-def _node_reap(node: Node) -> tuple[int, int]:
+def _master_of(user_id: str) -> str | None:
+    parsed = user_id_parse(user_id)
+    app = app_snapshot(parsed.app_name) if parsed else None
+    return app.master_user_id if app else None
+
+
+def node_reap(*, node: Node, reason: str) -> ReapedNode:
+    for gone in cache.node_forget(node_id=node.node_id):
+        if gone.was_last:
+            master = _master_of(gone.user_id)
+            if master:
+                master_notify_sync(master_user_id=master, event_type="USER_DISCONNECTED", user_id=gone.user_id)
     sessions = live_sessions_of_node(node.node_id)
-    for session in sessions:
-        last = cache.connection_remove_sync(user_id=session.user_id, channel_name=session.channel_name)
-        if last:
-            master_notify_sync(master_user_id=session.app.master_user_id, event_type="USER_DISCONNECTED",
-                               user_id=session.user_id)
     now = timezone.now()
     with transaction.atomic():
         Session.objects.filter(pk__in=[s.pk for s in sessions]).update(disconnected_at=now)
         Node.objects.filter(pk=node.pk).update(stopped_at=now)
-        requeued = deliveries_requeue_for_users(users=sorted({(s.app_id, s.user_id) for s in sessions}))
-        transaction.on_commit(lambda: routing_enqueue(requeued))
-    log.warning("node %s declared dead: %d sessions closed, %d deliveries re-queued",
-                node.node_id, len(sessions), len(requeued))
-    return len(sessions), len(requeued)
+    users = sorted({(s.app_id, s.user_id) for s in sessions})
+    log.warning("node %s declared dead (%s): %d sessions closed", node.node_id, reason, len(sessions))
+    return ReapedNode(node_id=node.node_id, sessions=len(sessions), users=users)

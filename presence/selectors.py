@@ -9,11 +9,6 @@ from django.utils import timezone
 from .models import Node, Session
 
 
-def online_users() -> list[tuple[int, str]]:
-    """(app id, user id) of everyone connected. Served by the partial index session_live_by_node."""
-    return list(Session.objects.filter(disconnected_at__isnull=True).values_list("app_id", "user_id").distinct())
-
-
 def nodes_silent_for(seconds: int) -> list[Node]:
     """Nodes that stopped heartbeating but were never cleaned up."""
     cutoff = timezone.now() - timedelta(seconds=seconds)
@@ -21,4 +16,5 @@ def nodes_silent_for(seconds: int) -> list[Node]:
 
 
 def live_sessions_of_node(node_id: str) -> list[Session]:
+    """Served by the partial index session_live_by_node."""
     return list(Session.objects.filter(node_id=node_id, disconnected_at__isnull=True).select_related("app"))

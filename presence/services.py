@@ -4,31 +4,39 @@ from __future__ import annotations
 
 import uuid
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from messaging import sockets
-from messaging.protocol import CLOSE_NORMAL, encode
+from config.transport import sockets
+from config.transport.frames import CLOSE_NORMAL, encode
 
 from . import cache
 from .models import Node, Session
 
 
 def node_register(*, node_id: str, domain: str) -> None:
+    """A node (re)joins: a fresh life under its id (the reaper's stop mark is cleared)."""
     now = timezone.now()
     Node.objects.update_or_create(
         node_id=node_id, defaults={"domain": domain, "started_at": now, "heartbeat_at": now, "stopped_at": None})
 
 
-def node_heartbeat_record(*, node_id: str) -> None:
+def node_heartbeat_record(*, node_id: str) -> bool:
+    """Stamp the node's heartbeat and its live sessions' last-seen time.
+
+    Returns False when the reaper declared the node dead (its row is stopped): the node must then
+    close its sockets instead of living on as a ghost whose session rows are already closed.
+    """
     now = timezone.now()
     with transaction.atomic():
-        updated = Node.objects.filter(node_id=node_id).update(heartbeat_at=now, stopped_at=None)
+        updated = Node.objects.filter(node_id=node_id, stopped_at__isnull=True).update(heartbeat_at=now)
         if not updated:
-            from django.conf import settings
-
+            if Node.objects.filter(node_id=node_id).exists():
+                return False
             node_register(node_id=node_id, domain=settings.DOMAIN_NAME)
         Session.objects.filter(node_id=node_id, disconnected_at__isnull=True).update(last_seen_at=now)
+    return True
 
 
 def session_open(*, app_id: int, user_id: str, node_id: str, channel_name: str, acks: bool,
@@ -40,7 +48,7 @@ def session_open(*, app_id: int, user_id: str, node_id: str, channel_name: str, 
     return session.connection_id
 
 
-def session_close(*, connection_id: uuid.UUID) -> None:
+def session_close(*, connection_id: uuid.UUID, close_reason: str = "") -> None:
     now = timezone.now()
     Session.objects.filter(pk=connection_id, disconnected_at__isnull=True).update(
         disconnected_at=now, last_seen_at=now)

@@ -4,22 +4,27 @@ from __future__ import annotations
 
 from .dead_letters import dead_letters_discard, dead_letters_requeue
 from .deliveries import (
+    ClaimedRow,
+    SweepResult,
+    claim_token,
     deliveries_claim,
     deliveries_expire,
+    deliveries_fail,
     deliveries_mark_delivered,
     deliveries_park,
-    deliveries_pending_for_online,
+    deliveries_release,
     deliveries_requeue_for_users,
-    deliveries_retry,
     deliveries_sweep,
     deliveries_unacked_for,
 )
 from .fetch import FetchResult, missing_fetch
-from .persist import SendResult, confirmations_create, message_send
+from .nodes import dead_nodes_settle
+from .persist import OutgoingMessage, SendResult, message_send, messages_store
 
 __all__ = [
-    "FetchResult", "SendResult", "confirmations_create", "dead_letters_discard", "dead_letters_requeue",
-    "deliveries_claim", "deliveries_expire", "deliveries_mark_delivered",
-    "deliveries_park", "deliveries_pending_for_online", "deliveries_requeue_for_users", "deliveries_retry",
-    "deliveries_sweep", "deliveries_unacked_for", "message_send", "missing_fetch",
+    "ClaimedRow", "FetchResult", "OutgoingMessage", "SendResult", "SweepResult", "claim_token",
+    "dead_letters_discard", "dead_letters_requeue", "dead_nodes_settle", "deliveries_claim", "deliveries_expire",
+    "deliveries_fail", "deliveries_mark_delivered", "deliveries_park", "deliveries_release",
+    "deliveries_requeue_for_users", "deliveries_sweep", "deliveries_unacked_for", "message_send",
+    "messages_store", "missing_fetch",
 ]

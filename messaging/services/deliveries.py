@@ -1,33 +1,64 @@
 """The delivery state machine: pending -> sent -> delivered, with retrying / dead / expired.
 
-Every transition is one conditional UPDATE whose WHERE clause names the states it may leave, so
-two actors racing (a worker claiming while a fetch delivers, a duplicate task after a worker
-crash) cannot move a row backwards: the loser's UPDATE simply matches nothing.
+Every transition is one conditional statement whose WHERE clause names the states it may leave
+(and, for a claimed row, the claim it acts for), so two actors racing (a worker claiming while a
+fetch delivers, a duplicate task after a worker crash, a late park after a re-claim) cannot move a
+row backwards: the loser's statement simply matches nothing. What the row's timer and `attempts`
+mean is written in messaging.models.
 
-Batch transitions lock their rows by primary key first (`_lock`), decide which may move, then
-update by primary key. A single UPDATE with both `id = ANY(ids)` and a state condition let
-Postgres drive the plan from a state index whenever its statistics said "few undelivered rows",
-and under a backlog that meant scanning every undelivered row to find a handful of ids: latency
-grew with the backlog (seen in the benchmark). Primary-key-only predicates have one plan.
+Batch transitions lock their rows by primary key, in id order, before they update them: two
+batches never deadlock on deliveries, and (for a recipient, seq order is id order) a fetch locking
+a mailbox in seq order takes the same order. Confirmations are written in the statement that marks
+their deliveries delivered, locking the senders' mailboxes in (app, user) order after the
+deliveries: every statement that takes both kinds of lock takes them in that one global order.
+
+A single UPDATE with both `id = ANY(ids)` and a state condition let Postgres drive the plan from a
+state index whenever its statistics said "few undelivered rows", and under a backlog that meant
+scanning every undelivered row to find a handful of ids. Locking by primary key first has one plan.
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
-from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.utils import timezone
 
-from messaging.services.persist import confirmations_create
+from messaging.models import (
+    CLAIMABLE_STATES,
+    DELIVERABLE_STATES,
+    EXPIRABLE_STATES,
+    UNDELIVERED_STATES,
+    DeliveryState,
+    MessageKind,
+    states_sql,
+)
+from messaging.services.persist import mailbox_append_sql
+
+PENDING = states_sql(DeliveryState.PENDING)
+SENT = states_sql(DeliveryState.SENT)
+RETRYING = states_sql(DeliveryState.RETRYING)
+DELIVERED = states_sql(DeliveryState.DELIVERED)
+DEAD = states_sql(DeliveryState.DEAD)
+EXPIRED = states_sql(DeliveryState.EXPIRED)
+UNDELIVERED = states_sql(UNDELIVERED_STATES)
+CLAIMABLE = states_sql(CLAIMABLE_STATES)
+DELIVERABLE = states_sql(DELIVERABLE_STATES)
+EXPIRABLE = states_sql(EXPIRABLE_STATES)
+
+# Backoff of the next attempt after `attempts` failures: base x 2^(attempts-1), capped, with jitter.
+_BACKOFF = ("make_interval(secs => least(%(max_backoff)s, %(base_backoff)s * power(2, greatest({attempts} - 1, 0)))"
+            " * (0.5 + random() * 0.5))")
 
 
-def _lock(cur, ids: list[int], states: tuple[str, ...]) -> list[int]:
-    """Lock the rows `ids` (in id order: no deadlock between two batches) and return those in `states`."""
-    cur.execute("SELECT id, state FROM messaging_delivery WHERE id = ANY(%s) ORDER BY id FOR UPDATE",
-                [sorted(set(ids))])
-    return [row_id for row_id, state in cur.fetchall() if state in states]
+def claim_token() -> int:
+    """A fresh claim token (63 random bits: fits a bigint, never collides in practice)."""
+    return secrets.randbits(63)
+
+
+def _lock_sql(where: str) -> str:
+    return f"SELECT id FROM messaging_delivery WHERE {where} ORDER BY id FOR UPDATE"
 
 
 @dataclass(frozen=True)
@@ -43,9 +74,9 @@ class ClaimedRow:
     stored_at: float  # epoch seconds
 
 
-def deliveries_claim(*, delivery_ids: list[int]) -> list[ClaimedRow]:
-    """pending/retrying -> sent (one attempt counted) for the rows this caller wins; returns them
-    with what is needed to build their frames.
+def deliveries_claim(*, delivery_ids: list[int], token: int) -> list[ClaimedRow]:
+    """pending/retrying -> sent under `token` for the rows this caller wins; returns them with
+    what is needed to build their frames. No attempt is counted: only a failure counts.
 
     One statement: rows are locked by primary key in id order (two overlapping batches cannot
     deadlock, and a duplicate task after a worker crash finds them already `sent`), then updated.
@@ -54,197 +85,242 @@ def deliveries_claim(*, delivery_ids: list[int]) -> list[ClaimedRow]:
         return []
     with connection.cursor() as cur:
         cur.execute(
-            """
-            WITH locked AS MATERIALIZED (
-                SELECT id, state FROM messaging_delivery WHERE id = ANY(%s) ORDER BY id FOR UPDATE
-            ), claimed AS (
+            f"""
+            WITH locked AS MATERIALIZED ({_lock_sql("id = ANY(%(ids)s)")}),
+            claimed AS (
                 UPDATE messaging_delivery d
-                   SET state = 'sent', attempts = d.attempts + 1, sent_at = now(),
-                       next_attempt_at = now() + make_interval(secs => %s)
+                   SET state = {SENT}, claim = %(token)s, sent_at = now(),
+                       next_attempt_at = now() + make_interval(secs => %(ack)s)
                   FROM locked l
-                 WHERE d.id = l.id AND l.state IN ('pending', 'retrying')
+                 WHERE d.id = l.id AND d.state IN {CLAIMABLE}
                 RETURNING d.id, d.recipient, d.seq, d.message_id
             )
             SELECT c.id, c.recipient, c.seq, m.id, m.sender, m.kind, m.content, m.reference,
                    extract(epoch FROM m.created_at)::float8
               FROM claimed c JOIN messaging_message m ON m.id = c.message_id
             """,
-            [sorted(set(delivery_ids)), settings.DELIVERY_ACK_TIMEOUT],
+            {"ids": sorted(set(delivery_ids)), "token": token, "ack": float(settings.DELIVERY_ACK_TIMEOUT)},
         )
         return [ClaimedRow(*row) for row in cur.fetchall()]
 
 
-DELIVERABLE = ("pending", "sent", "retrying", "dead")
+def _claimed_update(set_sql: str, pairs: list[tuple[int, int]], extra: dict | None = None) -> list[int]:
+    """Apply `set_sql` to rows still `sent` under the claim named for them; returns the ids moved."""
+    if not pairs:
+        return []
+    ids = [p[0] for p in pairs]
+    tokens = [p[1] for p in pairs]
+    with connection.cursor() as cur:
+        cur.execute(
+            f"""
+            WITH wanted AS (SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS t(id, claim)),
+            locked AS MATERIALIZED ({_lock_sql("id = ANY(%(ids)s)")})
+            UPDATE messaging_delivery d SET {set_sql}
+              FROM locked l, wanted w, apps_registry_clientapp a
+             WHERE d.id = l.id AND w.id = d.id AND a.id = d.app_id AND d.state = {SENT} AND d.claim = w.claim
+            RETURNING d.id
+            """,
+            {"ids": ids, "tokens": tokens, **(extra or {})},
+        )
+        return [row[0] for row in cur.fetchall()]
+
+
+def deliveries_park(*, claims: list[tuple[int, int]]) -> list[int]:
+    """(delivery id, claim token) pairs whose recipient is offline: back to the mailbox, parked
+    (no timer) until a fetch. Being offline is not a failed attempt."""
+    return _claimed_update(f"state = {PENDING}, next_attempt_at = NULL, claim = NULL", claims)
+
+
+def deliveries_release(*, claims: list[tuple[int, int]], park: bool = True) -> list[int]:
+    """Claimed rows that were never handed to their reader: no attempt counted.
+
+    `park`: the reader went away (a socket closed before the frame left the node, or before its
+    ACK): retrying without a timer, waiting for the recipient's next ACK-mode connection (which
+    gets it pushed again, with the same id) or a fetch. Otherwise (Redis away after the claim:
+    the push could not be made at all) pending and due for routing at once.
+    """
+    if park:
+        return _claimed_update(f"state = {RETRYING}, next_attempt_at = NULL, claim = NULL", claims)
+    return _claimed_update(f"state = {PENDING}, next_attempt_at = now(), claim = NULL", claims)
+
+
+def deliveries_fail(*, claims: list[tuple[int, int]], error: str) -> list[int]:
+    """A push that was made and failed: one attempt counted; retry with backoff, or dead letter
+    once the app's max attempts are used."""
+    return _claimed_update(_failure_set("d.attempts + 1", "%(error)s"), claims, {
+        "error": error[:500], "base_backoff": float(settings.RETRY_BASE_SECONDS),
+        "max_backoff": float(settings.RETRY_MAX_SECONDS)})
+
+
+def _failure_set(attempts: str, error: str) -> str:
+    backoff = _BACKOFF.format(attempts=attempts)
+    return f"""
+        attempts = {attempts}, claim = NULL, last_error = left({error}, 500),
+        state = CASE WHEN {attempts} >= a.max_delivery_attempts THEN {DEAD} ELSE {RETRYING} END,
+        dead_at = CASE WHEN {attempts} >= a.max_delivery_attempts THEN now() ELSE NULL END,
+        next_attempt_at = CASE WHEN {attempts} >= a.max_delivery_attempts THEN NULL ELSE now() + {backoff} END"""
 
 
 def deliveries_mark_delivered(*, delivery_ids: list[int] | None = None, message_ids: list[int] | None = None,
                               recipient: str | None = None) -> int:
-    """-> delivered (by delivery id, or by message id for one recipient: an ACK), and send the
-    MESSAGE_CONFIRMATIONs that were asked for. Returns how many rows changed."""
+    """-> delivered (by delivery id, or by message id for one recipient: an ACK), and store the
+    MESSAGE_CONFIRMATIONs that were asked for, all in one statement. Returns how many rows changed.
+
+    A delivery reported twice confirms once: only the statement that moves it writes a confirmation
+    (and `confirms` is unique besides).
+    """
+    if delivery_ids:
+        lock = _lock_sql("id = ANY(%(ids)s)")
+        params: dict = {"ids": sorted(set(delivery_ids))}
+    elif message_ids and recipient:
+        # Served by the message_id foreign-key index; only the recipient's own rows.
+        lock = _lock_sql("message_id = ANY(%(mids)s) AND recipient = %(recipient)s")
+        params = {"mids": sorted(set(message_ids)), "recipient": recipient}
+    else:
+        return 0
+    direct, confirmation = MessageKind.DIRECT.value, MessageKind.CONFIRMATION.value
     with transaction.atomic(), connection.cursor() as cur:
-        if delivery_ids:
-            ids = _lock(cur, list(delivery_ids), DELIVERABLE)
-        elif message_ids and recipient:
-            # Served by the message_id foreign-key index; only the recipient's own rows.
-            cur.execute(
-                "SELECT id, state FROM messaging_delivery WHERE message_id = ANY(%s) AND recipient = %s "
-                "ORDER BY id FOR UPDATE",
-                [list(message_ids), recipient],
-            )
-            ids = [row_id for row_id, state in cur.fetchall() if state in DELIVERABLE]
-        else:
-            return 0
-        if not ids:
-            return 0
         cur.execute(
-            """
-            UPDATE messaging_delivery d
-               SET state = 'delivered', delivered_at = now(), next_attempt_at = NULL
-              FROM messaging_message m, apps_registry_clientapp a
-             WHERE d.id = ANY(%s) AND m.id = d.message_id AND a.id = d.app_id
-            RETURNING m.id, d.app_id, d.recipient, m.sender, m.reference,
-                      (m.kind = 'direct' AND m.confirmation_requested AND m.reference <> '' AND a.confirmation_enabled)
+            f"""
+            WITH locked AS MATERIALIZED ({lock}),
+            done AS (
+                UPDATE messaging_delivery d
+                   SET state = {DELIVERED}, delivered_at = now(), next_attempt_at = NULL, claim = NULL
+                  FROM locked l
+                 WHERE d.id = l.id AND d.state IN {DELIVERABLE}
+                RETURNING d.id, d.message_id, d.app_id, d.recipient
+            ), conf AS MATERIALIZED (
+                SELECT (row_number() OVER (ORDER BY m.app_id, m.sender, m.id))::int AS ord, m.app_id,
+                       done.recipient AS sender, '{confirmation}'::text AS kind, ''::text AS content, m.reference,
+                       false AS confirm, NULL::text AS cmid, ''::text AS origin, m.id AS confirms, m.sender AS to_user
+                  FROM done JOIN messaging_message m ON m.id = done.message_id
+                  JOIN apps_registry_clientapp a ON a.id = done.app_id
+                 WHERE m.kind = '{direct}' AND m.confirmation_requested AND m.reference <> ''
+                   AND a.confirmation_enabled
+            ), conf_rcpt AS (
+                SELECT ord, to_user AS recipient FROM conf
+            ), {mailbox_append_sql("conf", "conf_rcpt")}
+            SELECT (SELECT count(*) FROM done), ARRAY(SELECT id FROM new_deliveries ORDER BY id)
             """,
-            [ids],
+            params,
         )
-        rows = cur.fetchall()
-        confirm = [row[:5] for row in rows if row[5]]
-        if confirm:
-            confirmations_create(deliveries=confirm)
-    return len(rows)
+        changed, confirmation_ids = cur.fetchone()
+        if confirmation_ids:
+            from messaging.dispatch import routing_enqueue
 
-
-def deliveries_retry(*, delivery_ids: list[int], error: str) -> None:
-    """A push failed or timed out: retry later with exponential backoff and jitter, or give up
-    (dead letter) once the app's max attempts are used."""
-    if not delivery_ids:
-        return
-    with transaction.atomic(), connection.cursor() as cur:
-        ids = _lock(cur, list(delivery_ids), ("sent", "retrying", "pending"))
-        cur.execute(
-            """
-            UPDATE messaging_delivery d
-               SET state = CASE WHEN d.attempts >= a.max_delivery_attempts THEN 'dead' ELSE 'retrying' END,
-                   dead_at = CASE WHEN d.attempts >= a.max_delivery_attempts THEN now() ELSE NULL END,
-                   next_attempt_at = CASE WHEN d.attempts >= a.max_delivery_attempts THEN NULL
-                       ELSE now() + make_interval(secs => least(%s, %s * power(2, greatest(d.attempts - 1, 0)))
-                                                        * (0.5 + random() * 0.5)) END,
-                   last_error = left(%s, 500)
-              FROM apps_registry_clientapp a
-             WHERE d.id = ANY(%s) AND a.id = d.app_id
-            """,
-            [settings.RETRY_MAX_SECONDS, settings.RETRY_BASE_SECONDS, error, ids],
-        )
-
-
-def deliveries_park(*, delivery_ids: list[int]) -> None:
-    """The recipient is offline: the row waits in its mailbox for a fetch. The attempt the claim
-    counted is given back: being offline is not a failed delivery."""
-    if not delivery_ids:
-        return
-    with transaction.atomic(), connection.cursor() as cur:
-        ids = _lock(cur, list(delivery_ids), ("retrying", "sent"))
-        cur.execute(
-            "UPDATE messaging_delivery SET state = 'pending', next_attempt_at = NULL, attempts = greatest(attempts - 1, 0) "
-            "WHERE id = ANY(%s)",
-            [ids],
-        )
+            ids = list(confirmation_ids)
+            transaction.on_commit(lambda: routing_enqueue(ids))
+    return int(changed)
 
 
 @dataclass(frozen=True)
 class SweepResult:
-    timed_out: int
-    due: list[int]
+    timed_out: list[int]  # pushes not confirmed in time: an attempt counted
+    dead: list[int]  # ... of which used up their attempts
+    due: list[int]  # handed to routing under a lease: retries due, and rows whose routing never came
 
 
 def deliveries_sweep(*, limit: int = 5000) -> SweepResult:
-    """Find what is stuck: pushes never confirmed (-> retrying or dead) and retries now due.
+    """Act on every undelivered row whose timer ran out, in one statement that also leases what it
+    hands out (served by the partial index delivery_timer_due):
 
-    Rows are claimed with SKIP LOCKED so two sweeps (two beat ticks overlapping, or a manual run)
-    never handle the same row.
+    - sent: the push was not confirmed (written or ACKed) in time: a failed attempt; retrying with
+      backoff, or dead;
+    - retrying (due) and pending (routing deadline passed: the routing task was lost or is late):
+      handed to routing, and their timer moved ROUTING_LEASE_SECONDS ahead, so while the routing
+      queue is behind, the next sweeps do not hand the same rows out again.
+
+    SKIP LOCKED: two sweeps (overlapping beat ticks, a manual run) never take the same row, and a
+    row a worker holds right now is left to it.
     """
-    with transaction.atomic(), connection.cursor() as cur:
-        timed_out = _due_ids(cur, "sent", limit)
-        deliveries_retry(delivery_ids=timed_out, error="not confirmed within the ack timeout")
-        due = _due_ids(cur, "retrying", limit)
-    return SweepResult(timed_out=len(timed_out), due=due)
-
-
-def _due_ids(cur, state: str, limit: int) -> list[int]:
-    """Rows in `state` whose timer ran out, oldest first (served by delivery_retry_due)."""
-    cur.execute(
-        """
-        SELECT id FROM messaging_delivery
-         WHERE state = %s AND next_attempt_at <= now()
-         ORDER BY next_attempt_at LIMIT %s FOR UPDATE SKIP LOCKED
-        """,
-        [state, limit],
-    )
-    return [row[0] for row in cur.fetchall()]
-
-
-def deliveries_pending_for_online(*, users: list[tuple[int, str]], older_than: timedelta) -> list[int]:
-    """Pending rows of connected users whose routing task never ran (lost with a crashed process).
-
-    `users` are (app id, user id) pairs; each is looked up through its mailbox index, so the cost
-    follows the connected users, not the size of every offline mailbox.
-    """
-    if not users:
-        return []
+    backoff = _BACKOFF.format(attempts="d.attempts + 1")
     with connection.cursor() as cur:
         cur.execute(
-            """
-            SELECT d.id FROM unnest(%s::bigint[], %s::text[]) AS o(app_id, user_id)
-              JOIN messaging_delivery d ON d.app_id = o.app_id AND d.recipient = o.user_id
-             WHERE d.state = 'pending' AND d.created_at < %s
-             ORDER BY d.id LIMIT 5000
+            f"""
+            WITH due AS MATERIALIZED (
+                SELECT id, state FROM messaging_delivery
+                 WHERE state IN {UNDELIVERED} AND next_attempt_at IS NOT NULL AND next_attempt_at <= now()
+                 ORDER BY next_attempt_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+            )
+            UPDATE messaging_delivery d SET
+                   attempts = CASE WHEN due.state = {SENT} THEN d.attempts + 1 ELSE d.attempts END,
+                   state = CASE WHEN due.state <> {SENT} THEN d.state
+                                WHEN d.attempts + 1 >= a.max_delivery_attempts THEN {DEAD} ELSE {RETRYING} END,
+                   dead_at = CASE WHEN due.state = {SENT} AND d.attempts + 1 >= a.max_delivery_attempts
+                                  THEN now() ELSE d.dead_at END,
+                   next_attempt_at = CASE
+                       WHEN due.state <> {SENT} THEN now() + make_interval(secs => %(lease)s)
+                       WHEN d.attempts + 1 >= a.max_delivery_attempts THEN NULL
+                       ELSE now() + {backoff} END,
+                   claim = CASE WHEN due.state = {SENT} THEN NULL ELSE d.claim END,
+                   last_error = CASE WHEN due.state = {SENT} THEN %(timeout_error)s ELSE d.last_error END
+              FROM due, apps_registry_clientapp a
+             WHERE d.id = due.id AND a.id = d.app_id
+            RETURNING d.id, due.state, d.state
             """,
-            [[u[0] for u in users], [u[1] for u in users], timezone.now() - older_than],
+            {"limit": limit, "lease": float(settings.ROUTING_LEASE_SECONDS),
+             "base_backoff": float(settings.RETRY_BASE_SECONDS), "max_backoff": float(settings.RETRY_MAX_SECONDS),
+             "timeout_error": f"not confirmed within {settings.DELIVERY_ACK_TIMEOUT} s"},
         )
-        return [row[0] for row in cur.fetchall()]
+        rows = cur.fetchall()
+    sent = DeliveryState.SENT.value
+    return SweepResult(
+        timed_out=sorted(r[0] for r in rows if r[1] == sent),
+        dead=sorted(r[0] for r in rows if r[1] == sent and r[2] == DeliveryState.DEAD.value),
+        due=sorted(r[0] for r in rows if r[1] != sent),
+    )
 
 
 def deliveries_requeue_for_users(*, users: list[tuple[int, str]]) -> list[int]:
-    """In-flight pushes to users whose connections died with a node go back to retrying, due now
-    (the users' mailbox index serves the lookup)."""
+    """In-flight pushes to users whose connections died with a node: retrying, due now, no attempt
+    counted (the node died, not the delivery). The users' mailbox index serves the lookup."""
     if not users:
         return []
     with connection.cursor() as cur:
         cur.execute(
-            """
-            UPDATE messaging_delivery d SET state = 'retrying', next_attempt_at = now(),
+            f"""
+            WITH u AS (SELECT * FROM unnest(%s::bigint[], %s::text[]) AS t(app_id, user_id)),
+            locked AS MATERIALIZED (
+                SELECT d.id FROM messaging_delivery d JOIN u ON d.app_id = u.app_id AND d.recipient = u.user_id
+                 WHERE d.state = {SENT} ORDER BY d.id FOR UPDATE
+            )
+            UPDATE messaging_delivery d SET state = {RETRYING}, next_attempt_at = now(), claim = NULL,
                    last_error = 'the node holding the connection died before confirming'
-              FROM unnest(%s::bigint[], %s::text[]) AS u(app_id, user_id)
-             WHERE d.app_id = u.app_id AND d.recipient = u.user_id AND d.state = 'sent'
+              FROM locked l WHERE d.id = l.id AND d.state = {SENT}
             RETURNING d.id
             """,
             [[u[0] for u in users], [u[1] for u in users]],
         )
-        return [row[0] for row in cur.fetchall()]
+        return sorted(row[0] for row in cur.fetchall())
 
 
 def deliveries_unacked_for(*, app_id: int, user_id: str) -> list[int]:
-    """What an ACK-mode user was sent but never acknowledged: redelivered on reconnect."""
+    """What an ACK-mode user was sent but never acknowledged (given back by its closed connection, or
+    left `sent` by a crashed node) and retries waiting for it: redelivered on reconnect, with the
+    same ids, no attempt counted."""
     with connection.cursor() as cur:
         cur.execute(
-            """
-            UPDATE messaging_delivery SET state = 'retrying', next_attempt_at = now()
-             WHERE app_id = %s AND recipient = %s AND state IN ('sent', 'retrying')
-            RETURNING id
+            f"""
+            WITH locked AS MATERIALIZED (
+                {_lock_sql(f"app_id = %s AND recipient = %s AND state IN ({SENT}, {RETRYING})")}
+            )
+            UPDATE messaging_delivery d SET state = {RETRYING}, next_attempt_at = now(), claim = NULL
+              FROM locked l WHERE d.id = l.id AND d.state IN ({SENT}, {RETRYING})
+            RETURNING d.id
             """,
             [app_id, user_id],
         )
-        return [row[0] for row in cur.fetchall()]
+        return sorted(row[0] for row in cur.fetchall())
 
 
 def deliveries_expire() -> int:
     """Undelivered rows older than their app's retention become expired."""
     with connection.cursor() as cur:
         cur.execute(
-            """
-            UPDATE messaging_delivery d SET state = 'expired', expired_at = now(), next_attempt_at = NULL
+            f"""
+            UPDATE messaging_delivery d SET state = {EXPIRED}, expired_at = now(), next_attempt_at = NULL, claim = NULL
               FROM apps_registry_clientapp a
-             WHERE a.id = d.app_id AND d.state IN ('pending', 'sent', 'retrying')
+             WHERE a.id = d.app_id AND d.state IN {EXPIRABLE}
                AND d.created_at < now() - make_interval(days => a.retention_days)
             """
         )

@@ -1,4 +1,4 @@
-"""FETCH_MISSING_MESSAGES: a recipient's undelivered messages, oldest first, in mailbox order."""
+"""FETCH_MISSING_MESSAGES: a recipient's undelivered messages, oldest first, in exact mailbox order."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection, transaction
 
+from messaging.models import UNDELIVERED_STATES, DeliveryState, states_sql
 from messaging.protocol import delivery_frame
+
+UNDELIVERED = states_sql(UNDELIVERED_STATES)
+SENT = states_sql(DeliveryState.SENT)
 
 
 @dataclass(frozen=True)
@@ -23,28 +27,63 @@ class FetchResult:
     left: int
 
 
-def missing_fetch(*, app_id: int, user_id: str, count: int, skip_ids: list[int], acks: bool) -> FetchResult:
-    """Up to `count` undelivered messages of `user_id`, and how many remain after them.
+def missing_fetch(*, app_id: int, user_id: str, count: int, skip_ids: list[int], claim: int | None = None,
+                  max_bytes: int | None = None) -> FetchResult:
+    """Up to `count` undelivered messages of `user_id` in mailbox order (and at most about
+    `max_bytes` of content, at least one message), and exactly how many remain after them.
 
-    `skip_ids` are deliveries this connection already wrote whose "delivered" mark is still on its
-    way to the database: they are neither sent twice nor counted as missing. For an ACK-mode
-    connection the batch becomes `sent` (its ack timer starts); otherwise the caller marks it
-    delivered once the frames are written.
+    `skip_ids` are deliveries this connection already holds (written, or in flight to it): they are
+    neither sent twice nor counted as missing. Nothing is skipped for being locked: a row a worker
+    is claiming right now is waited for, so the answer has no holes.
+
+    With `claim` (an ACK-mode connection) the batch becomes `sent` under that claim and its ACK
+    timer starts; no attempt is counted (only a failure counts). Without it the rows are read as
+    they are, and the caller marks them delivered once their frames have left the node.
     """
+    max_bytes = max_bytes or settings.FETCH_MAX_BYTES
+    lock = "FOR UPDATE OF d" if claim is not None else ""
     with transaction.atomic(), connection.cursor() as cur:
+        # The running total of content sizes bounds the batch's memory before any content is read
+        # (octet_length comes from the TOAST header, not the value).
         cur.execute(
-            """
-            SELECT d.id, d.seq, m.id, m.sender, m.kind, m.content, m.reference
-              FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id
-             WHERE d.app_id = %s AND d.recipient = %s AND d.state IN ('pending', 'sent', 'retrying')
-               AND NOT (d.id = ANY(%s))
-             ORDER BY d.seq
-             LIMIT %s
-             FOR UPDATE OF d SKIP LOCKED
+            f"""
+            WITH head AS (
+                SELECT d.id, d.seq, sum(octet_length(m.content)) OVER (ORDER BY d.seq) AS upto,
+                       octet_length(m.content) AS size
+                  FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id
+                 WHERE d.app_id = %(app)s AND d.recipient = %(user)s AND d.state IN {UNDELIVERED}
+                   AND NOT (d.id = ANY(%(skip)s))
+                 ORDER BY d.seq LIMIT %(count)s
+            )
+            SELECT d.id, d.seq FROM messaging_delivery d JOIN head h ON h.id = d.id
+             WHERE h.upto - h.size < %(max_bytes)s
+             ORDER BY d.seq {lock}
             """,
-            [app_id, user_id, skip_ids, count],
+            {"app": app_id, "user": user_id, "skip": skip_ids, "count": count, "max_bytes": max_bytes},
         )
-        rows = cur.fetchall()
+        picked = [row[0] for row in cur.fetchall()]
+        if claim is not None and picked:
+            cur.execute(
+                f"""
+                UPDATE messaging_delivery SET state = {SENT}, claim = %s, sent_at = now(),
+                       next_attempt_at = now() + make_interval(secs => %s)
+                 WHERE id = ANY(%s) AND state IN {UNDELIVERED}
+                RETURNING id
+                """,
+                [claim, float(settings.DELIVERY_ACK_TIMEOUT), picked],
+            )
+            picked = sorted(row[0] for row in cur.fetchall())
+        rows = []
+        if picked:
+            cur.execute(
+                """
+                SELECT d.id, d.seq, m.id, m.sender, m.kind, m.content, m.reference
+                  FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id
+                 WHERE d.id = ANY(%s) ORDER BY d.seq
+                """,
+                [picked],
+            )
+            rows = cur.fetchall()
         items = [
             FetchedItem(delivery_id=r[0], message_id=r[2],
                         frame=delivery_frame(kind=r[4], sender=r[3], content=r[5], reference=r[6],
@@ -53,21 +92,11 @@ def missing_fetch(*, app_id: int, user_id: str, count: int, skip_ids: list[int],
         ]
         last_seq = rows[-1][1] if rows else -1
         cur.execute(
-            """
+            f"""
             SELECT count(*) FROM messaging_delivery
-             WHERE app_id = %s AND recipient = %s AND state IN ('pending', 'sent', 'retrying')
-               AND seq > %s AND NOT (id = ANY(%s))
+             WHERE app_id = %s AND recipient = %s AND state IN {UNDELIVERED} AND seq > %s AND NOT (id = ANY(%s))
             """,
             [app_id, user_id, last_seq, skip_ids],
         )
         left = cur.fetchone()[0]
-        if acks and items:
-            cur.execute(
-                """
-                UPDATE messaging_delivery SET state = 'sent', sent_at = now(), attempts = attempts + 1,
-                       next_attempt_at = now() + make_interval(secs => %s)
-                 WHERE id = ANY(%s)
-                """,
-                [settings.DELIVERY_ACK_TIMEOUT, [i.delivery_id for i in items]],
-            )
     return FetchResult(items=items, left=left)

@@ -1,16 +1,35 @@
-"""Writing a reliable message: the message row, a mailbox sequence and a delivery row per
-recipient, in one transaction (one statement), before anything is acknowledged. Routing is
-queued on commit."""
+"""Writing reliable messages: the message rows, a mailbox sequence and a delivery row per
+recipient, for a whole batch of messages in one statement (so one transaction and one round trip),
+before anything is acknowledged. Routing is queued on commit.
+
+A web node gathers what its connections send within a few milliseconds and stores it with one
+`messages_store` call (group commit, messaging.intake); everything else stores one message at a
+time with `message_send`. Both go through the same statement.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import connection, transaction
-from django.utils import timezone
 
 from messaging.dispatch import routing_enqueue
-from messaging.models import MessageKind
+from messaging.models import DeliveryState, MessageKind, states_sql
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    app_id: int
+    sender: str
+    recipients: tuple[str, ...]
+    content: str
+    kind: str = MessageKind.DIRECT
+    reference: str = ""
+    confirmation_requested: bool = False
+    client_message_id: str | None = None
+    origin_domain: str = ""
 
 
 @dataclass(frozen=True)
@@ -18,6 +37,122 @@ class SendResult:
     message_id: int
     delivery_ids: tuple[int, ...]
     duplicate: bool  # the clientMessageId was seen before: nothing new was stored or routed
+
+
+def mailbox_append_sql(messages: str, recipients: str) -> str:
+    """CTEs that store the messages of relation `messages` and append a delivery per row of
+    `recipients` to each recipient's mailbox. Shared by sends and by confirmations.
+
+    `messages` has columns (ord, app_id, sender, kind, content, reference, confirm, cmid, origin,
+    confirms); `recipients` has (ord, recipient). The CTEs end in `stored` (ord, id, app_id) and
+    `new_deliveries` (id, message_id).
+
+    Guarantees:
+    - ids are drawn before the insert, so each input row knows its message id; a row that collides
+      with a stored one (the same clientMessageId from the same sender, or a second confirmation of
+      one message) inserts nothing and appends nothing;
+    - every mailbox is bumped once per statement, by the number of its new deliveries, in
+      (app, user) order: the upsert holds each mailbox row lock until commit, so sequences are
+      gap-free and increasing, and two statements locking overlapping mailboxes queue up in one
+      global order instead of deadlocking;
+    - within a statement, one recipient's new deliveries take its sequence numbers in input order.
+    """
+    pending = states_sql(DeliveryState.PENDING)
+    return f"""
+    ids AS MATERIALIZED (
+        SELECT ord, nextval('messaging_message_id_seq'::regclass) AS id FROM {messages}
+    ), new_msgs AS (
+        INSERT INTO messaging_message (id, app_id, sender, kind, content, reference, confirmation_requested,
+                                       client_message_id, origin_domain, confirms_id, created_at)
+        SELECT ids.id, s.app_id, s.sender, s.kind, s.content, s.reference, s.confirm, s.cmid, s.origin,
+               s.confirms, now()
+          FROM {messages} s JOIN ids USING (ord) ORDER BY s.ord
+        ON CONFLICT DO NOTHING
+        RETURNING id, app_id
+    ), stored AS MATERIALIZED (
+        SELECT ids.ord, n.id, n.app_id FROM new_msgs n JOIN ids USING (id)
+    ), fan AS MATERIALIZED (
+        SELECT st.ord, st.id AS message_id, st.app_id, r.recipient FROM stored st JOIN {recipients} r USING (ord)
+    ), mb AS (
+        INSERT INTO messaging_mailbox (app_id, user_id, last_seq)
+        SELECT app_id, recipient, count(*) FROM fan GROUP BY app_id, recipient ORDER BY app_id, recipient
+        ON CONFLICT (app_id, user_id) DO UPDATE SET last_seq = messaging_mailbox.last_seq + EXCLUDED.last_seq
+        RETURNING app_id, user_id, last_seq
+    ), new_deliveries AS (
+        INSERT INTO messaging_delivery (message_id, app_id, recipient, seq, state, attempts, last_error,
+                                        created_at, next_attempt_at)
+        SELECT f.message_id, f.app_id, f.recipient,
+               mb.last_seq - count(*) OVER (PARTITION BY f.app_id, f.recipient)
+                           + row_number() OVER (PARTITION BY f.app_id, f.recipient ORDER BY f.ord),
+               {pending}, 0, '', now(), now() + make_interval(secs => {float(settings.ROUTING_DEADLINE_SECONDS)})
+          FROM fan f JOIN mb ON mb.app_id = f.app_id AND mb.user_id = f.recipient
+        RETURNING id, message_id
+    )"""
+
+
+_STORE_SQL = f"""
+WITH msgs AS (
+    SELECT * FROM unnest(%(ord)s::int[], %(app)s::bigint[], %(sender)s::text[], %(kind)s::text[],
+                         %(content)s::text[], %(reference)s::text[], %(confirm)s::bool[], %(cmid)s::text[],
+                         %(origin)s::text[], %(confirms)s::bigint[])
+           AS t(ord, app_id, sender, kind, content, reference, confirm, cmid, origin, confirms)
+), rcpts AS (
+    SELECT * FROM unnest(%(r_ord)s::int[], %(r_user)s::text[]) AS t(ord, recipient)
+), {mailbox_append_sql("msgs", "rcpts")}
+SELECT st.ord, st.id, coalesce(array_agg(d.id ORDER BY d.id) FILTER (WHERE d.id IS NOT NULL), '{{}}')
+  FROM stored st LEFT JOIN new_deliveries d ON d.message_id = st.id
+ GROUP BY st.ord, st.id
+"""
+
+
+def messages_store(*, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
+    """Store a batch of messages in one statement; one result per message, in input order.
+
+    Inside a caller's transaction, routing is queued when it commits; otherwise the statement has
+    already committed and routing is queued right away.
+    """
+    if not messages:
+        return []
+    params: dict[str, list] = {k: [] for k in ("ord", "app", "sender", "kind", "content", "reference", "confirm",
+                                                "cmid", "origin", "confirms", "r_ord", "r_user")}
+    for ord_, m in enumerate(messages):
+        params["ord"].append(ord_)
+        params["app"].append(m.app_id)
+        params["sender"].append(m.sender)
+        params["kind"].append(str(m.kind))
+        params["content"].append(m.content)
+        params["reference"].append(m.reference or "")
+        params["confirm"].append(m.confirmation_requested)
+        params["cmid"].append(m.client_message_id)
+        params["origin"].append(m.origin_domain)
+        params["confirms"].append(None)
+        # Sorted and de-duplicated: a recipient gets one delivery per message.
+        for recipient in sorted(set(m.recipients)):
+            params["r_ord"].append(ord_)
+            params["r_user"].append(recipient)
+    with connection.cursor() as cur:
+        cur.execute(_STORE_SQL, params)
+        stored = {row[0]: (row[1], tuple(row[2])) for row in cur.fetchall()}
+        results = []
+        for ord_, m in enumerate(messages):
+            if ord_ in stored:
+                message_id, delivery_ids = stored[ord_]
+                results.append(SendResult(message_id=message_id, delivery_ids=delivery_ids, duplicate=False))
+                continue
+            # A repeated clientMessageId (or one repeated inside this very batch): the same outcome
+            # as the first time, and nothing new.
+            cur.execute(
+                "SELECT id FROM messaging_message WHERE app_id = %s AND sender = %s AND client_message_id = %s",
+                [m.app_id, m.sender, m.client_message_id],
+            )
+            row = cur.fetchone()
+            if row is None:  # a duplicate whose original was removed by retention in between
+                raise RuntimeError(f"message {m.client_message_id!r} of {m.sender} was neither stored nor found")
+            results.append(SendResult(message_id=row[0], delivery_ids=(), duplicate=True))
+    delivery_ids = [d for r in results for d in r.delivery_ids]
+    if delivery_ids:
+        transaction.on_commit(lambda: routing_enqueue(delivery_ids))
+    return results
 
 
 def message_send(
@@ -32,68 +167,9 @@ def message_send(
     client_message_id: str | None = None,
     origin_domain: str = "",
 ) -> SendResult:
-    now = timezone.now()
-    # Sorted, de-duplicated recipients: mailbox rows are locked in one global order, so two
-    # group messages to overlapping recipient sets cannot deadlock.
-    recipients = sorted(set(recipients))
-    # One statement, so one round trip and its own transaction: the message, the mailbox
-    # sequences (each upsert holds its mailbox row lock until commit, so sequences are gap-free)
-    # and the delivery rows commit together or not at all. A repeated clientMessageId inserts no
-    # message, and then nothing else either.
-    with connection.cursor() as cur:
-        cur.execute(
-            """
-            WITH m AS (
-                INSERT INTO messaging_message
-                    (app_id, sender, kind, content, reference, confirmation_requested, client_message_id,
-                     origin_domain, created_at)
-                VALUES (%(app)s, %(sender)s, %(kind)s, %(content)s, %(reference)s, %(confirm)s, %(cmid)s,
-                        %(origin)s, %(now)s)
-                ON CONFLICT (app_id, sender, client_message_id) WHERE client_message_id IS NOT NULL DO NOTHING
-                RETURNING id
-            ), mb AS (
-                INSERT INTO messaging_mailbox (app_id, user_id, last_seq)
-                SELECT %(app)s, r, 1 FROM unnest(%(recipients)s::text[]) AS r WHERE EXISTS (SELECT 1 FROM m)
-                ON CONFLICT (app_id, user_id) DO UPDATE SET last_seq = messaging_mailbox.last_seq + 1
-                RETURNING user_id, last_seq
-            ), d AS (
-                INSERT INTO messaging_delivery
-                    (message_id, app_id, recipient, seq, state, attempts, last_error, created_at)
-                SELECT m.id, %(app)s, mb.user_id, mb.last_seq, 'pending', 0, '', %(now)s FROM m, mb
-                RETURNING id
-            )
-            SELECT (SELECT id FROM m), ARRAY(SELECT id FROM d ORDER BY id)
-            """,
-            {"app": app_id, "sender": sender, "kind": kind, "content": content, "reference": reference or "",
-             "confirm": confirmation_requested, "cmid": client_message_id, "origin": origin_domain, "now": now,
-             "recipients": recipients},
-        )
-        message_id, delivery_ids = cur.fetchone()
-        if message_id is None:
-            cur.execute(
-                "SELECT id FROM messaging_message WHERE app_id = %s AND sender = %s AND client_message_id = %s",
-                [app_id, sender, client_message_id],
-            )
-            return SendResult(message_id=cur.fetchone()[0], delivery_ids=(), duplicate=True)
-    delivery_ids = tuple(delivery_ids)
-    # Inside a caller's transaction this waits for its commit; otherwise the statement has
-    # already committed and routing is queued right away.
-    transaction.on_commit(lambda: routing_enqueue(delivery_ids))
-    return SendResult(message_id=message_id, delivery_ids=delivery_ids, duplicate=False)
-
-
-def confirmations_create(*, deliveries: list[tuple[int, int, str, str, str]]) -> list[int]:
-    """MESSAGE_CONFIRMATION messages for delivered ones.
-
-    `deliveries` are (message_id, app_id, recipient, original sender, reference). A confirmation
-    is itself a reliable message to the original sender; its clientMessageId makes it idempotent
-    (a delivery reported twice confirms once).
-    """
-    created: list[int] = []
-    for message_id, app_id, recipient, sender, reference in deliveries:
-        result = message_send(
-            app_id=app_id, sender=recipient, recipients=[sender], content="", kind=MessageKind.CONFIRMATION,
-            reference=reference, client_message_id=f"~confirm:{message_id}",
-        )
-        created.extend(result.delivery_ids)
-    return created
+    """One message (the REST API, the admin, tests): `messages_store` with a batch of one."""
+    return messages_store(messages=[OutgoingMessage(
+        app_id=app_id, sender=sender, recipients=tuple(recipients), content=content, kind=kind, reference=reference,
+        confirmation_requested=confirmation_requested, client_message_id=client_message_id,
+        origin_domain=origin_domain,
+    )])[0]

@@ -11,9 +11,9 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
-from config import daphne_close_codes  # noqa: E402
+from config import daphne_patches  # noqa: E402
 
-daphne_close_codes.install()
+daphne_patches.install()
 
 from config.routing import websocket_urlpatterns  # noqa: E402  (needs the app registry)
 

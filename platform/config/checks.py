@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import re
-
 from django.conf import settings
 from django.core.checks import Error, Tags, register
 from django.core.checks import Warning as CheckWarning
 
-DOMAIN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+from config.names import domain_name_valid
 
 
 @register(Tags.security, deploy=False)
@@ -61,7 +59,7 @@ def check_services(app_configs, **kwargs):
 @register(deploy=False)
 def check_node_identity(app_configs, **kwargs):
     errors = []
-    if not DOMAIN_NAME_RE.match(settings.DOMAIN_NAME or ""):
+    if not domain_name_valid(settings.DOMAIN_NAME):
         errors.append(Error(
             f"DOMAIN_NAME={settings.DOMAIN_NAME!r} is not a valid domain name.",
             hint="Letters, digits, '-', '_' and '.', at most 64 characters (e.g. domain-01).",

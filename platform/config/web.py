@@ -2,9 +2,10 @@
 
     python -m config.web [--bind 0.0.0.0] [--port 8000] [extra daphne options]
 
-Daphne's own message-size ceiling sits well above WS_MAX_FRAME_BYTES, so an oversized frame is
-read whole and answered by the consumer with a clean close 1009 instead of daphne dropping the
-TCP connection mid-write (which a client sees as 1006).
+Daphne's message-size ceiling is WS_MAX_FRAME_BYTES itself: a larger frame is refused by autobahn
+with a clean close 1009 before it is read into memory (config.daphne_patches turns autobahn's
+default, dropping the TCP connection, into a close frame). Proxy headers are parsed, but believed
+only from TRUSTED_PROXIES (also config.daphne_patches).
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--bind", "-b", default=os.environ.get("HOST", "127.0.0.1"))
     parser.add_argument("--port", "-p", default=os.environ.get("PORT", "8000"))
     known, extra = parser.parse_known_args(argv)
-    frame_limit = int(os.environ.get("WS_MAX_FRAME_BYTES", 1024 * 1024))
-    ceiling = str(max(4 * frame_limit, 4 * 1024 * 1024))
+    frame_limit = str(int(os.environ.get("WS_MAX_FRAME_BYTES", 1024 * 1024)))
 
     from daphne.cli import CommandLineInterface
 
     CommandLineInterface().run([
         "-b", known.bind, "-p", str(known.port), "--proxy-headers",
-        "--websocket-max-message-size", ceiling, "--websocket-max-frame-size", ceiling,
+        "--websocket-max-message-size", frame_limit, "--websocket-max-frame-size", frame_limit,
         *extra, "config.asgi:application",
     ])
 

@@ -17,6 +17,22 @@ def operator(client):
     return client
 
 
+def _app_form(**fields) -> dict:
+    """The app form as a browser submits it: every field pre-filled with its default."""
+    form = {
+        "app_name": "KIWI", "app_id": "kiwi-app", "master_user_id": "KIWI-1", "confirmation_enabled": "on",
+        "auth_mode": "none", "auth_timeout_ms": 3000, "token_secret": "", "max_content_bytes": 65536,
+        "max_group_recipients": 100, "rate_limit_per_second": 50, "rate_limit_burst": 100,
+        "deliveries_per_second": 200, "deliveries_burst": 400, "max_connections_per_user": 10,
+        "retention_days": 30, "max_delivery_attempts": 10, "allowed_origins": "[]",
+        "max_token_lifetime_seconds": 86400, "public_channel_patterns": "[]",
+        "distributions-TOTAL_FORMS": 0, "distributions-INITIAL_FORMS": 0,
+        "api_keys-TOTAL_FORMS": 0, "api_keys-INITIAL_FORMS": 0,
+    }
+    form.update(fields)
+    return form
+
+
 def test_anonymous_visitors_are_sent_to_the_login_page(client):
     response = client.get("/admin/apps_registry/clientapp/")
     assert response.status_code == 302
@@ -30,31 +46,21 @@ def test_a_non_staff_user_cannot_reach_the_console(client):
 
 def test_an_operator_creates_an_app_with_a_distribution(operator):
     domain = make_domain()
-    response = operator.post("/admin/apps_registry/clientapp/add/", {
-        "app_name": "KIWI", "app_id": "kiwi-app", "master_user_id": "KIWI-1", "confirmation_enabled": "on",
-        "auth_mode": "none", "auth_timeout_ms": 3000, "max_content_bytes": 65536, "max_group_recipients": 100,
-        "rate_limit_per_second": 50, "rate_limit_burst": 100, "retention_days": 30, "max_delivery_attempts": 10,
-        "public_channel_patterns": "[]",
-        "distributions-TOTAL_FORMS": 1, "distributions-INITIAL_FORMS": 0,
+    response = operator.post("/admin/apps_registry/clientapp/add/", _app_form(**{
+        "distributions-TOTAL_FORMS": 1,
         "distributions-0-domain": domain.pk, "distributions-0-range_from": 0, "distributions-0-range_to": "",
-        "api_keys-TOTAL_FORMS": 0, "api_keys-INITIAL_FORMS": 0,
-    })
+    }))
     assert response.status_code == 302, response.content.decode()[:2000]
     assert ClientApp.objects.get(app_name="KIWI").distributions.count() == 1
 
 
 def test_overlapping_rows_in_the_admin_form_get_a_validation_message(operator):
     domain = make_domain()
-    response = operator.post("/admin/apps_registry/clientapp/add/", {
-        "app_name": "KIWI", "app_id": "kiwi-app", "master_user_id": "KIWI-1",
-        "auth_mode": "none", "auth_timeout_ms": 3000, "max_content_bytes": 65536, "max_group_recipients": 100,
-        "rate_limit_per_second": 50, "rate_limit_burst": 100, "retention_days": 30, "max_delivery_attempts": 10,
-        "public_channel_patterns": "[]",
-        "distributions-TOTAL_FORMS": 2, "distributions-INITIAL_FORMS": 0,
+    response = operator.post("/admin/apps_registry/clientapp/add/", _app_form(**{
+        "distributions-TOTAL_FORMS": 2,
         "distributions-0-domain": domain.pk, "distributions-0-range_from": 0, "distributions-0-range_to": 100,
         "distributions-1-domain": domain.pk, "distributions-1-range_from": 50, "distributions-1-range_to": "",
-        "api_keys-TOTAL_FORMS": 0, "api_keys-INITIAL_FORMS": 0,
-    })
+    }))
     assert response.status_code == 200
     assert "overlaps" in response.content.decode()
     assert not ClientApp.objects.filter(app_name="KIWI").exists()
@@ -69,14 +75,23 @@ def test_the_standalone_distribution_form_names_the_clash(operator):
 
 
 def test_auth_url_mode_without_a_url_is_explained(operator):
-    response = operator.post("/admin/apps_registry/clientapp/add/", {
-        "app_name": "KIWI", "app_id": "kiwi-app", "master_user_id": "KIWI-1", "auth_mode": "auth_url",
-        "auth_timeout_ms": 3000, "max_content_bytes": 65536, "max_group_recipients": 100,
-        "rate_limit_per_second": 50, "rate_limit_burst": 100, "retention_days": 30, "max_delivery_attempts": 10,
-        "public_channel_patterns": "[]", "distributions-TOTAL_FORMS": 0, "distributions-INITIAL_FORMS": 0,
-        "api_keys-TOTAL_FORMS": 0, "api_keys-INITIAL_FORMS": 0,
-    })
+    response = operator.post("/admin/apps_registry/clientapp/add/", _app_form(auth_mode="auth_url"))
     assert "needs an auth URL" in response.content.decode()
+
+
+def test_an_apps_token_secret_is_write_only_in_the_console(operator):
+    app = make_app(auth_mode="signed_token", token_secret="s3cret-never-shown")
+    page = operator.get(f"/admin/apps_registry/clientapp/{app.pk}/change/").content.decode()
+    assert "s3cret-never-shown" not in page
+    # Saving the form with the secret left blank keeps it; typing one replaces it.
+    form = _app_form(app_name="ANZ", app_id="app-id-343", master_user_id="ANZ-123223", auth_mode="signed_token",
+                     max_connections_per_user=3)
+    assert operator.post(f"/admin/apps_registry/clientapp/{app.pk}/change/", form).status_code == 302
+    app.refresh_from_db()
+    assert (app.token_secret, app.max_connections_per_user) == ("s3cret-never-shown", 3)
+    operator.post(f"/admin/apps_registry/clientapp/{app.pk}/change/", {**form, "token_secret": "rotated"})
+    app.refresh_from_db()
+    assert app.token_secret == "rotated"
 
 
 def test_the_domain_graph_page_draws_the_network_and_previews_a_route(operator):

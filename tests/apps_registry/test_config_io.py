@@ -57,7 +57,7 @@ def test_extension_keys_survive_the_round_trip():
     news = ClientApp.objects.get(app_name="NEWS")
     assert (news.auth_mode, news.token_secret, news.public_channel_patterns, news.client_subscriptions_allowed) == (
         "signed_token", "s3cret", ["headlines.*"], True)
-    exported = yaml.safe_load(config_export())
+    exported = yaml.safe_load(config_export(include_secrets=True))
     news_out = next(a for a in exported["clientApps"] if a["appName"] == "NEWS")
     assert news_out["tokenSecret"] == "s3cret" and news_out["publicChannels"] == ["headlines.*"]
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import psycopg
 import redis
-from config import embedded
 from django.conf import settings
+
+from config import embedded
 
 ROOT = Path(__file__).resolve().parents[2]
 

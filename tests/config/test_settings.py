@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from config.settings.env import database_from_url, env_bool, env_int
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+
+from config.settings.env import database_from_url, env_bool, env_int
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,7 +92,7 @@ def test_six_hundred_concurrent_channel_layer_calls_do_not_exhaust_the_redis_poo
         await layer.flush()
         return received
 
-    from messaging.sockets import run_async
+    from config.transport.sockets import run_async
 
     received = run_async(burst(), timeout=60)  # one long-lived loop, as a worker process has
     assert sorted(m["i"] for m in received) == list(range(600))

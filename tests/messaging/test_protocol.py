@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from messaging.protocol import FrameError, delivery_frame, encode, invalid, parse_frame
+from config.transport.frames import encode
+from messaging.protocol import FrameError, delivery_frame, invalid, parse_frame
 
 
 def test_a_linker_message_frame_parses_with_its_defaults():

@@ -7,8 +7,8 @@ import time
 
 import pytest
 import redis
-from config.embedded import _redis_bin
 
+from config.embedded import _redis_bin
 from tests.processes import FAST_FAILURE_ENV, free_port, start_beat
 from tests.wsclient import WsClient
 

@@ -8,13 +8,16 @@ from apps_registry.config_io import config_export
 
 
 class Command(BaseCommand):
-    help = "Export the configuration as linker meta-server YAML (to stdout, or --output FILE)."
+    help = ("Export the configuration as linker meta-server YAML (to stdout, or --output FILE). "
+            "App token secrets are left out unless --include-secrets is given.")
 
     def add_arguments(self, parser):
         parser.add_argument("--output", "-o", type=Path, default=None)
+        parser.add_argument("--include-secrets", action="store_true",
+                            help="also export each app's tokenSecret (keep such a file private)")
 
-    def handle(self, *args, output: Path | None, **options):
-        text = config_export()
+    def handle(self, *args, output: Path | None, include_secrets: bool, **options):
+        text = config_export(include_secrets=include_secrets)
         if output is None:
             self.stdout.write(text, ending="")
         else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from .env import database_from_url, env_bool, env_int, env_list, env_str
+from .env import database_from_url, env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parents[3]
 VAR_DIR = Path(env_str("SWITCHBOARD_VAR_DIR", str(BASE_DIR / "var")))
@@ -19,6 +19,9 @@ DEFAULT_SECRET_KEY = "insecure-switchboard-dev-key-do-not-use-in-production"
 SECRET_KEY = env_str("SECRET_KEY", DEFAULT_SECRET_KEY)
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+# Proxies (addresses or networks) whose X-Forwarded-For / -Proto headers are believed; from anyone
+# else those headers are ignored (config.daphne_patches).
+TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 # --- this node ---------------------------------------------------------------------------------
@@ -106,20 +109,39 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
 }
 
+# One handler for every process (web, worker, beat: Celery is told not to install its own). A
+# repeated failure logs once per kind and window with a count (config.logs.RepeatFilter). Nothing
+# logs per message at the default level: Celery's "task received / succeeded" lines are warnings-only.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"repeats": {"()": "config.logs.RepeatFilter", "window": env_float("LOG_REPEAT_WINDOW", 10.0)}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["repeats"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.channels.server": {"level": "WARNING"}},
+    "loggers": {
+        "django.channels.server": {"level": "WARNING"},
+        "celery.app.trace": {"level": "WARNING"},
+        "celery.worker.strategy": {"level": "WARNING"},
+    },
 }
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 # --- Switchboard limits and tuning ---------------------------------------------------------------
 # redis-py's asyncio pool raises "Too many connections" past max_connections (100 by default);
 # hundreds of consumers each awaiting a channel-layer send must never hit that ceiling.
 REDIS_MAX_CONNECTIONS = env_int("REDIS_MAX_CONNECTIONS", 2000)
 DB_CONN_MAX_AGE = env_int("DB_CONN_MAX_AGE", 60)
+# /metrics outside DEBUG: a scraper shows this token (Authorization: Bearer …) or comes from one of
+# these addresses/networks; anyone else gets 403.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS", ["127.0.0.1/32", "::1/128"])
+# The /demo/ page (it shows the demo app's appId): on in local runs, off in production unless enabled.
+DEMO_ENABLED = env_bool("DEMO_ENABLED", True)
+# Admin login throttling: this many failures per username or per address within the window lock
+# further attempts out until the window has passed.
+ADMIN_LOGIN_MAX_FAILURES = env_int("ADMIN_LOGIN_MAX_FAILURES", 5)
+ADMIN_LOGIN_WINDOW_SECONDS = env_int("ADMIN_LOGIN_WINDOW_SECONDS", 900)
 ADMIN_USERNAME = env_str("ADMIN_USERNAME", "admin")
 ADMIN_PASSWORD = env_str("ADMIN_PASSWORD", "")
 
@@ -178,16 +200,30 @@ DELIVERY_ACK_TIMEOUT = env_int("DELIVERY_ACK_TIMEOUT", 30)
 RETRY_BASE_SECONDS = env_int("RETRY_BASE_SECONDS", 2)
 RETRY_MAX_SECONDS = env_int("RETRY_MAX_SECONDS", 300)
 RETRY_SWEEP_SECONDS = env_int("RETRY_SWEEP_SECONDS", 5)
-# A pending delivery of a connected user not routed after this long lost its routing task
-# (a process crashed between commit and enqueue); the sweep routes it again.
-STRANDED_AFTER_SECONDS = env_int("STRANDED_AFTER_SECONDS", 10)
+# A delivery not routed this long after it was stored lost its routing task (a process crashed
+# between commit and enqueue) or waits behind a long routing queue: the sweep hands it to routing.
+ROUTING_DEADLINE_SECONDS = env_int("ROUTING_DEADLINE_SECONDS", 10)
+# What the sweep hands to routing is leased for this long: it is not handed out again meanwhile.
+ROUTING_LEASE_SECONDS = env_int("ROUTING_LEASE_SECONDS", 60)
+# FETCH_MISSING_MESSAGES answers at most this much content per request (and at least one message).
+FETCH_MAX_BYTES = env_int("FETCH_MAX_BYTES", 4 * 1024 * 1024)
+# Group commit: what a node's connections send within this long is stored in one statement; at most
+# this many sends may wait for the database before senders are told "server busy".
+INTAKE_LINGER_SECONDS = env_float("INTAKE_LINGER_SECONDS", 0.001)
+INTAKE_MAX_PENDING = env_int("INTAKE_MAX_PENDING", 5000)
+# Per connection: bytes queued for a socket beyond which the reader is too slow (close 4002), frames
+# received but not yet handled beyond which the sender floods (close 4003), and how many
+# ACK-mode messages may be in flight (sent, not yet ACKed) before further pushes wait in the mailbox.
+WS_MAX_OUTGOING_BYTES = env_int("WS_MAX_OUTGOING_BYTES", 8 * 1024 * 1024)
+WS_MAX_QUEUED_FRAMES = env_int("WS_MAX_QUEUED_FRAMES", 500)
+WS_ACK_WINDOW = env_int("WS_ACK_WINDOW", 1000)
 # --- presence ----------------------------------------------------------------------------------
 PRESENCE_HEARTBEAT_SECONDS = env_int("PRESENCE_HEARTBEAT_SECONDS", 5)
 PRESENCE_NODE_TIMEOUT = env_int("PRESENCE_NODE_TIMEOUT", 20)  # no heartbeat for this long = dead node
 
 CELERY_BEAT_SCHEDULE = {
     "retry-sweep": {"task": "messaging.tasks.retry_sweep", "schedule": float(RETRY_SWEEP_SECONDS)},
-    "reap-dead-nodes": {"task": "presence.tasks.reap_dead_nodes", "schedule": float(PRESENCE_HEARTBEAT_SECONDS)},
+    "reap-dead-nodes": {"task": "messaging.tasks.reap_dead_nodes", "schedule": float(PRESENCE_HEARTBEAT_SECONDS)},
     "expire-deliveries": {"task": "messaging.tasks.expire_deliveries", "schedule": 3600.0},
 }
 # Celery's Django fix-up closes the DB connection after every task unless told otherwise: a new

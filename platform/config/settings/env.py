@@ -37,6 +37,16 @@ def env_int(name: str, default: int) -> int:
         raise ImproperlyConfigured(f"{name}={raw!r} is not an integer") from None
 
 
+def env_float(name: str, default: float) -> float:
+    raw = env_str(name, "")
+    if raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a number") from None
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = env_str(name, "")
     if raw == "":

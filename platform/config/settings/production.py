@@ -7,10 +7,13 @@ Misconfiguration is reported by the system checks in config/checks.py (run on ev
 from __future__ import annotations
 
 from .base import *  # noqa: F403
-from .base import env_bool, env_int, env_str, service_settings
+from .base import env_bool, env_int, env_list, env_str, service_settings
 
 DEBUG = False
 PRODUCTION = True
+DEMO_ENABLED = env_bool("DEMO_ENABLED", False)
+# In production the scrape allow-list is empty unless set: a token or an explicit network.
+METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS", [])
 # Placeholders keep settings importable so the system checks can name what is missing.
 globals().update(
     service_settings(

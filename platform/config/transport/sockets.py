@@ -11,8 +11,9 @@ With the pub/sub channel layer (the default) a send is a Redis PUBLISH on the ch
 the layer's serialized event. channels-redis serialises every publish of a process behind one
 lock, one round trip at a time; this door instead pipelines all the publishes of a batch in one
 round trip, and PUBLISH's answer (how many subscribers got it) tells at once whether anyone
-holds that connection any more: zero means the push failed and the delivery is retried. With the
-core layer it falls back to `layer.send`, on one long-lived loop thread per worker process.
+holds that connection any more: zero means nobody does (the recipient went offline, or its node
+died). With the core layer it falls back to `layer.send`, on one long-lived loop thread per worker
+process.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any, Literal, TypedDict
 
 from channels.layers import get_channel_layer
 
+from config.transport.redis_clients import async_client, sync_client
+
 log = logging.getLogger(__name__)
 
 
@@ -34,6 +37,7 @@ class DeliverItem(TypedDict):
     message_id: int
     frame: str  # the JSON text written to the socket as is
     stored_at: float  # epoch seconds the message was stored (for the delivery-latency metric)
+    claim: int  # the claim the push was made under (a connection that cannot take it releases it)
 
 
 class MessageDeliverEvent(TypedDict):
@@ -115,8 +119,6 @@ async def send_many(sends: Iterable[tuple[str, Event]]) -> list[tuple[str, Excep
         return []
     layer = _pubsub_layer()
     if layer is not None:
-        from presence.cache import async_client
-
         pipe = async_client().pipeline(transaction=False)
         _queue_publishes(pipe, layer, sends)
         try:
@@ -166,8 +168,6 @@ def send_many_sync(sends: Iterable[tuple[str, Event]], timeout: float = 10) -> l
         return []
     layer = _pubsub_layer()
     if layer is not None:
-        from presence.cache import sync_client
-
         pipe = sync_client().pipeline(transaction=False)
         _queue_publishes(pipe, layer, sends)
         try:

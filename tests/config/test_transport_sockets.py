@@ -7,12 +7,12 @@ import asyncio
 import pytest
 from channels.layers import get_channel_layer
 
-from messaging import sockets
+from config.transport import sockets
 
 
 @pytest.mark.parametrize("event", [
     sockets.message_deliver_event([{"delivery_id": 1, "message_id": 2, "frame": '{"type":"MESSAGE"}',
-                                    "stored_at": 1.5}]),
+                                    "stored_at": 1.5, "claim": 9}]),
     sockets.message_fast_event('{"type":"MESSAGE"}'),
     sockets.presence_event('{"type":"USER_CONNECTED","data":{"userId":"ANZ-1"}}'),
     sockets.connection_close_event(1000, "bye"),

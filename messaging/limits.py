@@ -1,0 +1,99 @@
+"""Rate limits of a web node, in memory on purpose: a connection lives on one node.
+
+- Every frame is counted. Work frames (MESSAGE, GROUP_MESSAGE, FETCH…, SUBSCRIBE, CLOSE_CONNECTION)
+  draw on the app's per-connection budget; cheap control frames (PING, PONG, ACK) on a budget four
+  times larger; frames before authentication on a small fixed budget.
+- Work is counted too: each delivery a send creates (one per recipient) draws on a budget per user
+  and node, shared by all of the user's connections on the node, so a GROUP_MESSAGE of 100
+  recipients costs 100, and opening more connections buys no more.
+- A connection whose frames keep being refused (more refusals within ABUSE_WINDOW seconds than its
+  burst) is closed with 1008.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+ABUSE_WINDOW = 10.0
+CONTROL_FACTOR = 4
+PREAUTH_RATE = 5.0
+PREAUTH_BURST = 20
+
+
+class TokenBucket:
+    def __init__(self, rate: float, burst: float):
+        self.rate = float(rate)
+        self.capacity = float(burst)
+        self.tokens = float(burst)
+        self.stamp = time.monotonic()
+
+    def take(self, cost: float = 1.0) -> float:
+        """0.0 when `cost` tokens were taken; else the seconds until they would be there (nothing taken)."""
+        now = time.monotonic()
+        self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= cost:
+            self.tokens -= cost
+            return 0.0
+        if cost > self.capacity:
+            return float("inf")
+        return (cost - self.tokens) / self.rate
+
+
+class Refusals:
+    """Refused frames within a sliding window: persistent abuse closes the connection."""
+
+    def __init__(self, tolerance: int):
+        self.tolerance = max(20, tolerance)
+        self.stamps: list[float] = []
+
+    def add(self) -> bool:
+        """Record a refusal; True when the connection is abusive."""
+        now = time.monotonic()
+        self.stamps = [t for t in self.stamps if now - t < ABUSE_WINDOW]
+        self.stamps.append(now)
+        return len(self.stamps) > self.tolerance
+
+
+@dataclass
+class ConnectionLimits:
+    work: TokenBucket
+    control: TokenBucket
+    refusals: Refusals
+
+    @classmethod
+    def preauth(cls) -> ConnectionLimits:
+        bucket = TokenBucket(PREAUTH_RATE, PREAUTH_BURST)
+        return cls(work=bucket, control=bucket, refusals=Refusals(PREAUTH_BURST))
+
+    @classmethod
+    def for_app(cls, rate: float, burst: int) -> ConnectionLimits:
+        return cls(work=TokenBucket(rate, burst), control=TokenBucket(rate * CONTROL_FACTOR, burst * CONTROL_FACTOR),
+                   refusals=Refusals(burst))
+
+
+class UserWorkLimits:
+    """Delivery budgets per (app, user) on this node, kept while the user has a connection here."""
+
+    def __init__(self) -> None:
+        self._buckets: dict[tuple[int, str], tuple[TokenBucket, int]] = {}
+
+    def attach(self, key: tuple[int, str], rate: float, burst: int) -> TokenBucket:
+        bucket, holders = self._buckets.get(key, (None, 0))
+        if bucket is None:
+            bucket = TokenBucket(rate, burst)
+        self._buckets[key] = (bucket, holders + 1)
+        return bucket
+
+    def detach(self, key: tuple[int, str]) -> None:
+        bucket, holders = self._buckets.get(key, (None, 0))
+        if bucket is None:
+            return
+        if holders <= 1:
+            del self._buckets[key]
+        else:
+            self._buckets[key] = (bucket, holders - 1)
+
+    def __len__(self) -> int:
+        return len(self._buckets)

@@ -1,0 +1,47 @@
+"""The process's Redis clients (presence cache, rate counters, locks, pub/sub publishes).
+
+One async client per event loop (web nodes) and one sync client per process (workers, beat, the
+admin). Pools are sized for hundreds of concurrent consumers: redis-py's asyncio pool raises
+"Too many connections" past max_connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+
+_async_clients: dict[int, aioredis.Redis] = {}
+_sync_client: tuple[int, redis.Redis] | None = None
+
+
+def async_client() -> aioredis.Redis:
+    loop_id = id(asyncio.get_running_loop())
+    client = _async_clients.get(loop_id)
+    if client is None:
+        client = aioredis.Redis.from_url(
+            settings.REDIS_URL, max_connections=settings.REDIS_MAX_CONNECTIONS, socket_timeout=5,
+            socket_connect_timeout=5, retry_on_timeout=True, health_check_interval=30,
+        )
+        _async_clients[loop_id] = client
+    return client
+
+
+def sync_client() -> redis.Redis:
+    global _sync_client
+    # Celery's prefork children inherit the parent's client; a socket shared across a fork would
+    # interleave two processes' replies, so each process makes its own.
+    if _sync_client is None or _sync_client[0] != os.getpid():
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=5,
+                                      retry_on_timeout=True, health_check_interval=30)
+        _sync_client = (os.getpid(), client)
+    return _sync_client[1]
+
+
+def lock_acquire(name: str, ttl: int) -> redis.lock.Lock | None:
+    """A cluster-wide lock (non-blocking): None when someone else holds it."""
+    lock = sync_client().lock(f"sb:lock:{name}", timeout=ttl, blocking=False)
+    return lock if lock.acquire() else None
