@@ -40,3 +40,26 @@ def _call(fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
 async def run_db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(_pool(), functools.partial(_call, fn, args, kwargs))
+
+
+def pool_connections_close() -> None:
+    """Close the database connection of every pool thread (each closes its own: connections are
+    per thread). Used where a database must be dropped, e.g. at the end of a test run."""
+    if _executor is None:
+        return
+    import threading
+
+    from django.db import connection
+
+    workers = _executor._max_workers
+    barrier = threading.Barrier(workers)
+
+    def close() -> None:
+        connection.close()
+        try:
+            barrier.wait(timeout=5)  # holds each thread until all have taken one: one call per thread
+        except threading.BrokenBarrierError:
+            pass
+
+    for future in [_executor.submit(close) for _ in range(workers)]:
+        future.result()

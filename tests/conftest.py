@@ -25,4 +25,14 @@ def _clean_test_redis():
     client.close()
 
 
-from tests.processes import demo_network, module_processes, node, processes  # noqa: E402,F401  (fixtures)
+@pytest.fixture(scope="session", autouse=True)
+def _pool_connections_closed_at_the_end(django_db_setup):
+    """Services called through messaging.asyncdb.run_db in this process hold a connection per pool
+    thread; the test database can only be dropped once they are closed."""
+    yield
+    from messaging.asyncdb import pool_connections_close
+
+    pool_connections_close()
+
+
+from tests.processes import demo_network, module_processes, node, private_redis, processes  # noqa: E402,F401  (fixtures)

@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import redis
 from django.conf import settings
 from django.db import connection
+
+from config.embedded import _redis_bin
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -159,7 +162,8 @@ def demo_network(django_db_setup, django_db_blocker):
     """The demo tenant, committed for the whole module (processes outlive single tests).
 
     ANZ (app-id-343, master ANZ-123223) homed here for users 0-8999999; users 9000000+ are homed
-    in domain-09 (another domain); BNZ is a second app (users 0-999999 only).
+    in domain-09 (another domain); BNZ is a second app (users 0-999999 only); LIM (app-id-lim) has
+    tight limits: 3 connections per user, 20 deliveries per second, origin https://good.example.
     """
     from apps_registry.models import ClientApp, Domain, UserDistribution
     from apps_registry.selectors import app_snapshots_clear
@@ -176,8 +180,12 @@ def demo_network(django_db_setup, django_db_blocker):
         UserDistribution.objects.create(app=anz, domain=there, range_from=9000000, range_to=None)
         bnz = ClientApp.objects.create(app_name="BNZ", app_id="app-id-bnz", master_user_id="BNZ-1")
         UserDistribution.objects.create(app=bnz, domain=here, range_from=0, range_to=999999)
+        lim = ClientApp.objects.create(app_name="LIM", app_id="app-id-lim", master_user_id="LIM-1",
+                                       max_connections_per_user=3, deliveries_per_second=20, deliveries_burst=20,
+                                       max_group_recipients=20, allowed_origins=["https://good.example"])
+        UserDistribution.objects.create(app=lim, domain=here, range_from=0, range_to=999999)
         app_snapshots_clear()
-    yield {"anz": anz, "bnz": bnz}
+    yield {"anz": anz, "bnz": bnz, "lim": lim}
     # Committed rows outlive the module unless removed: later tests expect an empty database.
     from presence.models import Node
 
@@ -219,3 +227,41 @@ def start_beat(factory: ProcessFactory, tmp_path: Path, **env: str) -> Proc:
                                   "-s", str(tmp_path / "beat-schedule")], **{**FAST_FAILURE_ENV, **env})
     wait_log(proc, "beat: Starting")
     return proc
+
+
+class PrivateRedis:
+    """A Redis of this test's own (append-only, like the embedded one), so it can be killed."""
+
+    def __init__(self, directory):
+        self.port = free_port()
+        self.dir = directory
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        subprocess.run([str(_redis_bin("redis-server")), "--port", str(self.port), "--bind", "127.0.0.1",
+                        "--dir", str(self.dir), "--appendonly", "yes", "--save", "", "--daemonize", "yes",
+                        "--pidfile", str(self.dir / "redis.pid")], check=True, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if redis.Redis.from_url(self.url).ping():
+                    return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise TimeoutError("private Redis did not start")
+
+    def kill(self) -> None:
+        pid = int((self.dir / "redis.pid").read_text())
+        subprocess.run(["kill", "-9", str(pid)], check=True)
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def private_redis(tmp_path):
+    server = PrivateRedis(tmp_path)
+    server.start()
+    yield server
+    try:
+        server.kill()
+    except Exception:
+        pass

@@ -72,6 +72,17 @@ class WsClient:
             if frame["type"] in ("MESSAGE", "MESSAGE_CONFIRMATION"):
                 messages.append(frame)
 
+    def collect_frames(self, until: Callable[[list[dict]], bool], timeout: float) -> list[dict]:
+        """Every frame received until `until(frames)` holds or `timeout` passes: duplicates kept."""
+        got: list[dict] = []
+        deadline = time.monotonic() + timeout
+        while not until(got) and time.monotonic() < deadline:
+            try:
+                got.append(self.recv(timeout=max(0.05, deadline - time.monotonic())))
+            except TimeoutError:
+                break
+        return got
+
     def collect_messages(self, want: int, timeout: float) -> dict[str, str]:
         """Message id -> content of the MESSAGE frames received until `want` distinct ids arrived
         or `timeout` passed (a redelivery with the same id counts once: the client's view)."""
@@ -113,3 +124,61 @@ def wait_for(condition: Callable[[], bool], timeout: float = 15, interval: float
         if time.monotonic() > deadline:
             raise TimeoutError("condition not met in time")
         time.sleep(interval)
+
+
+class SilentWs:
+    """A WebSocket client that sends but never reads: a reader that stopped reading.
+
+    Plain socket, minimal RFC 6455 handshake and masked text frames; its receive buffer is small
+    and never drained, so whatever the server sends piles up on the server's side.
+    """
+
+    def __init__(self, host: str, port: int, path: str = "/ws"):
+        import base64
+        import os
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.connect((host, port))
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall((f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n")
+                          .encode())
+        response = b""
+        while b"\r\n\r\n" not in response:
+            response += self.sock.recv(1)
+        assert b" 101 " in response.split(b"\r\n", 1)[0], response
+
+    def send(self, frame_type: str, data: Any) -> None:
+        import os
+        import struct
+
+        payload = json.dumps({"type": frame_type, "data": data}).encode()
+        header = bytes([0x81])
+        if len(payload) < 126:
+            header += bytes([0x80 | len(payload)])
+        elif len(payload) < 65536:
+            header += bytes([0x80 | 126]) + struct.pack("!H", len(payload))
+        else:
+            header += bytes([0x80 | 127]) + struct.pack("!Q", len(payload))
+        mask = os.urandom(4)
+        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        self.sock.sendall(header + mask + masked)
+
+    def closed_by_server(self, timeout: float) -> bool:
+        """True once the server has dropped the connection (reads just enough to tell)."""
+        self.sock.settimeout(0.5)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.sock.recv(1 << 20) == b"":
+                    return True
+            except TimeoutError:
+                continue
+            except OSError:
+                return True
+        return False
+
+    def close(self) -> None:
+        self.sock.close()

@@ -2,8 +2,10 @@
 
 Starts (or reuses) the embedded services when no DATABASE_URL / REDIS_URL is set, migrates,
 ensures the demo app and an admin login, then runs a daphne web node, a Celery worker and Celery
-beat with prefixed logs. A child that crashes is restarted with backoff. Ctrl-C or SIGTERM stops
-the web node first (so no new work arrives), then the worker (which finishes what it holds), then
+beat with prefixed logs. A child that crashes is restarted with backoff. The embedded Postgres and
+Redis are watched the same way: one that stops answering (killed, crashed) is started again, with
+backoff, and the web node, worker and beat reconnect by themselves. Ctrl-C or SIGTERM stops the
+web node first (so no new work arrives), then the worker (which finishes what it holds), then
 beat, and finally the embedded services if this run started them.
 """
 
@@ -86,6 +88,42 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> bool:
     return False
 
 
+class ServiceWatch:
+    """Restarts the embedded services this run uses when they stop answering."""
+
+    CHECK_EVERY = 2.0
+
+    def __init__(self, postgres: bool, redis: bool):
+        self.postgres, self.redis = postgres, redis
+        self.failures = 0
+        self.next_check = 0.0
+        self.down_since: float | None = None
+
+    def check(self) -> None:
+        if not (self.postgres or self.redis) or time.monotonic() < self.next_check:
+            return
+        from config import embedded
+
+        status = embedded.status()
+        down = [name for name, wanted in (("postgres", self.postgres), ("redis", self.redis))
+                if wanted and not status[name]]
+        if not down:
+            if self.down_since is not None:
+                say("run", f"embedded services answer again after {time.monotonic() - self.down_since:.1f}s")
+            self.failures, self.down_since = 0, None
+            self.next_check = time.monotonic() + self.CHECK_EVERY
+            return
+        if self.down_since is None:
+            self.down_since = time.monotonic()
+        self.failures += 1
+        say("run", f"embedded {' and '.join(down)} not answering; starting it again (attempt {self.failures})")
+        try:
+            embedded.ensure_running(postgres="postgres" in down, redis="redis" in down)
+        except Exception as exc:  # the next check tries again, later
+            say("run", f"restart failed: {exc}")
+        self.next_check = time.monotonic() + min(2 ** (self.failures - 1), 30)
+
+
 def main() -> int:
     started = time.monotonic()
     env = dict(os.environ)
@@ -99,6 +137,7 @@ def main() -> int:
     from config import embedded
 
     started_services = False
+    watch = ServiceWatch(postgres=not env.get("DATABASE_URL"), redis=not env.get("REDIS_URL"))
     if not env.get("DATABASE_URL") or not env.get("REDIS_URL"):
         before = embedded.status()
         services = embedded.ensure_running(postgres=not env.get("DATABASE_URL"), redis=not env.get("REDIS_URL"))
@@ -139,6 +178,7 @@ def main() -> int:
 
     exit_code = 0
     while not stopping.wait(0.5):
+        watch.check()
         for child in children:
             if child.proc and child.proc.poll() is not None:
                 now = time.monotonic()

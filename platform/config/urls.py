@@ -5,6 +5,7 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from config import health
+from config.admin_login import admin_login
 from messaging.metrics import metrics_view
 from messaging.views import demo_client
 
@@ -17,6 +18,7 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),
+    path("admin/login/", admin_login, name="admin_login_throttled"),
     path("admin/", admin.site.urls),
     path("demo/", demo_client, name="demo"),
 ]

@@ -65,3 +65,15 @@ def test_sessions_filter_by_node_and_an_operator_can_disconnect_one(operator, tr
         1000, "disconnected by an operator")
     nodes = operator.get("/admin/presence/node/").content.decode()
     assert "web-1" in nodes and " s</td>" in nodes
+
+
+def test_the_console_cannot_punch_holes_into_a_mailbox(operator, traffic):
+    delivery = Delivery.objects.filter(recipient="ANZ-2").order_by("seq")[5]
+    for model, pk in (("message", delivery.message_id), ("delivery", delivery.pk), ("deadletter", delivery.pk)):
+        assert operator.get(f"/admin/messaging/{model}/{pk}/delete/").status_code == 403
+        listing = operator.get(f"/admin/messaging/{model}/").content.decode()
+        assert 'value="delete_selected"' not in listing
+        operator.post(f"/admin/messaging/{model}/", {"action": "delete_selected", "_selected_action": [pk],
+                                                      "post": "yes"})
+    assert list(Delivery.objects.filter(recipient="ANZ-2").order_by("seq").values_list("seq", flat=True)) == \
+        list(range(1, 31))

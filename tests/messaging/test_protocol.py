@@ -35,3 +35,44 @@ def test_stored_messages_carry_id_and_seq_and_confirmations_their_reference():
     confirmation = json.loads(delivery_frame(kind="confirmation", sender="ANZ-2", content="", reference="r",
                                              message_id=8, seq=1))
     assert confirmation["type"] == "MESSAGE_CONFIRMATION" and confirmation["data"]["reference"] == "r"
+
+
+@pytest.mark.parametrize("text, reason", [
+    ('{"type":"MESSAGE","data":{"to":"ANZ-1","content":NaN}}', "malformed JSON"),
+    ('{"type":"ACK","data":{"ids":[Infinity]}}', "malformed JSON"),
+    ('{"type":"MESSAGE","data":{"to":"ANZ-1","content":"\\udc00"}}', "lone surrogate"),
+    ('{"type":"MESSAGE","data":{"to":"ANZ-1\\ud800","content":"x"}}', "lone surrogate"),
+    ('{"type":"MESSAGE","data":{"to":"ANZ-1","content":"a\\u0000b"}}', "NUL"),
+    ('{"type":"MESSAGE","data":{"to":"ANZ-1","content":"x"},"reference":"r\\u0000"}', "NUL"),
+])
+def test_frames_no_socket_or_database_can_carry_are_refused_without_echoing_them(text, reason):
+    with pytest.raises(FrameError) as refused:
+        parse_frame(text)
+    assert reason in refused.value.reason and refused.value.data is None
+
+
+def test_escaped_text_that_is_valid_unicode_is_taken():
+    frame = parse_frame('{"type":"MESSAGE","data":{"to":"ANZ-1","content":"smile \\ud83d\\ude00 \\u00e9 \\\\u0000"}}')
+    assert frame.data["content"] == "smile \U0001F600 é \\u0000"
+
+
+def test_server_frames_are_strict_json():
+    with pytest.raises(ValueError):
+        encode("MESSAGE", {"content": float("nan")})
+
+
+@pytest.mark.parametrize("ids, expected", [(["7", 8], [7, 8]), (["9223372036854775807"], None), ([True], None),
+                                           (["1e3"], None), (["١٢"], None), ([], None), (["1"] * 2001, None)])
+def test_ack_ids_are_server_message_ids_within_bounds(ids, expected):
+    from messaging.protocol import message_ids
+
+    if expected is None:
+        with pytest.raises(FrameError):
+            message_ids(ids, {})
+    else:
+        assert message_ids(ids, {}) == expected
+
+
+def test_a_reference_longer_than_the_limit_is_refused_not_cut():
+    with pytest.raises(FrameError, match="at most 256"):
+        parse_frame(json.dumps({"type": "MESSAGE", "data": {}, "reference": "r" * 257}))

@@ -2,55 +2,14 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 
 import pytest
-import redis
 
-from config.embedded import _redis_bin
-from tests.processes import FAST_FAILURE_ENV, free_port, start_beat
+from tests.processes import FAST_FAILURE_ENV, start_beat
 from tests.wsclient import WsClient
 
 pytestmark = pytest.mark.system
-
-
-class PrivateRedis:
-    """A Redis of this test's own (append-only, like the embedded one), so it can be killed."""
-
-    def __init__(self, directory):
-        self.port = free_port()
-        self.dir = directory
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        subprocess.run([str(_redis_bin("redis-server")), "--port", str(self.port), "--bind", "127.0.0.1",
-                        "--dir", str(self.dir), "--appendonly", "yes", "--save", "", "--daemonize", "yes",
-                        "--pidfile", str(self.dir / "redis.pid")], check=True, stdout=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                if redis.Redis.from_url(self.url).ping():
-                    return
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        raise TimeoutError("private Redis did not start")
-
-    def kill(self) -> None:
-        pid = int((self.dir / "redis.pid").read_text())
-        subprocess.run(["kill", "-9", str(pid)], check=True)
-        time.sleep(0.5)
-
-
-@pytest.fixture
-def private_redis(tmp_path):
-    server = PrivateRedis(tmp_path)
-    server.start()
-    yield server
-    try:
-        server.kill()
-    except Exception:
-        pass
 
 
 def test_messages_sent_around_a_redis_restart_all_arrive(processes, private_redis, tmp_path):

@@ -1,0 +1,90 @@
+"""Where a message is routed: claims, pushes, and what happens to a push that cannot land."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.layers import get_channel_layer
+from redis import RedisError
+
+from config.transport.sockets import run_async
+from messaging import router
+from messaging.models import Delivery
+from messaging.services import message_send
+from presence import cache
+from tests.factories import make_app
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache(redis_client):
+    redis_client.flushdb()
+
+
+@pytest.fixture
+def anz():
+    return make_app()
+
+
+def _online(user: str, channel: str) -> None:
+    run_async(cache.connection_add(user_id=user, channel_name=channel, node_id="web-1", acks=False, limit=10))
+
+
+def _send(app, to: str = "ANZ-2", **kw):
+    return message_send(app_id=app.pk, sender="ANZ-1", recipients=[to], content="hello", **kw)
+
+
+def _row(result) -> Delivery:
+    return Delivery.objects.get(pk=result.delivery_ids[0])
+
+
+def test_a_message_to_an_online_user_is_pushed_to_its_connection_under_a_claim(anz):
+    channel = run_async(get_channel_layer().new_channel())
+    _online("ANZ-2", channel)
+    sent = _send(anz)
+    outcome = router.deliveries_route(list(sent.delivery_ids))
+    event = run_async(asyncio.wait_for(get_channel_layer().receive(channel), 5))
+    row = _row(sent)
+    assert (outcome.pushed, row.state, row.attempts) == (1, "sent", 0)
+    assert event["type"] == "message.deliver" and event["items"][0]["claim"] == row.claim
+    assert '"content":"hello"' in event["items"][0]["frame"]
+
+
+def test_an_offline_user_gets_the_message_parked_in_its_mailbox_without_an_attempt(anz):
+    sent = _send(anz)
+    assert router.deliveries_route(list(sent.delivery_ids)).offline == 1
+    row = _row(sent)
+    assert (row.state, row.attempts, row.next_attempt_at, row.claim) == ("pending", 0, None, None)
+
+
+def test_a_connection_that_is_gone_counts_as_offline(anz):
+    _online("ANZ-2", "specific.nobody-listens-here")  # its node died; the reaper has not run yet
+    sent = _send(anz)
+    assert router.deliveries_route(list(sent.delivery_ids)).offline == 1
+    assert (_row(sent).state, _row(sent).attempts) == ("pending", 0)
+
+
+def test_when_redis_is_away_after_the_claim_the_claim_is_released_due_at_once(anz, monkeypatch):
+    sent = _send(anz)
+
+    def redis_down(users):
+        raise RedisError("connection refused")
+
+    monkeypatch.setattr(cache, "connections_of_many", redis_down)
+    assert router.deliveries_route(list(sent.delivery_ids)).released == 1
+    row = _row(sent)
+    assert (row.state, row.attempts, row.claim) == ("pending", 0, None)
+    # due for routing again at once, not after the 30 s ack timeout plus backoff
+    from django.utils import timezone
+
+    assert row.next_attempt_at <= timezone.now()
+
+
+def test_a_second_routing_task_for_the_same_rows_does_nothing(anz):
+    channel = run_async(get_channel_layer().new_channel())
+    _online("ANZ-2", channel)
+    sent = _send(anz)
+    router.deliveries_route(list(sent.delivery_ids))
+    assert router.deliveries_route(list(sent.delivery_ids)) == router.RouteOutcome(0, 0, 0, 0)
