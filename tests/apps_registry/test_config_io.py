@@ -93,3 +93,27 @@ def test_import_and_export_commands(tmp_path):
     bad.write_text("domains:\n  - urls: []\n")
     with pytest.raises(CommandError, match=r"domains\[0\]: 'name' is required"):
         call_command("import_config", str(bad))
+
+
+def test_exports_leave_token_secrets_out_unless_asked_and_imports_keep_them():
+    config_import(text="""
+domains: [{name: domain-01}]
+clientApps:
+  - {appName: NEWS, appId: news-app, masterUserId: NEWS-1, tokenSecret: s3cret-of-news,
+     userDistributions: [{domainName: domain-01, from: 0}]}
+""")
+    plain = config_export()
+    assert "s3cret-of-news" not in plain and "authMode: signed_token" in plain
+    assert "s3cret-of-news" in config_export(include_secrets=True)
+    config_import(text=plain)  # re-importing the secret-less file keeps the app's secret
+    from apps_registry.models import ClientApp
+
+    assert ClientApp.objects.get(app_name="NEWS").token_secret == "s3cret-of-news"
+
+
+def test_a_master_user_id_must_be_a_user_of_its_app():
+    with pytest.raises(ConfigError, match="masterUserId 'OTHER-1' is not a user id of NEWS"):
+        config_import(text="""
+clientApps:
+  - {appName: NEWS, appId: news-app, masterUserId: OTHER-1}
+""")

@@ -40,3 +40,13 @@ def test_to_below_from_is_rejected():
     app = make_app(range_from=0, range_to=9)
     with pytest.raises(ValidationError, match="must not be below"):
         distribution_create(app=app, domain=make_domain(), range_from=100, range_to=50)
+
+
+def test_the_app_snapshot_cache_stays_bounded_when_clients_try_made_up_app_names(monkeypatch):
+    from apps_registry import selectors
+
+    monkeypatch.setattr(selectors, "SNAPSHOT_CACHE_SIZE", 50)
+    selectors.app_snapshots_clear()
+    for n in range(500):
+        assert selectors.app_snapshot(f"NOPE{n}") is None
+    assert len(selectors._snapshots) == 50

@@ -240,3 +240,22 @@ def test_a_forwarded_for_header_from_an_untrusted_peer_is_ignored(node):
         client.auth("ANZ-11080")
         wait_for(lambda: Session.objects.filter(user_id="ANZ-11080").exists())
         assert Session.objects.get(user_id="ANZ-11080").remote_addr == "127.0.0.1"
+
+
+@pytest.mark.django_db
+def test_whatever_breaks_inside_a_connection_its_cleanup_still_runs(node):
+    from config.transport import sockets
+    from presence.models import Session
+
+    with WsClient(node.ws_url) as master:
+        master.auth("ANZ-123223")
+        victim = WsClient(node.ws_url)
+        victim.auth("ANZ-11090")
+        master.recv_until(lambda f: f["type"] == "USER_CONNECTED" and f["data"]["userId"] == "ANZ-11090")
+        wait_for(lambda: Session.objects.filter(user_id="ANZ-11090", disconnected_at__isnull=True).exists())
+        channel = Session.objects.get(user_id="ANZ-11090", disconnected_at__isnull=True).channel_name
+        # An event the consumer cannot handle: it fails outside any frame handler, and dies.
+        sockets.send_many_sync([(channel, {"type": "message.deliver", "items": [{"not": "an item"}]})])
+        assert victim.wait_closed() == 1011
+        master.recv_until(lambda f: f["type"] == "USER_DISCONNECTED" and f["data"]["userId"] == "ANZ-11090")
+        wait_for(lambda: not Session.objects.filter(user_id="ANZ-11090", disconnected_at__isnull=True).exists())
