@@ -166,10 +166,14 @@ def render_cpu_chart(series: list[Series], title: str) -> str:
     # A run with no figure (nothing received, no process found) is left out rather than drawn at
     # a made-up height.
     series = [Series(s.label, [p for p in s.points if p.value is not None]) for s in series]
-    values = [p.value for s in series for p in s.points if p.value is not None]
+    # The scale follows the runs that lost nothing: a saturated run's figure (its CPU divided by
+    # the few messages that got through) can be ten times the rest and would flatten every line.
+    # Such points sit at the top edge, ringed.
+    comparable = [p.value for s in series for p in s.points if p.value is not None and not p.lost]
+    values = comparable or [p.value for s in series for p in s.points if p.value is not None]
     rates = [p.rate for s in series for p in s.points]
     axes = _LinearAxes(max(rates, default=1.0), max(values, default=1.0))
-    return _document(axes, series, title, None, [], "ringed points: figure not comparable")
+    return _document(axes, series, title, None, [], "off-scale points: at the top")
 
 
 def _document(

@@ -39,6 +39,7 @@ from bench.report import (
     best_rates,
     best_table,
     cpu_table,
+    load_rows,
     machine_info,
     ratio_sentence,
     reference_rate,
@@ -371,13 +372,18 @@ def _series(rows: list[Row], value: Any) -> list[Series]:
     return [Series(label, [Point(r.rate, value(r), r.result.lost) for r in rows if r.label == label]) for label in labels]
 
 
-def chart_svg(rows: list[Row], args: argparse.Namespace) -> str:
-    title = f"p99 round trip vs offered rate ({args.connections} connections, {args.payload}-char messages)"
-    return render_chart(_series(rows, lambda r: r.result.p99_ms), title, args.p99_budget_ms)
+def _load_shape(rows: list[Row]) -> str:
+    first = rows[0].result if rows else None
+    return "" if first is None else f" ({first.connections} connections, {first.payload}-char messages)"
 
 
-def cpu_chart_svg(rows: list[Row], args: argparse.Namespace) -> str:
-    title = f"server CPU per delivered message vs offered rate ({args.connections} connections)"
+def chart_svg(rows: list[Row], budget_ms: float) -> str:
+    title = f"p99 round trip vs offered rate{_load_shape(rows)}"
+    return render_chart(_series(rows, lambda r: r.result.p99_ms), title, budget_ms)
+
+
+def cpu_chart_svg(rows: list[Row]) -> str:
+    title = f"server CPU per delivered message vs offered rate{_load_shape(rows)}"
     return render_cpu_chart(_series(rows, lambda r: r.server_ms()[0]), title)
 
 
@@ -392,14 +398,17 @@ def load_params(args: argparse.Namespace) -> dict[str, str]:
     }
 
 
-def write_docs(rows: list[Row], args: argparse.Namespace, command: str, machine: dict[str, str]) -> None:
+def write_docs(
+    rows: list[Row], *, command: str, machine: dict[str, str], params: dict[str, str], budget_ms: float,
+    reference: float,
+) -> None:
     """Rewrite the generated region of docs/benchmarks.md (between the markers) and the charts."""
     generated = benchmarks_markdown(
         rows=rows,
-        budget_ms=args.p99_budget_ms,
+        budget_ms=budget_ms,
         command=command,
-        params=load_params(args),
-        reference=args.reference_rate,
+        params=params,
+        reference=reference,
         machine=machine,
         cpu_chart=CPU_CHART.as_posix(),
     )
@@ -407,10 +416,20 @@ def write_docs(rows: list[Row], args: argparse.Namespace, command: str, machine:
     existing = path.read_text() if path.exists() else None
     (DOCS / CPU_CHART).parent.mkdir(parents=True, exist_ok=True)
     path.write_text(splice_generated(existing, generated))
-    (DOCS / "benchmark-chart.svg").write_text(chart_svg(rows, args))
-    (DOCS / CPU_CHART).write_text(cpu_chart_svg(rows, args))
+    (DOCS / "benchmark-chart.svg").write_text(chart_svg(rows, budget_ms))
+    (DOCS / CPU_CHART).write_text(cpu_chart_svg(rows))
     print(f"wrote the region between {MARKER_START} and {MARKER_END} of {path}, "
           f"{DOCS / 'benchmark-chart.svg'} and {DOCS / CPU_CHART}")
+
+
+def docs_from_json(path: Path) -> int:
+    """--from-json: the docs of a saved sweep, without running anything (e.g. after a report change)."""
+    rows, meta = load_rows(path)
+    if not meta:
+        raise SystemExit(f"{path} has no metadata (written before --json carried it); run the sweep again")
+    write_docs(rows, command=meta["command"], machine=meta["machine"], params=meta["params"],
+               budget_ms=meta["p99_budget_ms"], reference=meta["reference_rate"])
+    return 0
 
 
 def git_info() -> dict[str, str | bool | None]:
@@ -482,10 +501,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--write-docs", action="store_true",
                         help="rewrite the generated region of docs/benchmarks.md and the SVG charts")
     parser.add_argument("--json", type=Path, help="also write every run's full result as JSON (after every run)")
+    parser.add_argument("--from-json", type=Path, metavar="FILE",
+                        help="run nothing: rewrite the docs region and charts from a saved --json file")
     add_load_arguments(parser)
     args = parser.parse_args(argv)
     args.target_names = args.targets
     args.platform_env = None
+    if args.from_json:
+        return args
     if args.start_platform:
         from bench.platform_proc import platform_env
 
@@ -520,6 +543,8 @@ def check_platform(url: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_json:
+        return docs_from_json(args.from_json)
     command = "python -m bench.compare " + shlex.join(sys.argv[1:] if argv is None else argv)
     machine = machine_info()
     wants_platform = any(n.startswith("platform") for n in args.target_names)
@@ -569,7 +594,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(best_table(rows, args.p99_budget_ms))
     if args.write_docs:
-        write_docs(rows, args, command, machine)
+        write_docs(rows, command=command, machine=machine, params=load_params(args), budget_ms=args.p99_budget_ms,
+                   reference=args.reference_rate)
     return 0
 
 

@@ -142,6 +142,15 @@ def account(first: Mapping[Key, ProcStat], seen: Mapping[Key, ProcStat], last: M
     return GroupUsage(seconds=ticks / CLK_TCK, processes=len(seen), unreaped_exits=unreaped)
 
 
+def machine_busy_ticks(proc: Path = PROC) -> int | None:
+    """Busy ticks of all cores together since boot (/proc/stat, in the same USER_HZ as /proc/<pid>/stat)."""
+    try:
+        fields = [int(v) for v in (proc / "stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(fields[:8]) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # all but idle and iowait
+
+
 @dataclass
 class CpuWindow:
     """CPU seconds per group between the start of the load and the end of the drain."""
@@ -150,6 +159,9 @@ class CpuWindow:
     groups: dict[str, GroupUsage]
     samples: int
     probe_cpu_seconds: float  # what the sampling itself cost the harness process
+    # Every process on the machine over the same window: what is left after the measured groups
+    # and the load generator is someone else's work, the noise the latency figures suffered.
+    machine_busy_seconds: float | None = None
 
     def seconds(self, group: str) -> float | None:
         usage = self.groups.get(group)
@@ -160,6 +172,7 @@ class CpuWindow:
             "wall_seconds": round(self.wall_seconds, 3),
             "samples": self.samples,
             "probe_cpu_seconds": round(self.probe_cpu_seconds, 3),
+            "machine_busy_seconds": None if self.machine_busy_seconds is None else round(self.machine_busy_seconds, 3),
             "clock_ticks_per_second": CLK_TCK,
             "groups": {
                 name: {"cpu_seconds": round(u.seconds, 3), "processes": u.processes, "unreaped_exits": u.unreaped_exits}
@@ -177,6 +190,7 @@ class CpuWindow:
             },
             samples=int(data["samples"]),
             probe_cpu_seconds=float(data["probe_cpu_seconds"]),
+            machine_busy_seconds=data.get("machine_busy_seconds"),
         )
 
 
@@ -205,6 +219,7 @@ class CpuProbe:
         self._samples = 0
         self._probe_cpu = 0.0
         self._started_at = 0.0
+        self._machine_at_start: int | None = None
         self.window: CpuWindow | None = None  # set by stop()
 
     def _sample(self) -> dict[str, dict[Key, ProcStat]]:
@@ -224,6 +239,7 @@ class CpuProbe:
 
     def start(self) -> None:
         self._started_at = time.monotonic()
+        self._machine_at_start = machine_busy_ticks(self.proc)
         for name, current in self._sample().items():
             self._traces[name].first = current
         self._thread = threading.Thread(target=self._loop, name="cpu-probe", daemon=True)
@@ -234,11 +250,16 @@ class CpuProbe:
         if self._thread is not None:
             self._thread.join()
         last = self._sample()
+        machine_now = machine_busy_ticks(self.proc)
+        machine = None
+        if machine_now is not None and self._machine_at_start is not None:
+            machine = (machine_now - self._machine_at_start) / CLK_TCK
         self.window = CpuWindow(
             wall_seconds=time.monotonic() - self._started_at,
             groups={name: account(t.first, t.seen, last[name]) for name, t in self._traces.items()},
             samples=self._samples,
             probe_cpu_seconds=self._probe_cpu,
+            machine_busy_seconds=machine,
         )
         return self.window
 

@@ -54,6 +54,15 @@ class Row:
             split[role] = None if seconds is None or received == 0 else seconds * 1000.0 / received
         return split
 
+    def other_cores(self) -> float | None:
+        """Cores that neither a measured server nor the harness used during the window: other work."""
+        cpu = self.cpu
+        if cpu is None or cpu.machine_busy_seconds is None or cpu.wall_seconds <= 0:
+            return None
+        ours = sum(u.seconds for u in cpu.groups.values()) + cpu.probe_cpu_seconds
+        client = self.result.client_cpu_cores * self.result.duration  # the load generator, while sending
+        return max(0.0, (cpu.machine_busy_seconds - ours - client) / cpu.wall_seconds)
+
     def server_ms(self) -> tuple[float | None, bool]:
         """(total ms per delivered message, whether every server group was found and counted)."""
         parts = self.split_ms()
@@ -120,8 +129,8 @@ def results_table(rows: list[Row], budget_ms: float) -> str:
     roles = " | ".join(ROLE_HEADERS[r] for r in ROLES)
     lines = [
         "| rate/s | target | sent | received | lost | p50 ms | p95 ms | p99 ms | max ms | achieved/s | errors "
-        f"| server CPU ms/msg | {roles} | load gen cores | machine CPU | ok |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(ROLES) + "---:|---:|:-:|",
+        f"| server CPU ms/msg | {roles} | load gen cores | machine CPU | other cores | ok |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(ROLES) + "---:|---:|---:|:-:|",
     ]
     for row in rows:
         r = row.result
@@ -129,7 +138,7 @@ def results_table(rows: list[Row], budget_ms: float) -> str:
             f"| {row.rate:g} | {row.label} | {r.sent} | {r.received} | {r.lost} | {_ms(r.p50_ms)} "
             f"| {_ms(r.p95_ms)} | {_ms(r.p99_ms)} | {_ms(r.max_ms)} | {r.achieved_rate:.0f} | {r.error_count} "
             f"| {server_cpu_text(row)} | {' | '.join(split_cells(row))} | {r.client_cpu_cores:.2f} "
-            f"| {_percent(r.machine_cpu_busy)} | {'yes' if passes(row, budget_ms) else 'no'} |"
+            f"| {_percent(r.machine_cpu_busy)} | {_cpu(row.other_cores())} | {'yes' if passes(row, budget_ms) else 'no'} |"
         )
     return "\n".join(lines)
 
@@ -294,6 +303,9 @@ the id in the content.
 `ok` = zero loss, zero errors, every connection authenticated, at least 95% of the offered rate
 actually sent, and p99 under {budget_ms:g} ms. `machine CPU` = share of all cores busy while
 sending, whoever used them: a high value at a low rate means something else was running.
+`other cores` = what is left of the machine's busy time over the run's window once every measured
+server (the idle ones included) and the load generator are taken out: other people's work, in
+cores. Where it is high, the latency figures describe a shared machine.
 
 `server CPU ms/msg` = CPU time (user + system, from `/proc/<pid>/stat`) the target's server
 processes spent from the moment sending started to the end of the drain, divided by the messages

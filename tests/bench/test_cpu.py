@@ -126,6 +126,7 @@ def test_the_probe_sees_children_that_live_and_die_between_samples():
     assert 0.25 <= usage.seconds <= 0.6
     assert usage.unreaped_exits == 0
     assert probe.window is window
+    assert window.machine_busy_seconds is not None and window.machine_busy_seconds >= usage.seconds - 0.05
 
 
 # -- finding the processes, on a fake /proc -------------------------------------------------------

@@ -70,6 +70,15 @@ def test_a_group_that_was_not_found_marks_the_total_as_a_lower_bound():
     assert server_cpu_text(row) == "≥4.10"
 
 
+def test_other_cores_are_the_machines_busy_time_less_the_servers_and_the_load_generator():
+    row = platform_row()  # 5.61 s of measured groups, 0.1 s of probe over 25 s
+    row.cpu.machine_busy_seconds = 5.61 + 0.1 + 2.0 + 12.5  # load generator 0.1 cores x 20 s, others 12.5 s
+    row.result.client_cpu_cores = 0.1
+    assert row.other_cores() == pytest.approx(0.5)
+    row.cpu.machine_busy_seconds = None
+    assert row.other_cores() is None
+
+
 def test_nothing_received_gives_no_figure():
     row = Row(rate=300, target="platform", feature="FAST", result=result(received=0, lost=10),
               cpu=window(web=1.0), server_groups=PLATFORM)
