@@ -320,11 +320,13 @@ def cpu_line(row: Row) -> str:
     }
     idle = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in background.items())
     exits = sum(u.unreaped_exits for u in row.cpu.groups.values())
+    other = row.other_cores()
     return (
         f"  server CPU {server_cpu_text(row)} ms/msg ({split_text(row)}) over {row.cpu.wall_seconds:.1f} s"
         f"; load generator {r.client_cpu_cores:.2f} cores while sending"
         + (f"; idle others: {idle}" if idle else "")
         + (f"; {exits} unreaped exits" if exits else "")
+        + ("" if other is None else f"; other processes ~{other:.2f} cores")
     )
 
 

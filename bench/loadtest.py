@@ -110,10 +110,10 @@ class _Run:
                 busy = self._measure_cpu(start_wall)
                 self._await_drained()
                 self.hooks.after_drain()
-            self.sync.release.set()
+            self.sync.release.set()  # the workers may close their sockets and report
             workers = self._collect()
         finally:
-            self.sync.release.set()
+            self.sync.release.set()  # after an error too, so no worker waits out its timeout
             self._reap()
         return merge_results(self.config, workers, busy)
 

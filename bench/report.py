@@ -191,9 +191,12 @@ def cpu_table(rows: list[Row], rate: float) -> str:
     ]
     for row in at_rate:
         ratio = _ratio(ref_ms, row.server_ms()[0])
+        shown = "-" if ratio is None else f"{ratio:.1f}x"
+        if ratio is not None and row.result.lost:
+            shown = f"({shown})"  # its CPU went partly into messages it dropped: not comparable
         lines.append(
             f"| {row.label} | {server_cpu_text(row)} | {' | '.join(split_cells(row))} | {_ms(row.result.p50_ms)} "
-            f"| {_ms(row.result.p99_ms)} | {row.result.lost} | {'-' if ratio is None else f'{ratio:.1f}x'} |"
+            f"| {_ms(row.result.p99_ms)} | {row.result.lost} | {shown} |"
         )
     return "\n".join(lines)
 
@@ -204,14 +207,21 @@ def ratio_sentence(rows: list[Row], rate: float) -> str:
     if reference is None:
         return ""
     ref_ms = reference.server_ms()[0]
-    parts = []
+    parts, lossy = [], []
     for row in at_rate:
         ratio = _ratio(ref_ms, row.server_ms()[0])
-        if row is not reference and ratio is not None:
+        if row is reference or ratio is None:
+            continue
+        if row.result.lost:
+            lossy.append(row.label)
+        else:
             parts.append(f"{ratio:.1f}x the CPU of {row.label}")
-    if not parts:
-        return ""
-    return f"At {rate:g} msg/s, {REFERENCE_LABEL} spends {', '.join(parts)} per delivered message."
+    sentence = f"At {rate:g} msg/s, {REFERENCE_LABEL} spends {', '.join(parts)} per delivered message." if parts else ""
+    if reference.result.lost:
+        sentence = f"At {rate:g} msg/s, {REFERENCE_LABEL} lost messages: its CPU per message is not comparable."
+    if lossy:
+        sentence += f" Not compared, for lost messages: {', '.join(lossy)}."
+    return sentence.strip()
 
 
 def machine_info() -> dict[str, str]:

@@ -104,6 +104,17 @@ def test_the_cpu_summary_gives_reliable_against_every_other_target():
     )
 
 
+def test_a_target_that_lost_messages_is_not_compared():
+    lossy = Row(rate=300, target="relay-core", feature="-", result=result(received=900, lost=100),
+                cpu=window(redis=0.3, **{"relay-core": 2.0}), server_groups={"relay": "relay-core", "redis": "redis"})
+    rows = [platform_row(), lossy, pubsub_row()]
+    assert "| 100 | (2.2x) |" in cpu_table(rows, 300)  # 5.6 / (2.3 s / 900)
+    assert ratio_sentence(rows, 300) == (
+        "At 300 msg/s, platform RELIABLE spends 3.1x the CPU of relay-pubsub per delivered message. "
+        "Not compared, for lost messages: relay-core."
+    )
+
+
 def test_compact_table_names_each_part_of_the_split():
     table = compact_table([platform_row(), pubsub_row()])
     assert "web 2.40 / worker 1.50 / pg 1.50 / redis 0.20" in table
