@@ -31,8 +31,12 @@ stop:
 lint: install
 	$(BIN)/ruff check .
 
+# The platform (RELIABLE, FAST) against both relays (core and pub/sub layer), with server CPU per message.
+# Defaults as target variables: `$(or $(RATES),a,b)` would split the list at its commas.
+bench: RATES ?= 300,400,600,800,1000
+bench: BENCH_TARGETS ?= platform-RELIABLE,platform-FAST,relay-core,relay-pubsub
 bench: install
-	$(BIN)/python -m bench.compare --start-platform --no-confirmation --connections 200 --rates $(or $(RATES),400,600,800,1000) --duration 20 --warmup 5 --processes 2 $(BENCH_ARGS)
+	$(BIN)/python -m bench.compare --start-platform --no-confirmation --connections 200 --rates $(RATES) --duration 20 --warmup 5 --processes 2 --drain 10 --targets $(BENCH_TARGETS) $(BENCH_ARGS)
 
 clean: stop
 	rm -rf var/

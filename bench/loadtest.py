@@ -17,13 +17,14 @@ import queue
 import secrets
 import sys
 import time
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
 from bench.model import FEATURES, LoadConfig, LoadResult, WorkerPlan, WorkerResult, merge_results
-from bench.worker import worker_main
+from bench.worker import DrainSync, worker_main
 
 # Give every process time to open its connections, and the parent a moment to broadcast the start.
 START_DELAY = 1.0
@@ -59,17 +60,32 @@ def _busy_fraction(before: tuple[int, int] | None, after: tuple[int, int] | None
     return (after[0] - before[0]) / (after[1] - before[1])
 
 
+def _nothing() -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class WindowHooks:
+    """Called in the parent at the measured window's ends: when sending starts (every connection is
+    up and authenticated) and when every process has drained (its sockets are still open)."""
+
+    at_start: Callable[[], object] = _nothing
+    after_drain: Callable[[], object] = _nothing
+
+
 class _Run:
     """The parent's side of one load test: spawn, synchronise the start, collect."""
 
-    def __init__(self, config: LoadConfig) -> None:
+    def __init__(self, config: LoadConfig, hooks: WindowHooks) -> None:
         self.config = config
+        self.hooks = hooks
         # spawn, not fork: workers start with a clean interpreter and no inherited event loop.
         self.ctx = mp.get_context("spawn")
         self.ready: Any = self.ctx.Queue()
         self.results: Any = self.ctx.Queue()
         self.start_event = self.ctx.Event()
         self.start_at = self.ctx.Value("d", 0.0)
+        self.sync = DrainSync(drained=self.ctx.Queue(), release=self.ctx.Event())
         self.plans = plan_workers(config)
         self.procs: list[BaseProcess] = []
 
@@ -78,7 +94,7 @@ class _Run:
         for plan in self.plans:
             proc = self.ctx.Process(
                 target=worker_main,
-                args=(self.config, plan, run_id, self.ready, self.results, self.start_event, self.start_at),
+                args=(self.config, plan, run_id, self.ready, self.results, self.start_event, self.start_at, self.sync),
                 name=f"loadtest-{plan.index}",
                 daemon=True,
             )
@@ -89,9 +105,15 @@ class _Run:
             start_wall = time.time() + START_DELAY if go else -1.0
             self.start_at.value = start_wall
             self.start_event.set()
-            busy = self._measure_cpu(start_wall) if go else None
+            busy = None
+            if go:
+                busy = self._measure_cpu(start_wall)
+                self._await_drained()
+                self.hooks.after_drain()
+            self.sync.release.set()  # the workers may close their sockets and report
             workers = self._collect()
         finally:
+            self.sync.release.set()  # after an error too, so no worker waits out its timeout
             self._reap()
         return merge_results(self.config, workers, busy)
 
@@ -114,9 +136,20 @@ class _Run:
 
     def _measure_cpu(self, start_wall: float) -> float | None:
         time.sleep(max(0.0, start_wall - time.time()))
+        self.hooks.at_start()
         before = _cpu_busy_ticks()
         time.sleep(self.config.duration)
         return _busy_fraction(before, _cpu_busy_ticks())
+
+    def _await_drained(self) -> None:
+        """Until every worker has drained, or died, or the drain is long overdue."""
+        deadline = time.monotonic() + self.config.drain + SLACK
+        waiting = {p.index for p in self.plans}
+        while waiting and time.monotonic() < deadline:
+            try:
+                waiting.discard(self.sync.drained.get(timeout=0.2))
+            except queue.Empty:
+                waiting = {i for i in waiting if self.procs[i].is_alive()}
 
     def _collect(self) -> list[WorkerResult]:
         deadline = time.monotonic() + self.config.drain + SLACK + 10
@@ -146,9 +179,9 @@ class _Run:
                 proc.join(timeout=5)
 
 
-def run_loadtest(config: LoadConfig) -> LoadResult:
+def run_loadtest(config: LoadConfig, hooks: WindowHooks | None = None) -> LoadResult:
     config.validate()
-    return _Run(config).execute()
+    return _Run(config, hooks or WindowHooks()).execute()
 
 
 # -- reporting ------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from config.supervise import wait_ready
@@ -36,9 +37,16 @@ def platform_env() -> dict[str, str]:
     return env
 
 
+@dataclass(frozen=True)
+class RunningPlatform:
+    url: str  # the web node's WebSocket URL
+    web_pids: list[int]  # the daphne processes (config.web runs daphne in-process)
+    worker_pids: list[int]  # Celery main processes; their prefork children are found under them
+
+
 @contextmanager
-def platform_processes(port: int, log_dir: Path, worker_concurrency: int = 4) -> Iterator[str]:
-    """Yield the WebSocket URL of a fresh web node (plus one worker) on `port`."""
+def platform_processes(port: int, log_dir: Path, worker_concurrency: int = 4) -> Iterator[RunningPlatform]:
+    """A fresh web node on `port` plus one worker, for the duration of the block."""
     env = platform_env()
     for args in (["migrate", "--noinput", "-v", "0"], ["bootstrap"]):
         subprocess.run([sys.executable, "manage.py", *args], cwd=REPO_ROOT, env=env, check=True,
@@ -56,7 +64,7 @@ def platform_processes(port: int, log_dir: Path, worker_concurrency: int = 4) ->
         if not wait_ready(f"http://127.0.0.1:{port}/readyz", procs[0]):
             raise SystemExit(f"the web node on port {port} did not become ready (log in {log_dir})")
         time.sleep(3)  # the worker connects to the broker
-        yield f"ws://127.0.0.1:{port}/ws"
+        yield RunningPlatform(f"ws://127.0.0.1:{port}/ws", web_pids=[procs[0].pid], worker_pids=[procs[1].pid])
     finally:
         for proc in procs:
             if proc.poll() is None:

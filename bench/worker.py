@@ -28,6 +28,14 @@ ERROR_FRAMES = frozenset({"INVALID_MESSAGE", "GENERAL_ERROR", "AUTH_REQUIRED"})
 PONG = json.dumps({"type": "PONG", "data": {}})
 
 
+@dataclass(frozen=True)
+class DrainSync:
+    """End of the measured window: each worker reports `drained`, then waits for `release` to close."""
+
+    drained: Queue[Any]
+    release: Event
+
+
 @dataclass
 class _Connection:
     index: int  # global connection index, also the user number offset
@@ -219,11 +227,15 @@ class Worker:
 
 
 async def _wait_for_start(start_event: Event, start_at: Synchronized[float], timeout: float) -> float:
-    """Block (off the event loop, so readers keep answering PINGs) until the parent says go."""
-    loop = asyncio.get_running_loop()
-    if not await loop.run_in_executor(None, start_event.wait, timeout):
+    """Wait until the parent says go; 0.0 if it never does."""
+    if not await _wait(start_event, timeout):
         return 0.0
     return float(start_at.value)
+
+
+async def _wait(event: Event, timeout: float) -> bool:
+    """Block off the event loop, so readers keep answering PINGs meanwhile."""
+    return await asyncio.get_running_loop().run_in_executor(None, event.wait, timeout)
 
 
 async def _run(
@@ -233,6 +245,7 @@ async def _run(
     ready: Queue[Any],
     start_event: Event,
     start_at: Synchronized[float],
+    sync: DrainSync,
 ) -> WorkerResult:
     worker = Worker(config, plan, run_id)
     conns = await worker.open_all()
@@ -251,6 +264,10 @@ async def _run(
     await asyncio.gather(*(worker.drive(c, start, start + config.warmup, end) for c in conns))
     worker.result.cpu_seconds = time.process_time() - cpu_before
     await worker.drain(loop.time() + config.drain)
+    # The parent reads the servers' CPU once every process has drained, and only then may the
+    # sockets close: closing costs the server work (disconnect handlers) that is not messaging.
+    sync.drained.put(plan.index)
+    await _wait(sync.release, config.drain + 30)
     await worker.close_all(conns)
     return worker.finish()
 
@@ -263,10 +280,11 @@ def worker_main(
     results: Queue[Any],
     start_event: Event,
     start_at: Synchronized[float],
+    sync: DrainSync,
 ) -> None:
     """Process entry point; always reports back, even if the run crashed."""
     try:
-        result = asyncio.run(_run(config, plan, run_id, ready, start_event, start_at))
+        result = asyncio.run(_run(config, plan, run_id, ready, start_event, start_at, sync))
     except BaseException:  # noqa: BLE001 - the parent must hear about any failure
         result = WorkerResult(index=plan.index, connections_planned=plan.connections, failure=traceback.format_exc())
         ready.put((plan.index, -1))

@@ -1,1 +1,2 @@
-"""The benchmark baseline: a hand-built Channels relay with no persistence (see bench/README.md)."""
+"""The benchmark baselines: a hand-built Channels relay with no persistence, over the core or the pub/sub
+channel layer (see bench/README.md)."""
