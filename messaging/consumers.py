@@ -17,6 +17,7 @@ What a connection guarantees its client:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import OrderedDict, deque
@@ -24,7 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
+from channels.utils import await_many_dispatch
 from django.conf import settings
 
 from apps_registry.selectors import AppSnapshot, app_snapshot, user_id_parse
@@ -42,6 +46,17 @@ from messaging import metrics
 from messaging.asyncdb import run_db
 from messaging.authentication import client_authenticate
 from messaging.batching import BatcherFull
+from messaging.channels.hub import ChannelKey
+from messaging.channels.names import (
+    GrantError,
+    channel_grant_claims,
+    channel_granted,
+    channel_is_public,
+    channel_name_valid,
+    channel_of_app,
+)
+from messaging.channels.selectors import subscriptions_of
+from messaging.channels.services import channel_heads, channel_history
 from messaging.limits import ConnectionLimits, TokenBucket
 from messaging.models import MessageKind
 from messaging.protocol import (
@@ -73,6 +88,8 @@ log = logging.getLogger(__name__)
 WRITTEN_MEMORY = 5000  # recently written delivery ids per connection (dedupe, and fetch's skip list)
 APP_REFRESH_SECONDS = 5.0
 CONTROL_TYPES = {"PING", "PONG", "ACK"}
+INBOX_SIZE = 1000  # channel publishes waiting for this connection; beyond, it repairs from history
+CATCH_UP_BATCH = 500
 
 
 @dataclass
@@ -90,9 +107,20 @@ class ClientConsumer(AsyncWebsocketConsumer):
     # --- life cycle ----------------------------------------------------------------------------
 
     async def __call__(self, scope, receive, send) -> None:
+        # Channels' AsyncConsumer.__call__, plus a third source of events: the node-local inbox the
+        # channel hub hands publishes to (no Redis round trip per reader). Events of all three
+        # sources are handled one at a time, in arrival order.
         self._cleaned = False
+        self.inbox: asyncio.Queue = asyncio.Queue(maxsize=INBOX_SIZE)
+        self.scope = scope
+        self.base_send = send
         try:
-            await super().__call__(scope, receive, send)
+            self.channel_layer = get_channel_layer(self.channel_layer_alias)
+            self.channel_name = await self.channel_layer.new_channel()
+            self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
+            await await_many_dispatch([receive, self.channel_receive, self.inbox.get], self.dispatch)
+        except StopConsumer:
+            pass
         finally:
             # Runs on every way out: a clean disconnect, an exception in a handler, a cancellation.
             await asyncio.shield(self._cleanup())
@@ -116,6 +144,9 @@ class ClientConsumer(AsyncWebsocketConsumer):
         self.inflight_by_message: dict[int, int] = {}
         self.unflushed: deque[_Unflushed] = deque()
         self.unflushed_ids: set[int] = set()
+        self.channels: dict[str, int] = {}  # joined channel -> last offset written to this socket
+        self.durable: set[str] = set()  # channels of the user's server-managed subscriptions
+        self.resync: set[str] = set()  # channels whose publishes this connection may have missed
         self.closing = False
         self.outgoing: OutgoingBuffer | None = (self.scope.get("extensions") or {}).get(OUTGOING_EXTENSION)
         if self.outgoing is not None:
@@ -150,6 +181,9 @@ class ClientConsumer(AsyncWebsocketConsumer):
         node = runtime()
         node.connection_remove(self.channel_name)
         node.work_limits.detach((self.app.pk, self.user_id))
+        for name in list(self.channels):
+            await node.hub.leave((self.app.pk, name), self)
+        self.channels.clear()
         # What this connection held but its client never got (frames still queued on the node, or
         # not ACKed) goes back to the mailbox under the claim it came with: no attempt counted.
         self._on_flush()
@@ -321,6 +355,11 @@ class ClientConsumer(AsyncWebsocketConsumer):
             # Left behind by a connection that could not give them back (its node crashed): they
             # come again, with the same ids.
             node.routing.add(await run_db(deliveries_unacked_for, app_id=app.pk, user_id=user_id))
+        # The user's server-managed subscriptions: read live from now (SUBSCRIBE with `since`
+        # replays what was missed).
+        self.durable = set(await run_db(subscriptions_of, app_id=app.pk, user_id=user_id))
+        for name in sorted(self.durable):
+            await self._channel_join(name, since=None)
 
     async def _refuse(self, app_id: str, user_id: str, reason: str, code: int) -> None:
         """The linker reply, exactly (strict clients compare it); the reason travels in the close frame."""
@@ -494,10 +533,50 @@ class ClientConsumer(AsyncWebsocketConsumer):
     async def on_pong(self, frame: Frame) -> None:
         return None
 
+    def _channel_name(self, data: dict) -> str:
+        name = data.get("channel")
+        if not channel_name_valid(name) or not channel_of_app(self.app, name):
+            raise FrameError("'channel' must be a channel name of this app (A-Z a-z 0-9 _ . - @, at most 128)", data)
+        return name
+
+    def _channel_allowed(self, app: AppSnapshot, name: str, data: dict) -> None:
+        if name in self.durable:
+            return  # the app's server subscribed this user
+        if not app.client_subscriptions_allowed:
+            raise FrameError("client subscriptions are not allowed for this app", data)
+        if channel_is_public(app, name):
+            return
+        token = data.get("token")
+        if not isinstance(token, str) or not token:
+            raise FrameError(f"channel '{name}' is not public: a token granting it is needed", data)
+        try:
+            claims = channel_grant_claims(app, token)
+        except GrantError as exc:
+            raise FrameError(str(exc), data) from None
+        if not channel_granted(claims, name, self.user_id):
+            raise FrameError(f"the token does not grant channel '{name}'", data)
+
     async def on_subscribe(self, frame: Frame) -> None:
-        if not self.app.client_subscriptions_allowed:
-            raise FrameError("client subscriptions are not allowed for this app", frame.data)
-        raise FrameError("channel subscriptions are not available on this server yet", frame.data)
+        app = await self._current_app()
+        data = require_dict(frame)
+        name = self._channel_name(data)
+        since = data.get("since")
+        if since is not None and (isinstance(since, bool) or not isinstance(since, int) or since < 0):
+            raise FrameError("'since' must be an offset (an integer, 0 or more)", data)
+        self._channel_allowed(app, name, data)
+        if name not in self.channels and len(self.channels) >= settings.WS_MAX_CHANNELS:
+            raise FrameError(f"at most {settings.WS_MAX_CHANNELS} channels per connection", data,
+                             limit=settings.WS_MAX_CHANNELS)
+        offset = await self._channel_join(name, since=since)
+        await self._write(encode("SUBSCRIBED", {"channel": name, "offset": offset}))
+
+    async def on_unsubscribe(self, frame: Frame) -> None:
+        data = require_dict(frame)
+        name = self._channel_name(data)
+        if name in self.channels:
+            del self.channels[name]
+            await runtime().hub.leave((self.app.pk, name), self)
+        await self._write(encode("UNSUBSCRIBED", {"channel": name}))
 
     async def on_reauth(self, frame: Frame) -> None:
         raise FrameError("already authenticated; open a new connection to change user", frame.data)
@@ -511,7 +590,7 @@ class ClientConsumer(AsyncWebsocketConsumer):
         "PING": on_ping,
         "PONG": on_pong,
         "SUBSCRIBE": on_subscribe,
-        "UNSUBSCRIBE": on_subscribe,
+        "UNSUBSCRIBE": on_unsubscribe,
         "AUTH_CLIENT": on_reauth,
     }
 
@@ -564,6 +643,87 @@ class ClientConsumer(AsyncWebsocketConsumer):
 
     async def connection_close(self, event: sockets.ConnectionCloseEvent) -> None:
         await self._close(event["code"], event["reason"])
+
+    # --- channels (the hub hands publishes to the inbox; see messaging.channels.hub) -------------
+
+    def channel_event(self, key: ChannelKey, offset: int, content: str) -> None:
+        try:
+            self.inbox.put_nowait({"type": "channel.message", "channel": key[1], "offset": offset,
+                                   "content": content})
+        except asyncio.QueueFull:
+            self.resync.add(key[1])  # fell behind: repaired from the history once the inbox drains
+
+    def channel_resync(self, key: ChannelKey) -> None:
+        self.resync.add(key[1])
+        try:
+            self.inbox.put_nowait({"type": "channel.repair"})
+        except asyncio.QueueFull:
+            pass  # the queued events trigger the repair
+
+    async def _channel_join(self, name: str, since: int | None) -> int:
+        """Join a channel live, then (with `since`) replay what came after it: the hub's subscription
+        is confirmed before the head is read, so nothing falls between replay and live, and offsets
+        already written are skipped. Returns the offset this connection is at."""
+        if name not in self.channels:
+            self.channels[name] = 0
+            await runtime().hub.join((self.app.pk, name), self)
+        head = (await run_db(channel_heads, app_id=self.app.pk, channels=[name]))[name]
+        if since is None:
+            self.channels[name] = max(self.channels[name], head)
+        else:
+            self.channels[name] = min(since, head)
+            await self._channel_catch_up(name, upto=head)
+        return self.channels[name]
+
+    async def _channel_catch_up(self, name: str, upto: int | None = None) -> None:
+        while name in self.channels:
+            items = await run_db(channel_history, app_id=self.app.pk, channel=name, after=self.channels[name],
+                                 upto=upto, limit=CATCH_UP_BATCH)
+            for item in items:
+                if not await self._write(_channel_frame(name, item.content, item.offset)):
+                    return
+                self.channels[name] = item.offset
+            metrics.CHANNEL_MESSAGES.labels("ws").inc(len(items))
+            if len(items) < CATCH_UP_BATCH:
+                if upto is not None and self.channels.get(name, upto) < upto:
+                    self.channels[name] = upto  # the rest expired with the app's retention
+                return
+
+    async def channel_message(self, event: dict) -> None:
+        name, offset = event["channel"], event["offset"]
+        last = self.channels.get(name)
+        if last is not None and offset > last:
+            if offset > last + 1:
+                await self._channel_catch_up(name, upto=offset - 1)  # an earlier publish is late or lost
+            if self.channels.get(name, offset) < offset and await self._write(
+                    _channel_frame(name, event["content"], offset)):
+                self.channels[name] = offset
+                metrics.CHANNEL_MESSAGES.labels("ws").inc()
+        await self.channel_repair()
+
+    async def channel_repair(self, event: dict | None = None) -> None:
+        """Catch up every channel whose publishes this connection may have missed."""
+        while self.resync:
+            name = self.resync.pop()
+            if name in self.channels:
+                await self._channel_catch_up(name)
+
+    async def channel_join(self, event: sockets.ChannelMembershipEvent) -> None:
+        if self.app is None:
+            return
+        self.durable.add(event["channel"])
+        await self._channel_join(event["channel"], since=None)
+
+    async def channel_leave(self, event: sockets.ChannelMembershipEvent) -> None:
+        name = event["channel"]
+        self.durable.discard(name)
+        if name in self.channels:
+            del self.channels[name]
+            await runtime().hub.leave((self.app.pk, name), self)
+
+
+def _channel_frame(channel: str, content: str, offset: int) -> str:
+    return encode("CHANNEL_MESSAGE", {"channel": channel, "content": content, "offset": offset})
 
 
 def _ms(seconds: float) -> int:

@@ -45,6 +45,14 @@ LIMITED = Counter("switchboard_ws_limited_total", "Frames refused by a rate or w
                   registry=REGISTRY)
 
 
+CHANNEL_OCCUPANCY = Counter("switchboard_channel_occupancy_total",
+                            "Channels that got their first reader (occupied) or lost their last (vacated)",
+                            ["change"], registry=REGISTRY)
+CHANNEL_MESSAGES = Counter("switchboard_channel_messages_written_total",
+                           "Channel messages written to readers on this node, by transport", ["transport"],
+                           registry=REGISTRY)
+
+
 def _scraper_allowed(request: HttpRequest) -> bool:
     if settings.DEBUG:
         return True

@@ -24,6 +24,8 @@ from config.transport.frames import CLOSE_RESTART
 from messaging import dispatch, metrics
 from messaging.asyncdb import run_db
 from messaging.batching import Batcher
+from messaging.channels.hub import ChannelHub
+from messaging.channels.services import channel_occupancy_record
 from messaging.limits import UserWorkLimits
 from messaging.services import (
     OutgoingMessage,
@@ -73,6 +75,10 @@ def _release(claims: list[tuple[int, int]]) -> None:
     deliveries_release(claims=claims, park=True)
 
 
+async def _occupancy_changed(app_id: int, channel: str, occupied: bool) -> None:
+    await run_db(channel_occupancy_record, app_id=app_id, channel=channel, occupied=occupied)
+
+
 def _restart_cleanup(node_id: str) -> None:
     reaped = node_restart_cleanup(node_id=node_id)
     if reaped is not None:
@@ -85,10 +91,11 @@ class NodeRuntime:
         self.connections: dict[str, LocalConnection] = {}
         self.intake = Batcher("intake", _store, linger=settings.INTAKE_LINGER_SECONDS, max_size=500,
                               max_pending=settings.INTAKE_MAX_PENDING)
-        self.routing = Batcher("routing", dispatch.routing_task_send, linger=0.003)
-        self.delivered = Batcher("delivered", _mark_delivered, linger=0.002)
-        self.released = Batcher("released", _release, linger=0.002)
+        self.routing = Batcher("routing", dispatch.routing_task_send, linger=settings.ROUTING_LINGER_SECONDS)
+        self.delivered = Batcher("delivered", _mark_delivered, linger=settings.DELIVERED_LINGER_SECONDS)
+        self.released = Batcher("released", _release, linger=settings.DELIVERED_LINGER_SECONDS)
         self.work_limits = UserWorkLimits()
+        self.hub = ChannelHub(self.node_id, on_occupancy=_occupancy_changed)
         self._started: asyncio.Future | None = None
         self._heartbeat: asyncio.Task | None = None
 
@@ -104,6 +111,7 @@ class NodeRuntime:
         dispatch.routing_batch_sink_install(self.routing.add_threadsafe)
         await run_db(_restart_cleanup, self.node_id)
         await self._join()
+        await self.hub.start()
         self._heartbeat = asyncio.ensure_future(self._beat())
         log.info("node %s joined domain %s", self.node_id, settings.DOMAIN_NAME)
 
@@ -135,6 +143,7 @@ class NodeRuntime:
         try:
             gone = await cache.node_heartbeat(node_id=self.node_id, ttl=settings.PRESENCE_NODE_TIMEOUT, held=held)
             alive = await run_db(node_heartbeat_record, node_id=self.node_id)
+            await self.hub.reassert()
         except cache.NodeDeclaredDead:
             alive, gone = False, []
         if not alive:

@@ -12,7 +12,7 @@ log = logging.getLogger(__name__)
 
 
 @shared_task(
-    bind=True, acks_late=True, autoretry_for=(DatabaseError, RedisError, OSError), retry_backoff=1,
+    bind=True, acks_late=False, autoretry_for=(DatabaseError, RedisError, OSError), retry_backoff=1,
     retry_backoff_max=60, retry_jitter=True, max_retries=None,
 )
 def route_deliveries(self, delivery_ids: list[int]) -> dict:

@@ -7,6 +7,8 @@ Keys:
 - `sb:n:<node>:alive`: a key with a TTL, refreshed by the node's heartbeat.
 - `sb:n:<node>:dead`: the tombstone the reaper leaves when it declares a node dead.
 - `sb:n:<node>:suspect`: channels the last heartbeat found in the cache but not on the node.
+- `sb:n:<node>:regs`: other hashes in which the node holds a field named after itself (the channel
+  registry of messaging.channels, say); when the node is declared dead its field goes from each.
 
 Adding and removing a connection are Lua scripts, so "was this the user's first / last connection
 in the cluster?" is answered atomically: two nodes connecting (or a node and the reaper
@@ -37,6 +39,7 @@ NODE_CONNS_KEY = "sb:n:{node_id}:conns"
 NODE_ALIVE_KEY = "sb:n:{node_id}:alive"
 NODE_DEAD_KEY = "sb:n:{node_id}:dead"
 NODE_SUSPECT_KEY = "sb:n:{node_id}:suspect"
+NODE_REGS_KEY = "sb:n:{node_id}:regs"
 TOMBSTONE_SECONDS = 24 * 3600
 
 # KEYS: user hash, node hash, tombstone. ARGV: channel, value, user, limit.
@@ -89,10 +92,13 @@ for i = 3, #ARGV, 3 do
 end
 return gone
 """
-# KEYS: node hash, tombstone, alive key. ARGV: tombstone ttl -> flat list channel, user, was-last (0/1).
+# KEYS: node hash, tombstone, alive key, registrations set. ARGV: tombstone ttl, node id
+# -> flat list channel, user, was-last (0/1).
 _FORGET_NODE = """
 redis.call('SET', KEYS[2], '1', 'EX', tonumber(ARGV[1]))
 redis.call('DEL', KEYS[3])
+for _, key in ipairs(redis.call('SMEMBERS', KEYS[4])) do redis.call('HDEL', key, ARGV[2]) end
+redis.call('DEL', KEYS[4])
 local out = {}
 local stored = redis.call('HGETALL', KEYS[1])
 for i = 1, #stored, 2 do
@@ -145,6 +151,11 @@ def _node_keys(node_id: str) -> tuple[str, str, str]:
 
 def _suspect_key(node_id: str) -> str:
     return NODE_SUSPECT_KEY.format(node_id=node_id)
+
+
+def node_registrations_key(node_id: str) -> str:
+    """Where a node lists the hashes it holds a field in (dropped with it when it dies)."""
+    return NODE_REGS_KEY.format(node_id=node_id)
 
 
 def _text(value: bytes | str) -> str:
@@ -219,7 +230,10 @@ async def node_heartbeat(*, node_id: str, ttl: int, held: Iterable[HeldConnectio
 async def node_revive(*, node_id: str) -> None:
     """A node starting afresh under its id: no tombstone, no connections from an earlier life."""
     conns, _, dead = _node_keys(node_id)
-    await async_client().delete(dead, conns, _suspect_key(node_id))
+    client = async_client()
+    for key in await client.smembers(node_registrations_key(node_id)):
+        await client.hdel(key, node_id)
+    await client.delete(dead, conns, _suspect_key(node_id), node_registrations_key(node_id))
 
 
 # --- sync (workers, maintenance, admin) ----------------------------------------------------------
@@ -244,7 +258,8 @@ def node_forget(*, node_id: str) -> list[ForgottenConnection]:
     """The reaper's half in Redis: tombstone the node and drop every connection it held."""
     conns, alive, dead = _node_keys(node_id)
     sync_client().delete(_suspect_key(node_id))
-    flat = sync_client().eval(_FORGET_NODE, 3, conns, dead, alive, TOMBSTONE_SECONDS)
+    flat = sync_client().eval(_FORGET_NODE, 4, conns, dead, alive, node_registrations_key(node_id),
+                              TOMBSTONE_SECONDS, node_id)
     return [ForgottenConnection(_text(flat[i]), _text(flat[i + 1]), int(flat[i + 2]) == 1)
             for i in range(0, len(flat), 3)]
 

@@ -211,12 +211,18 @@ FETCH_MAX_BYTES = env_int("FETCH_MAX_BYTES", 4 * 1024 * 1024)
 # this many sends may wait for the database before senders are told "server busy".
 INTAKE_LINGER_SECONDS = env_float("INTAKE_LINGER_SECONDS", 0.001)
 INTAKE_MAX_PENDING = env_int("INTAKE_MAX_PENDING", 5000)
+# Committed deliveries gather this long into one routing task (each task costs its worker far more
+# than routing one more delivery in it).
+ROUTING_LINGER_SECONDS = env_float("ROUTING_LINGER_SECONDS", 0.003)
+# "Delivered" marks (and confirmations) gather this long into one statement; nobody waits for them.
+DELIVERED_LINGER_SECONDS = env_float("DELIVERED_LINGER_SECONDS", 0.002)
 # Per connection: bytes queued for a socket beyond which the reader is too slow (close 4002), frames
 # received but not yet handled beyond which the sender floods (close 4003), and how many
 # ACK-mode messages may be in flight (sent, not yet ACKed) before further pushes wait in the mailbox.
 WS_MAX_OUTGOING_BYTES = env_int("WS_MAX_OUTGOING_BYTES", 8 * 1024 * 1024)
 WS_MAX_QUEUED_FRAMES = env_int("WS_MAX_QUEUED_FRAMES", 500)
 WS_ACK_WINDOW = env_int("WS_ACK_WINDOW", 1000)
+WS_MAX_CHANNELS = env_int("WS_MAX_CHANNELS", 100)  # channels one connection may read
 # --- presence ----------------------------------------------------------------------------------
 PRESENCE_HEARTBEAT_SECONDS = env_int("PRESENCE_HEARTBEAT_SECONDS", 5)
 PRESENCE_NODE_TIMEOUT = env_int("PRESENCE_NODE_TIMEOUT", 20)  # no heartbeat for this long = dead node

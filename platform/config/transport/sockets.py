@@ -61,7 +61,14 @@ class ConnectionCloseEvent(TypedDict):
     reason: str
 
 
-Event = MessageDeliverEvent | MessageFastEvent | PresenceEvent | ConnectionCloseEvent
+class ChannelMembershipEvent(TypedDict):
+    """A server-managed subscription changed: the connection joins or leaves the channel live."""
+
+    type: Literal["channel.join", "channel.leave"]
+    channel: str
+
+
+Event = MessageDeliverEvent | MessageFastEvent | PresenceEvent | ConnectionCloseEvent | ChannelMembershipEvent
 
 
 def message_deliver_event(items: list[DeliverItem]) -> MessageDeliverEvent:
@@ -78,6 +85,14 @@ def presence_event(frame: str) -> PresenceEvent:
 
 def connection_close_event(code: int, reason: str) -> ConnectionCloseEvent:
     return {"type": "connection.close", "code": code, "reason": reason}
+
+
+def channel_join_event(channel: str) -> ChannelMembershipEvent:
+    return {"type": "channel.join", "channel": channel}
+
+
+def channel_leave_event(channel: str) -> ChannelMembershipEvent:
+    return {"type": "channel.leave", "channel": channel}
 
 
 class NoSubscriber(Exception):

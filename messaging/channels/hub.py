@@ -1,0 +1,192 @@
+"""The node-local hub: one Redis pub/sub connection per web node fans channel publishes out to
+every reader on the node (/ws connections, SSE streams, push-compatible stream sockets).
+
+A reader joins a channel through the hub; the first local reader of a channel makes the node
+subscribe to its Redis channel, and `join` returns only once Redis has confirmed that subscription,
+so a reader that then reads the channel's head or history misses nothing published after. Each
+publish arrives once per node and is handed to each local reader without another round trip; a
+reader takes it without blocking (it queues it, or notes that it fell behind and repairs from the
+history). If the pub/sub connection breaks, the hub reconnects, subscribes again, and tells every
+reader to repair from the history what it may have missed.
+
+How many local readers each channel has is written to the cluster registry
+(messaging.channels.registry) in the background, coalesced: a thousand joins are one update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from config.transport.redis_clients import async_client
+from messaging.channels import registry
+
+log = logging.getLogger(__name__)
+ChannelKey = tuple[int, str]  # (app id, channel name)
+
+
+class ChannelReader(Protocol):
+    def channel_event(self, key: ChannelKey, offset: int, content: str) -> None:
+        """A publish on a joined channel; must not block."""
+
+    def channel_resync(self, key: ChannelKey) -> None:
+        """Publishes may have been missed: repair from the history; must not block."""
+
+
+OccupancyHook = Callable[[int, str, bool], Awaitable[None]]
+
+
+class ChannelHub:
+    def __init__(self, node_id: str, on_occupancy: OccupancyHook | None = None) -> None:
+        self.node_id = node_id
+        self.readers: dict[ChannelKey, set[ChannelReader]] = {}
+        self.on_occupancy = on_occupancy
+        self._pubsub = None
+        self._subscribed: set[ChannelKey] = set()
+        self._confirmations: dict[str, list[asyncio.Future]] = {}
+        self._dirty: set[ChannelKey] = set()
+        self._flush_wake = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self._lock = asyncio.Lock()  # one subscribe/unsubscribe at a time
+
+    @property
+    def control_channel(self) -> str:
+        return f"sb:hub:{self.node_id}"
+
+    async def start(self) -> None:
+        self._pubsub = async_client().pubsub()
+        await self._pubsub.subscribe(self.control_channel)
+        self._tasks = [asyncio.ensure_future(self._read()), asyncio.ensure_future(self._flush_counts())]
+
+    # --- joining and leaving -------------------------------------------------------------------
+
+    async def join(self, key: ChannelKey, reader: ChannelReader) -> None:
+        self.readers.setdefault(key, set()).add(reader)
+        self._mark(key)
+        if key not in self._subscribed:
+            async with self._lock:
+                if key not in self._subscribed and self.readers.get(key):
+                    await self._subscribe(key)
+
+    async def leave(self, key: ChannelKey, reader: ChannelReader) -> None:
+        readers = self.readers.get(key)
+        if not readers or reader not in readers:
+            return
+        readers.discard(reader)
+        self._mark(key)
+        if not readers:
+            del self.readers[key]
+            async with self._lock:
+                if key in self._subscribed and key not in self.readers:
+                    self._subscribed.discard(key)
+                    try:
+                        await self._pubsub.unsubscribe(registry.fanout_key(*key))
+                    except Exception:
+                        log.exception("unsubscribing %s failed", key)  # a reconnect drops it anyway
+
+    def reader_count(self, key: ChannelKey) -> int:
+        return len(self.readers.get(key, ()))
+
+    async def _subscribe(self, key: ChannelKey) -> None:
+        name = registry.fanout_key(*key)
+        confirmed = asyncio.get_running_loop().create_future()
+        self._confirmations.setdefault(name, []).append(confirmed)
+        await self._pubsub.subscribe(name)
+        await asyncio.wait_for(confirmed, 10)
+        self._subscribed.add(key)
+
+    # --- reading -------------------------------------------------------------------------------
+
+    async def _read(self) -> None:
+        while True:
+            try:
+                message = await self._pubsub.get_message(ignore_subscribe_messages=False, timeout=1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("channel hub lost its Redis connection (%r); reconnecting", exc)
+                await self._reconnect()
+                continue
+            if message is not None:
+                self._handle(message)
+
+    def _handle(self, message: dict) -> None:
+        name = message["channel"].decode() if isinstance(message["channel"], bytes) else message["channel"]
+        if message["type"] == "subscribe":
+            for future in self._confirmations.pop(name, []):
+                if not future.done():
+                    future.set_result(None)
+            return
+        if message["type"] != "message" or not name.startswith("sb:ch:"):
+            return
+        _, _, app_id, channel = name.split(":", 3)
+        key = (int(app_id), channel)
+        try:
+            payload = json.loads(message["data"])
+            offset, content = int(payload["o"]), payload["c"]
+        except (ValueError, KeyError, TypeError):
+            log.warning("malformed publish on %s", name)
+            return
+        for reader in list(self.readers.get(key, ())):
+            reader.channel_event(key, offset, content)
+
+    async def _reconnect(self) -> None:
+        delay = 0.2
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                try:
+                    await self._pubsub.aclose()
+                except Exception:
+                    pass
+                self._pubsub = async_client().pubsub()
+                await self._pubsub.subscribe(self.control_channel,
+                                             *(registry.fanout_key(*k) for k in self.readers))
+                self._subscribed = set(self.readers)
+                for futures in self._confirmations.values():
+                    for future in futures:
+                        if not future.done():
+                            future.set_result(None)
+                self._confirmations.clear()
+                break
+            except Exception as exc:
+                log.warning("channel hub reconnect failed (%r)", exc)
+                delay = min(delay * 2, 5.0)
+        for key, readers in list(self.readers.items()):
+            self._mark(key)
+            for reader in list(readers):
+                reader.channel_resync(key)
+
+    # --- the cluster registry ------------------------------------------------------------------
+
+    def _mark(self, key: ChannelKey) -> None:
+        self._dirty.add(key)
+        self._flush_wake.set()
+
+    async def _flush_counts(self) -> None:
+        while True:
+            await self._flush_wake.wait()
+            self._flush_wake.clear()
+            await asyncio.sleep(0.05)  # coalesce a burst of joins
+            dirty, self._dirty = self._dirty, set()
+            for key in dirty:
+                try:
+                    before, after = await registry.readers_set(app_id=key[0], channel=key[1], node_id=self.node_id,
+                                                               count=self.reader_count(key))
+                except Exception:
+                    log.exception("updating the reader count of %s failed", key)
+                    self._dirty.add(key)  # the next flush (or heartbeat) tries again
+                    continue
+                if self.on_occupancy is not None and (before == 0) != (after == 0):
+                    try:
+                        await self.on_occupancy(key[0], key[1], after > 0)
+                    except Exception:
+                        log.exception("occupancy hook for %s failed", key)
+
+    async def reassert(self) -> None:
+        """The heartbeat's part: the registry holds this node's counts (heals a restarted Redis)."""
+        await registry.readers_reassert(node_id=self.node_id,
+                                        counts={key: len(readers) for key, readers in self.readers.items()})

@@ -1,0 +1,159 @@
+"""Channel publishes, history and server-managed subscriptions.
+
+A publish is two steps. First `channel_publish` appends to the channel's history in one
+statement: the channel row's upsert hands out the next offset and holds the row's lock until
+commit, so offsets are gap-free and increase in commit order. Then, once committed, the fan-out
+publishes `{offset, content}` on the channel's Redis pub/sub channel, which every web node with a
+reader of the channel listens on (messaging.channels.hub); the answer is how many readers the
+cluster has. Readers deliver in offset order and repair any gap (a publish overtaken by a later
+one, a Redis hiccup) from the history, so a reader misses nothing and sees nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from django.db import connection, transaction
+
+from config.transport import sockets
+from messaging.channels import registry
+from messaging.models import Subscription
+from presence import cache
+
+
+@dataclass(frozen=True)
+class Published:
+    channel: str
+    offset: int
+    subscribers: int  # live readers the publish went out to (cluster-wide, at that moment)
+
+
+def channel_publish(*, app_id: int, channel: str, content: str, publisher: str = "") -> int:
+    """Append `content` to the channel's history; returns its offset. Fan-out is the caller's
+    next step, after commit (channel_fanout)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            WITH ch AS (
+                INSERT INTO messaging_channel (app_id, name, last_offset, created_at)
+                VALUES (%s, %s, 1, now())
+                ON CONFLICT (app_id, name) DO UPDATE SET last_offset = messaging_channel.last_offset + 1
+                RETURNING id, last_offset
+            )
+            INSERT INTO messaging_channelmessage (channel_id, "offset", content, publisher, created_at)
+            SELECT id, last_offset, %s, %s, now() FROM ch
+            RETURNING "offset"
+            """,
+            [app_id, channel, content, publisher[:128]],
+        )
+        return cur.fetchone()[0]
+
+
+def _payload(offset: int, content: str) -> str:
+    return json.dumps({"o": offset, "c": content}, separators=(",", ":"), ensure_ascii=False)
+
+
+def channel_fanout(*, app_id: int, channel: str, offset: int, content: str) -> int:
+    """Send a committed publish to every node reading the channel; returns the readers there are."""
+    from config.transport.redis_clients import sync_client
+
+    pipe = sync_client().pipeline(transaction=False)
+    pipe.publish(registry.fanout_key(app_id, channel), _payload(offset, content))
+    pipe.hvals(registry.registry_key(app_id, channel))
+    _, counts = pipe.execute()
+    return sum(int(c) for c in counts)
+
+
+def channel_publish_and_fanout(*, app_id: int, channel: str, content: str, publisher: str = "") -> Published:
+    """Publish from sync code (the REST API, `manage.py send`): stored, then fanned out."""
+    with transaction.atomic():
+        offset = channel_publish(app_id=app_id, channel=channel, content=content, publisher=publisher)
+    try:
+        subscribers = channel_fanout(app_id=app_id, channel=channel, offset=offset, content=content)
+    except Exception:
+        # Stored but not pushed (Redis away): readers find it in the history at their next
+        # message or reconnect; nobody is known to have been reached.
+        subscribers = 0
+    return Published(channel=channel, offset=offset, subscribers=subscribers)
+
+
+@dataclass(frozen=True)
+class HistoryItem:
+    offset: int
+    content: str
+
+
+def channel_history(*, app_id: int, channel: str, after: int, upto: int | None = None,
+                    limit: int = 1000) -> list[HistoryItem]:
+    """Messages after offset `after` (and up to `upto`), oldest first (the (channel, offset) index)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT m."offset", m.content FROM messaging_channelmessage m
+              JOIN messaging_channel c ON c.id = m.channel_id
+             WHERE c.app_id = %s AND c.name = %s AND m."offset" > %s AND (%s::bigint IS NULL OR m."offset" <= %s)
+             ORDER BY m."offset" LIMIT %s
+            """,
+            [app_id, channel, after, upto, upto, limit],
+        )
+        return [HistoryItem(*row) for row in cur.fetchall()]
+
+
+def channel_heads(*, app_id: int, channels: list[str]) -> dict[str, int]:
+    """The latest offset of each channel (0 for one never published to)."""
+    if not channels:
+        return {}
+    with connection.cursor() as cur:
+        cur.execute("SELECT name, last_offset FROM messaging_channel WHERE app_id = %s AND name = ANY(%s)",
+                    [app_id, list(channels)])
+        heads = dict(cur.fetchall())
+    return {name: heads.get(name, 0) for name in channels}
+
+
+def channel_history_expire() -> int:
+    """Drop history older than each app's retention, oldest first per channel (no holes)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            WITH keep AS (
+                SELECT c.id, (SELECT x."offset" FROM messaging_channelmessage x
+                               WHERE x.channel_id = c.id
+                                 AND x.created_at >= now() - make_interval(days => a.retention_days)
+                               ORDER BY x."offset" LIMIT 1) AS first_kept
+                  FROM messaging_channel c JOIN apps_registry_clientapp a ON a.id = c.app_id
+            )
+            DELETE FROM messaging_channelmessage m USING keep
+             WHERE m.channel_id = keep.id AND (keep.first_kept IS NULL OR m."offset" < keep.first_kept)
+            """
+        )
+        return cur.rowcount
+
+
+def channel_occupancy_record(*, app_id: int, channel: str, occupied: bool) -> None:
+    """A channel got its first reader in the cluster (occupied) or lost its last one (vacated)."""
+    from messaging import metrics
+
+    metrics.CHANNEL_OCCUPANCY.labels("occupied" if occupied else "vacated").inc()
+
+
+# --- server-managed subscriptions ----------------------------------------------------------------
+
+
+def _tell_connections(user_id: str, event: sockets.Event) -> None:
+    conns = cache.connections_of_many([user_id])[user_id]
+    sockets.send_many_sync((c.channel_name, event) for c in conns)
+
+
+def subscription_add(*, app_id: int, subscriber: str, channel: str) -> bool:
+    """Subscribe a user to a channel (durably); its live connections join at once. True if new."""
+    created = Subscription.objects.get_or_create(app_id=app_id, subscriber=subscriber, channel=channel)[1]
+    transaction.on_commit(lambda: _tell_connections(subscriber, sockets.channel_join_event(channel)))
+    return created
+
+
+def subscription_remove(*, app_id: int, subscriber: str, channel: str) -> bool:
+    """End a durable subscription; the user's live connections leave the channel. True if it existed."""
+    deleted, _ = Subscription.objects.filter(app_id=app_id, subscriber=subscriber, channel=channel).delete()
+    transaction.on_commit(lambda: _tell_connections(subscriber, sockets.channel_leave_event(channel)))
+    return bool(deleted)
