@@ -115,28 +115,37 @@ class AppSnapshot:
         return self.auth_mode == AuthMode.AUTH_URL and self.auth_enabled
 
 
-_snapshots: OrderedDict[str, tuple[float, AppSnapshot | None]] = OrderedDict()
+_snapshots: OrderedDict[tuple[str, str], tuple[float, AppSnapshot | None]] = OrderedDict()
 _snapshots_lock = threading.Lock()
 
 
-def app_snapshot(app_name: str) -> AppSnapshot | None:
+def _cached(key: tuple[str, str], load) -> AppSnapshot | None:
     now = time.monotonic()
     with _snapshots_lock:
-        cached = _snapshots.get(app_name)
+        cached = _snapshots.get(key)
         if cached is not None and now - cached[0] < SNAPSHOT_TTL:
-            _snapshots.move_to_end(app_name)
+            _snapshots.move_to_end(key)
             return cached[1]
-    snapshot = _snapshot_load(app_name)
+    snapshot = load()
     with _snapshots_lock:
-        _snapshots[app_name] = (now, snapshot)
-        _snapshots.move_to_end(app_name)
+        _snapshots[key] = (now, snapshot)
+        _snapshots.move_to_end(key)
         while len(_snapshots) > SNAPSHOT_CACHE_SIZE:
             _snapshots.popitem(last=False)
     return snapshot
 
 
-def _snapshot_load(app_name: str) -> AppSnapshot | None:
-    app = ClientApp.objects.filter(app_name=app_name).first()
+def app_snapshot(app_name: str) -> AppSnapshot | None:
+    """The app whose name (user-id prefix) is `app_name`."""
+    return _cached(("name", app_name), lambda: _snapshot_load(ClientApp.objects.filter(app_name=app_name).first()))
+
+
+def app_snapshot_by_app_id(app_id: str) -> AppSnapshot | None:
+    """The app whose appId is `app_id` (stream URLs and tokens name apps this way)."""
+    return _cached(("id", app_id), lambda: _snapshot_load(ClientApp.objects.filter(app_id=app_id).first()))
+
+
+def _snapshot_load(app: ClientApp | None) -> AppSnapshot | None:
     snapshot = None
     if app is not None:
         dists = tuple(

@@ -17,7 +17,6 @@ What a connection guarantees its client:
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections import OrderedDict, deque
@@ -25,10 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from channels.consumer import get_handler_name
-from channels.exceptions import StopConsumer
-from channels.generic.websocket import AsyncWebsocketConsumer
-from channels.layers import get_channel_layer
-from channels.utils import await_many_dispatch
 from django.conf import settings
 
 from apps_registry.selectors import AppSnapshot, app_snapshot, user_id_parse
@@ -46,7 +41,7 @@ from messaging import metrics
 from messaging.asyncdb import run_db
 from messaging.authentication import client_authenticate
 from messaging.batching import BatcherFull
-from messaging.channels.hub import ChannelKey
+from messaging.channels.cursor import ChannelCursor
 from messaging.channels.names import (
     GrantError,
     channel_grant_claims,
@@ -56,7 +51,7 @@ from messaging.channels.names import (
     channel_of_app,
 )
 from messaging.channels.selectors import subscriptions_of
-from messaging.channels.services import channel_heads, channel_history
+from messaging.inbox import ChannelReaderConsumer
 from messaging.limits import ConnectionLimits, TokenBucket
 from messaging.models import MessageKind
 from messaging.protocol import (
@@ -88,8 +83,6 @@ log = logging.getLogger(__name__)
 WRITTEN_MEMORY = 5000  # recently written delivery ids per connection (dedupe, and fetch's skip list)
 APP_REFRESH_SECONDS = 5.0
 CONTROL_TYPES = {"PING", "PONG", "ACK"}
-INBOX_SIZE = 1000  # channel publishes waiting for this connection; beyond, it repairs from history
-CATCH_UP_BATCH = 500
 
 
 @dataclass
@@ -99,31 +92,12 @@ class _Unflushed:
     claims: list[tuple[int, int]]  # (delivery id, claim) of pushed rows: given back if never flushed
 
 
-class ClientConsumer(AsyncWebsocketConsumer):
+class ClientConsumer(ChannelReaderConsumer):
     app: AppSnapshot | None = None
     user_id: str | None = None
     acks: bool = False
 
     # --- life cycle ----------------------------------------------------------------------------
-
-    async def __call__(self, scope, receive, send) -> None:
-        # Channels' AsyncConsumer.__call__, plus a third source of events: the node-local inbox the
-        # channel hub hands publishes to (no Redis round trip per reader). Events of all three
-        # sources are handled one at a time, in arrival order.
-        self._cleaned = False
-        self.inbox: asyncio.Queue = asyncio.Queue(maxsize=INBOX_SIZE)
-        self.scope = scope
-        self.base_send = send
-        try:
-            self.channel_layer = get_channel_layer(self.channel_layer_alias)
-            self.channel_name = await self.channel_layer.new_channel()
-            self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
-            await await_many_dispatch([receive, self.channel_receive, self.inbox.get], self.dispatch)
-        except StopConsumer:
-            pass
-        finally:
-            # Runs on every way out: a clean disconnect, an exception in a handler, a cancellation.
-            await asyncio.shield(self._cleanup())
 
     async def dispatch(self, message: dict) -> None:
         # Channels' default dispatch runs close_old_connections in a thread before every message
@@ -144,9 +118,8 @@ class ClientConsumer(AsyncWebsocketConsumer):
         self.inflight_by_message: dict[int, int] = {}
         self.unflushed: deque[_Unflushed] = deque()
         self.unflushed_ids: set[int] = set()
-        self.channels: dict[str, int] = {}  # joined channel -> last offset written to this socket
+        self.channels: ChannelCursor | None = None  # set at authentication
         self.durable: set[str] = set()  # channels of the user's server-managed subscriptions
-        self.resync: set[str] = set()  # channels whose publishes this connection may have missed
         self.closing = False
         self.outgoing: OutgoingBuffer | None = (self.scope.get("extensions") or {}).get(OUTGOING_EXTENSION)
         if self.outgoing is not None:
@@ -181,9 +154,8 @@ class ClientConsumer(AsyncWebsocketConsumer):
         node = runtime()
         node.connection_remove(self.channel_name)
         node.work_limits.detach((self.app.pk, self.user_id))
-        for name in list(self.channels):
-            await node.hub.leave((self.app.pk, name), self)
-        self.channels.clear()
+        if self.channels is not None:
+            await self.channels.leave_all()
         # What this connection held but its client never got (frames still queued on the node, or
         # not ACKed) goes back to the mailbox under the claim it came with: no attempt counted.
         self._on_flush()
@@ -346,6 +318,8 @@ class ClientConsumer(AsyncWebsocketConsumer):
         self.app, self.user_id, self.acks, self.app_loaded_at = app, user_id, acks, time.monotonic()
         self.limits = ConnectionLimits.for_app(app.rate_limit_per_second, app.rate_limit_burst)
         self.user_bucket = node.work_limits.attach((app.pk, user_id), app.deliveries_per_second, app.deliveries_burst)
+        self.channels = ChannelCursor(app_id=app.pk, hub=node.hub, reader=self, write=self._write_channel,
+                                      transport="ws")
         self.auth_timer.cancel()
         metrics.AUTH.labels("admitted").inc()
         await self._write(encode("AUTH_CLIENT_REPLY", {"appId": app_id, "userId": user_id, "isAuthenticated": True}))
@@ -359,7 +333,7 @@ class ClientConsumer(AsyncWebsocketConsumer):
         # replays what was missed).
         self.durable = set(await run_db(subscriptions_of, app_id=app.pk, user_id=user_id))
         for name in sorted(self.durable):
-            await self._channel_join(name, since=None)
+            await self.channels.join(name)
 
     async def _refuse(self, app_id: str, user_id: str, reason: str, code: int) -> None:
         """The linker reply, exactly (strict clients compare it); the reason travels in the close frame."""
@@ -567,15 +541,13 @@ class ClientConsumer(AsyncWebsocketConsumer):
         if name not in self.channels and len(self.channels) >= settings.WS_MAX_CHANNELS:
             raise FrameError(f"at most {settings.WS_MAX_CHANNELS} channels per connection", data,
                              limit=settings.WS_MAX_CHANNELS)
-        offset = await self._channel_join(name, since=since)
+        offset = await self.channels.join(name, since=since)
         await self._write(encode("SUBSCRIBED", {"channel": name, "offset": offset}))
 
     async def on_unsubscribe(self, frame: Frame) -> None:
         data = require_dict(frame)
         name = self._channel_name(data)
-        if name in self.channels:
-            del self.channels[name]
-            await runtime().hub.leave((self.app.pk, name), self)
+        await self.channels.leave(name)
         await self._write(encode("UNSUBSCRIBED", {"channel": name}))
 
     async def on_reauth(self, frame: Frame) -> None:
@@ -646,80 +618,18 @@ class ClientConsumer(AsyncWebsocketConsumer):
 
     # --- channels (the hub hands publishes to the inbox; see messaging.channels.hub) -------------
 
-    def channel_event(self, key: ChannelKey, offset: int, content: str) -> None:
-        try:
-            self.inbox.put_nowait({"type": "channel.message", "channel": key[1], "offset": offset,
-                                   "content": content})
-        except asyncio.QueueFull:
-            self.resync.add(key[1])  # fell behind: repaired from the history once the inbox drains
-
-    def channel_resync(self, key: ChannelKey) -> None:
-        self.resync.add(key[1])
-        try:
-            self.inbox.put_nowait({"type": "channel.repair"})
-        except asyncio.QueueFull:
-            pass  # the queued events trigger the repair
-
-    async def _channel_join(self, name: str, since: int | None) -> int:
-        """Join a channel live, then (with `since`) replay what came after it: the hub's subscription
-        is confirmed before the head is read, so nothing falls between replay and live, and offsets
-        already written are skipped. Returns the offset this connection is at."""
-        if name not in self.channels:
-            self.channels[name] = 0
-            await runtime().hub.join((self.app.pk, name), self)
-        head = (await run_db(channel_heads, app_id=self.app.pk, channels=[name]))[name]
-        if since is None:
-            self.channels[name] = max(self.channels[name], head)
-        else:
-            self.channels[name] = min(since, head)
-            await self._channel_catch_up(name, upto=head)
-        return self.channels[name]
-
-    async def _channel_catch_up(self, name: str, upto: int | None = None) -> None:
-        while name in self.channels:
-            items = await run_db(channel_history, app_id=self.app.pk, channel=name, after=self.channels[name],
-                                 upto=upto, limit=CATCH_UP_BATCH)
-            for item in items:
-                if not await self._write(_channel_frame(name, item.content, item.offset)):
-                    return
-                self.channels[name] = item.offset
-            metrics.CHANNEL_MESSAGES.labels("ws").inc(len(items))
-            if len(items) < CATCH_UP_BATCH:
-                if upto is not None and self.channels.get(name, upto) < upto:
-                    self.channels[name] = upto  # the rest expired with the app's retention
-                return
-
-    async def channel_message(self, event: dict) -> None:
-        name, offset = event["channel"], event["offset"]
-        last = self.channels.get(name)
-        if last is not None and offset > last:
-            if offset > last + 1:
-                await self._channel_catch_up(name, upto=offset - 1)  # an earlier publish is late or lost
-            if self.channels.get(name, offset) < offset and await self._write(
-                    _channel_frame(name, event["content"], offset)):
-                self.channels[name] = offset
-                metrics.CHANNEL_MESSAGES.labels("ws").inc()
-        await self.channel_repair()
-
-    async def channel_repair(self, event: dict | None = None) -> None:
-        """Catch up every channel whose publishes this connection may have missed."""
-        while self.resync:
-            name = self.resync.pop()
-            if name in self.channels:
-                await self._channel_catch_up(name)
+    async def _write_channel(self, channel: str, offset: int, content: str) -> bool:
+        return await self._write(_channel_frame(channel, content, offset))
 
     async def channel_join(self, event: sockets.ChannelMembershipEvent) -> None:
-        if self.app is None:
-            return
-        self.durable.add(event["channel"])
-        await self._channel_join(event["channel"], since=None)
+        if self.channels is not None:
+            self.durable.add(event["channel"])
+            await self.channels.join(event["channel"])
 
     async def channel_leave(self, event: sockets.ChannelMembershipEvent) -> None:
-        name = event["channel"]
-        self.durable.discard(name)
-        if name in self.channels:
-            del self.channels[name]
-            await runtime().hub.leave((self.app.pk, name), self)
+        if self.channels is not None:
+            self.durable.discard(event["channel"])
+            await self.channels.leave(event["channel"])
 
 
 def _channel_frame(channel: str, content: str, offset: int) -> str:

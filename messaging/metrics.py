@@ -45,6 +45,10 @@ LIMITED = Counter("switchboard_ws_limited_total", "Frames refused by a rate or w
                   registry=REGISTRY)
 
 
+TRANSPORT_CONNECTIONS = Gauge("switchboard_connections", "Open connections on this node, by transport", ["transport"],
+                              registry=REGISTRY)
+STREAM_CLOSED = Counter("switchboard_stream_closed_total", "Channel streams ended by the server, by transport and reason",
+                        ["transport", "reason"], registry=REGISTRY)
 CHANNEL_OCCUPANCY = Counter("switchboard_channel_occupancy_total",
                             "Channels that got their first reader (occupied) or lost their last (vacated)",
                             ["change"], registry=REGISTRY)

@@ -123,10 +123,12 @@ class NodeRuntime:
     def connection_add(self, channel_name: str, conn: LocalConnection) -> None:
         self.connections[channel_name] = conn
         metrics.CONNECTIONS.set(len(self.connections))
+        metrics.TRANSPORT_CONNECTIONS.labels("ws").set(len(self.connections))
 
     def connection_remove(self, channel_name: str) -> None:
         self.connections.pop(channel_name, None)
         metrics.CONNECTIONS.set(len(self.connections))
+        metrics.TRANSPORT_CONNECTIONS.labels("ws").set(len(self.connections))
 
     async def _beat(self) -> None:
         while True:
@@ -168,6 +170,7 @@ class NodeRuntime:
         conns = list(self.connections.values())
         self.connections.clear()  # the next beat must not re-assert sockets that are closing
         metrics.CONNECTIONS.set(0)
+        metrics.TRANSPORT_CONNECTIONS.labels("ws").set(0)
         log.warning("node %s was declared dead while silent; closing %d sockets with 1012",
                     self.node_id, len(conns))
         await asyncio.gather(*(c.close(CLOSE_RESTART, "this node was declared dead; reconnect") for c in conns),

@@ -1,4 +1,5 @@
-"""ASGI entry point for daphne: HTTP goes to Django, WebSockets to the Channels consumers."""
+"""ASGI entry point for daphne: HTTP goes to Django (SSE streams to their own app), WebSockets to
+the Channels consumers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
 
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.core.asgi import get_asgi_application  # noqa: E402
+from django.urls import re_path  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
@@ -15,11 +17,11 @@ from config import daphne_patches  # noqa: E402
 
 daphne_patches.install()
 
-from config.routing import websocket_urlpatterns  # noqa: E402  (needs the app registry)
+from config.routing import stream_urlpatterns, websocket_urlpatterns  # noqa: E402  (needs the app registry)
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": URLRouter([*stream_urlpatterns, re_path(r"", django_asgi_app)]),
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )

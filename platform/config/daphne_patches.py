@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 SERVER_CODES = {1000, 1001, 1008, 1009, 1011, 1012, 1013}
 OUTGOING_EXTENSION = "switchboard.outgoing"
+STREAM_PATHS = ("/sse/",)  # HTTP responses that stream for minutes
 # A client that does not answer our close frame within this many seconds is dropped.
 CLOSE_HANDSHAKE_TIMEOUT = 5
 
@@ -183,6 +184,14 @@ def install() -> None:
             buffer = OutgoingBuffer(protocol.transport)
             protocol._switchboard_outgoing = buffer
             scope.setdefault("extensions", {})[OUTGOING_EXTENSION] = buffer
+        elif scope.get("type") == "http" and str(scope.get("path", "")).startswith(STREAM_PATHS):
+            # A long-lived HTTP stream (SSE) gets the same view of its socket's buffer; a kept-alive
+            # connection's transport is wrapped once.
+            transport = getattr(getattr(protocol, "channel", None), "transport", None)
+            if transport is not None:
+                buffer = getattr(transport, "_switchboard_outgoing", None) or OutgoingBuffer(transport)
+                transport._switchboard_outgoing = buffer
+                scope.setdefault("extensions", {})[OUTGOING_EXTENSION] = buffer
         return original_create(self, protocol, scope)
 
     server.Server.create_application = create_application

@@ -1,11 +1,18 @@
-"""WebSocket URL routes, one list for the whole project."""
+"""URL routes that bypass Django's request handling: WebSockets, and long-lived HTTP streams."""
 
 from __future__ import annotations
 
-from django.urls import re_path
+from django.urls import path, re_path
 
 from messaging.consumers import ClientConsumer
+from messaging.streams.sse import SseStream
+from messaging.streams.ws import PushStreamConsumer
 
 websocket_urlpatterns = [
+    re_path(r"^ws/messages/?$", PushStreamConsumer.as_asgi()),
     re_path(r"^ws/?$", ClientConsumer.as_asgi()),
+]
+
+stream_urlpatterns = [
+    path("sse/messages", SseStream()),
 ]

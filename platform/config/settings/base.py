@@ -223,6 +223,15 @@ WS_MAX_OUTGOING_BYTES = env_int("WS_MAX_OUTGOING_BYTES", 8 * 1024 * 1024)
 WS_MAX_QUEUED_FRAMES = env_int("WS_MAX_QUEUED_FRAMES", 500)
 WS_ACK_WINDOW = env_int("WS_ACK_WINDOW", 1000)
 WS_MAX_CHANNELS = env_int("WS_MAX_CHANNELS", 100)  # channels one connection may read
+# --- push-compatible channel streams (the push seed's settings and defaults) ---------------------
+PUSH_HEARTBEAT_SECONDS = env_float("PUSH_HEARTBEAT_SECONDS", 30.0)  # heartbeat (SSE) / ping (WS) interval
+PUSH_CLIENT_GRACE_SECONDS = env_float("PUSH_CLIENT_GRACE_SECONDS", 4.0)  # pong deadline; reconnect notice lead
+PUSH_RECONNECT_DITHER_MIN_SECONDS = env_float("PUSH_RECONNECT_DITHER_MIN_SECONDS", 120.0)  # connection lifetime
+PUSH_RECONNECT_DITHER_MAX_SECONDS = env_float("PUSH_RECONNECT_DITHER_MAX_SECONDS", 180.0)
+PUSH_MAX_CHANNELS = env_int("PUSH_MAX_CHANNELS", 50)  # channels one stream may read
+# A stream whose reader lets this much pile up on the node is closed (and counted); it resumes
+# with Last-Event-ID.
+PUSH_MAX_BUFFER_BYTES = env_int("PUSH_MAX_BUFFER_BYTES", 1024 * 1024)
 # --- presence ----------------------------------------------------------------------------------
 PRESENCE_HEARTBEAT_SECONDS = env_int("PRESENCE_HEARTBEAT_SECONDS", 5)
 PRESENCE_NODE_TIMEOUT = env_int("PRESENCE_NODE_TIMEOUT", 20)  # no heartbeat for this long = dead node

@@ -1,0 +1,103 @@
+"""Who may read which channels on a stream: `?app=<appId>` for the channels the app marks public,
+or `?token=<signed token>` for the channels the token grants (messaging.channels.names)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import parse_qs
+
+import jwt
+from django.conf import settings
+
+from apps_registry.selectors import AppSnapshot, app_snapshot_by_app_id
+from messaging.channels.names import (
+    GrantError,
+    channel_grant_claims,
+    channel_granted,
+    channel_is_public,
+    channel_name_valid,
+    channel_of_app,
+)
+
+CHANNELS_REQUIRED = "'channels' query parameter required"  # the push seed's exact wording
+
+
+class StreamRefused(Exception):
+    def __init__(self, status: int, error: str, detail: str = ""):
+        super().__init__(detail or error)
+        self.status, self.error, self.detail = status, error, detail
+
+    def body(self) -> dict:
+        return {"error": self.error} if not self.detail else {"error": self.error, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class StreamIdentity:
+    app: AppSnapshot
+    channels: tuple[str, ...]
+    user_id: str | None  # a token's `sub`, when it names one
+
+
+def query_params(query_string: bytes) -> dict[str, str]:
+    return {k: v[-1] for k, v in parse_qs(query_string.decode("latin-1")).items()}
+
+
+def resume_offsets(text: str | None, channels: tuple[str, ...]) -> dict[str, int]:
+    """`news:12,sport:7` (or a bare `12` for every channel): where each channel resumes after."""
+    if not text:
+        return {}
+    text = text.strip()
+    if text.isdigit():
+        return {name: int(text) for name in channels}
+    offsets = {}
+    for part in text.split(","):
+        name, _, offset = part.rpartition(":")
+        if name in channels and offset.isdigit():
+            offsets[name] = int(offset)
+    return offsets
+
+
+def event_id(positions: dict[str, int]) -> str:
+    """The SSE event id: every channel's offset, so Last-Event-ID resumes them all."""
+    return ",".join(f"{name}:{offset}" for name, offset in sorted(positions.items()))
+
+
+def stream_identity(params: dict[str, str]) -> StreamIdentity:
+    raw = params.get("channels", "")
+    channels = tuple(dict.fromkeys(c.strip() for c in raw.split(",") if c.strip()))
+    if not channels:
+        raise StreamRefused(400, CHANNELS_REQUIRED)
+    if len(channels) > settings.PUSH_MAX_CHANNELS:
+        raise StreamRefused(400, "too_many_channels", f"at most {settings.PUSH_MAX_CHANNELS} channels per stream")
+    bad = [c for c in channels if not channel_name_valid(c)]
+    if bad:
+        raise StreamRefused(400, "invalid_channel", f"'{bad[0][:130]}' is not a channel name (A-Z a-z 0-9 _ . - @)")
+    token = params.get("token")
+    app_id = params.get("app")
+    if token:
+        if not app_id:
+            try:
+                app_id = jwt.decode(token, options={"verify_signature": False}).get("app")
+            except jwt.PyJWTError:
+                raise StreamRefused(401, "unauthorized", "invalid token") from None
+        app = app_snapshot_by_app_id(app_id) if isinstance(app_id, str) else None
+        if app is None:
+            raise StreamRefused(401, "unauthorized", "unknown app: name it with ?app= or the token's 'app' claim")
+        try:
+            claims = channel_grant_claims(app, token)
+        except GrantError as exc:
+            raise StreamRefused(401, "unauthorized", str(exc)) from None
+        user = claims.get("sub")
+        refused = [c for c in channels if not channel_of_app(app, c)
+                   or not (channel_is_public(app, c) or channel_granted(claims, c, user))]
+    elif app_id:
+        app = app_snapshot_by_app_id(app_id)
+        if app is None:
+            raise StreamRefused(401, "unauthorized", "unknown app")
+        user = None
+        refused = [c for c in channels if not channel_of_app(app, c) or not channel_is_public(app, c)]
+    else:
+        raise StreamRefused(401, "unauthorized", "give ?app=<appId> for public channels, or ?token=<signed token>")
+    if refused:
+        raise StreamRefused(403, "forbidden", f"channel '{refused[0]}' is neither public nor granted")
+    return StreamIdentity(app=app, channels=channels, user_id=user)
