@@ -21,7 +21,8 @@ from messaging.dispatch import routing_enqueue
 from messaging.services import deliveries_requeue_for_users
 
 from . import cache
-from .models import Node, Session
+from .events import presence_event_record
+from .models import Node, PresenceEventKind, Session
 from .selectors import live_sessions_of_node, nodes_silent_for
 from .services import master_notify_sync
 
@@ -74,6 +75,8 @@ def _node_reap(node: Node) -> tuple[int, int]:
     now = timezone.now()
     with transaction.atomic():
         Session.objects.filter(pk__in=[s.pk for s in sessions]).update(disconnected_at=now)
+        presence_event_record(kind=PresenceEventKind.DISCONNECT, connection_ids=[s.pk for s in sessions],
+                              close_reason="node died")
         Node.objects.filter(pk=node.pk).update(stopped_at=now)
         requeued = deliveries_requeue_for_users(users=sorted({(s.app_id, s.user_id) for s in sessions}))
         transaction.on_commit(lambda: routing_enqueue(requeued))
