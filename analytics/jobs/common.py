@@ -33,7 +33,7 @@ def _hadoop(spark: SparkSession, path: str):
 
 
 def _empty(spark: SparkSession, schema: T.StructType) -> DataFrame:
-    return spark.createDataFrame(spark.sparkContext.emptyRDD(), schema)
+    return spark.createDataFrame([], schema)
 
 
 def read_days(spark: SparkSession, lake: str, dataset: ds.Dataset, first: date, last: date | None = None) -> DataFrame:

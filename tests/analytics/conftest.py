@@ -79,6 +79,14 @@ class Activity:
                                        created_at=created_at, **stamps)
 
 
+def tenant(name: str):
+    """The app called `name` (users `<name>-<n>`), made on first use."""
+    from apps_registry.models import ClientApp
+    from tests.factories import make_app
+
+    return ClientApp.objects.filter(app_name=name).first() or make_app(name, f"app-{name.lower()}")
+
+
 @pytest.fixture
 def activity() -> Activity:
     return Activity()
@@ -114,3 +122,19 @@ def module_scenario(django_db_setup, django_db_blocker, tmp_path_factory):
         tables_wipe()
 
 
+
+
+def messages_bulk(app, count: int, created_at: datetime) -> None:
+    """`count` messages in one statement (for exports big enough to be interrupted)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO messaging_message (app_id, sender, kind, content, reference, confirmation_requested, "
+            "origin_domain, created_at) SELECT %s, 'ANZ-1', 'direct', 'x', '', false, '', %s "
+            "FROM generate_series(1, %s)", [app.pk, created_at, count])
+
+
+def exported(lake: Lake, dataset, column: str = "id") -> list:
+    """Every value of `column` in the published files of `dataset`, duplicates included."""
+    return sorted(lake.read(dataset.name, dataset.columns, only=[column])[column].to_pylist())

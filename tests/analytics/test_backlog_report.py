@@ -10,7 +10,7 @@ from django.utils import timezone
 from analytics.jobs import datasets as ds
 from analytics.models import Report
 from analytics.services import lake_export, report_run
-from tests.factories import make_app
+from tests.analytics.conftest import tenant
 
 pytestmark = pytest.mark.django_db  # reads the module's committed scenario
 
@@ -21,8 +21,7 @@ MS = timedelta(milliseconds=1)
 
 def deliveries_with_known_answers(activity) -> datetime:
     """Delivered ones accepted on DAY with chosen latencies; a backlog aged relative to now."""
-    anz = make_app("ANZ", "app-anz", max_delivery_attempts=3)
-    bnz = make_app("BNZ", "app-bnz")
+    anz, bnz = tenant("ANZ"), tenant("BNZ")
     for i in range(1, 11):  # 100, 200, ... 1000 ms; two needed a second attempt
         activity.delivery(anz, NOON + i * timedelta(minutes=1), state="delivered", attempts=2 if i > 8 else 1,
                           delivered_at=NOON + i * timedelta(minutes=1) + i * 100 * MS)

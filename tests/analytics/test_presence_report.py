@@ -9,7 +9,7 @@ import pytest
 from analytics.jobs import datasets as ds
 from analytics.models import Report
 from analytics.services import lake_export, report_run
-from tests.factories import make_app
+from tests.analytics.conftest import tenant
 
 pytestmark = pytest.mark.django_db  # reads the module's committed scenario
 
@@ -23,9 +23,7 @@ def at(hh: int, mm: int = 0, ss: int = 0, day: datetime = DAY) -> datetime:
 
 def a_day_of_sessions(activity) -> None:
     """ANZ on domain-01, BNZ on domain-02, CNZ (100 sessions of 1..100 minutes) on domain-03."""
-    anz = make_app("ANZ", "app-anz")
-    bnz = make_app("BNZ", "app-bnz")
-    cnz = make_app("CNZ", "app-cnz")
+    anz, bnz, cnz = tenant("ANZ"), tenant("BNZ"), tenant("CNZ")
     web1, web2, web3 = activity.node("web-1", "domain-01"), activity.node("web-2", "domain-02"), \
         activity.node("web-3", "domain-03")
     activity.session(anz, "ANZ-1", web1, at(10), at(10, 30))
