@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
@@ -22,7 +20,7 @@ class Command(BaseCommand):
 
         def progress(dataset: str, rows: int, estimate: int | None) -> None:
             if dataset not in bars:
-                bars[dataset] = tqdm(desc=f"{dataset:>16}", total=estimate, unit=" rows", file=sys.stderr,
+                bars[dataset] = tqdm(desc=f"{dataset:>16}", total=estimate, unit=" rows", file=self.stderr._out,
                                      disable=options["verbosity"] == 0)
             bars[dataset].update(rows)
 

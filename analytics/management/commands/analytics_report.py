@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.test.utils import override_settings
@@ -36,7 +34,7 @@ class Command(BaseCommand):
         if load:
             report = report_load(kind=kind, since=since, until=until, results=load)
         else:
-            bar = tqdm(desc=f"{kind} report", unit=" tasks", file=sys.stderr, disable=options["verbosity"] == 0)
+            bar = tqdm(desc=f"{kind} report", unit=" tasks", file=self.stderr._out, disable=options["verbosity"] == 0)
 
             def progress(done: int, known: int) -> None:
                 bar.total = known
