@@ -91,7 +91,6 @@ class ReportAdmin(admin.ModelAdmin):
     def get_urls(self):
         view = self.admin_site.admin_view
         return [path("<int:report_id>/csv/", view(self.csv_view), name="analytics_report_csv"),
-                path("latest/<str:kind>/", view(self.latest_view), name="analytics_report_latest"),
                 *super().get_urls()]
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
@@ -105,13 +104,6 @@ class ReportAdmin(admin.ModelAdmin):
             "report_kinds": [(report.kind, report.get_kind_display())],
         }
         return TemplateResponse(request, "admin/analytics/report/report.html", context)
-
-    def latest_view(self, request: HttpRequest, kind: str) -> HttpResponse:
-        report = Report.objects.filter(kind=kind).order_by("-computed_at").first()
-        if report is None:
-            messages.info(request, f"No {kind} report yet: run one with the buttons below.")
-            return HttpResponseRedirect(reverse("admin:index"))
-        return HttpResponseRedirect(reverse("admin:analytics_report_change", args=[report.pk]))
 
     def csv_view(self, request: HttpRequest, report_id: int) -> HttpResponse:
         if not self.has_view_permission(request):

@@ -26,8 +26,8 @@ def test_opening_a_session_records_who_connected_where(anz):
     node_register(node_id="web-1", domain="domain-07")
     connection_id = _open(anz)
 
-    event = PresenceEvent.objects.get()
-    session = Session.objects.get()
+    event = PresenceEvent.objects.get(connection_id=connection_id)
+    session = Session.objects.get(pk=connection_id)
     assert (event.kind, event.connection_id, event.app_name, event.app_id, event.user_id) == (
         "connect", connection_id, "ANZ", anz.pk, "ANZ-7")
     assert (event.node_id, event.domain, event.transport) == ("web-1", "domain-07", "ws")
@@ -41,12 +41,12 @@ def test_closing_a_session_records_its_end_and_reason_once(anz):
     session_close(connection_id=connection_id, close_reason="client closed (1000)")
     session_close(connection_id=connection_id, close_reason="closed again")
 
-    session = Session.objects.get()
-    disconnect = PresenceEvent.objects.get(kind="disconnect")
+    session = Session.objects.get(pk=connection_id)
+    disconnect = PresenceEvent.objects.get(connection_id=connection_id, kind="disconnect")
     assert disconnect.at == session.disconnected_at
     assert disconnect.connected_at == session.connected_at
     assert disconnect.close_reason == "client closed (1000)"
-    assert PresenceEvent.objects.count() == 2
+    assert PresenceEvent.objects.filter(connection_id=connection_id).count() == 2
 
 
 def test_a_dead_nodes_sessions_are_recorded_as_closed_because_the_node_died(anz):
