@@ -31,7 +31,8 @@ from analytics.models import JobKind
 from analytics.services import lake_export, lake_reset, report_run
 from analytics.services.lake import Lake
 from apps_registry.models import ClientApp
-from presence.models import Node, PresenceEvent
+from presence.events import presence_event_record
+from presence.models import Node, PresenceEvent, PresenceEventKind, Session
 
 ROOT = Path(settings.BASE_DIR)
 APPS = ("BENCHA", "BENCHB")
@@ -106,17 +107,13 @@ def bench_data_generate(*, messages: int, sessions: int, day: datetime, offset: 
               FROM generate_series(%(off)s + 1, %(off)s + %(s)s) AS j
              CROSS JOIN LATERAL (SELECT %(day)s + make_interval(secs => (j - %(off)s) * 86400.0 / %(s)s) AS start) t
         """, params)
-        for kind, at in (("connect", "s.connected_at"), ("disconnect", "s.disconnected_at")):
-            cur.execute(f"""
-                INSERT INTO presence_presenceevent (kind, at, connection_id, app_id, app_name, user_id, node_id,
-                                                    domain, transport, connected_at, close_reason)
-                SELECT '{kind}', {at}, s.connection_id, s.app_id, a.app_name, s.user_id, s.node_id, n.domain, 'ws',
-                       s.connected_at, CASE WHEN '{kind}' = 'disconnect' THEN 'client closed' ELSE '' END
-                  FROM presence_session s JOIN presence_node n ON n.node_id = s.node_id
-                  JOIN apps_registry_clientapp a ON a.id = s.app_id
-                 WHERE s.app_id = ANY(%(apps)s) AND {at} IS NOT NULL
-                ON CONFLICT (connection_id, kind) DO NOTHING
-            """, params)
+    # Their presence events, recorded by the platform's own service (one statement each).
+    sessions = Session.objects.filter(app_id__in=apps)
+    presence_event_record(kind=PresenceEventKind.CONNECT, connection_ids=list(sessions.values_list("pk", flat=True)))
+    presence_event_record(kind=PresenceEventKind.DISCONNECT, close_reason="client closed",
+                          connection_ids=list(sessions.filter(disconnected_at__isnull=False)
+                                              .values_list("pk", flat=True)))
+    with connection.cursor() as cur:
         cur.execute("ANALYZE messaging_message; ANALYZE messaging_delivery; ANALYZE presence_session; "
                     "ANALYZE presence_presenceevent")
 
