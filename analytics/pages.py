@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from analytics.jobs import datasets as ds
 
 from .charts import BarSeries, TimeSeries, bar_chart, line_chart
-from .models import REPORT_KINDS, JobKind, Report
+from .models import REPORT_KINDS, JobKind, Report, ReportRow
 from .selectors import report_figures
 
 REPORT_BUTTONS = [(kind.value, kind.label) for kind in REPORT_KINDS]
@@ -62,22 +62,25 @@ def report_sections(report: Report, *, width: int = 900) -> list[Section]:
 
 # --- presence ------------------------------------------------------------------------------------
 
-def concurrency_chart(report: Report, *, width: int, height: int = 260, everyone_only: bool = False) -> str:
+def concurrency_chart(report: Report, *, width: int, height: int = 260, everyone_only: bool = False,
+                      rows: list[ReportRow] | None = None) -> str:
+    """All apps, and (unless everyone_only) the places with the highest peaks."""
+    if rows is None:
+        rows = report_figures(report, ds.CONCURRENT, ds.MINUTE, everyone=everyone_only)
     by_place: dict[tuple[str, str], list[tuple[datetime, float]]] = defaultdict(list)
-    for r in report_figures(report, ds.CONCURRENT, ds.MINUTE):
+    for r in rows:
         by_place[(r.app, r.subgroup)].append((r.period, r.value))
     peaks = {k: max(v for _, v in points) for k, points in by_place.items()}
-    shown = [("", "")] if everyone_only else \
-        [("", ""), *sorted((k for k in by_place if k != ("", "")), key=lambda k: -peaks[k])[: SERIES_SHOWN - 1]]
+    shown = [("", ""), *sorted((k for k in by_place if k != ("", "")), key=lambda k: -peaks[k])[: SERIES_SHOWN - 1]]
     series = [TimeSeries(place(*k), by_place[k]) for k in shown if k in by_place]
     return line_chart(series, title="Concurrent connections per minute", y_label="connections", width=width,
                       height=height)
 
 
 def presence_sections(report: Report, *, width: int) -> list[Section]:
-    peak_minute = max(((r.value, r.period) for r in report_figures(report, ds.CONCURRENT, ds.MINUTE)
-                       if not r.app and not r.subgroup), default=None)
-    sections = [Section("Concurrent connections", concurrency_chart(report, width=width),
+    minutes = report_figures(report, ds.CONCURRENT, ds.MINUTE)
+    peak_minute = max(((r.value, r.period) for r in minutes if not r.app and not r.subgroup), default=None)
+    sections = [Section("Concurrent connections", concurrency_chart(report, width=width, rows=minutes),
                         note=f"Peak {number(peak_minute[0])} at {peak_minute[1]:%Y-%m-%d %H:%M} UTC (all apps); "
                              "each minute shows the most connections open at once during it." if peak_minute else "")]
 

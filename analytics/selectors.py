@@ -47,11 +47,15 @@ def report_latest(kind: str) -> Report | None:
     return Report.objects.filter(kind=kind).order_by("-computed_at").first()
 
 
-def report_figures(report: Report, metric: str, grain: str | None = None) -> list[ReportRow]:
-    """One metric of a report (served by the report_row_once unique index)."""
+def report_figures(report: Report, metric: str, grain: str | None = None, *, everyone: bool = False
+                   ) -> list[ReportRow]:
+    """One metric of a report, optionally only its all-apps rows (served by the report_row_once
+    unique index)."""
     rows = report.rows.filter(metric=metric)
     if grain is not None:
         rows = rows.filter(grain=grain)
+    if everyone:
+        rows = rows.filter(app="", subgroup="")
     return list(rows.order_by("app", "subgroup", "period", "bucket"))
 
 
