@@ -127,12 +127,13 @@ SQL_SESSIONS_CLOSED = f"""
 # the horizon: not exported as closed yet, so they stay in the snapshot with their real end.
 SQL_SESSIONS_LIVE = f"""
     SELECT s.connection_id::text, s.app_id, a.app_name, s.user_id, s.node_id, n.domain,
-           coalesce(e.transport, '{Transport.WS.value}'), s.acks, s.connected_at, NULL::timestamptz, '', %(as_of)s
+           coalesce((SELECT e.transport FROM presence_presenceevent e  -- one unique-index lookup per session
+                      WHERE e.connection_id = s.connection_id AND e.kind = '{PresenceEventKind.CONNECT.value}'),
+                    '{Transport.WS.value}'),
+           s.acks, s.connected_at, NULL::timestamptz, '', %(as_of)s
       FROM presence_session s
       JOIN presence_node n ON n.node_id = s.node_id
       JOIN apps_registry_clientapp a ON a.id = s.app_id
-      LEFT JOIN presence_presenceevent e ON e.connection_id = s.connection_id
-                                        AND e.kind = '{PresenceEventKind.CONNECT.value}'
      WHERE s.disconnected_at IS NULL
     UNION ALL
     SELECT e.connection_id::text, e.app_id, e.app_name, e.user_id, e.node_id, e.domain, e.transport, s.acks,
