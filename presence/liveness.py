@@ -29,7 +29,8 @@ from apps_registry.selectors import app_snapshot, user_id_parse
 from config.transport.redis_clients import lock_acquire
 
 from . import cache
-from .models import Node, Session
+from .events import presence_event_record
+from .models import Node, PresenceEventKind, Session
 from .selectors import live_sessions_of_node, nodes_silent_for
 from .services import master_notify_sync
 
@@ -87,6 +88,8 @@ def node_reap(*, node: Node, reason: str) -> ReapedNode:
     now = timezone.now()
     with transaction.atomic():
         Session.objects.filter(pk__in=[s.pk for s in sessions]).update(disconnected_at=now)
+        presence_event_record(kind=PresenceEventKind.DISCONNECT, connection_ids=[s.pk for s in sessions],
+                              close_reason="node died")
         Node.objects.filter(pk=node.pk).update(stopped_at=now)
     users = sorted({(s.app_id, s.user_id) for s in sessions})
     log.warning("node %s declared dead (%s): %d sessions closed", node.node_id, reason, len(sessions))

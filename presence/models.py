@@ -57,3 +57,50 @@ class Session(models.Model):
     @property
     def is_live(self) -> bool:
         return self.disconnected_at is None
+
+
+class Transport(models.TextChoices):
+    WS = "ws", "WebSocket"
+    SSE = "sse", "Server-sent events"
+    WS_STREAM = "ws_stream", "WebSocket channel stream"
+
+
+class PresenceEventKind(models.TextChoices):
+    CONNECT = "connect"
+    DISCONNECT = "disconnect"
+
+
+class PresenceEvent(models.Model):
+    """The append-only history of connects and disconnects, kept for the presence reports.
+
+    Guarantees:
+    - Rows are only ever inserted (presence.events), never updated or deleted: session cleanup,
+      node deletion and app deletion leave them alone (no foreign keys that could cascade), so
+      reports never depend on Session rows that cleanup has already removed. The export reads
+      them by id (analytics.services.export).
+    - A connection has at most one connect and one disconnect event (unique constraint; recording
+      twice, e.g. the reaper after a normal close, inserts nothing).
+    - A disconnect event is self-contained: it carries the session's start (`connected_at`), so
+      one row describes a whole closed session.
+    """
+
+    kind = models.CharField(max_length=16, choices=PresenceEventKind.choices)
+    at = models.DateTimeField()
+    connection_id = models.UUIDField()
+    app_id = models.BigIntegerField()
+    app_name = models.CharField(max_length=64)
+    user_id = models.CharField(max_length=96)
+    node_id = models.CharField(max_length=128)
+    domain = models.CharField(max_length=64)
+    transport = models.CharField(max_length=16, choices=Transport.choices, default=Transport.WS)
+    connected_at = models.DateTimeField()
+    close_reason = models.CharField(max_length=200, blank=True, default="")
+
+    class Meta:
+        constraints = [
+            # Also the index of "the connect event of this connection" (the live-session export).
+            models.UniqueConstraint(fields=["connection_id", "kind"], name="presence_event_once_per_kind"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.user_id} on {self.node_id}"

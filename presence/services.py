@@ -12,7 +12,8 @@ from config.transport import sockets
 from config.transport.frames import CLOSE_NORMAL, encode
 
 from . import cache
-from .models import Node, Session
+from .events import presence_event_record
+from .models import Node, PresenceEventKind, Session
 
 
 def node_register(*, node_id: str, domain: str) -> None:
@@ -42,16 +43,20 @@ def node_heartbeat_record(*, node_id: str) -> bool:
 def session_open(*, app_id: int, user_id: str, node_id: str, channel_name: str, acks: bool,
                  remote_addr: str, user_agent: str) -> uuid.UUID:
     now = timezone.now()
-    session = Session.objects.create(
-        app_id=app_id, user_id=user_id, node_id=node_id, channel_name=channel_name, acks=acks,
-        connected_at=now, last_seen_at=now, remote_addr=remote_addr[:64], user_agent=user_agent[:300])
+    with transaction.atomic():
+        session = Session.objects.create(
+            app_id=app_id, user_id=user_id, node_id=node_id, channel_name=channel_name, acks=acks,
+            connected_at=now, last_seen_at=now, remote_addr=remote_addr[:64], user_agent=user_agent[:300])
+        presence_event_record(kind=PresenceEventKind.CONNECT, connection_ids=[session.connection_id])
     return session.connection_id
 
 
 def session_close(*, connection_id: uuid.UUID, close_reason: str = "") -> None:
     now = timezone.now()
-    Session.objects.filter(pk=connection_id, disconnected_at__isnull=True).update(
-        disconnected_at=now, last_seen_at=now)
+    with transaction.atomic():
+        Session.objects.filter(pk=connection_id, disconnected_at__isnull=True).update(
+            disconnected_at=now, last_seen_at=now)
+        presence_event_record(kind=PresenceEventKind.DISCONNECT, connection_ids=[connection_id], close_reason=close_reason)
 
 
 def presence_frame(event_type: str, user_id: str) -> str:

@@ -187,11 +187,12 @@ def demo_network(django_db_setup, django_db_blocker):
         app_snapshots_clear()
     yield {"anz": anz, "bnz": bnz, "lim": lim}
     # Committed rows outlive the module unless removed: later tests expect an empty database.
-    from presence.models import Node
+    from presence.models import Node, PresenceEvent
 
     with django_db_blocker.unblock():
         ClientApp.objects.all().delete()  # cascades to messages, deliveries, mailboxes, sessions
         Node.objects.all().delete()
+        PresenceEvent.objects.all().delete()  # the presence history has no foreign key to cascade from
         Domain.objects.all().delete()
         app_snapshots_clear()
 

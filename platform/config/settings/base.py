@@ -9,6 +9,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from celery.schedules import crontab
+
 from .env import database_from_url, env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parents[3]
@@ -236,10 +238,25 @@ PUSH_MAX_BUFFER_BYTES = env_int("PUSH_MAX_BUFFER_BYTES", 1024 * 1024)
 PRESENCE_HEARTBEAT_SECONDS = env_int("PRESENCE_HEARTBEAT_SECONDS", 5)
 PRESENCE_NODE_TIMEOUT = env_int("PRESENCE_NODE_TIMEOUT", 20)  # no heartbeat for this long = dead node
 
+# --- analytics ---------------------------------------------------------------------------------
+ANALYTICS_LAKE = env_str("ANALYTICS_LAKE", str(VAR_DIR / "lake"))  # a folder, or any URI pyarrow and Spark read
+SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
+SPARK_DEFAULTS_FILE = BASE_DIR / "platform" / "spark-defaults.conf"
+ANALYTICS_EXPORT_SECONDS = env_int("ANALYTICS_EXPORT_SECONDS", 300)
+ANALYTICS_EXPORT_BATCH_ROWS = env_int("ANALYTICS_EXPORT_BATCH_ROWS", 100_000)  # rows per Parquet file at most
+# How long an export waits for transactions older than its horizon (analytics.services.export).
+ANALYTICS_EXPORT_HORIZON_WAIT = env_int("ANALYTICS_EXPORT_HORIZON_WAIT", 10)
+
 CELERY_BEAT_SCHEDULE = {
     "retry-sweep": {"task": "messaging.tasks.retry_sweep", "schedule": float(RETRY_SWEEP_SECONDS)},
     "reap-dead-nodes": {"task": "messaging.tasks.reap_dead_nodes", "schedule": float(PRESENCE_HEARTBEAT_SECONDS)},
     "expire-deliveries": {"task": "messaging.tasks.expire_deliveries", "schedule": 3600.0},
+    "analytics-export": {"task": "analytics.tasks.export_run", "schedule": float(ANALYTICS_EXPORT_SECONDS)},
+    # Yesterday's reports (UTC), after the exports of the first minutes of today have caught up.
+    "analytics-presence-report": {"task": "analytics.tasks.report_run", "schedule": crontab(hour=0, minute=30),
+                                  "kwargs": {"kind": "presence"}},
+    "analytics-backlog-report": {"task": "analytics.tasks.report_run", "schedule": crontab(hour=0, minute=40),
+                                 "kwargs": {"kind": "backlog"}},
 }
 # Celery's Django fix-up closes the DB connection after every task unless told otherwise: a new
 # Postgres connection per routing task. Reuse it (it is recycled every 2 x this many tasks).

@@ -1,0 +1,46 @@
+"""Celery tasks of analytics. Each takes ids (or nothing, from beat), calls one service, and is
+safe to run twice: an export moves watermarks only with the files that carry the rows, and a
+report replaces the one of the same range."""
+
+from __future__ import annotations
+
+import logging
+
+from celery import shared_task
+
+from analytics.models import JobKind, JobRun
+from analytics.selectors import report_default_range
+from analytics.services import ExportBusy, ReportBusy, lake_export
+from analytics.services import report_run as report_run_service
+
+log = logging.getLogger(__name__)
+
+
+@shared_task(bind=True, acks_late=True, max_retries=40)
+def export_run(self, job_run_id: int | None = None) -> dict:
+    """Beat (every ANALYTICS_EXPORT_SECONDS) or the admin's button: export what changed."""
+    try:
+        result = lake_export(job_run_id=job_run_id, requested_by="" if job_run_id else "beat")
+    except ExportBusy:
+        if job_run_id is None:
+            return {"skipped": "another export is running"}  # the next beat tick takes over
+        raise self.retry(countdown=15) from None
+    return {"run": result.run_id, "rows": result.rows, "files": result.files}
+
+
+@shared_task(bind=True, acks_late=True, max_retries=40)
+def report_run(self, job_run_id: int | None = None, kind: str | None = None) -> dict:
+    """Beat (nightly, yesterday's report) or the admin's button (the run's kind and range)."""
+    if job_run_id is not None:
+        run = JobRun.objects.get(pk=job_run_id)
+        kind, since, until = run.kind, run.since, run.until
+    else:
+        since, until = None, None
+    if since is None or until is None:
+        since, until = report_default_range()
+    try:
+        report = report_run_service(kind=JobKind(kind), since=since, until=until, job_run_id=job_run_id,
+                                    requested_by="" if job_run_id else "beat")
+    except ReportBusy:
+        raise self.retry(countdown=30) from None
+    return {"report": report.pk if report else None}

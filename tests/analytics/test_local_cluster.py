@@ -1,0 +1,67 @@
+"""Both jobs under spark-submit on Spark's local-cluster master: a driver and two executor
+processes, as on a real cluster, so nothing may depend on state local to the driver."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from analytics.jobs import datasets as ds
+from analytics.services import lake_export, report_load
+from tests.analytics.test_backlog_report import deliveries_with_known_answers
+from tests.analytics.test_presence_report import DAY, a_day_of_sessions
+from tests.processes import ROOT
+
+pytestmark = pytest.mark.django_db  # reads the module's committed scenario
+
+MASTER = "local-cluster[2,1,1024]"
+
+
+def spark_submit(job: str, lake: str, out: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
+    argv = [str(Path(sys.executable).parent / "spark-submit"), "--master", MASTER,
+            "--properties-file", str(ROOT / "platform" / "spark-defaults.conf"),
+            "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=4",
+            "--conf", "spark.executor.memory=512m",
+            str(ROOT / "analytics" / "jobs" / f"{job}.py"),
+            "--lake", lake, "--since", DAY.isoformat(), "--until", (DAY + timedelta(days=1)).isoformat(), "--out", out]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert f'"job": "{job}"' in done.stdout
+
+
+@pytest.fixture(scope="module")
+def reports(module_scenario):
+    def build(activity, lake):
+        a_day_of_sessions(activity)
+        deliveries_with_known_answers(activity)
+        lake_export()
+        found = {}
+        for kind in ("presence", "backlog"):
+            out = lake.url(f"{ds.REPORTS}/{kind}/cluster")
+            spark_submit(kind, lake.url(), out)
+            found[kind] = report_load(kind=kind, since=DAY, until=DAY + timedelta(days=1), results=out)
+        return found
+
+    return module_scenario(build)
+
+
+def test_both_jobs_give_the_same_answers_on_a_cluster_of_separate_executors(reports):
+    presence, backlog = reports["presence"], reports["backlog"]
+
+    peaks = {(r.app, r.subgroup): r.value for r in presence.rows.filter(metric=ds.PEAK_CONCURRENT)}
+    assert peaks == {("ANZ", "domain-01"): 4, ("BNZ", "domain-02"): 1, ("CNZ", "domain-03"): 100, ("", ""): 101}
+    lengths = {r.bucket: r.value for r in presence.rows.filter(metric=ds.SESSION_LENGTH, app="CNZ")}
+    assert lengths == {"p50": 3000, "p90": 5400, "p99": 5940}
+    assert presence.rows.filter(metric=ds.CONCURRENT).count() == 4 * 24 * 60
+
+    latency = {r.bucket: r.value for r in backlog.rows.filter(metric=ds.LATENCY, app="ANZ", subgroup="direct")}
+    assert latency == {"p50": 500, "p90": 900, "p99": 1000}
+    dead = {r.bucket: r.value for r in backlog.rows.filter(metric=ds.DEAD_LETTERS, app="")}
+    assert dead == {"timeout": 3, "node gone": 1}
+    assert backlog.as_of is not None and presence.as_of is not None
