@@ -92,8 +92,10 @@ class ProcessFactory:
         self.procs.append(proc)
         return proc
 
-    def web(self, name: str = "web", **env: str) -> Proc:
-        port = free_port()
+    def web(self, name: str = "web", port: int | None = None, **env: str) -> Proc:
+        """A web node, on a free port or on `port`: a node restarted where its clients reconnect
+        (given the old node's NODE_ID, it also cleans up the old node's sessions at once)."""
+        port = port or free_port()
         env.setdefault("NODE_ID", f"{name}-{port}")
         proc = self.spawn(name, [sys.executable, "-m", "config.web", "--port", str(port)],
                           port=port, PORT=str(port), **env)

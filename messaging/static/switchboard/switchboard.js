@@ -1,0 +1,660 @@
+/**
+ * switchboard.js: the browser client of Switchboard's WebSocket protocol (docs/protocol.md), one
+ * dependency-free ES module served by every web node at /static/switchboard/switchboard.js.
+ *
+ *     import { Switchboard } from "/static/switchboard/switchboard.js";
+ *     const sb = new Switchboard({ url: "wss://host/ws", appId: "app-id-343", userId: "ANZ-1001", acks: true });
+ *     sb.on("message", (m) => show(m.from, m.content));
+ *     await sb.connect();
+ *     await sb.send("ANZ-1002", "hello");
+ *
+ * (A classic <script> loads it with `import("/static/switchboard/switchboard.js")`.) It reconnects
+ * by itself with backoff and jitter, fetches what was missed after every authentication, shows a
+ * message id once, acknowledges in ACK mode once the app's handlers are done, keeps RELIABLE sends
+ * in an outbox until MESSAGE_ACCEPTED (resent with the same clientMessageId after a reconnect), and
+ * resumes each channel from its last offset.
+ *
+ * Answers are matched to what was sent by the server's echo of a refused frame's data (every
+ * MESSAGE carries a clientMessageId) and by order: the server answers a connection's frames in
+ * order, so in ACK mode an acceptance without an id (a group send) or a refusal without an echo
+ * (content too large) belongs to the oldest send still waiting.
+ */
+
+const DEFAULTS = {
+  acks: false,
+  token: "",
+  fetchCount: 100, // messages per FETCH_MISSING_MESSAGES_REQUEST (the server caps it at 2000)
+  minDelayMs: 500, // every reconnect waits at least this
+  firstMaxDelayMs: 2000, // the first wait is random in [minDelayMs, firstMaxDelayMs], then it doubles
+  maxDelayMs: 60000,
+  stableMs: 10000, // a connection authenticated this long resets the backoff
+  pingIntervalMs: 25000, // PING after this long without a frame from the server
+  answerTimeoutMs: 10000, // no frame this long after a PING: the link is dead
+  connectTimeoutMs: 15000, // from opening the socket to AUTH_CLIENT_REPLY
+  maxQueued: 1000, // sends waiting for a connection or an acceptance
+  seenIds: 10000, // message ids remembered to drop redeliveries
+  ackDelayMs: 20, // ACKs wait this long to go out together
+  sendsPerSecond: 20, // pace of work frames, below the server's default budget (50/s, burst 100)
+  sendBurst: 40,
+  debug: null, // (direction: "in" | "out", text) => void, for every frame
+};
+
+const OPEN = 1;
+const NO_RECONNECT = new Set([1000, 1008]); // a normal closure, or a policy the app must fix
+const PROMPT = new Set([1012, 4002]); // restart / slow reader: come back soon, nothing is wrong
+const ACK_MAX = 2000;
+const GENERAL_ERROR_TRIES = 5;
+
+/**
+ * Milliseconds to wait before reconnect `attempt` (0: the first after a stable connection): random
+ * between `minDelayMs` and a ceiling that starts at `firstMaxDelayMs` and doubles up to `maxDelayMs`
+ * ("full jitter"). A close asking to come back (1012, 4002) always waits like a first attempt.
+ * @param {number} attempt @param {number} code the close code @param {object} [opts] @param {() => number} [random]
+ */
+export function reconnectDelay(attempt, code, opts = DEFAULTS, random = Math.random) {
+  const n = PROMPT.has(code) ? 0 : Math.max(0, attempt);
+  const ceiling = Math.min(opts.maxDelayMs, opts.firstMaxDelayMs * 2 ** Math.min(n, 30));
+  return Math.round(opts.minDelayMs + random() * Math.max(0, ceiling - opts.minDelayMs));
+}
+
+const newId = () => (globalThis.crypto?.randomUUID ? `sb-${globalThis.crypto.randomUUID()}`
+  : `sb-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 12)}`);
+const isThenable = (value) => value != null && typeof value.then === "function";
+const failure = (message, extra) => Object.assign(new Error(message), extra);
+
+/**
+ * A client connection to Switchboard. Events (subscribe with `on`):
+ * - `state` (state): "idle" | "connecting" | "authenticating" | "connected" | "reconnecting" | "closed"
+ * - `connected` {appId, userId}; `disconnected` {code, reason, willReconnect}; `reconnecting` {delayMs, attempt}
+ * - `message` {from, content, id, seq, reference} (FAST messages have no id or seq)
+ * - `confirmation` {reference, id, seq}; `accepted` {id, clientMessageId, recipients, duplicate}
+ * - `channelMessage` {channel, content, offset}; `subscribed` {channel, offset}; `unsubscribed` {channel}
+ * - `userConnected` / `userDisconnected` {userId} (the app's master user only)
+ * - `synced` {}: a fetch ended with nothing left missing; `error` (Error with reason, data, ...)
+ * In ACK mode a message is acknowledged once every `message` handler returned (or its promise
+ * resolved); a handler that throws leaves it unacknowledged, and it comes again later.
+ */
+export class Switchboard {
+  /**
+   * @param {{url: string, appId: string, userId: string, token?: string | (() => string | Promise<string>),
+   *   acks?: boolean, WebSocket?: Function, random?: () => number}} options `token` may be a callback,
+   *   asked before every connection (to refresh it); the other options and defaults are in DEFAULTS.
+   */
+  constructor(options) {
+    if (!options || !options.url || !options.appId || !options.userId) {
+      throw new TypeError("Switchboard needs url, appId and userId");
+    }
+    this.options = { ...DEFAULTS, ...options };
+    this.WebSocket = options.WebSocket || globalThis.WebSocket;
+    this.random = options.random || Math.random;
+    this.state = "idle"; // see the `state` event
+    this._listeners = new Map();
+    this._ws = null;
+    this._gen = 0; // bumped per socket: callbacks of an older socket are ignored
+    this._attempt = 0;
+    this._timers = {};
+    this._outbox = []; // sends not settled yet, in order: {frame, cmid, group, awaits, state, ...}
+    this._recent = []; // linker-mode sends already written: kept briefly to retry a rate-limited one
+    this._seen = new Set(); // insertion order: the oldest id is forgotten first
+    this._ackIds = [];
+    this._channels = new Map(); // name -> {offset, token, server, waiters}
+    this._unsubscribing = new Map(); // name -> [{resolve, reject}]
+    this._tokens = this.options.sendBurst;
+    this._tokensAt = Date.now();
+    this._pausedUntil = 0;
+    this._waiting = []; // connect() promises
+  }
+
+  /** Listen to an event (see the class comment); returns a function that stops listening. */
+  on(name, fn) {
+    if (!this._listeners.has(name)) this._listeners.set(name, new Set());
+    this._listeners.get(name).add(fn);
+    return () => this.off(name, fn);
+  }
+
+  /** Stop listening. */
+  off(name, fn) {
+    this._listeners.get(name)?.delete(fn);
+  }
+
+  /** Open the connection and keep it open until `close()`: resolves once authenticated, rejects
+   * if the server refuses for good (1000, 1008). @returns {Promise<void>} */
+  connect() {
+    const promise = this.state === "connected" ? Promise.resolve()
+      : new Promise((resolve, reject) => this._waiting.push({ resolve, reject }));
+    promise.catch(() => {}); // connect() is often not awaited: its failure is also a `disconnected` event
+    if (this.state === "idle" || this.state === "closed") {
+      this._closing = false;
+      this._attempt = 0;
+      this._open();
+    }
+    return promise;
+  }
+
+  /** Close for good: no reconnect; unsettled sends and subscriptions are rejected. */
+  close() {
+    this._closing = true;
+    const ws = this._ws;
+    this._detach();
+    if (ws) ws.close(1000, "closed by the client");
+    this._terminal(1000, "closed by the client");
+  }
+
+  /** Drop the current socket and reconnect now (after a network change, say). */
+  reconnect() {
+    if (this._closing || this.state === "idle" || this.state === "closed") return;
+    const ws = this._ws;
+    this._detach();
+    if (ws) ws.close(1000, "reconnecting");
+    this._emit("disconnected", { code: 1000, reason: "reconnecting", willReconnect: true });
+    this._attempt = 0;
+    this._open();
+  }
+
+  /**
+   * Send a message to one user; while disconnected it waits (at most `maxQueued` sends).
+   * @param {string} to @param {string} content
+   * @param {{reference?: string, feature?: "RELIABLE"|"FAST", clientMessageId?: string, confirmationEnabled?: boolean}} [opts]
+   * @returns {Promise<object>} in ACK mode a RELIABLE send resolves with the MESSAGE_ACCEPTED data
+   *   {id, clientMessageId, recipients, duplicate} and rejects on a refusal (rate limits and "server
+   *   busy" are retried after retryAfterMs); otherwise it resolves {sent: true, clientMessageId} once
+   *   written (the protocol answers nothing more), and a later refusal is an `error` event.
+   */
+  send(to, content, opts = {}) {
+    return this._enqueue("MESSAGE", { to, content }, opts);
+  }
+
+  /** One message to several users (GROUP_MESSAGE); answers as `send`. The server keeps no
+   * clientMessageId for groups: one resent after a crash may be stored twice.
+   * @param {string[]} to @param {string} content @param {{reference?: string, feature?: string}} [opts] */
+  sendGroup(to, content, opts = {}) {
+    return this._enqueue("GROUP_MESSAGE", { to: [...to], content }, opts);
+  }
+
+  /**
+   * Read a channel: with `since`, what came after that offset first; else from now on (or from the
+   * last offset seen). After a reconnect it resumes from its last offset by itself.
+   * @param {string} channel @param {{since?: number, token?: string | Function}} [opts] token: a grant
+   *   for a non-public channel (a callback is asked again at every reconnect)
+   * @returns {Promise<{channel: string, offset: number}>}
+   */
+  subscribe(channel, opts = {}) {
+    if (this.state === "closed") return Promise.reject(new Error("the client is closed"));
+    let entry = this._channels.get(channel);
+    if (!entry) {
+      entry = { offset: null, token: undefined, server: false, waiters: [] };
+      this._channels.set(channel, entry);
+    }
+    entry.server = false;
+    if (opts.token !== undefined) entry.token = opts.token;
+    if (opts.since !== undefined) entry.offset = opts.since;
+    const promise = new Promise((resolve, reject) => entry.waiters.push({ resolve, reject }));
+    if (this.state === "connected") this._subscribeFrame(channel, entry);
+    return promise;
+  }
+
+  /** Stop reading a channel. @param {string} channel @returns {Promise<void>} */
+  unsubscribe(channel) {
+    const entry = this._channels.get(channel);
+    this._channels.delete(channel);
+    if (entry) this._rejectAll(entry.waiters, new Error(`unsubscribed from ${channel}`));
+    if (this.state !== "connected") return Promise.resolve();
+    return new Promise((resolve, reject) => {
+      if (!this._unsubscribing.has(channel)) this._unsubscribing.set(channel, []);
+      this._unsubscribing.get(channel).push({ resolve, reject });
+      this._work({ type: "UNSUBSCRIBE", data: { channel } });
+    });
+  }
+
+  /** The last offset seen on each channel (to keep across page loads, and pass back as `since`). */
+  offsets() {
+    const out = {};
+    for (const [name, entry] of this._channels) if (entry.offset !== null) out[name] = entry.offset;
+    return out;
+  }
+
+  /** Ask for missed messages now (it happens by itself after every authentication). */
+  fetchMissing(count = this.options.fetchCount) {
+    if (this.state !== "connected") return;
+    this._flushAcks();
+    this._fetchGot = 0;
+    this._work({ type: "FETCH_MISSING_MESSAGES_REQUEST", data: { count } });
+  }
+
+  /** Send a PING (it happens by itself while the connection is idle). */
+  ping() {
+    if (this.state === "connected") this._write({ type: "PING", data: {} });
+  }
+
+  /** The app's master user only: close a user's connections everywhere. */
+  disconnectUser(userId) {
+    if (this.state === "connected") this._work({ type: "CLOSE_CONNECTION", data: { userId } });
+  }
+
+  // --- the socket ------------------------------------------------------------------------------
+
+  async _open() {
+    const gen = ++this._gen;
+    this._clear("reconnect"); // reconnect() may come while a retry is waiting
+    this._setState("connecting");
+    let token;
+    try {
+      token = typeof this.options.token === "function" ? await this.options.token() : this.options.token;
+    } catch (err) {
+      if (gen !== this._gen || this._closing) return;
+      this._emit("error", failure("the token callback failed", { cause: err }));
+      this._ended(1006, "no token");
+      return;
+    }
+    if (gen !== this._gen || this._closing) return;
+    let ws;
+    try {
+      ws = new this.WebSocket(this.options.url);
+    } catch (err) { // a malformed URL, or ws: from an https: page: retrying cannot help
+      this._emit("error", failure(`cannot open ${this.options.url}`, { cause: err }));
+      return this._terminal(1006, "cannot open the WebSocket");
+    }
+    this._ws = ws;
+    this._arm(this.options.connectTimeoutMs, "no answer to AUTH_CLIENT");
+    ws.onopen = () => {
+      if (ws !== this._ws) return;
+      this._setState("authenticating");
+      const data = { appId: this.options.appId, userId: this.options.userId };
+      if (token) data.token = token;
+      if (this.options.acks) data.acks = true;
+      this._write({ type: "AUTH_CLIENT", data });
+    };
+    ws.onmessage = (event) => { if (ws === this._ws) this._receive(event.data); };
+    ws.onclose = (event) => {
+      if (ws !== this._ws) return;
+      this._detach();
+      this._ended(event.code || 1006, event.reason || "");
+    };
+    ws.onerror = () => {}; // a close event follows
+  }
+
+  /** Forget the current socket: nothing it does reaches the client any more. */
+  _detach() {
+    const ws = this._ws;
+    if (ws) ws.onopen = ws.onmessage = ws.onclose = ws.onerror = null;
+    this._ws = null;
+    this._gen++;
+    for (const name of ["deadline", "ping", "acks", "fetch", "stable"]) this._clear(name);
+    this._ackIds = []; // unacknowledged messages come again on the next connection
+    this._recent = [];
+    for (const entry of this._outbox) entry.state = "queued"; // never accepted: resent
+    // A new connection reads only what is subscribed again: an unsubscribe in flight is done.
+    for (const waiters of this._unsubscribing.values()) waiters.forEach((w) => w.resolve());
+    this._unsubscribing.clear();
+  }
+
+  /** The socket is gone (its handlers detached): reconnect or stop. */
+  _ended(code, reason) {
+    if (this._closing) return;
+    if (NO_RECONNECT.has(code)) return this._terminal(code, reason);
+    const delayMs = reconnectDelay(this._attempt, code, this.options, this.random);
+    this._attempt += 1;
+    this._setState("reconnecting");
+    this._emit("disconnected", { code, reason, willReconnect: true });
+    this._emit("reconnecting", { delayMs, attempt: this._attempt });
+    this._timer("reconnect", delayMs, () => this._open());
+  }
+
+  /** Stopped for good: whatever waits is rejected. */
+  _terminal(code, reason) {
+    for (const name of Object.keys(this._timers)) this._clear(name);
+    const quiet = this.state === "closed" || this.state === "idle";
+    this._setState("closed");
+    const error = failure(`connection closed (${code}${reason ? ` ${reason}` : ""})`, { code, reason });
+    this._rejectAll(this._outbox.splice(0), error);
+    for (const entry of this._channels.values()) this._rejectAll(entry.waiters.splice(0), error);
+    this._rejectAll(this._waiting.splice(0), error);
+    if (!quiet) this._emit("disconnected", { code, reason, willReconnect: false });
+  }
+
+  _write(frame) {
+    if (this._ws?.readyState !== OPEN) return false;
+    const text = JSON.stringify(frame);
+    this._ws.send(text);
+    this.options.debug?.("out", text);
+    return true;
+  }
+
+  /** A work frame (it draws on the pace the outbox keeps too). */
+  _work(frame) {
+    this._take(true);
+    return this._write(frame);
+  }
+
+  _receive(text) {
+    this.options.debug?.("in", text);
+    this._lastIn = Date.now();
+    this._clear("deadline");
+    let frame;
+    try { frame = JSON.parse(text); } catch { return this._emit("error", new Error("a frame that is not JSON")); }
+    const data = frame.data || {};
+    switch (frame.type) {
+      case "AUTH_CLIENT_REPLY": return this._authenticated(data);
+      case "MESSAGE": case "MESSAGE_CONFIRMATION": return this._message(frame.type, data, frame.reference);
+      case "FETCH_MISSING_MESSAGES_COMPLETE": return this._fetched(data.leftMissingCount);
+      case "MESSAGE_ACCEPTED": return this._accepted(data);
+      case "CHANNEL_MESSAGE": return this._channelMessage(data);
+      case "SUBSCRIBED": return this._subscribed(data);
+      case "UNSUBSCRIBED": {
+        const waiters = this._unsubscribing.get(data.channel) || [];
+        this._unsubscribing.delete(data.channel);
+        waiters.forEach((w) => w.resolve());
+        return this._emit("unsubscribed", { channel: data.channel });
+      }
+      case "USER_CONNECTED": return this._emit("userConnected", { userId: data.userId });
+      case "USER_DISCONNECTED": return this._emit("userDisconnected", { userId: data.userId });
+      case "INVALID_MESSAGE": case "GENERAL_ERROR": return this._refused(frame.type, data);
+      case "PING": this._write({ type: "PONG", data: {} }); return undefined;
+      default: return undefined; // PONG, AUTH_REQUIRED, and whatever a newer server adds
+    }
+  }
+
+  _authenticated(data) {
+    if (!data.isAuthenticated) {
+      this._emit("error", failure("authentication refused", { reason: "authentication refused" }));
+      return; // the server closes with the reason
+    }
+    this._clear("deadline");
+    this._setState("connected");
+    this._timer("stable", this.options.stableMs, () => { this._attempt = 0; });
+    this._schedulePing();
+    this._emit("connected", { appId: this.options.appId, userId: this.options.userId });
+    this._waiting.splice(0).forEach((w) => w.resolve());
+    for (const [name, entry] of this._channels) this._subscribeFrame(name, entry);
+    this.fetchMissing();
+    this._pump();
+  }
+
+  /** PING once the server has been quiet for `pingIntervalMs`; no answer in time ends the socket. */
+  _schedulePing(ms = this.options.pingIntervalMs) {
+    this._timer("ping", ms, () => {
+      const idle = Date.now() - this._lastIn;
+      if (idle < this.options.pingIntervalMs) {
+        this._schedulePing(this.options.pingIntervalMs - idle);
+        return;
+      }
+      this.ping();
+      this._arm(this.options.answerTimeoutMs, "no answer to PING");
+      this._schedulePing();
+    });
+  }
+
+  /** Give up on the socket unless a frame arrives within `ms`. */
+  _arm(ms, reason) {
+    this._timer("deadline", ms, () => {
+      const ws = this._ws;
+      this._detach();
+      if (ws) ws.close(4000, reason);
+      this._ended(1006, reason);
+    });
+  }
+
+  // --- receiving -------------------------------------------------------------------------------
+
+  _message(type, data, reference) {
+    const id = data.id;
+    if (id !== undefined) {
+      this._fetchGot = (this._fetchGot || 0) + 1;
+      if (this._seen.has(id)) { // shown before: only the server needs to hear about it again
+        if (this.options.acks) this._ack(id);
+        return;
+      }
+      this._seen.add(id);
+      if (this._seen.size > this.options.seenIds) this._seen.delete(this._seen.values().next().value);
+    }
+    const event = type === "MESSAGE"
+      ? { from: data.from, content: data.content, id, seq: data.seq, reference }
+      : { reference: data.reference, id, seq: data.seq };
+    const results = this._emit(type === "MESSAGE" ? "message" : "confirmation", event, true);
+    if (!this.options.acks || id === undefined) return;
+    const failed = (error) => {
+      this._seen.delete(id); // not handled: when it comes again, it is shown again
+      this._emit("error", failure("a message handler failed; the message is not acknowledged", { cause: error, id }));
+    };
+    if (results.failed) failed(results.error);
+    else if (results.some(isThenable)) Promise.all(results).then(() => this._ack(id), failed);
+    else this._ack(id);
+  }
+
+  _ack(id) {
+    this._ackIds.push(id);
+    if (this._ackIds.length >= ACK_MAX) this._flushAcks();
+    else if (!this._timers.acks) this._timer("acks", this.options.ackDelayMs, () => this._flushAcks());
+  }
+
+  _flushAcks() {
+    this._clear("acks");
+    while (this._ackIds.length && this.state === "connected") {
+      this._write({ type: "ACK", data: { ids: this._ackIds.splice(0, ACK_MAX) } });
+    }
+  }
+
+  _fetched(left) {
+    if (!(left > 0)) return this._emit("synced", {});
+    // Nothing came (an ACK window full of messages our handlers still hold): ask again shortly.
+    if (!this._fetchGot) return this._timer("fetch", 1000, () => this.fetchMissing());
+    return this.fetchMissing();
+  }
+
+  _channelMessage(data) {
+    let entry = this._channels.get(data.channel);
+    if (!entry) { // a server-managed subscription: remembered so it resumes too
+      entry = { offset: null, token: undefined, server: true, waiters: [] };
+      this._channels.set(data.channel, entry);
+    }
+    if (entry.offset !== null && data.offset <= entry.offset) return; // seen at the seam already
+    entry.offset = data.offset;
+    this._emit("channelMessage", { channel: data.channel, content: data.content, offset: data.offset });
+  }
+
+  async _subscribeFrame(name, entry) {
+    const gen = this._gen;
+    const data = { channel: name };
+    if (entry.offset !== null) data.since = entry.offset;
+    try {
+      const token = typeof entry.token === "function" ? await entry.token() : entry.token;
+      if (token) data.token = token;
+    } catch (err) {
+      this._rejectAll(entry.waiters.splice(0), failure("the channel token callback failed", { cause: err }));
+      return;
+    }
+    if (gen === this._gen && this._channels.get(name) === entry) this._work({ type: "SUBSCRIBE", data });
+  }
+
+  _subscribed(data) {
+    const entry = this._channels.get(data.channel);
+    if (!entry) return;
+    entry.offset = data.offset; // the server wrote (or skipped, past retention) everything up to it
+    entry.waiters.splice(0).forEach((w) => w.resolve({ channel: data.channel, offset: data.offset }));
+    this._emit("subscribed", { channel: data.channel, offset: data.offset });
+  }
+
+  // --- sending ---------------------------------------------------------------------------------
+
+  _enqueue(type, data, opts) {
+    if (this.state === "closed") return Promise.reject(new Error("the client is closed"));
+    if (this._outbox.length >= this.options.maxQueued) {
+      return Promise.reject(new Error(`send queue full (${this.options.maxQueued})`));
+    }
+    const fast = opts.feature === "FAST";
+    const frame = { type, data };
+    if (type === "MESSAGE") data.clientMessageId = opts.clientMessageId || newId();
+    if (opts.reference !== undefined && opts.reference !== "") frame.reference = opts.reference;
+    if (fast) frame.feature = "FAST";
+    if (opts.confirmationEnabled === false) frame.confirmationEnabled = false;
+    return new Promise((resolve, reject) => {
+      this._outbox.push({ frame, cmid: data.clientMessageId, group: type === "GROUP_MESSAGE",
+        awaits: this.options.acks && !fast, state: "queued", tries: 0, resolve, reject });
+      this._pump();
+    });
+  }
+
+  /** Draw one token of the work pace; returns the milliseconds until one is there (0: taken). */
+  _take(force = false) {
+    const now = Date.now();
+    const { sendsPerSecond: rate, sendBurst: burst } = this.options;
+    this._tokens = Math.min(burst, this._tokens + ((now - this._tokensAt) / 1000) * rate);
+    this._tokensAt = now;
+    if (this._tokens < 1 && !force) return Math.ceil(((1 - this._tokens) / rate) * 1000);
+    this._tokens -= 1;
+    return 0;
+  }
+
+  /** Write queued sends, in order, at the client's pace and after any pause the server asked for. */
+  _pump() {
+    if (this.state !== "connected" || this._timers.pump) return;
+    for (const entry of this._outbox.filter((e) => e.state === "queued")) {
+      const wait = Math.max(this._pausedUntil - Date.now(), 0) || this._take();
+      if (wait > 0) {
+        this._timer("pump", wait, () => this._pump());
+        return;
+      }
+      if (!this._write(entry.frame)) return;
+      if (entry.awaits) {
+        entry.state = "sent";
+        continue;
+      }
+      this._outbox.splice(this._outbox.indexOf(entry), 1);
+      this._recent.push(entry);
+      if (this._recent.length > 256) this._recent.shift();
+      entry.resolve({ sent: true, clientMessageId: entry.cmid });
+      entry.resolve = () => {}; // settled: a later refusal is an `error` event
+      entry.reject = (error) => this._emit("error", error);
+    }
+  }
+
+  _accepted(data) {
+    const entry = this._outbox.find((e) => e.state === "sent"
+      && (data.clientMessageId ? e.cmid === data.clientMessageId : e.group));
+    const accepted = { id: data.id, clientMessageId: data.clientMessageId, recipients: data.recipients,
+      duplicate: data.duplicate === true };
+    if (entry) {
+      this._outbox.splice(this._outbox.indexOf(entry), 1);
+      entry.resolve(accepted);
+    }
+    this._emit("accepted", accepted);
+  }
+
+  _refused(type, payload) {
+    const general = type === "GENERAL_ERROR";
+    const echo = general ? payload : payload.data;
+    const reason = general ? "the server failed while handling the frame; it may be sent again" : payload.reason;
+    const error = failure(reason, { reason, data: echo, limit: payload.limit, type,
+      retryAfterMs: general ? undefined : payload.retryAfterMs });
+    const retryAfter = error.retryAfterMs;
+    const isObject = echo && typeof echo === "object" && !Array.isArray(echo);
+    if (isObject && "to" in echo) return this._sendRefused(this._sendOf(echo), error, retryAfter, general);
+    if (isObject && typeof echo.channel === "string") return this._channelRefused(echo, error, retryAfter);
+    if (isObject && "count" in echo) {
+      if (retryAfter !== undefined || general) this._timer("fetch", retryAfter || 2000, () => this.fetchMissing());
+      else this._emit("error", error);
+      return undefined;
+    }
+    if (isObject && Array.isArray(echo.ids) && retryAfter !== undefined) {
+      this._timer("ackRetry", retryAfter, () => { echo.ids.forEach((id) => this._ack(id)); });
+      return undefined;
+    }
+    if (echo === undefined && !general) { // refused without an echo (content too large): the oldest waiting send
+      const entry = this._outbox.find((e) => e.state === "sent");
+      if (entry) return this._sendRefused(entry, error, retryAfter, false);
+    }
+    this._emit("error", error);
+    return undefined;
+  }
+
+  _sendOf(echo) {
+    const all = [...this._outbox.filter((e) => e.state === "sent"), ...this._recent];
+    if (typeof echo.clientMessageId === "string") return all.find((e) => e.cmid === echo.clientMessageId);
+    const text = JSON.stringify(echo);
+    return all.find((e) => e.group && JSON.stringify(e.frame.data) === text) || all.find((e) => e.group && e.awaits);
+  }
+
+  _sendRefused(entry, error, retryAfter, general) {
+    if (!entry) return this._emit("error", error);
+    const again = retryAfter !== undefined || (general && entry.tries < GENERAL_ERROR_TRIES);
+    if (again) {
+      entry.tries += 1;
+      entry.state = "queued";
+      if (!this._outbox.includes(entry)) { // a linker-mode send already settled: back to the front
+        this._recent.splice(this._recent.indexOf(entry), 1);
+        this._outbox.unshift(entry);
+      }
+      this._pausedUntil = Date.now() + (retryAfter !== undefined ? retryAfter : 1000 * 2 ** (entry.tries - 1));
+      this._clear("pump");
+      return this._pump();
+    }
+    const i = this._outbox.indexOf(entry);
+    if (i >= 0) this._outbox.splice(i, 1);
+    entry.reject(error);
+  }
+
+  _channelRefused(echo, error, retryAfter) {
+    const entry = this._channels.get(echo.channel);
+    if (!entry && this._unsubscribing.has(echo.channel)) { // an UNSUBSCRIBE refused
+      const waiters = this._unsubscribing.get(echo.channel);
+      this._unsubscribing.delete(echo.channel);
+      if (retryAfter !== undefined) {
+        this._timer(`unsub:${echo.channel}`, retryAfter, () => {
+          const again = this.unsubscribe(echo.channel);
+          waiters.forEach((w) => w.resolve(again));
+        });
+      } else {
+        this._rejectAll(waiters, error);
+      }
+      return;
+    }
+    if (retryAfter !== undefined && entry) {
+      this._timer(`sub:${echo.channel}`, retryAfter, () => {
+        if (this._channels.get(echo.channel) === entry && this.state === "connected") this._subscribeFrame(echo.channel, entry);
+      });
+      return;
+    }
+    if (entry) this._channels.delete(echo.channel);
+    if (entry?.waiters.length) return this._rejectAll(entry.waiters.splice(0), error);
+    if (!entry?.server) this._emit("error", error); // (a server-managed subscription that ended: no news)
+    return undefined;
+  }
+
+  // --- plumbing --------------------------------------------------------------------------------
+
+  _setState(state) {
+    if (this.state !== state) this._emit("state", (this.state = state));
+  }
+
+  /** Call the listeners; returns their results (and whether one threw, when `collect`). */
+  _emit(name, payload, collect = false) {
+    const results = [];
+    for (const fn of [...(this._listeners.get(name) || [])]) {
+      try {
+        results.push(fn(payload));
+      } catch (error) {
+        if (collect) Object.assign(results, { failed: true, error });
+        else if (name !== "error") this._emit("error", failure(`a '${name}' handler failed`, { cause: error }));
+      }
+    }
+    if (name === "error" && results.length === 0 && typeof console !== "undefined") console.warn("switchboard:", payload);
+    return results;
+  }
+
+  _rejectAll(list, error) {
+    list.forEach((item) => item.reject(error));
+  }
+
+  /** One timer per name: setting it again replaces it. */
+  _timer(name, ms, fn) {
+    this._clear(name);
+    this._timers[name] = setTimeout(() => { delete this._timers[name]; fn(); }, ms);
+  }
+
+  _clear(name) {
+    clearTimeout(this._timers[name]);
+    delete this._timers[name];
+  }
+}
+
+export default Switchboard;
