@@ -227,10 +227,29 @@ WS_MAX_CHANNELS = env_int("WS_MAX_CHANNELS", 100)  # channels one connection may
 PRESENCE_HEARTBEAT_SECONDS = env_int("PRESENCE_HEARTBEAT_SECONDS", 5)
 PRESENCE_NODE_TIMEOUT = env_int("PRESENCE_NODE_TIMEOUT", 20)  # no heartbeat for this long = dead node
 
+# --- webhooks ----------------------------------------------------------------------------------
+def webhooks_allow_http(debug: bool) -> bool:
+    """Plain http:// webhook endpoints: refused unless set, except under DEBUG (local runs). The leaf
+    settings modules call this again once they have settled DEBUG."""
+    return env_bool("WEBHOOKS_ALLOW_HTTP", debug)
+
+
+WEBHOOKS_ALLOW_HTTP = webhooks_allow_http(DEBUG)
+WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 10.0)  # one call, connect to answer
+# A call that fails (non-2xx, timeout, refused) is retried after base x 2^(attempt-1) s, capped, with
+# jitter; after this many failed attempts the webhook delivery is dead.
+WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 8)
+WEBHOOK_RETRY_BASE_SECONDS = env_float("WEBHOOK_RETRY_BASE_SECONDS", 10.0)
+WEBHOOK_RETRY_MAX_SECONDS = env_float("WEBHOOK_RETRY_MAX_SECONDS", 3600.0)
+WEBHOOK_SWEEP_SECONDS = env_int("WEBHOOK_SWEEP_SECONDS", 5)
+WEBHOOK_RETENTION_DAYS = env_int("WEBHOOK_RETENTION_DAYS", 30)  # delivery records older than this go
+
 CELERY_BEAT_SCHEDULE = {
     "retry-sweep": {"task": "messaging.tasks.retry_sweep", "schedule": float(RETRY_SWEEP_SECONDS)},
     "reap-dead-nodes": {"task": "messaging.tasks.reap_dead_nodes", "schedule": float(PRESENCE_HEARTBEAT_SECONDS)},
     "expire-deliveries": {"task": "messaging.tasks.expire_deliveries", "schedule": 3600.0},
+    "webhook-sweep": {"task": "messaging.tasks.webhook_sweep", "schedule": float(WEBHOOK_SWEEP_SECONDS)},
+    "webhook-purge": {"task": "messaging.tasks.webhook_purge", "schedule": 3600.0},
 }
 # Celery's Django fix-up closes the DB connection after every task unless told otherwise: a new
 # Postgres connection per routing task. Reuse it (it is recycled every 2 x this many tasks).
