@@ -14,6 +14,7 @@ from django.contrib import admin
 
 from .models import DeadLetter, Delivery, DeliveryState, Message
 from .services import dead_letters_discard, dead_letters_requeue
+from .webhooks import admin as webhooks_admin  # noqa: F401  (registers the webhook console)
 
 
 class DeliveryInline(admin.TabularInline):

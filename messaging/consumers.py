@@ -75,9 +75,10 @@ from messaging.services import (
     deliveries_mark_delivered,
     deliveries_unacked_for,
     missing_fetch,
+    user_presence_announce,
 )
 from presence import cache
-from presence.services import master_notify, session_close, session_open, user_disconnect_everywhere
+from presence.services import session_close, session_open, user_disconnect_everywhere
 
 log = logging.getLogger(__name__)
 WRITTEN_MEMORY = 5000  # recently written delivery ids per connection (dedupe, and fetch's skip list)
@@ -170,8 +171,7 @@ class ClientConsumer(ChannelReaderConsumer):
             last = await cache.connection_remove(user_id=self.user_id, channel_name=self.channel_name,
                                                  node_id=node.node_id)
             if last:
-                await master_notify(master_user_id=self.app.master_user_id, event_type="USER_DISCONNECTED",
-                                    user_id=self.user_id)
+                await user_presence_announce(app=self.app, user_id=self.user_id, connected=False)
         except Exception:
             # Redis is away: this node's heartbeat removes the stale entry (and announces) later.
             log.exception("presence update on disconnect of %s failed", self.user_id)
@@ -324,7 +324,7 @@ class ClientConsumer(ChannelReaderConsumer):
         metrics.AUTH.labels("admitted").inc()
         await self._write(encode("AUTH_CLIENT_REPLY", {"appId": app_id, "userId": user_id, "isAuthenticated": True}))
         if first:
-            await master_notify(master_user_id=app.master_user_id, event_type="USER_CONNECTED", user_id=user_id)
+            await user_presence_announce(app=app, user_id=user_id, connected=True)
         if acks:
             # Left behind by a connection that could not give them back (its node crashed): they
             # come again, with the same ids.

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, ge
 
 from config.metrics import REGISTRY
 from messaging.models import DeliveryState, states_sql
+from messaging.webhooks.selectors import webhook_backlog
 
 CONNECTIONS = Gauge("switchboard_ws_connections", "Authenticated WebSocket connections on this node",
                     registry=REGISTRY)
@@ -56,6 +57,17 @@ CHANNEL_MESSAGES = Counter("switchboard_channel_messages_written_total",
                            "Channel messages written to readers on this node, by transport", ["transport"],
                            registry=REGISTRY)
 
+WEBHOOKS = Counter(
+    "switchboard_webhooks_total",
+    "Webhook deliveries by event and outcome: recorded (for an endpoint), delivered, failed (an attempt that "
+    "will be retried), dead. Counted in the process where it happened: a web node records presence and "
+    "channel events; dead-letter events are recorded, and every call is made, by Celery workers, which are "
+    "not scraped (see switchboard_webhook_deliveries for the cluster-wide picture)",
+    ["event", "outcome"], registry=REGISTRY)
+WEBHOOK_BACKLOG = Gauge("switchboard_webhook_deliveries",
+                        "Webhook deliveries not delivered (pending, retrying) or dead, cluster-wide", ["state"],
+                        registry=REGISTRY)
+
 
 def _scraper_allowed(request: HttpRequest) -> bool:
     if settings.DEBUG:
@@ -79,4 +91,6 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         # served by the partial index delivery_dead_letters
         cur.execute(f"SELECT count(*) FROM messaging_delivery WHERE state = {states_sql(DeliveryState.DEAD)}")
         DEAD_LETTERS.set(cur.fetchone()[0])
+    for state, count in webhook_backlog().items():
+        WEBHOOK_BACKLOG.labels(state).set(count)
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

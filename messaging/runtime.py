@@ -1,9 +1,10 @@
 """The web node's per-process machinery, started by its first WebSocket connection.
 
 - registers the Node row and heartbeats: each beat reconciles the presence cache with exactly the
-  connections this process holds (presence.cache.node_heartbeat), announces USER_DISCONNECTED for
-  users a stale entry kept online, and stamps the Node row. A node the reaper declared dead while
-  it was silent closes every socket with 1012 (clients reconnect and fetch) and starts a new life;
+  connections this process holds (presence.cache.node_heartbeat), announces USER_DISCONNECTED (and
+  the user.disconnected webhook) for users a stale entry kept online, and stamps the Node row. A
+  node the reaper declared dead while it was silent closes every socket with 1012 (clients
+  reconnect and fetch) and starts a new life;
 - owns the micro-batchers: the intake (group commit of what senders send), "route these committed
   deliveries", "these deliveries reached their sockets" and "these claims go back to the mailbox";
 - knows the connections this process holds, and the per-user delivery budgets.
@@ -34,10 +35,11 @@ from messaging.services import (
     deliveries_mark_delivered,
     deliveries_release,
     messages_store,
+    user_presence_announce,
 )
 from presence import cache
 from presence.liveness import node_restart_cleanup
-from presence.services import master_notify, node_heartbeat_record, node_register
+from presence.services import node_heartbeat_record, node_register
 
 log = logging.getLogger(__name__)
 
@@ -152,14 +154,10 @@ class NodeRuntime:
             await self.declared_dead()
             return
         for user_id in gone:
-            master = await self._master_of(user_id)
-            if master:
-                await master_notify(master_user_id=master, event_type="USER_DISCONNECTED", user_id=user_id)
-
-    async def _master_of(self, user_id: str) -> str | None:
-        parsed = user_id_parse(user_id)
-        app = await run_db(app_snapshot, parsed.app_name) if parsed else None
-        return app.master_user_id if app else None
+            parsed = user_id_parse(user_id)
+            app = await run_db(app_snapshot, parsed.app_name) if parsed else None
+            if app:
+                await user_presence_announce(app=app, user_id=user_id, connected=False)
 
     async def declared_dead(self) -> None:
         """The reaper ended this node's sessions while it was silent: its sockets are ghosts.

@@ -65,3 +65,32 @@ def expire_deliveries() -> int:
     from messaging.services import deliveries_expire
 
     return deliveries_expire()
+
+
+@shared_task(acks_late=True)
+def webhook_deliver(delivery_id: str, claim: int) -> str:
+    """One attempt of a webhook call handed out under `claim` (messaging.webhooks.delivery). Safe
+    twice: a second run finds the claim gone and sends nothing. Its retry policy is the row's own
+    (backoff, dead after WEBHOOK_MAX_ATTEMPTS), not Celery's: a task lost with its worker is made
+    up for by the sweep once the hand-out's lease runs out."""
+    from messaging.webhooks.delivery import webhook_attempt
+
+    return webhook_attempt(delivery_id=delivery_id, claim=claim)
+
+
+@shared_task(acks_late=True)
+def webhook_sweep() -> int:
+    """Beat: hand out webhook calls that are due again (retries, and those whose task was lost)."""
+    from messaging.webhooks.delivery import webhook_tasks_send, webhooks_sweep
+
+    ids, claim = webhooks_sweep()
+    webhook_tasks_send(ids, claim)
+    return len(ids)
+
+
+@shared_task(acks_late=True)
+def webhook_purge() -> int:
+    """Beat: webhook delivery records past WEBHOOK_RETENTION_DAYS go."""
+    from messaging.webhooks.delivery import webhook_deliveries_purge
+
+    return webhook_deliveries_purge()

@@ -12,8 +12,10 @@ A node that was only paused (a long GC, a frozen VM) and comes back finds the to
 stopped row at its next heartbeat and closes its sockets with 1012 (messaging.runtime): its clients
 reconnect and fetch, rather than living on as ghosts with closed session rows.
 
-Presence does not touch deliveries (layers point down): `nodes_reap` returns the users whose
-connections died, and the messaging task that called it re-queues what was in flight to them.
+Presence does not touch deliveries or webhooks (layers point down): `nodes_reap` returns the users
+whose connections died, and those whose last connection in the cluster went with them, and the
+messaging task that called it re-queues what was in flight to them and announces the latter to
+the apps' webhooks.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps_registry.selectors import app_snapshot, user_id_parse
+from apps_registry.selectors import AppSnapshot, app_snapshot, user_id_parse
 from config.transport.redis_clients import lock_acquire
 
 from . import cache
@@ -42,6 +44,8 @@ class ReapedNode:
     node_id: str
     sessions: int
     users: list[tuple[int, str]] = field(default_factory=list)  # (app id, user id) whose connections died
+    # (app id, user id) whose last connection in the cluster died: USER_DISCONNECTED was announced
+    offline: list[tuple[int, str]] = field(default_factory=list)
 
 
 def nodes_reap() -> list[ReapedNode]:
@@ -72,18 +76,20 @@ def node_restart_cleanup(*, node_id: str) -> ReapedNode | None:
     return node_reap(node=node, reason="node restarted")
 
 
-def _master_of(user_id: str) -> str | None:
+def _app_of(user_id: str) -> AppSnapshot | None:
     parsed = user_id_parse(user_id)
-    app = app_snapshot(parsed.app_name) if parsed else None
-    return app.master_user_id if app else None
+    return app_snapshot(parsed.app_name) if parsed else None
 
 
 def node_reap(*, node: Node, reason: str) -> ReapedNode:
+    offline = []
     for gone in cache.node_forget(node_id=node.node_id):
         if gone.was_last:
-            master = _master_of(gone.user_id)
-            if master:
-                master_notify_sync(master_user_id=master, event_type="USER_DISCONNECTED", user_id=gone.user_id)
+            app = _app_of(gone.user_id)
+            if app:
+                offline.append((app.pk, gone.user_id))
+                master_notify_sync(master_user_id=app.master_user_id, event_type="USER_DISCONNECTED",
+                                   user_id=gone.user_id)
     sessions = live_sessions_of_node(node.node_id)
     now = timezone.now()
     with transaction.atomic():
@@ -93,4 +99,4 @@ def node_reap(*, node: Node, reason: str) -> ReapedNode:
         Node.objects.filter(pk=node.pk).update(stopped_at=now)
     users = sorted({(s.app_id, s.user_id) for s in sessions})
     log.warning("node %s declared dead (%s): %d sessions closed", node.node_id, reason, len(sessions))
-    return ReapedNode(node_id=node.node_id, sessions=len(sessions), users=users)
+    return ReapedNode(node_id=node.node_id, sessions=len(sessions), users=users, offline=sorted(set(offline)))

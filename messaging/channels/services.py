@@ -18,7 +18,8 @@ from django.db import connection, transaction
 
 from config.transport import sockets
 from messaging.channels import registry
-from messaging.models import Subscription
+from messaging.models import Subscription, WebhookEvent
+from messaging.webhooks.services import WebhookNotice, webhooks_record
 from presence import cache
 
 
@@ -131,10 +132,13 @@ def channel_history_expire() -> int:
 
 
 def channel_occupancy_record(*, app_id: int, channel: str, occupied: bool) -> None:
-    """A channel got its first reader in the cluster (occupied) or lost its last one (vacated)."""
+    """A channel got its first reader in the cluster (occupied) or lost its last one (vacated):
+    counted, and announced to the app's webhooks that want it (no query when none does)."""
     from messaging import metrics
 
     metrics.CHANNEL_OCCUPANCY.labels("occupied" if occupied else "vacated").inc()
+    event = WebhookEvent.CHANNEL_OCCUPIED if occupied else WebhookEvent.CHANNEL_VACATED
+    webhooks_record(notices=[WebhookNotice(app_id=app_id, event=event.value, data={"channel": channel})])
 
 
 # --- server-managed subscriptions ----------------------------------------------------------------

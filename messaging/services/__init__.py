@@ -5,6 +5,7 @@ from __future__ import annotations
 from .dead_letters import dead_letters_discard, dead_letters_requeue
 from .deliveries import (
     ClaimedRow,
+    FailResult,
     SweepResult,
     claim_token,
     deliveries_claim,
@@ -20,11 +21,12 @@ from .deliveries import (
 from .fetch import FetchResult, missing_fetch
 from .nodes import dead_nodes_settle
 from .persist import OutgoingMessage, SendResult, message_send, messages_store
+from .presence import user_presence_announce
 
 __all__ = [
-    "ClaimedRow", "FetchResult", "OutgoingMessage", "SendResult", "SweepResult", "claim_token",
+    "ClaimedRow", "FailResult", "FetchResult", "OutgoingMessage", "SendResult", "SweepResult", "claim_token",
     "dead_letters_discard", "dead_letters_requeue", "dead_nodes_settle", "deliveries_claim", "deliveries_expire",
     "deliveries_fail", "deliveries_mark_delivered", "deliveries_park", "deliveries_release",
     "deliveries_requeue_for_users", "deliveries_sweep", "deliveries_unacked_for", "message_send",
-    "messages_store", "missing_fetch",
+    "messages_store", "missing_fetch", "user_presence_announce",
 ]

@@ -32,9 +32,11 @@ from messaging.models import (
     UNDELIVERED_STATES,
     DeliveryState,
     MessageKind,
+    WebhookEvent,
     states_sql,
 )
 from messaging.services.persist import mailbox_append_sql
+from messaging.webhooks.services import WebhookNotice, webhooks_record
 
 PENDING = states_sql(DeliveryState.PENDING)
 SENT = states_sql(DeliveryState.SENT)
@@ -104,8 +106,10 @@ def deliveries_claim(*, delivery_ids: list[int], token: int) -> list[ClaimedRow]
         return [ClaimedRow(*row) for row in cur.fetchall()]
 
 
-def _claimed_update(set_sql: str, pairs: list[tuple[int, int]], extra: dict | None = None) -> list[int]:
-    """Apply `set_sql` to rows still `sent` under the claim named for them; returns the ids moved."""
+def _claimed_update(set_sql: str, pairs: list[tuple[int, int]], extra: dict | None = None,
+                    returning: str = "d.id") -> list:
+    """Apply `set_sql` to rows still `sent` under the claim named for them; returns the ids moved
+    (or the `returning` columns of each)."""
     if not pairs:
         return []
     ids = [p[0] for p in pairs]
@@ -118,11 +122,12 @@ def _claimed_update(set_sql: str, pairs: list[tuple[int, int]], extra: dict | No
             UPDATE messaging_delivery d SET {set_sql}
               FROM locked l, wanted w, apps_registry_clientapp a
              WHERE d.id = l.id AND w.id = d.id AND a.id = d.app_id AND d.state = {SENT} AND d.claim = w.claim
-            RETURNING d.id
+            RETURNING {returning}
             """,
             {"ids": ids, "tokens": tokens, **(extra or {})},
         )
-        return [row[0] for row in cur.fetchall()]
+        rows = cur.fetchall()
+    return [row[0] for row in rows] if returning == "d.id" else rows
 
 
 def deliveries_park(*, claims: list[tuple[int, int]]) -> list[int]:
@@ -144,12 +149,37 @@ def deliveries_release(*, claims: list[tuple[int, int]], park: bool = True) -> l
     return _claimed_update(f"state = {PENDING}, next_attempt_at = now(), claim = NULL", claims)
 
 
-def deliveries_fail(*, claims: list[tuple[int, int]], error: str) -> list[int]:
+# What a transition returns about each row it moved, enough to announce the dead ones.
+_MOVED_COLUMNS = "d.id, d.state, d.app_id, d.message_id, d.recipient, d.attempts, d.last_error"
+
+
+@dataclass(frozen=True)
+class FailResult:
+    failed: list[int]  # an attempt counted: retrying, or dead
+    dead: list[int]  # ... of which used up their attempts
+
+
+def deliveries_fail(*, claims: list[tuple[int, int]], error: str) -> FailResult:
     """A push that was made and failed: one attempt counted; retry with backoff, or dead letter
-    once the app's max attempts are used."""
-    return _claimed_update(_failure_set("d.attempts + 1", "%(error)s"), claims, {
+    once the app's max attempts are used (announced to the app's webhooks)."""
+    rows = _claimed_update(_failure_set("d.attempts + 1", "%(error)s"), claims, {
         "error": error[:500], "base_backoff": float(settings.RETRY_BASE_SECONDS),
-        "max_backoff": float(settings.RETRY_MAX_SECONDS)})
+        "max_backoff": float(settings.RETRY_MAX_SECONDS)}, returning=_MOVED_COLUMNS)
+    dead = [row for row in rows if row[1] == DeliveryState.DEAD.value]
+    _dead_letters_announce(dead)
+    return FailResult(failed=sorted(row[0] for row in rows), dead=sorted(row[0] for row in dead))
+
+
+def _dead_letters_announce(rows: list[tuple]) -> None:
+    """`message.dead_lettered` for the apps' webhooks, recorded once the transition is committed,
+    in one statement for the batch. A failure there is logged, never undoes the transition."""
+    if not rows:
+        return
+    notices = [WebhookNotice(app_id=app_id, event=WebhookEvent.MESSAGE_DEAD_LETTERED.value, data={
+        "messageId": str(message_id), "deliveryId": str(delivery_id), "recipient": recipient,
+        "attempts": attempts, "lastError": last_error,
+    }) for delivery_id, _, app_id, message_id, recipient, attempts, last_error in rows]
+    transaction.on_commit(lambda: webhooks_record(notices=notices), robust=True)
 
 
 def _failure_set(attempts: str, error: str) -> str:
@@ -256,7 +286,7 @@ def deliveries_sweep(*, limit: int = 5000) -> SweepResult:
                    last_error = CASE WHEN due.state = {SENT} THEN %(timeout_error)s ELSE d.last_error END
               FROM due, apps_registry_clientapp a
              WHERE d.id = due.id AND a.id = d.app_id
-            RETURNING d.id, due.state, d.state
+            RETURNING due.state, {_MOVED_COLUMNS}
             """,
             {"limit": limit, "lease": float(settings.ROUTING_LEASE_SECONDS),
              "base_backoff": float(settings.RETRY_BASE_SECONDS), "max_backoff": float(settings.RETRY_MAX_SECONDS),
@@ -264,10 +294,12 @@ def deliveries_sweep(*, limit: int = 5000) -> SweepResult:
         )
         rows = cur.fetchall()
     sent = DeliveryState.SENT.value
+    died = [r[1:] for r in rows if r[0] == sent and r[2] == DeliveryState.DEAD.value]
+    _dead_letters_announce(died)
     return SweepResult(
-        timed_out=sorted(r[0] for r in rows if r[1] == sent),
-        dead=sorted(r[0] for r in rows if r[1] == sent and r[2] == DeliveryState.DEAD.value),
-        due=sorted(r[0] for r in rows if r[1] != sent),
+        timed_out=sorted(r[1] for r in rows if r[0] == sent),
+        dead=sorted(r[0] for r in died),
+        due=sorted(r[1] for r in rows if r[0] != sent),
     )
 
 

@@ -27,6 +27,12 @@ def check_secrets(app_configs, **kwargs):
                 hint="List the public host names in ALLOWED_HOSTS.",
                 id="switchboard.W001",
             ))
+        if settings.WEBHOOKS_ALLOW_HTTP:
+            errors.append(CheckWarning(
+                "WEBHOOKS_ALLOW_HTTP is on in production: webhook payloads and signatures may travel unencrypted.",
+                hint="Unset WEBHOOKS_ALLOW_HTTP; register https:// endpoints.",
+                id="switchboard.W002",
+            ))
     return errors
 
 

@@ -96,3 +96,15 @@ def test_six_hundred_concurrent_channel_layer_calls_do_not_exhaust_the_redis_poo
 
     received = run_async(burst(), timeout=60)  # one long-lived loop, as a worker process has
     assert sorted(m["i"] for m in received) == list(range(600))
+
+
+def test_production_warns_when_plain_http_webhooks_are_allowed():
+    result = _check({
+        "DJANGO_SETTINGS_MODULE": "config.settings.production",
+        "SECRET_KEY": "x" * 60,
+        "DATABASE_URL": "postgresql://u:p@db.internal:5432/switchboard",
+        "REDIS_URL": "redis://cache.internal:6379/0",
+        "ALLOWED_HOSTS": "switchboard.example.com",
+        "WEBHOOKS_ALLOW_HTTP": "true",
+    })
+    assert result.returncode == 0 and "switchboard.W002" in result.stderr

@@ -203,7 +203,7 @@ def test_park_fail_and_release_never_act_on_a_row_someone_re_claimed_since(anz):
     new = claim_token()
     deliveries_claim(delivery_ids=ids, token=new)  # another worker's claim
     assert deliveries_park(claims=[(ids[0], old)]) == []
-    assert deliveries_fail(claims=[(ids[0], old)], error="late") == []
+    assert deliveries_fail(claims=[(ids[0], old)], error="late").failed == []
     assert deliveries_release(claims=[(ids[0], old)]) == []
     row = _row(ids[0])
     assert (row.state, row.claim, row.attempts) == ("sent", new, 0)

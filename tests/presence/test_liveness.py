@@ -56,6 +56,7 @@ def test_a_silent_node_is_declared_dead_and_the_master_hears_its_users_leave():
     reaped = nodes_reap()
 
     assert [(r.node_id, r.sessions, r.users) for r in reaped] == [("web-dead", 2, [(app.pk, "ANZ-5"), (app.pk, "ANZ-6")])]
+    assert reaped[0].offline == [(app.pk, "ANZ-5")]  # messaging announces these to the webhooks
     assert Node.objects.get(pk="web-dead").stopped_at is not None
     assert not Session.objects.filter(node_id="web-dead", disconnected_at__isnull=True).exists()
     assert cache.connections_of_many(["ANZ-5", "ANZ-6"]) == {

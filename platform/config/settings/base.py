@@ -247,6 +247,23 @@ ANALYTICS_EXPORT_BATCH_ROWS = env_int("ANALYTICS_EXPORT_BATCH_ROWS", 100_000)  #
 # How long an export waits for transactions older than its horizon (analytics.services.export).
 ANALYTICS_EXPORT_HORIZON_WAIT = env_int("ANALYTICS_EXPORT_HORIZON_WAIT", 10)
 
+# --- webhooks ----------------------------------------------------------------------------------
+def webhooks_allow_http(debug: bool) -> bool:
+    """Plain http:// webhook endpoints: refused unless set, except under DEBUG (local runs). The leaf
+    settings modules call this again once they have settled DEBUG."""
+    return env_bool("WEBHOOKS_ALLOW_HTTP", debug)
+
+
+WEBHOOKS_ALLOW_HTTP = webhooks_allow_http(DEBUG)
+WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 10.0)  # one call, connect to answer
+# A call that fails (non-2xx, timeout, refused) is retried after base x 2^(attempt-1) s, capped, with
+# jitter; after this many failed attempts the webhook delivery is dead.
+WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 8)
+WEBHOOK_RETRY_BASE_SECONDS = env_float("WEBHOOK_RETRY_BASE_SECONDS", 10.0)
+WEBHOOK_RETRY_MAX_SECONDS = env_float("WEBHOOK_RETRY_MAX_SECONDS", 3600.0)
+WEBHOOK_SWEEP_SECONDS = env_int("WEBHOOK_SWEEP_SECONDS", 5)
+WEBHOOK_RETENTION_DAYS = env_int("WEBHOOK_RETENTION_DAYS", 30)  # delivery records older than this go
+
 CELERY_BEAT_SCHEDULE = {
     "retry-sweep": {"task": "messaging.tasks.retry_sweep", "schedule": float(RETRY_SWEEP_SECONDS)},
     "reap-dead-nodes": {"task": "messaging.tasks.reap_dead_nodes", "schedule": float(PRESENCE_HEARTBEAT_SECONDS)},
@@ -257,6 +274,8 @@ CELERY_BEAT_SCHEDULE = {
                                   "kwargs": {"kind": "presence"}},
     "analytics-backlog-report": {"task": "analytics.tasks.report_run", "schedule": crontab(hour=0, minute=40),
                                  "kwargs": {"kind": "backlog"}},
+    "webhook-sweep": {"task": "messaging.tasks.webhook_sweep", "schedule": float(WEBHOOK_SWEEP_SECONDS)},
+    "webhook-purge": {"task": "messaging.tasks.webhook_purge", "schedule": 3600.0},
 }
 # Celery's Django fix-up closes the DB connection after every task unless told otherwise: a new
 # Postgres connection per routing task. Reuse it (it is recycled every 2 x this many tasks).

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from .base import *  # noqa: F403
-from .base import env_bool, env_str, service_settings
+from .base import env_bool, env_str, service_settings, webhooks_allow_http
 
 DEBUG = env_bool("DEBUG", True)
+WEBHOOKS_ALLOW_HTTP = webhooks_allow_http(DEBUG)
 
 
 def _urls() -> tuple[str, str]:

@@ -7,9 +7,10 @@ Misconfiguration is reported by the system checks in config/checks.py (run on ev
 from __future__ import annotations
 
 from .base import *  # noqa: F403
-from .base import env_bool, env_int, env_list, env_str, service_settings
+from .base import env_bool, env_int, env_list, env_str, service_settings, webhooks_allow_http
 
 DEBUG = False
+WEBHOOKS_ALLOW_HTTP = webhooks_allow_http(DEBUG)  # https:// endpoints only, unless set
 PRODUCTION = True
 DEMO_ENABLED = env_bool("DEMO_ENABLED", False)
 # In production the scrape allow-list is empty unless set: a token or an explicit network.

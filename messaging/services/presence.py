@@ -1,0 +1,40 @@
+"""Announcing that a user came online or went offline in the cluster, to everyone who listens:
+the app's master user over its sockets (USER_CONNECTED / USER_DISCONNECTED) and the app's
+webhooks (user.connected / user.disconnected).
+
+Called where a user's first connection in the cluster opens or its last one closes: the /ws
+consumer (authentication, cleanup) and the node heartbeat (users a stale entry kept online). A
+dead node's users are announced by presence's reaper to the master and by `dead_nodes_settle` to
+the webhooks (presence may not call up into messaging).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+
+from apps_registry.selectors import AppSnapshot
+from messaging.models import WebhookEvent
+from messaging.webhooks.services import WebhookNotice, webhooks_record_async
+from presence.services import master_notify
+
+log = logging.getLogger(__name__)
+
+
+def user_presence_notice(*, app_id: int, user_id: str, connected: bool) -> WebhookNotice:
+    event = WebhookEvent.USER_CONNECTED if connected else WebhookEvent.USER_DISCONNECTED
+    return WebhookNotice(app_id=app_id, event=event.value, data={"userId": user_id, "domain": settings.DOMAIN_NAME})
+
+
+async def user_presence_announce(*, app: AppSnapshot, user_id: str, connected: bool) -> None:
+    """The master's notice (errors propagate, as before), then the webhooks (best effort: a
+    failure to record them is logged, never raised into the connection). The master user's own
+    connection is announced to the webhooks too; only the master itself is never told about itself."""
+    await master_notify(master_user_id=app.master_user_id,
+                        event_type="USER_CONNECTED" if connected else "USER_DISCONNECTED", user_id=user_id)
+    try:
+        await webhooks_record_async(notices=[user_presence_notice(app_id=app.pk, user_id=user_id,
+                                                                  connected=connected)])
+    except Exception:
+        log.exception("recording the %s webhook of %s failed", "connect" if connected else "disconnect", user_id)
