@@ -95,7 +95,7 @@ def node_reap(*, node: Node, reason: str) -> ReapedNode:
     with transaction.atomic():
         Session.objects.filter(pk__in=[s.pk for s in sessions]).update(disconnected_at=now)
         presence_event_record(kind=PresenceEventKind.DISCONNECT, connection_ids=[s.pk for s in sessions],
-                              close_reason="node died")
+                              close_reason=reason)
         Node.objects.filter(pk=node.pk).update(stopped_at=now)
     users = sorted({(s.app_id, s.user_id) for s in sessions})
     log.warning("node %s declared dead (%s): %d sessions closed", node.node_id, reason, len(sessions))
