@@ -65,3 +65,11 @@ def expire_deliveries() -> int:
     from messaging.services import deliveries_expire
 
     return deliveries_expire()
+
+
+@shared_task(acks_late=True)
+def expire_idempotency_keys() -> int:
+    """Beat: the server API's Idempotency-Keys older than API_IDEMPOTENCY_HOURS are dropped."""
+    from messaging.api.idempotency import idempotency_keys_expire
+
+    return idempotency_keys_expire()

@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's assets, served from here: /api/docs/ needs no CDN
     "apps_registry",
     "messaging",
     "presence",
@@ -49,6 +50,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "config.http_metrics.request_latency_middleware",  # outermost: times everything below it
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -101,12 +103,29 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_AUTHENTICATION_CLASSES": [],
     "DEFAULT_PERMISSION_CLASSES": [],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "UNAUTHENTICATED_USER": None,
+    "EXCEPTION_HANDLER": "messaging.api.errors.api_exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Switchboard server API",
+    "DESCRIPTION": (
+        "Send from your server to your app's users and channels, manage subscriptions, see presence, read "
+        "channel history, handle dead letters. Authenticate with an API key of your app "
+        "(`Authorization: Bearer <key>`). Errors are `{\"error\": code, \"detail\": text}`. Sends take an "
+        "`Idempotency-Key`. Each app has a rate limit (429 with `Retry-After`). Lists are cursor-paginated: "
+        "follow `next` until it is null."
+    ),
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_AUTHENTICATION": [],
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # One handler for every process (web, worker, beat: Celery is told not to install its own). A
@@ -223,6 +242,11 @@ WS_MAX_OUTGOING_BYTES = env_int("WS_MAX_OUTGOING_BYTES", 8 * 1024 * 1024)
 WS_MAX_QUEUED_FRAMES = env_int("WS_MAX_QUEUED_FRAMES", 500)
 WS_ACK_WINDOW = env_int("WS_ACK_WINDOW", 1000)
 WS_MAX_CHANNELS = env_int("WS_MAX_CHANNELS", 100)  # channels one connection may read
+# --- the server REST API (messaging.api) -----------------------------------------------------------
+# A verified API key is remembered per process this long: a revoked key stops working within it.
+API_KEY_CACHE_SECONDS = env_float("API_KEY_CACHE_SECONDS", 5.0)
+# How long an Idempotency-Key's answer is kept (the hourly expiry drops older keys).
+API_IDEMPOTENCY_HOURS = env_int("API_IDEMPOTENCY_HOURS", 24)
 # --- presence ----------------------------------------------------------------------------------
 PRESENCE_HEARTBEAT_SECONDS = env_int("PRESENCE_HEARTBEAT_SECONDS", 5)
 PRESENCE_NODE_TIMEOUT = env_int("PRESENCE_NODE_TIMEOUT", 20)  # no heartbeat for this long = dead node
@@ -231,6 +255,7 @@ CELERY_BEAT_SCHEDULE = {
     "retry-sweep": {"task": "messaging.tasks.retry_sweep", "schedule": float(RETRY_SWEEP_SECONDS)},
     "reap-dead-nodes": {"task": "messaging.tasks.reap_dead_nodes", "schedule": float(PRESENCE_HEARTBEAT_SECONDS)},
     "expire-deliveries": {"task": "messaging.tasks.expire_deliveries", "schedule": 3600.0},
+    "expire-idempotency-keys": {"task": "messaging.tasks.expire_idempotency_keys", "schedule": 3600.0},
 }
 # Celery's Django fix-up closes the DB connection after every task unless told otherwise: a new
 # Postgres connection per routing task. Reuse it (it is recycled every 2 x this many tasks).
