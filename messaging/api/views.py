@@ -4,6 +4,7 @@ user, channel, message or dead letter is answered 404 like a name that does not 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -105,7 +106,7 @@ class ApiView(APIView):
         serializer.is_valid(raise_exception=True)
         return serializer.validated_data
 
-    def idempotent(self, send) -> Response:
+    def idempotent(self, send: Callable[[], Answer]) -> Response:
         """Run a send under the request's Idempotency-Key (if any); render its answer."""
         key = self.request.headers.get(HEADER)
         if key is not None and not idempotency_key_valid(key):

@@ -13,23 +13,30 @@ import time
 import pytest
 
 from messaging.api.client import ApiError, SwitchboardClient
-from tests.processes import ROOT, free_port, wait_http
+from tests.processes import ROOT, ProcessFactory, free_port, wait_http
 from tests.system.test_postgres_fault import _postmaster_pid, _ready
 
 pytestmark = pytest.mark.system
 SENDS = 60
 
 
-def test_the_api_answers_503_while_postgres_is_down_and_fully_recovers(processes, tmp_path):
+@pytest.fixture
+def own_processes(request):
+    """Processes on services of their own (no demo network in the test database needed)."""
+    factory = ProcessFactory(request)
+    yield factory
+    factory.stop_all()
+
+
+def test_the_api_answers_503_while_postgres_is_down_and_fully_recovers(own_processes, tmp_path):
     var = tmp_path / "var"
     port = free_port()
     env = {"SWITCHBOARD_VAR_DIR": str(var), "DATABASE_URL": "", "REDIS_URL": ""}
-    proc = processes.spawn("supervise", [sys.executable, "-m", "config.supervise"], port=port, PORT=str(port),
-                           ADMIN_PASSWORD="a-long-test-password", **env)
+    proc = own_processes.spawn("supervise", [sys.executable, "-m", "config.supervise"], port=port, PORT=str(port),
+                               ADMIN_PASSWORD="a-long-test-password", **env)
     wait_http(f"http://127.0.0.1:{port}/readyz", proc, timeout=180)
     created = subprocess.run([sys.executable, "manage.py", "apikey", "create", "ANZ"], cwd=ROOT, capture_output=True,
-                             text=True, timeout=120, env=processes.env(DJANGO_SETTINGS_MODULE="config.settings.local",
-                                                                       **env))
+                             text=True, timeout=120, env=own_processes.env(**env))
     assert created.returncode == 0, created.stderr
     key = created.stdout.strip().splitlines()[-1]
     answers: dict[str, str] = {}  # idempotency key -> message id
