@@ -110,7 +110,8 @@ class ClientAppAdmin(admin.ModelAdmin):
         ("Authentication", {"fields": ["auth_mode", "auth_url", "auth_enabled", "auth_timeout_ms", "token_secret"]}),
         ("Limits", {"fields": ["max_content_bytes", "max_group_recipients", "rate_limit_per_second",
                                "rate_limit_burst", "deliveries_per_second", "deliveries_burst",
-                               "max_connections_per_user", "retention_days", "max_delivery_attempts"]}),
+                               "max_connections_per_user", "api_rate_limit_per_second", "api_rate_limit_burst",
+                               "retention_days", "max_delivery_attempts"]}),
         ("Security", {"fields": ["allowed_origins", "max_token_lifetime_seconds"]}),
         ("Channels", {"fields": ["public_channel_patterns", "client_subscriptions_allowed"]}),
     ]

@@ -113,6 +113,12 @@ class ClientApp(models.Model):
         "max token lifetime (s)", default=24 * 3600, validators=[MinValueValidator(1)],
         help_text="Signed tokens whose exp lies further ahead than this are refused.",
     )
+    api_rate_limit_per_second = models.FloatField(
+        "API requests per second", default=200.0, validators=[MinValueValidator(0.1)],
+        help_text="Server REST API requests of all this app's keys together, on every web node together. "
+                  "Beyond it, requests are answered 429 with Retry-After.",
+    )
+    api_rate_limit_burst = models.PositiveIntegerField("API burst", default=400, validators=[MinValueValidator(1)])
     retention_days = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
     max_delivery_attempts = models.PositiveIntegerField(default=10, validators=[MinValueValidator(1)])
 

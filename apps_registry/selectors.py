@@ -101,6 +101,8 @@ class AppSnapshot:
     max_connections_per_user: int
     allowed_origins: tuple[str, ...]
     max_token_lifetime_seconds: int
+    api_rate_limit_per_second: float
+    api_rate_limit_burst: int
     public_channel_patterns: tuple[str, ...]
     distributions: tuple[tuple[UserRange, str], ...]  # (range, domain name)
 
@@ -166,6 +168,7 @@ def _snapshot_load(app: ClientApp | None) -> AppSnapshot | None:
             max_connections_per_user=app.max_connections_per_user,
             allowed_origins=tuple(app.allowed_origins or ()),
             max_token_lifetime_seconds=app.max_token_lifetime_seconds,
+            api_rate_limit_per_second=app.api_rate_limit_per_second, api_rate_limit_burst=app.api_rate_limit_burst,
             public_channel_patterns=tuple(app.public_channel_patterns or ()), distributions=dists,
         )
     return snapshot

@@ -61,6 +61,7 @@ from messaging.protocol import (
     Frame,
     FrameError,
     accepted_frame,
+    fast_frame,
     invalid,
     message_ids,
     parse_frame,
@@ -437,7 +438,7 @@ class ClientConsumer(ChannelReaderConsumer):
 
     async def _send_fast(self, recipients: list[str], content: str, reference: str | None) -> None:
         """FAST: straight through the channel layer, never stored; best effort."""
-        event = sockets.message_fast_event(encode("MESSAGE", {"from": self.user_id, "content": content}, reference))
+        event = sockets.message_fast_event(fast_frame(sender=self.user_id, content=content, reference=reference))
         connections = await cache.connections_of_many_async(recipients)
         await sockets.send_many((c.channel_name, event) for conns in connections.values() for c in conns)
 

@@ -381,3 +381,36 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event} -> {self.endpoint_id} [{self.state}]"
+
+
+# --- the server REST API ------------------------------------------------------------------------
+
+
+class IdempotencyKey(models.Model):
+    """A server's `Idempotency-Key` on a send, kept for API_IDEMPOTENCY_HOURS (messaging.api.idempotency).
+
+    (app, key) is unique: of two requests with one key, the database lets exactly one claim it, in
+    the same transaction as its send, so a second message can never be stored under that key. The
+    answer is stored with the claim; `fingerprint` (a digest of the method, path and body) tells a
+    true retry from another request reusing the key.
+    """
+
+    app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="+", db_index=False)
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    response = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            # Also serves the lookup of a retried key.
+            models.UniqueConstraint(fields=["app", "key"], name="idempotency_key_once_per_app"),
+        ]
+        indexes = [
+            # The expiry task's delete of keys older than their lifetime.
+            models.Index(fields=["created_at"], name="idempotency_key_expiry"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.status_code})"

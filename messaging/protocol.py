@@ -65,8 +65,8 @@ def _strings(value: Any, depth: int = 0) -> Iterator[str]:
             yield from _strings(v, depth + 1)
 
 
-def _unsafe_string(raw: Any) -> str | None:
-    """Why some string in the frame cannot be taken, or None."""
+def unsafe_string(raw: Any) -> str | None:
+    """Why some string in `raw` (a frame, or a REST API body) cannot be taken, or None."""
     for text in _strings(raw):
         if "\x00" in text:
             return "strings must not contain NUL (\\u0000)"
@@ -87,7 +87,7 @@ def parse_frame(text: str | None) -> Frame:
     # Only escapes (\u0000, \udc00) can put these characters into decoded strings: the raw text
     # came off the socket as valid UTF-8, and JSON refuses raw control characters in strings.
     if "\\u" in text or "\\U" in text:
-        problem = _unsafe_string(raw)
+        problem = unsafe_string(raw)
         if problem:
             raise FrameError(problem)
     if not isinstance(raw, dict):
@@ -163,6 +163,11 @@ def delivery_frame(*, kind: str, sender: str, content: str, reference: str, mess
     if kind == "confirmation":
         return encode("MESSAGE_CONFIRMATION", {"reference": reference, "id": str(message_id), "seq": seq})
     return encode("MESSAGE", {"from": sender, "content": content, "id": str(message_id), "seq": seq}, reference or None)
+
+
+def fast_frame(*, sender: str, content: str, reference: str | None) -> str:
+    """The frame a recipient gets for a FAST message: never stored, so no `id` or `seq`."""
+    return encode("MESSAGE", {"from": sender, "content": content}, reference)
 
 
 def accepted_frame(*, message_id: int, client_message_id: str | None, reference: str | None, duplicate: bool,

@@ -94,3 +94,11 @@ def webhook_purge() -> int:
     from messaging.webhooks.delivery import webhook_deliveries_purge
 
     return webhook_deliveries_purge()
+
+
+@shared_task(acks_late=True)
+def expire_idempotency_keys() -> int:
+    """Beat: the server API's Idempotency-Keys older than API_IDEMPOTENCY_HOURS are dropped."""
+    from messaging.api.idempotency import idempotency_keys_expire
+
+    return idempotency_keys_expire()

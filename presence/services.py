@@ -88,6 +88,15 @@ async def user_disconnect_everywhere(*, user_id: str, reason: str) -> int:
     return len(conns)
 
 
+def user_disconnect_everywhere_sync(*, user_id: str, reason: str) -> int:
+    """The same from sync code (the REST API): close every connection of `user_id` with 1000;
+    returns how many connections the cluster's presence listed."""
+    conns = cache.connections_of_many([user_id])[user_id]
+    event = sockets.connection_close_event(CLOSE_NORMAL, reason)
+    sockets.send_many_sync((c.channel_name, event) for c in conns)
+    return len(conns)
+
+
 def session_disconnect(*, session: Session, reason: str) -> None:
     """The admin's disconnect action: ask the node holding the socket to close it."""
     sockets.send_many_sync([(session.channel_name, sockets.connection_close_event(CLOSE_NORMAL, reason))])

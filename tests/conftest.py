@@ -35,4 +35,16 @@ def _pool_connections_closed_at_the_end(django_db_setup):
     pool_connections_close()
 
 
+from tests.messaging.api_fixtures import (  # noqa: E402,F401  (fixtures of the server API tests)
+    anonymous_http,
+    anz,
+    anz_key,
+    api,
+    bnz,
+    bnz_api,
+    bnz_key,
+    http,
+    live_connection,
+    wsgi_app,
+)
 from tests.processes import demo_network, module_processes, node, private_redis, processes  # noqa: E402,F401  (fixtures)

@@ -170,6 +170,12 @@ def demo_network(django_db_setup, django_db_blocker):
     from apps_registry.models import ClientApp, Domain, UserDistribution
     from apps_registry.selectors import app_snapshots_clear
 
+    # pytest-django creates the test database only when some selected test is marked django_db (or
+    # uses `db`); without one, this fixture would run against the development database and replace
+    # its apps. Refuse instead.
+    if not connection.settings_dict["NAME"].startswith("test_"):
+        pytest.fail("no test database was set up (no selected test is marked django_db): the demo network would "
+                    f"replace the apps of database {connection.settings_dict['NAME']!r}; select a django_db test too")
     with django_db_blocker.unblock():
         UserDistribution.objects.all().delete()
         ClientApp.objects.all().delete()

@@ -1,11 +1,15 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from config import health
 from config.admin_login import admin_login
+from messaging.api.errors import not_found as api_not_found
+from messaging.api.urls import pooled
+from messaging.api.views import PushMessagesView
 from messaging.metrics import metrics_view
 from messaging.views import demo_client
 
@@ -21,4 +25,12 @@ urlpatterns = [
     path("admin/login/", admin_login, name="admin_login_throttled"),
     path("admin/", admin.site.urls),
     path("demo/", demo_client, name="demo"),
+    # The server API: the push seed's publish, /api/v1/, its OpenAPI schema and browsable docs.
+    path("messages", pooled(PushMessagesView.as_view()), name="push-messages"),
+    path("api/v1/", include("messaging.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    re_path(r"^api/", api_not_found, name="api-not-found-root"),
 ]
+
+handler500 = "messaging.api.errors.server_error"

@@ -24,6 +24,7 @@ def _app_form(**fields) -> dict:
         "auth_mode": "none", "auth_timeout_ms": 3000, "token_secret": "", "max_content_bytes": 65536,
         "max_group_recipients": 100, "rate_limit_per_second": 50, "rate_limit_burst": 100,
         "deliveries_per_second": 200, "deliveries_burst": 400, "max_connections_per_user": 10,
+        "api_rate_limit_per_second": 200, "api_rate_limit_burst": 400,
         "retention_days": 30, "max_delivery_attempts": 10, "allowed_origins": "[]",
         "max_token_lifetime_seconds": 86400, "public_channel_patterns": "[]",
         "distributions-TOTAL_FORMS": 0, "distributions-INITIAL_FORMS": 0,

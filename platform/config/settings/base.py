@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's assets, served from here: /api/docs/ needs no CDN
     "apps_registry",
     "messaging",
     "presence",
@@ -51,6 +52,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "config.http_metrics.request_latency_middleware",  # outermost: times everything below it
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -103,12 +105,29 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_AUTHENTICATION_CLASSES": [],
     "DEFAULT_PERMISSION_CLASSES": [],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "UNAUTHENTICATED_USER": None,
+    "EXCEPTION_HANDLER": "messaging.api.errors.api_exception_handler",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Switchboard server API",
+    "DESCRIPTION": (
+        "Send from your server to your app's users and channels, manage subscriptions, see presence, read "
+        "channel history, handle dead letters. Authenticate with an API key of your app "
+        "(`Authorization: Bearer <key>`). Errors are `{\"error\": code, \"detail\": text}`. Sends take an "
+        "`Idempotency-Key`. Each app has a rate limit (429 with `Retry-After`). Lists are cursor-paginated: "
+        "follow `next` until it is null."
+    ),
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_AUTHENTICATION": [],
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # One handler for every process (web, worker, beat: Celery is told not to install its own). A
@@ -234,6 +253,11 @@ PUSH_MAX_CHANNELS = env_int("PUSH_MAX_CHANNELS", 50)  # channels one stream may 
 # A stream whose reader lets this much pile up on the node is closed (and counted); it resumes
 # with Last-Event-ID.
 PUSH_MAX_BUFFER_BYTES = env_int("PUSH_MAX_BUFFER_BYTES", 1024 * 1024)
+# --- the server REST API (messaging.api) -----------------------------------------------------------
+# A verified API key is remembered per process this long: a revoked key stops working within it.
+API_KEY_CACHE_SECONDS = env_float("API_KEY_CACHE_SECONDS", 5.0)
+# How long an Idempotency-Key's answer is kept (the hourly expiry drops older keys).
+API_IDEMPOTENCY_HOURS = env_int("API_IDEMPOTENCY_HOURS", 24)
 # --- presence ----------------------------------------------------------------------------------
 PRESENCE_HEARTBEAT_SECONDS = env_int("PRESENCE_HEARTBEAT_SECONDS", 5)
 PRESENCE_NODE_TIMEOUT = env_int("PRESENCE_NODE_TIMEOUT", 20)  # no heartbeat for this long = dead node
@@ -276,6 +300,7 @@ CELERY_BEAT_SCHEDULE = {
                                  "kwargs": {"kind": "backlog"}},
     "webhook-sweep": {"task": "messaging.tasks.webhook_sweep", "schedule": float(WEBHOOK_SWEEP_SECONDS)},
     "webhook-purge": {"task": "messaging.tasks.webhook_purge", "schedule": 3600.0},
+    "expire-idempotency-keys": {"task": "messaging.tasks.expire_idempotency_keys", "schedule": 3600.0},
 }
 # Celery's Django fix-up closes the DB connection after every task unless told otherwise: a new
 # Postgres connection per routing task. Reuse it (it is recycled every 2 x this many tasks).

@@ -1,0 +1,130 @@
+"""Load test of the server REST API: sends per second and their latency.
+
+    python -m bench.rest --url http://127.0.0.1:8000 --key KEY --feature RELIABLE --concurrency 32 --duration 20
+
+`--concurrency` async httpx clients (one HTTP/1.1 connection each) send back to back for
+`--duration` seconds (the first `--warmup` seconds left out of the figures): each a `POST
+/api/v1/messages` to one user of `--app-name` (cycling over `--users` users from `--user-base`)
+with a `--payload`-character content and an Idempotency-Key of its own, or with `--channel NAME` a
+`POST /api/v1/channels/NAME/messages`. Latency is the request's round trip. Any answer but
+200/201 counts as an error, by status (429 means the app's API rate limit, not the server's
+capacity: raise the app's `api_rate_limit_per_second` / `api_rate_limit_burst` for a benchmark).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+import httpx
+
+from bench.model import percentile
+
+
+@dataclass
+class RestConfig:
+    url: str
+    key: str
+    feature: str = "RELIABLE"
+    concurrency: int = 32
+    duration: float = 20.0
+    warmup: float = 2.0
+    app_name: str = "ANZ"
+    user_base: int = 600000
+    users: int = 200
+    payload: int = 1000
+    channel: str | None = None
+
+
+@dataclass
+class RestResult:
+    config: RestConfig
+    sends: int = 0  # successful, after the warmup
+    sends_per_second: float = 0.0
+    latency_ms: dict[str, float | None] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+def _request(config: RestConfig, n: int, content: str) -> tuple[str, dict]:
+    if config.channel:
+        return f"/api/v1/channels/{config.channel}/messages", {"content": content}
+    to = f"{config.app_name}-{config.user_base + n % config.users}"
+    return "/api/v1/messages", {"to": to, "content": content, "feature": config.feature}
+
+
+async def _sender(config: RestConfig, index: int, start: float, end: float, latencies: list[float],
+                  errors: Counter, counted_from: float) -> None:
+    headers = {"Authorization": f"Bearer {config.key}"}
+    async with httpx.AsyncClient(base_url=config.url, headers=headers, timeout=30,
+                                 limits=httpx.Limits(max_connections=1)) as client:
+        n = index
+        while time.monotonic() < end:
+            path, body = _request(config, n, f"{index}.{n}|".ljust(config.payload, "x"))
+            n += config.concurrency
+            sent = time.monotonic()
+            try:
+                response = await client.post(path, json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
+                status = str(response.status_code) if response.status_code not in (200, 201) else None
+            except httpx.HTTPError as exc:
+                status = type(exc).__name__
+            done = time.monotonic()
+            if sent < counted_from or sent < start:
+                continue
+            if status is None:
+                latencies.append((done - sent) * 1000)
+            else:
+                errors[status] += 1
+
+
+async def run(config: RestConfig) -> RestResult:
+    start = time.monotonic()
+    counted_from, end = start + config.warmup, start + config.duration
+    latencies: list[float] = []
+    errors: Counter = Counter()
+    await asyncio.gather(*(_sender(config, i, start, end, latencies, errors, counted_from)
+                           for i in range(config.concurrency)))
+    window = max(1e-9, end - counted_from)
+    ordered = sorted(latencies)
+    return RestResult(config=config, sends=len(ordered), sends_per_second=round(len(ordered) / window, 1),
+                      latency_ms={f"p{p}": None if not ordered else round(percentile(ordered, p), 2)
+                                  for p in (50, 90, 95, 99)} | {"max": round(ordered[-1], 2) if ordered else None},
+                      errors=dict(errors))
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--key", required=True, help="an API key of the app (manage.py apikey create ANZ)")
+    parser.add_argument("--feature", choices=["RELIABLE", "FAST"], default="RELIABLE")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of sending, the warmup included")
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--app-name", default="ANZ")
+    parser.add_argument("--user-base", type=int, default=600000)
+    parser.add_argument("--users", type=int, default=200)
+    parser.add_argument("--payload", type=int, default=1000)
+    parser.add_argument("--channel", help="publish on this channel instead of sending to users")
+    parser.add_argument("--json", help="also write the result to this file")
+    args = parser.parse_args(argv)
+    config = RestConfig(url=args.url, key=args.key, feature=args.feature, concurrency=args.concurrency,
+                        duration=args.duration, warmup=args.warmup, app_name=args.app_name, user_base=args.user_base,
+                        users=args.users, payload=args.payload, channel=args.channel)
+    result = asyncio.run(run(config))
+    what = f"channel {config.channel}" if config.channel else config.feature
+    print(f"{what}: {result.sends} sends in {config.duration - config.warmup:.0f} s = {result.sends_per_second}/s "
+          f"with {config.concurrency} concurrent; latency ms {result.latency_ms}; errors {result.errors or 'none'}")
+    if args.json:
+        data = asdict(result)
+        data["config"]["key"] = config.key.partition(".")[0] + ".…"  # the prefix only: files get shared
+        with open(args.json, "w") as fh:
+            json.dump(data, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

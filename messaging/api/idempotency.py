@@ -1,0 +1,103 @@
+"""`Idempotency-Key` on sends: the same key with the same request gets the same answer (status and
+body) and no second message; the same key with another request gets 409.
+
+How two requests with one key are kept from both sending: the key is claimed with an INSERT into a
+table whose (app, key) is unique, in the same transaction as the send and its stored answer. A
+second request's INSERT waits on the unique index until the first commits (then it reads and
+replays the stored answer) or rolls back (then it claims the key itself). A send that fails leaves
+nothing behind: the claim rolls back with it, so the key is free for a retry. Nothing a send causes
+leaves the process before the commit (routing and channel fan-out run on commit), except a FAST
+push, which is never stored and is best effort anyway.
+
+Only successful answers are stored. Keys live API_IDEMPOTENCY_HOURS (24) hours; a beat task drops
+older ones (`idempotency_keys_expire`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+from psycopg.types.json import Jsonb
+
+from messaging.models import IdempotencyKey
+
+HEADER = "Idempotency-Key"
+KEY_RE = re.compile(r"[\x21-\x7e]{1,255}")  # printable ASCII, no spaces: what a header carries safely
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: dict[str, Any]
+    replayed: bool = False
+
+
+class IdempotencyConflict(Exception):
+    def __init__(self, code: str, detail: str):
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+def idempotency_key_valid(key: str) -> bool:
+    return bool(KEY_RE.fullmatch(key))
+
+
+def request_fingerprint(*, method: str, path: str, body: Any) -> str:
+    """A digest of what makes two requests "the same": method, path and the parsed body (key order
+    and spacing do not matter)."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(f"{method} {path}\n{canonical}".encode(errors="surrogatepass")).hexdigest()
+
+
+_CLAIM_SQL = """
+INSERT INTO messaging_idempotencykey (app_id, key, fingerprint, created_at) VALUES (%s, %s, %s, now())
+ON CONFLICT (app_id, key) DO NOTHING
+RETURNING id
+"""
+_ANSWER_SQL = "UPDATE messaging_idempotencykey SET status_code = %s, response = %s WHERE id = %s"
+
+
+def idempotent_send(*, app_id: int, key: str | None, fingerprint: str, send: Callable[[], Answer]) -> Answer:
+    """Run `send` at most once per (app, key): the first time its answer is stored with the key;
+    afterwards the stored answer is returned (`replayed`). Without a key, `send` simply runs."""
+    if key is None:
+        return send()
+    for _ in range(2):  # the second round only if the key expired between the claim and the read
+        with transaction.atomic():
+            with connection.cursor() as cur:
+                cur.execute(_CLAIM_SQL, [app_id, key, fingerprint])
+                claimed = cur.fetchone()
+                if claimed is not None:
+                    answer = send()
+                    cur.execute(_ANSWER_SQL, [answer.status, Jsonb(answer.body), claimed[0]])
+                    return answer
+        stored = IdempotencyKey.objects.filter(app_id=app_id, key=key).values_list(
+            "fingerprint", "status_code", "response").first()
+        if stored is None:
+            continue
+        if stored[0] != fingerprint:
+            raise IdempotencyConflict("idempotency_key_reused",
+                                      f"the {HEADER} '{key}' was used for another request; use a new key")
+        if stored[1] is None:  # only if a claim committed without its answer, which sends never do
+            raise IdempotencyConflict("idempotency_key_in_progress",
+                                      f"a request with the {HEADER} '{key}' is in progress; retry later")
+        return Answer(status=stored[1], body=stored[2], replayed=True)
+    raise IdempotencyConflict("idempotency_key_in_progress",
+                              f"a request with the {HEADER} '{key}' is in progress; retry later")
+
+
+def idempotency_keys_expire() -> int:
+    """Drop keys older than API_IDEMPOTENCY_HOURS (the idempotency_key_expiry index)."""
+    cutoff = timezone.now() - timedelta(hours=settings.API_IDEMPOTENCY_HOURS)
+    deleted, _ = IdempotencyKey.objects.filter(created_at__lt=cutoff).delete()
+    return deleted
