@@ -137,9 +137,12 @@ class ClientConsumer(ChannelReaderConsumer):
     async def _close(self, code: int, reason: str = "") -> None:
         if not self.closing:
             self.closing = True
+            self.close_note = f"server closed ({code}){': ' + reason if reason else ''}"[:200]
             await self.close(code=code, reason=reason or None)
 
     async def disconnect(self, code: int) -> None:
+        if not getattr(self, "close_note", ""):
+            self.close_note = f"client closed ({code})"
         await self._cleanup()
 
     async def _cleanup(self) -> None:
@@ -178,7 +181,8 @@ class ClientConsumer(ChannelReaderConsumer):
             log.exception("presence update on disconnect of %s failed", self.user_id)
         if self.session_id is not None:
             try:
-                await run_db(session_close, connection_id=self.session_id)
+                await run_db(session_close, connection_id=self.session_id,
+                             close_reason=getattr(self, "close_note", "") or "connection failed")
             except Exception:
                 log.exception("closing session row of %s failed", self.user_id)
 

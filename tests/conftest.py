@@ -4,6 +4,21 @@ from __future__ import annotations
 
 import pytest
 from django.conf import settings
+from pytest_django import fixtures as _pytest_django_fixtures
+
+# pytest-django sets up the test database only for the aliases the selected tests mark
+# (django_db); a run of system tests that commit through django_db_blocker (tests/processes.py
+# demo_network) and mark none would otherwise run against the development database. The default
+# database is always set up.
+_databases_for_setup = _pytest_django_fixtures._get_databases_for_setup
+
+
+def _always_the_default_database(items):
+    aliases, serialized = _databases_for_setup(items)
+    return {*aliases, "default"}, serialized
+
+
+_pytest_django_fixtures._get_databases_for_setup = _always_the_default_database
 
 
 @pytest.fixture

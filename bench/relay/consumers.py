@@ -19,6 +19,10 @@ def user_group(user_id: str) -> str:
     return "u." + _GROUP_UNSAFE.sub("_", user_id)[:90]
 
 
+def channel_group(channel: str) -> str:
+    return "c." + _GROUP_UNSAFE.sub("_", channel)[:90]
+
+
 class RelayConsumer(AsyncJsonWebsocketConsumer):
     user_id: str | None = None
 
@@ -35,6 +39,12 @@ class RelayConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json({"type": "AUTH_REQUIRED", "data": {}})
         elif kind == "MESSAGE":
             await self._relay(data, content.get("reference"))
+        elif kind == "SUBSCRIBE":
+            await self._subscribe(str(data.get("channel", "")))
+        elif kind == "PUBLISH":
+            await self.channel_layer.group_send(
+                channel_group(str(data.get("channel", ""))),
+                {"type": "relay.channel", "channel": data.get("channel"), "content": data.get("content")})
 
     async def _authenticate(self, data: dict[str, Any]) -> None:
         # Everyone is accepted: the baseline measures relaying, not authentication.
@@ -47,6 +57,16 @@ class RelayConsumer(AsyncJsonWebsocketConsumer):
         event = {"type": "relay.message", "from": self.user_id, "content": data.get("content"), "reference": reference}
         await self.channel_layer.group_send(user_group(str(data.get("to", ""))), event)
 
+    async def _subscribe(self, channel: str) -> None:
+        """A group per channel: what a hand-built Channels app does for a channel fan-out."""
+        self.channels_joined = {*getattr(self, "channels_joined", set()), channel}
+        await self.channel_layer.group_add(channel_group(channel), self.channel_name)
+        await self.send_json({"type": "SUBSCRIBED", "data": {"channel": channel}})
+
+    async def relay_channel(self, event: dict[str, Any]) -> None:
+        await self.send_json({"type": "CHANNEL_MESSAGE", "data": {"channel": event["channel"],
+                                                                  "content": event["content"]}})
+
     async def relay_message(self, event: dict[str, Any]) -> None:
         frame: dict[str, Any] = {"type": "MESSAGE", "data": {"from": event["from"], "content": event["content"]}}
         if event.get("reference") is not None:
@@ -56,3 +76,5 @@ class RelayConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if self.user_id is not None:
             await self.channel_layer.group_discard(user_group(self.user_id), self.channel_name)
+        for channel in getattr(self, "channels_joined", ()):
+            await self.channel_layer.group_discard(channel_group(channel), self.channel_name)

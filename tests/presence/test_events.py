@@ -49,7 +49,7 @@ def test_closing_a_session_records_its_end_and_reason_once(anz):
     assert PresenceEvent.objects.filter(connection_id=connection_id).count() == 2
 
 
-def test_a_dead_nodes_sessions_are_recorded_as_closed_because_the_node_died(anz):
+def test_a_restarted_nodes_old_sessions_are_recorded_as_closed_because_the_node_restarted(anz):
     node_register(node_id="web-1", domain="domain-01")
     node_register(node_id="web-2", domain="domain-01")
     dead = [_open(anz, "ANZ-1"), _open(anz, "ANZ-2")]
@@ -59,7 +59,7 @@ def test_a_dead_nodes_sessions_are_recorded_as_closed_because_the_node_died(anz)
 
     closed = PresenceEvent.objects.filter(kind="disconnect")
     assert sorted(e.connection_id for e in closed) == sorted(dead)
-    assert {e.close_reason for e in closed} == {"node died"}
+    assert {e.close_reason for e in closed} == {"node restarted"}
 
 
 def test_the_history_outlives_session_cleanup_and_app_deletion(anz):

@@ -1,0 +1,216 @@
+"""Channel fan-out: how long until the last of N subscribers has a published message.
+
+    python -m bench.fanout --start-platform --subscribers 1000 --publishes 20 [--json FILE]
+
+Targets, run one after the other against the same subscribers count:
+- `platform`: N WebSocket clients on the push-compatible stream `/ws/messages?channels=…` of a
+  web node started here (DEBUG off); each publish is the push seed's `POST /messages` (stored in
+  the channel's history, then fanned out through the node's hub);
+- `relay-pubsub`, `relay-core`: the hand-built Channels relay (bench/relay) on the pub/sub and core
+  channel layers: N clients `SUBSCRIBE` (a Channels group per channel) and one client `PUBLISH`es
+  (`group_send` to the group).
+
+Each publish carries its send time; every subscriber notes when it arrives. Per publish: the time
+until the last subscriber had it ("to last") and until half had it; a publish some subscriber
+never got within the timeout counts as missed. Publishes are spaced (`--interval`) so each
+measures one fan-out, not a queue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+import websockets
+
+from bench.compare import free_port, relay_server
+from bench.platform_proc import REPO_ROOT, platform_env, platform_processes
+
+CHANNEL = "bench.fanout"
+APP_ID = "app-id-343"
+
+
+@dataclass
+class FanoutResult:
+    target: str
+    subscribers: int
+    connected: int
+    publishes: int
+    missed: int = 0
+    to_last_ms: list[float] = field(default_factory=list)
+    to_half_ms: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        def med(values: list[float]) -> float | None:
+            return round(statistics.median(values), 1) if values else None
+
+        def worst(values: list[float]) -> float | None:
+            return round(max(values), 1) if values else None
+
+        return {"target": self.target, "subscribers": self.subscribers, "connected": self.connected,
+                "publishes": self.publishes, "missed": self.missed, "to_last_median_ms": med(self.to_last_ms),
+                "to_last_max_ms": worst(self.to_last_ms), "to_half_median_ms": med(self.to_half_ms)}
+
+
+class Subscribers:
+    def __init__(self) -> None:
+        self.arrivals: dict[int, list[float]] = {}
+
+    def note(self, text: str) -> None:
+        now = time.time()
+        try:
+            frame = json.loads(text)
+        except ValueError:
+            return
+        data = frame.get("data") if isinstance(frame, dict) else None
+        body = data.get("message", data.get("content")) if isinstance(data, dict) else None
+        if isinstance(body, str) and body.startswith("fanout|"):
+            self.arrivals.setdefault(int(body.split("|")[1]), []).append(now)
+
+
+async def _reader(url: str, subs: Subscribers, ready: asyncio.Event, count: list[int], setup, total: int) -> None:
+    async with websockets.connect(url, max_size=None, open_timeout=30, ping_interval=None) as ws:
+        await setup(ws)
+        count[0] += 1
+        if count[0] >= total:
+            ready.set()
+        async for text in ws:
+            if isinstance(text, str) and '"event":"ping"' in text:
+                await ws.send('{"event":"pong"}')
+                continue
+            subs.note(text)
+
+
+async def _connect_all(url: str, n: int, subs: Subscribers, setup) -> tuple[list[asyncio.Task], int]:
+    ready, count = asyncio.Event(), [0]
+    tasks = []
+    for _ in range(n):
+        tasks.append(asyncio.ensure_future(_reader(url, subs, ready, count, setup, n)))
+        await asyncio.sleep(0.002)  # a ramp, not a storm of handshakes
+    try:
+        await asyncio.wait_for(ready.wait(), 120)
+    except TimeoutError:
+        pass
+    await asyncio.sleep(1.0)
+    return tasks, count[0]
+
+
+async def _measure(result: FanoutResult, subs: Subscribers, publish, args) -> None:
+    for k in range(args.publishes):
+        sent = time.time()
+        await publish(f"fanout|{k}|{sent}")
+        deadline = time.monotonic() + args.timeout
+        while len(subs.arrivals.get(k, ())) < result.connected and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        got = sorted(subs.arrivals.get(k, []))
+        if len(got) < result.connected:
+            result.missed += 1
+        elif got:
+            result.to_last_ms.append((got[-1] - sent) * 1000)
+            result.to_half_ms.append((got[len(got) // 2] - sent) * 1000)
+        await asyncio.sleep(args.interval)
+
+
+async def run_platform(http_url: str, key: str, args) -> FanoutResult:
+    subs = Subscribers()
+    ws_url = http_url.replace("http", "ws", 1) + f"/ws/messages?channels={CHANNEL}&app={APP_ID}"
+
+    async def setup(ws) -> None:
+        await ws.recv()  # the first ping: subscribed
+
+    tasks, connected = await _connect_all(ws_url, args.subscribers, subs, setup)
+    result = FanoutResult("platform", args.subscribers, connected, args.publishes)
+    async with httpx.AsyncClient(timeout=30) as http:
+        async def publish(text: str) -> None:
+            response = await http.post(f"{http_url}/messages", json={"channel": CHANNEL, "message": text},
+                                       headers={"Authorization": f"Bearer {key}"})
+            response.raise_for_status()
+
+        await _measure(result, subs, publish, args)
+    for task in tasks:
+        task.cancel()
+    return result
+
+
+async def run_relay(ws_url: str, name: str, args) -> FanoutResult:
+    subs = Subscribers()
+
+    async def setup(ws) -> None:
+        await ws.send(json.dumps({"type": "AUTH_CLIENT", "data": {"appId": APP_ID, "userId": "ANZ-1"}}))
+        await ws.recv()
+        await ws.send(json.dumps({"type": "SUBSCRIBE", "data": {"channel": CHANNEL}}))
+        await ws.recv()
+
+    tasks, connected = await _connect_all(ws_url, args.subscribers, subs, setup)
+    result = FanoutResult(name, args.subscribers, connected, args.publishes)
+    async with websockets.connect(ws_url) as publisher:
+        await publisher.send(json.dumps({"type": "AUTH_CLIENT", "data": {"appId": APP_ID, "userId": "ANZ-2"}}))
+        await publisher.recv()
+
+        async def publish(text: str) -> None:
+            await publisher.send(json.dumps({"type": "PUBLISH", "data": {"channel": CHANNEL, "content": text}}))
+
+        await _measure(result, subs, publish, args)
+    for task in tasks:
+        task.cancel()
+    return result
+
+
+def _prepare_platform(env: dict[str, str]) -> str:
+    """The demo app reads `bench.*` publicly; returns a fresh API key with room for the load."""
+    code = ("from apps_registry.models import ClientApp; from apps_registry.services import api_key_create; "
+            "app = ClientApp.objects.get(app_name='ANZ'); app.public_channel_patterns = ['bench.*']; "
+            "app.api_rate_limit_per_second = 10000; app.api_rate_limit_burst = 10000; app.save(); "
+            "print(api_key_create(app=app, name='bench fanout')[1])")
+    out = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=REPO_ROOT, env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return out.strip().splitlines()[-1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.fanout", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--start-platform", action="store_true", help="start a web node and a worker here")
+    parser.add_argument("--platform-url", default="http://127.0.0.1:8000", help="a running platform")
+    parser.add_argument("--key", help="an API key of app ANZ (with --platform-url)")
+    parser.add_argument("--subscribers", type=int, default=1000)
+    parser.add_argument("--publishes", type=int, default=20)
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between publishes")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds a publish may take to reach all")
+    parser.add_argument("--targets", default="platform,relay-pubsub,relay-core")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    results: list[FanoutResult] = []
+    env = platform_env()
+    with tempfile.TemporaryDirectory(prefix="bench-fanout-") as tmp, ExitStack() as stack:
+        if "platform" in targets:
+            if args.start_platform:
+                port = free_port()
+                stack.enter_context(platform_processes(port, Path(tmp)))
+                args.platform_url = f"http://127.0.0.1:{port}"
+            key = args.key or _prepare_platform(env)
+            results.append(asyncio.run(run_platform(args.platform_url, key, args)))
+            print(results[-1].summary(), flush=True)
+        for target in targets:
+            if target.startswith("relay"):
+                layer = target.split("-", 1)[1]
+                with relay_server(env["REDIS_URL"], Path(tmp) / f"{target}.log", layer=layer) as relay:
+                    results.append(asyncio.run(run_relay(relay.url, target, args)))
+                print(results[-1].summary(), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps([{**r.summary(), "raw": asdict(r)} for r in results], indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
