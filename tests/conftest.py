@@ -63,3 +63,13 @@ from tests.messaging.api_fixtures import (  # noqa: E402,F401  (fixtures of the 
     wsgi_app,
 )
 from tests.processes import demo_network, module_processes, node, private_redis, processes  # noqa: E402,F401  (fixtures)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_app_snapshots():
+    """Tests create and drop apps under the same names; a process keeps app snapshots for a few
+    seconds (apps_registry.selectors), so each test starts without them."""
+    from apps_registry.selectors import app_snapshots_clear
+
+    app_snapshots_clear()
+    yield
