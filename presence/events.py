@@ -28,13 +28,13 @@ def presence_event_record(*, kind: PresenceEventKind, connection_ids: Sequence[u
             INSERT INTO presence_presenceevent
                 (kind, at, connection_id, app_id, app_name, user_id, node_id, domain, transport, connected_at,
                  close_reason)
-            SELECT %(kind)s, CASE WHEN %(kind)s = 'connect' THEN s.connected_at ELSE s.disconnected_at END,
-                   s.connection_id, s.app_id, a.app_name, s.user_id, s.node_id, n.domain, %(transport)s,
-                   s.connected_at, left(%(reason)s, 200)
+            SELECT %(kind)s::text, CASE WHEN %(kind)s::text = 'connect' THEN s.connected_at ELSE s.disconnected_at END,
+                   s.connection_id, s.app_id, a.app_name, s.user_id, s.node_id, n.domain, %(transport)s::text,
+                   s.connected_at, left(%(reason)s::text, 200)
               FROM presence_session s
               JOIN presence_node n ON n.node_id = s.node_id
               JOIN apps_registry_clientapp a ON a.id = s.app_id
-             WHERE s.connection_id = ANY(%(ids)s) AND (%(kind)s = 'connect' OR s.disconnected_at IS NOT NULL)
+             WHERE s.connection_id = ANY(%(ids)s) AND (%(kind)s::text = 'connect' OR s.disconnected_at IS NOT NULL)
             ON CONFLICT (connection_id, kind) DO NOTHING
             """,
             {"kind": str(kind), "transport": str(transport), "reason": close_reason,

@@ -37,6 +37,7 @@ class Session(models.Model):
     channel_name = models.CharField(max_length=200)
     acks = models.BooleanField(default=False)
     connected_at = models.DateTimeField()
+    # Connect time while open, close time once closed; an open session's liveness is its node's heartbeat.
     last_seen_at = models.DateTimeField()
     disconnected_at = models.DateTimeField(null=True, blank=True)
     remote_addr = models.CharField(max_length=64, blank=True, default="")
