@@ -235,8 +235,10 @@ INTAKE_MAX_PENDING = env_int("INTAKE_MAX_PENDING", 5000)
 # Committed deliveries gather this long into one routing task (each task costs its worker far more
 # than routing one more delivery in it).
 ROUTING_LINGER_SECONDS = env_float("ROUTING_LINGER_SECONDS", 0.02)
-# "Delivered" marks (and confirmations) gather this long into one statement; nobody waits for them.
-DELIVERED_LINGER_SECONDS = env_float("DELIVERED_LINGER_SECONDS", 0.05)
+# "Delivered" marks (and confirmations) gather this long into one statement. Keep it short: until the
+# mark commits, a client that ACKed and reconnects at once is sent the message again (measured: 50 ms
+# saved little CPU and made that visible).
+DELIVERED_LINGER_SECONDS = env_float("DELIVERED_LINGER_SECONDS", 0.002)
 # Per connection: bytes queued for a socket beyond which the reader is too slow (close 4002), frames
 # received but not yet handled beyond which the sender floods (close 4003), and how many
 # ACK-mode messages may be in flight (sent, not yet ACKed) before further pushes wait in the mailbox.
