@@ -11,6 +11,9 @@ from redis import RedisError
 log = logging.getLogger(__name__)
 
 
+# Acked on receipt: a routing task lost with its worker is recovered by the sweep (rows not routed
+# within ROUTING_DEADLINE_SECONDS are handed out again under a lease), not by the broker, whose
+# redelivery of unacked tasks on Redis waits for the visibility timeout (300 s, config.celery).
 @shared_task(
     bind=True, acks_late=False, autoretry_for=(DatabaseError, RedisError, OSError), retry_backoff=1,
     retry_backoff_max=60, retry_jitter=True, max_retries=None,
