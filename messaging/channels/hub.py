@@ -48,6 +48,7 @@ class ChannelHub:
         self._subscribed: set[ChannelKey] = set()
         self._confirmations: dict[str, list[asyncio.Future]] = {}
         self._dirty: set[ChannelKey] = set()
+        self._flushing: set[ChannelKey] = set()  # taken from _dirty, registry not written yet
         self._flush_wake = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._lock = asyncio.Lock()  # one subscribe/unsubscribe at a time
@@ -172,6 +173,7 @@ class ChannelHub:
             self._flush_wake.clear()
             await asyncio.sleep(0.05)  # coalesce a burst of joins
             dirty, self._dirty = self._dirty, set()
+            self._flushing = set(dirty)
             for key in dirty:
                 try:
                     before, after = await registry.readers_set(app_id=key[0], channel=key[1], node_id=self.node_id,
@@ -180,6 +182,8 @@ class ChannelHub:
                     log.exception("updating the reader count of %s failed", key)
                     self._dirty.add(key)  # the next flush (or heartbeat) tries again
                     continue
+                finally:
+                    self._flushing.discard(key)
                 if self.on_occupancy is not None and (before == 0) != (after == 0):
                     try:
                         await self.on_occupancy(key[0], key[1], after > 0)
@@ -187,6 +191,11 @@ class ChannelHub:
                         log.exception("occupancy hook for %s failed", key)
 
     async def reassert(self) -> None:
-        """The heartbeat's part: the registry holds this node's counts (heals a restarted Redis)."""
-        await registry.readers_reassert(node_id=self.node_id,
-                                        counts={key: len(readers) for key, readers in self.readers.items()})
+        """The heartbeat's part: the registry holds this node's counts (heals a restarted Redis).
+
+        Counts still on their way to the registry are left to the flush: written here first, they
+        would hide a channel's first reader from the flush, and "occupied" would never be told."""
+        pending = self._dirty | self._flushing
+        await registry.readers_reassert(
+            node_id=self.node_id,
+            counts={key: len(readers) for key, readers in self.readers.items() if key not in pending})

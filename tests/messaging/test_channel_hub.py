@@ -1,0 +1,47 @@
+"""The node's channel hub tells the cluster when a channel gets its first reader and loses its
+last one (the "occupied" / "vacated" webhooks), whatever the heartbeat does meanwhile. Real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+
+from messaging.channels import registry
+from messaging.channels.hub import ChannelHub
+
+
+class Reader:
+    def channel_event(self, key, offset, content) -> None:
+        pass
+
+    def channel_resync(self, key) -> None:
+        pass
+
+
+async def _occupancy_around_a_heartbeat(key: tuple[int, str]) -> tuple[list, int]:
+    told: list[bool] = []
+
+    async def hook(app_id: int, channel: str, occupied: bool) -> None:
+        told.append(occupied)
+
+    hub = ChannelHub("hub-test-node", on_occupancy=hook)
+    await hub.start()
+    reader = Reader()
+    try:
+        await hub.join(key, reader)
+        await hub.reassert()  # the heartbeat lands before the coalesced count update
+        await asyncio.sleep(0.3)
+        readers = await registry.readers_count_async(*key)
+        await hub.leave(key, reader)
+        await hub.reassert()
+        await asyncio.sleep(0.3)
+        return told, readers
+    finally:
+        for task in hub._tasks:
+            task.cancel()
+        await hub._pubsub.aclose()
+
+
+def test_a_heartbeat_between_a_first_join_and_its_count_update_does_not_hide_the_occupancy():
+    told, readers = asyncio.run(_occupancy_around_a_heartbeat((987654, "news.hub-test")))
+    assert readers == 1
+    assert told == [True, False]
