@@ -50,6 +50,7 @@ class ChannelCursor:
         if name not in self.positions:
             self.positions[name] = 0
             await self.hub.join((self.app_id, name), self.reader)
+            await self.hub.settle((self.app_id, name))
         head = (await run_db(channel_heads, app_id=self.app_id, channels=[name]))[name]
         if since is None:
             self.positions[name] = max(self.positions[name], head)

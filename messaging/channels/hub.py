@@ -10,7 +10,9 @@ history). If the pub/sub connection breaks, the hub reconnects, subscribes again
 reader to repair from the history what it may have missed.
 
 How many local readers each channel has is written to the cluster registry
-(messaging.channels.registry) in the background, coalesced: a thousand joins are one update.
+(messaging.channels.registry) in the background, coalesced: a thousand joins are one update. A
+reader joining through a cursor settles its channel's count before it is told it is subscribed,
+so a publish anywhere counts it in `subscribers`.
 """
 
 from __future__ import annotations
@@ -173,22 +175,33 @@ class ChannelHub:
             self._flush_wake.clear()
             await asyncio.sleep(0.05)  # coalesce a burst of joins
             dirty, self._dirty = self._dirty, set()
-            self._flushing = set(dirty)
+            self._flushing |= dirty
             for key in dirty:
-                try:
-                    before, after = await registry.readers_set(app_id=key[0], channel=key[1], node_id=self.node_id,
-                                                               count=self.reader_count(key))
-                except Exception:
-                    log.exception("updating the reader count of %s failed", key)
-                    self._dirty.add(key)  # the next flush (or heartbeat) tries again
-                    continue
-                finally:
-                    self._flushing.discard(key)
-                if self.on_occupancy is not None and (before == 0) != (after == 0):
-                    try:
-                        await self.on_occupancy(key[0], key[1], after > 0)
-                    except Exception:
-                        log.exception("occupancy hook for %s failed", key)
+                await self._write_count(key)
+
+    async def settle(self, key: ChannelKey) -> None:
+        """Write the channel's count now if it is still waiting for the coalesced flush: a reader
+        told it is subscribed is then counted by a publish anywhere (`subscribers`)."""
+        if key in self._dirty:
+            self._dirty.discard(key)
+            self._flushing.add(key)
+            await self._write_count(key)
+
+    async def _write_count(self, key: ChannelKey) -> None:
+        try:
+            before, after = await registry.readers_set(app_id=key[0], channel=key[1], node_id=self.node_id,
+                                                       count=self.reader_count(key))
+        except Exception:
+            log.exception("updating the reader count of %s failed", key)
+            self._dirty.add(key)  # the next flush (or heartbeat) tries again
+            return
+        finally:
+            self._flushing.discard(key)
+        if self.on_occupancy is not None and (before == 0) != (after == 0):
+            try:
+                await self.on_occupancy(key[0], key[1], after > 0)
+            except Exception:
+                log.exception("occupancy hook for %s failed", key)
 
     async def reassert(self) -> None:
         """The heartbeat's part: the registry holds this node's counts (heals a restarted Redis).

@@ -45,3 +45,23 @@ def test_a_heartbeat_between_a_first_join_and_its_count_update_does_not_hide_the
     told, readers = asyncio.run(_occupancy_around_a_heartbeat((987654, "news.hub-test")))
     assert readers == 1
     assert told == [True, False]
+
+
+async def _count_right_after_a_settled_join(key: tuple[int, str]) -> int:
+    hub = ChannelHub("hub-test-node-2")
+    await hub.start()
+    reader = Reader()
+    try:
+        await hub.join(key, reader)
+        await hub.settle(key)
+        counted = await registry.readers_count_async(*key)  # no wait for the coalesced flush
+        await hub.leave(key, reader)
+        return counted
+    finally:
+        for task in hub._tasks:
+            task.cancel()
+        await hub._pubsub.aclose()
+
+
+def test_a_reader_told_it_is_subscribed_is_already_counted_by_publishers():
+    assert asyncio.run(_count_right_after_a_settled_join((987655, "news.hub-test"))) == 1
