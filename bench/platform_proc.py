@@ -56,7 +56,8 @@ def platform_processes(port: int, log_dir: Path, worker_concurrency: int = 4) ->
         for name, argv in (
             ("web", [sys.executable, "-m", "config.web", "--port", str(port)]),
             ("worker", [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "WARNING", "-Q",
-                        "celery,routing", "-c", str(worker_concurrency), "-n", f"bench-{port}@%h"]),
+                        "celery,routing", "-c", str(worker_concurrency), "-P", env.get("WORKER_POOL", "prefork"),
+                        "-n", f"bench-{port}@%h"]),
         ):
             log = open(log_dir / f"platform-{name}.log", "w")
             procs.append(subprocess.Popen(argv, cwd=REPO_ROOT, env={**env, "NODE_ID": f"bench-{port}"},
