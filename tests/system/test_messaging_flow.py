@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from messaging.models import Delivery, Message
+from messaging.models import Delivery, DeliveryState, Message
 from tests.wsclient import WsClient, wait_for
 
 pytestmark = pytest.mark.system
@@ -34,14 +34,19 @@ def test_no_confirmation_without_a_reference_or_when_the_sender_declines_it(node
         assert [f for f in alice.recv_all(quiet=1.5) if f["type"] == "MESSAGE_CONFIRMATION"] == []
 
 
+def _parked(**lookups) -> int:
+    return Delivery.objects.filter(state=DeliveryState.PENDING, next_attempt_at__isnull=True, **lookups).count()
+
+
 @pytest.mark.django_db
 def test_offline_recipient_fetches_in_batches_with_the_right_left_missing_count(node):
     with WsClient(node.ws_url) as alice:
         alice.auth("ANZ-2001")
         for i in range(25):
             alice.message("ANZ-2002", f"missed {i}", reference=f"m{i}")
-    # RELIABLE sends carry no per-frame receipt in the linker protocol: wait until all are stored.
-    wait_for(lambda: Delivery.objects.filter(recipient="ANZ-2002").count() == 25)
+    # RELIABLE sends carry no per-frame receipt in the linker protocol: wait until all are stored
+    # and routed (parked for an offline recipient), so none is still on its way to be pushed live.
+    wait_for(lambda: _parked(recipient="ANZ-2002") == 25)
     with WsClient(node.ws_url) as bob:
         bob.auth("ANZ-2002")
         first, left = bob.fetch(10)
@@ -53,7 +58,7 @@ def test_offline_recipient_fetches_in_batches_with_the_right_left_missing_count(
         third, left = bob.fetch(10)
         assert len(third) == 5 and left == 0
         assert bob.fetch(10) == ([], 0)
-    wait_for(lambda: Delivery.objects.filter(recipient="ANZ-2001", message__kind="confirmation").count() == 25)
+    wait_for(lambda: _parked(recipient="ANZ-2001", message__kind="confirmation") == 25)
     with WsClient(node.ws_url) as alice:
         alice.auth("ANZ-2001")
         confirmations, _ = alice.fetch(100)  # the sender was offline: its confirmations waited
