@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from config.admin_readonly import ReadOnlyAdminMixin
+
 from .models import DeadLetter, Delivery, DeliveryState, Message
 from .services import dead_letters_discard, dead_letters_requeue
 from .webhooks import admin as webhooks_admin  # noqa: F401  (registers the webhook console)
@@ -30,7 +32,7 @@ class DeliveryInline(admin.TabularInline):
 
 
 @admin.register(Message)
-class MessageAdmin(admin.ModelAdmin):
+class MessageAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "created_at", "app", "sender", "kind", "reference", "short_content"]
     list_filter = ["kind", "app"]
     list_select_related = ["app"]
@@ -41,22 +43,13 @@ class MessageAdmin(admin.ModelAdmin):
     readonly_fields = ["app", "sender", "kind", "content", "reference", "confirmation_requested",
                        "client_message_id", "origin_domain", "created_at"]
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
     @admin.display(description="content")
     def short_content(self, obj: Message) -> str:
         return obj.content[:80] + ("…" if len(obj.content) > 80 else "")
 
 
 @admin.register(Delivery)
-class DeliveryAdmin(admin.ModelAdmin):
+class DeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "message_id", "recipient", "seq", "state", "attempts", "created_at", "delivered_at",
                     "next_attempt_at"]
     list_filter = ["state"]
@@ -66,18 +59,9 @@ class DeliveryAdmin(admin.ModelAdmin):
     ordering = ["-id"]
     raw_id_fields = ["message"]
 
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(admin.ModelAdmin):
+class DeadLetterAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "message_id", "app", "recipient", "attempts", "dead_at", "last_error"]
     list_filter = ["app"]
     list_select_related = ["app", "message"]
@@ -88,15 +72,6 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         return super().get_queryset(request).filter(state=DeliveryState.DEAD)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     @admin.action(description="Re-queue selected dead letters (fresh attempts)")
     def requeue(self, request, queryset):

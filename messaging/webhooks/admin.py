@@ -16,6 +16,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils.html import format_html
 
+from config.admin_readonly import ReadOnlyAdminMixin
 from messaging.models import WEBHOOK_ALL_EVENTS, WEBHOOK_SUBSCRIBABLE_EVENTS, WebhookDelivery, WebhookEndpoint
 
 from .selectors import webhook_events_forget
@@ -134,7 +135,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(admin.ModelAdmin):
+class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["created_at", "event", "app", "endpoint_url", "state", "attempts", "last_status",
                     "next_attempt_at", "delivered_at", "short_error"]
     # The app filter lists the apps (a small table); "only apps with deliveries" would scan this one.
@@ -146,15 +147,6 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
     fields = ["id", "endpoint", "event", "state", "attempts", "last_status", "last_error", "created_at",
               "next_attempt_at", "delivered_at", "dead_at", "payload_json"]
     readonly_fields = fields
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     @admin.display(description="app", ordering="endpoint__app__app_name")
     def app(self, obj: WebhookDelivery) -> str:
