@@ -23,8 +23,9 @@ import secrets
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
+from config.db import hot_cursor
 from messaging.models import (
     CLAIMABLE_STATES,
     DELIVERABLE_STATES,
@@ -85,10 +86,10 @@ def deliveries_claim(*, delivery_ids: list[int], token: int) -> list[ClaimedRow]
     """
     if not delivery_ids:
         return []
-    with connection.cursor() as cur:
+    with hot_cursor() as cur:
         cur.execute(
             f"""
-            WITH locked AS MATERIALIZED ({_lock_sql("id = ANY(%(ids)s)")}),
+            WITH locked AS MATERIALIZED ({_lock_sql("id = ANY(%(ids)s::bigint[])")}),
             claimed AS (
                 UPDATE messaging_delivery d
                    SET state = {SENT}, claim = %(token)s, sent_at = now(),
@@ -114,11 +115,11 @@ def _claimed_update(set_sql: str, pairs: list[tuple[int, int]], extra: dict | No
         return []
     ids = [p[0] for p in pairs]
     tokens = [p[1] for p in pairs]
-    with connection.cursor() as cur:
+    with hot_cursor() as cur:
         cur.execute(
             f"""
             WITH wanted AS (SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS t(id, claim)),
-            locked AS MATERIALIZED ({_lock_sql("id = ANY(%(ids)s)")})
+            locked AS MATERIALIZED ({_lock_sql("id = ANY(%(ids)s::bigint[])")})
             UPDATE messaging_delivery d SET {set_sql}
               FROM locked l, wanted w, apps_registry_clientapp a
              WHERE d.id = l.id AND w.id = d.id AND a.id = d.app_id AND d.state = {SENT} AND d.claim = w.claim
@@ -200,16 +201,18 @@ def deliveries_mark_delivered(*, delivery_ids: list[int] | None = None, message_
     (and `confirms` is unique besides).
     """
     if delivery_ids:
-        lock = _lock_sql("id = ANY(%(ids)s)")
+        lock = _lock_sql("id = ANY(%(ids)s::bigint[])")
         params: dict = {"ids": sorted(set(delivery_ids))}
     elif message_ids and recipient:
         # Served by the message_id foreign-key index; only the recipient's own rows.
-        lock = _lock_sql("message_id = ANY(%(mids)s) AND recipient = %(recipient)s")
+        lock = _lock_sql("message_id = ANY(%(mids)s::bigint[]) AND recipient = %(recipient)s")
         params = {"mids": sorted(set(message_ids)), "recipient": recipient}
     else:
         return 0
     direct, confirmation = MessageKind.DIRECT.value, MessageKind.CONFIRMATION.value
-    with transaction.atomic(), connection.cursor() as cur:
+    # One statement in autocommit: it commits by itself, and on_commit runs right after it (or when
+    # a caller's transaction commits).
+    with hot_cursor() as cur:
         cur.execute(
             f"""
             WITH locked AS MATERIALIZED ({lock}),
@@ -264,7 +267,7 @@ def deliveries_sweep(*, limit: int = 5000) -> SweepResult:
     row a worker holds right now is left to it.
     """
     backoff = _BACKOFF.format(attempts="d.attempts + 1")
-    with connection.cursor() as cur:
+    with hot_cursor() as cur:
         cur.execute(
             f"""
             WITH due AS MATERIALIZED (
@@ -308,7 +311,7 @@ def deliveries_requeue_for_users(*, users: list[tuple[int, str]]) -> list[int]:
     counted (the node died, not the delivery). The users' mailbox index serves the lookup."""
     if not users:
         return []
-    with connection.cursor() as cur:
+    with hot_cursor() as cur:
         cur.execute(
             f"""
             WITH u AS (SELECT * FROM unnest(%s::bigint[], %s::text[]) AS t(app_id, user_id)),
@@ -330,7 +333,7 @@ def deliveries_unacked_for(*, app_id: int, user_id: str) -> list[int]:
     """What an ACK-mode user was sent but never acknowledged (given back by its closed connection, or
     left `sent` by a crashed node) and retries waiting for it: redelivered on reconnect, with the
     same ids, no attempt counted."""
-    with connection.cursor() as cur:
+    with hot_cursor() as cur:
         cur.execute(
             f"""
             WITH locked AS MATERIALIZED (
@@ -347,7 +350,7 @@ def deliveries_unacked_for(*, app_id: int, user_id: str) -> list[int]:
 
 def deliveries_expire() -> int:
     """Undelivered rows older than their app's retention become expired."""
-    with connection.cursor() as cur:
+    with hot_cursor() as cur:
         cur.execute(
             f"""
             UPDATE messaging_delivery d SET state = {EXPIRED}, expired_at = now(), next_attempt_at = NULL, claim = NULL

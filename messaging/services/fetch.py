@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
+from config.db import hot_cursor
 from messaging.models import UNDELIVERED_STATES, DeliveryState, states_sql
 from messaging.protocol import delivery_frame
 
@@ -42,7 +43,7 @@ def missing_fetch(*, app_id: int, user_id: str, count: int, skip_ids: list[int],
     """
     max_bytes = max_bytes or settings.FETCH_MAX_BYTES
     lock = "FOR UPDATE OF d" if claim is not None else ""
-    with transaction.atomic(), connection.cursor() as cur:
+    with transaction.atomic(), hot_cursor() as cur:
         # The running total of content sizes bounds the batch's memory before any content is read
         # (octet_length comes from the TOAST header, not the value).
         cur.execute(
@@ -52,7 +53,7 @@ def missing_fetch(*, app_id: int, user_id: str, count: int, skip_ids: list[int],
                        octet_length(m.content) AS size
                   FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id
                  WHERE d.app_id = %(app)s AND d.recipient = %(user)s AND d.state IN {UNDELIVERED}
-                   AND NOT (d.id = ANY(%(skip)s))
+                   AND NOT (d.id = ANY(%(skip)s::bigint[]))
                  ORDER BY d.seq LIMIT %(count)s
             )
             SELECT d.id, d.seq FROM messaging_delivery d JOIN head h ON h.id = d.id
@@ -67,7 +68,7 @@ def missing_fetch(*, app_id: int, user_id: str, count: int, skip_ids: list[int],
                 f"""
                 UPDATE messaging_delivery SET state = {SENT}, claim = %s, sent_at = now(),
                        next_attempt_at = now() + make_interval(secs => %s)
-                 WHERE id = ANY(%s) AND state IN {UNDELIVERED}
+                 WHERE id = ANY(%s::bigint[]) AND state IN {UNDELIVERED}
                 RETURNING id
                 """,
                 [claim, float(settings.DELIVERY_ACK_TIMEOUT), picked],
@@ -79,7 +80,7 @@ def missing_fetch(*, app_id: int, user_id: str, count: int, skip_ids: list[int],
                 """
                 SELECT d.id, d.seq, m.id, m.sender, m.kind, m.content, m.reference
                   FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id
-                 WHERE d.id = ANY(%s) ORDER BY d.seq
+                 WHERE d.id = ANY(%s::bigint[]) ORDER BY d.seq
                 """,
                 [picked],
             )
@@ -94,7 +95,7 @@ def missing_fetch(*, app_id: int, user_id: str, count: int, skip_ids: list[int],
         cur.execute(
             f"""
             SELECT count(*) FROM messaging_delivery
-             WHERE app_id = %s AND recipient = %s AND state IN {UNDELIVERED} AND seq > %s AND NOT (id = ANY(%s))
+             WHERE app_id = %s AND recipient = %s AND state IN {UNDELIVERED} AND seq > %s AND NOT (id = ANY(%s::bigint[]))
             """,
             [app_id, user_id, last_seq, skip_ids],
         )

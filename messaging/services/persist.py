@@ -13,8 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
+from config.db import hot_cursor
 from messaging.dispatch import routing_enqueue
 from messaging.models import DeliveryState, MessageKind, states_sql
 
@@ -130,7 +131,7 @@ def messages_store(*, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
         for recipient in sorted(set(m.recipients)):
             params["r_ord"].append(ord_)
             params["r_user"].append(recipient)
-    with connection.cursor() as cur:
+    with hot_cursor() as cur:
         cur.execute(_STORE_SQL, params)
         stored = {row[0]: (row[1], tuple(row[2])) for row in cur.fetchall()}
         results = []

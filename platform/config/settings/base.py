@@ -153,6 +153,9 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # hundreds of consumers each awaiting a channel-layer send must never hit that ceiling.
 REDIS_MAX_CONNECTIONS = env_int("REDIS_MAX_CONNECTIONS", 2000)
 DB_CONN_MAX_AGE = env_int("DB_CONN_MAX_AGE", 60)
+# The per-message statements are prepared once per connection (config.db); off for a pooler in
+# transaction mode that does not keep prepared statements.
+DB_PREPARED_STATEMENTS = env_bool("DB_PREPARED_STATEMENTS", True)
 # /metrics outside DEBUG: a scraper shows this token (Authorization: Bearer …) or comes from one of
 # these addresses/networks; anyone else gets 403.
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
@@ -196,6 +199,10 @@ def service_settings(database_url: str, redis_url: str) -> dict:
     database = database_from_url(database_url)
     database["CONN_MAX_AGE"] = DB_CONN_MAX_AGE
     database["CONN_HEALTH_CHECKS"] = True
+    if DB_PREPARED_STATEMENTS:
+        # psycopg prepares nothing while this is None (Django's default). Only config.db's
+        # server-binding cursors prepare; the ORM's cursors bind on the client and never do.
+        database["OPTIONS"].setdefault("prepare_threshold", 5)
     return {
         "DATABASE_URL": database_url,
         "REDIS_URL": redis_url,
