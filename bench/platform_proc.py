@@ -56,7 +56,7 @@ def platform_processes(port: int, log_dir: Path, worker_concurrency: int = 4) ->
         for name, argv in (
             ("web", [sys.executable, "-m", "config.web", "--port", str(port)]),
             ("worker", [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "WARNING", "-Q",
-                        "celery,routing", "-c", str(worker_concurrency), "-P", env.get("WORKER_POOL", "prefork"),
+                        "celery,routing", "-c", str(worker_concurrency),
                         "-n", f"bench-{port}@%h"]),
         ):
             log = open(log_dir / f"platform-{name}.log", "w")

@@ -93,9 +93,10 @@ class Message(models.Model):
     # NULL, not "": the unique constraint must not treat "no id" as one shared id.
     client_message_id = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001
     origin_domain = models.CharField(max_length=64, blank=True, default="")
-    # Set on MESSAGE_CONFIRMATIONs only: the message this one confirms.
-    confirms = models.OneToOneField("self", null=True, blank=True, on_delete=models.CASCADE,
-                                    related_name="confirmation")
+    # Set on MESSAGE_CONFIRMATIONs only: the message this one confirms (at most one confirmation per
+    # message: message_confirmed_once, partial so that ordinary messages add no index entry).
+    confirms = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="+",
+                                 db_index=False)
     created_at = models.DateTimeField(db_index=True)  # serves the admin's date ordering and expiry
 
     class Meta:
@@ -105,6 +106,9 @@ class Message(models.Model):
                 condition=Q(client_message_id__isnull=False),
                 name="message_client_id_once_per_sender",
             ),
+            # Also what a confirmations' cascade looks its rows up by.
+            models.UniqueConstraint(fields=["confirms"], condition=Q(confirms__isnull=False),
+                                    name="message_confirmed_once"),
         ]
         indexes = [
             # The console's "messages of this sender" search, newest first.
@@ -129,7 +133,9 @@ class Mailbox(models.Model):
 
 class Delivery(models.Model):
     message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="deliveries")
-    app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="+")
+    # No index of its own: delivery_seq_unique_in_mailbox leads with the app (every index on this
+    # table is written again by each state change, so none is kept twice).
+    app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="+", db_index=False)
     recipient = models.CharField(max_length=96)
     seq = models.BigIntegerField()
     state = models.CharField(max_length=16, choices=DeliveryState.choices, default=DeliveryState.PENDING)

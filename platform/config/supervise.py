@@ -154,7 +154,6 @@ def main() -> int:
     children = [
         Child("web", [sys.executable, "-m", "config.web", "--bind", host, "--port", port]),
         Child("worker", [str(bin_dir / "celery"), "-A", "config", "worker", "-l", "INFO", "-c", concurrency,
-                         "-P", env.get("WORKER_POOL", "prefork"),
                          "-n", f"worker-{port}@%h", "-Q", "celery,routing"]),
         Child("beat", [str(bin_dir / "celery"), "-A", "config", "beat", "-l", "INFO",
                        "-s", str(embedded.var_dir() / "celerybeat-schedule")]),
