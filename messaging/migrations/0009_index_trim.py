@@ -1,5 +1,5 @@
 # The per-message write path writes every index of a delivery row again on each state change, and
-# every index of a message once: drop the index that repeats another, and keep NULLs (every ordinary
+# every index of a message once: drop the indexes that repeat another, and keep NULLs (every ordinary
 # message) out of the confirmations' unique index (issue 10, docs/benchmarks.md).
 #
 # The database side is written by hand: Django's own operations would drop and re-add both foreign
@@ -10,6 +10,7 @@ from django.db import migrations, models
 
 FORWARD = """
 DROP INDEX IF EXISTS messaging_delivery_app_id_c23d0ddb;
+DROP INDEX IF EXISTS messaging_mailbox_app_id_1d7dd0c1;
 CREATE UNIQUE INDEX message_confirmed_once ON messaging_message (confirms_id) WHERE confirms_id IS NOT NULL;
 ALTER TABLE messaging_message DROP CONSTRAINT IF EXISTS messaging_message_confirms_id_key;
 """
@@ -17,6 +18,7 @@ BACKWARD = """
 ALTER TABLE messaging_message ADD CONSTRAINT messaging_message_confirms_id_key UNIQUE (confirms_id);
 DROP INDEX IF EXISTS message_confirmed_once;
 CREATE INDEX messaging_delivery_app_id_c23d0ddb ON messaging_delivery (app_id);
+CREATE INDEX messaging_mailbox_app_id_1d7dd0c1 ON messaging_mailbox (app_id);
 """
 
 
@@ -33,6 +35,12 @@ class Migration(migrations.Migration):
             state_operations=[
                 migrations.AlterField(
                     model_name='delivery',
+                    name='app',
+                    field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE,
+                                            related_name='+', to='apps_registry.clientapp'),
+                ),
+                migrations.AlterField(
+                    model_name='mailbox',
                     name='app',
                     field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE,
                                             related_name='+', to='apps_registry.clientapp'),

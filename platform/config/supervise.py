@@ -150,10 +150,9 @@ def main() -> int:
     _manage(env, "bootstrap")
 
     bin_dir = Path(sys.executable).parent
-    concurrency = env.get("WORKER_CONCURRENCY", "4")
     children = [
         Child("web", [sys.executable, "-m", "config.web", "--bind", host, "--port", port]),
-        Child("worker", [str(bin_dir / "celery"), "-A", "config", "worker", "-l", "INFO", "-c", concurrency,
+        Child("worker", [str(bin_dir / "celery"), "-A", "config", "worker", "-l", "INFO",
                          "-n", f"worker-{port}@%h", "-Q", "celery,routing"]),
         Child("beat", [str(bin_dir / "celery"), "-A", "config", "beat", "-l", "INFO",
                        "-s", str(embedded.var_dir() / "celerybeat-schedule")]),

@@ -396,3 +396,37 @@ def test_the_partial_indexes_cover_exactly_the_undelivered_states():
     for name in ("delivery_undelivered_mailbox", "delivery_timer_due"):
         states = set(re.findall(r"'(\w+)'::", definitions[name]))
         assert states == set(UNDELIVERED_STATES), name
+
+
+def test_no_index_on_the_message_tables_repeats_the_leading_columns_of_another():
+    """Every state change of a delivery writes each of its indexes again, and every stored message
+    writes each of its own: an index whose columns lead another one (same predicate) is pure cost."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT t.relname, i.relname, x.indisunique, x.indkey::int2[], coalesce(pg_get_expr(x.indpred, x.indrelid), '')
+              FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid JOIN pg_class t ON t.oid = x.indrelid
+             WHERE t.relname IN ('messaging_message', 'messaging_delivery', 'messaging_mailbox')
+            """
+        )
+        indexes = cur.fetchall()
+    repeated = [
+        (name, other)
+        for table, name, unique, columns, predicate in indexes
+        for table2, other, _, columns2, predicate2 in indexes
+        if table == table2 and name != other and not unique and predicate == predicate2
+        and len(columns) <= len(columns2) and columns2[:len(columns)] == columns
+    ]
+    assert repeated == []
+
+
+def test_a_message_is_confirmed_at_most_once():
+    app = make_app()
+    [original] = messages_store(messages=[OutgoingMessage(app_id=app.pk, sender="ANZ-1", recipients=("ANZ-2",),
+                                                          content="hi", reference="r1", confirmation_requested=True)])
+    first = Message.objects.create(app=app, sender="ANZ-2", kind="confirmation", content="", confirms_id=original.message_id,
+                                   created_at=timezone.now())
+    with pytest.raises(Exception, match="message_confirmed_once"), transaction.atomic():
+        Message.objects.create(app=app, sender="ANZ-2", kind="confirmation", content="",
+                               confirms_id=original.message_id, created_at=timezone.now())
+    assert Message.objects.filter(confirms_id=original.message_id).get() == first

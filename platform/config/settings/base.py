@@ -328,4 +328,5 @@ CELERY_DB_REUSE_MAX = env_int("CELERY_DB_REUSE_MAX", 1000)
 # the pickling and pipes between the main process and a pool process (about a fifth of the worker's
 # CPU per message). `WORKER_POOL=prefork` for CPU-bound work of your own.
 CELERY_WORKER_POOL = env_str("WORKER_POOL", "threads")
+CELERY_WORKER_CONCURRENCY = env_int("WORKER_CONCURRENCY", 4)
 CELERY_TASK_ROUTES = {"messaging.tasks.route_deliveries": {"queue": "routing"}}
