@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.utils import timezone
@@ -11,12 +11,10 @@ from analytics.jobs import datasets as ds
 from analytics.models import Report
 from analytics.services import lake_export, report_run
 from tests.analytics.conftest import tenant
+from tests.analytics.test_presence_report import DAY
 
 pytestmark = pytest.mark.django_db  # reads the module's committed scenario
 
-# The reported day lies further back than the oldest row of the backlog aged relative to now (30
-# days): a fixed date let a "3 days old" pending row fall inside the report on one day of the year.
-DAY = (datetime.now(UTC) - timedelta(days=45)).replace(hour=0, minute=0, second=0, microsecond=0)
 NOON = DAY.replace(hour=12)
 MS = timedelta(milliseconds=1)
 

@@ -13,7 +13,10 @@ from tests.analytics.conftest import tenant
 
 pytestmark = pytest.mark.django_db  # reads the module's committed scenario
 
-DAY = datetime(2026, 11, 20, tzinfo=UTC)
+# The reported day (shared by the backlog and cluster tests) lies further back than the oldest row of
+# a backlog aged relative to now (30 days): a fixed date let a "3 days old" pending row fall inside
+# the report on one day of the year.
+DAY = (datetime.now(UTC) - timedelta(days=45)).replace(hour=0, minute=0, second=0, microsecond=0)
 NEXT_DAY = DAY + timedelta(days=1)
 
 

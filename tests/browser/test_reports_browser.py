@@ -70,7 +70,7 @@ def test_an_operator_sees_the_dashboard_and_both_reports_charts_in_a_real_browse
     assert page.locator(".sb-report svg.bar-chart rect.bar").count() > 0
     concurrency = _painted(page, ".sb-report svg.line-chart")
     assert concurrency[0] > 300
-    assert "Peak 101 at 2026-11-20 20:00 UTC" in page.inner_text("#content-main")
+    assert f"Peak 101 at {DAY:%Y-%m-%d} 20:00 UTC" in page.inner_text("#content-main")
 
     page.goto(f"{live_server.url}/admin/analytics/report/{reports['backlog'].pk}/change/")
     page.wait_for_selector(".sb-report-backlog")
@@ -80,4 +80,4 @@ def test_an_operator_sees_the_dashboard_and_both_reports_charts_in_a_real_browse
     assert "timeout" in page.inner_text("#content-main")
     with page.expect_download() as download:
         page.click("#report-csv")
-    assert download.value.suggested_filename == "backlog-20261120T0000-20261121T0000.csv"
+    assert download.value.suggested_filename == f"backlog-{DAY:%Y%m%dT%H%M}-{DAY + timedelta(days=1):%Y%m%dT%H%M}.csv"
