@@ -120,7 +120,8 @@ class Message(models.Model):
 
 
 class Mailbox(models.Model):
-    app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="+", db_index=False)  # mailbox_one_per_user
+    # No index of its own: mailbox_one_per_user leads with the app.
+    app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="+", db_index=False)
     user_id = models.CharField(max_length=96)
     last_seq = models.BigIntegerField(default=0)
 

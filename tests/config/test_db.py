@@ -16,7 +16,6 @@ from tests.factories import make_app
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-
 def _probe() -> tuple[str, str]:
     """A statement text no other test runs (prepared statements live as long as the connection)."""
     marker = f"probe {uuid.uuid4().hex}"
