@@ -4,8 +4,8 @@ Every reader (a /ws connection, an SSE stream, a push-compatible stream socket) 
 `ChannelCursor` and calls it from its own event handling, one event at a time:
 
 - `join(name, since)`: the hub subscription is confirmed before the head is read, so replaying the
-  history up to the head and then taking live publishes leaves nothing between the two; with
-  `since` the history after that offset is replayed first;
+  history up to the head and then taking live publishes leaves nothing between the two; the replay
+  starts after `since`, or without it at the head as it was before subscribing;
 - `publish(name, offset, content)`: a live publish from the hub. An offset already written is
   skipped; a jump (an earlier publish overtaken, or lost while Redis hiccupped) is filled from the
   history first;
@@ -48,16 +48,22 @@ class ChannelCursor:
     async def join(self, name: str, since: int | None = None) -> int:
         """Read `name` live (and replay after `since`); returns the offset written up to."""
         if name not in self.positions:
-            self.positions[name] = 0
+            # Without `since`, reading starts at the head as it was before the hub subscribed. Once
+            # the hub has settled, a publisher counts this reader; what it publishes before the
+            # head below is read lies at or under that head, and must still be written (by the
+            # catch-up), not taken as already read.
+            self.positions[name] = since if since is not None else await self._head(name)
             await self.hub.join((self.app_id, name), self.reader)
             await self.hub.settle((self.app_id, name))
-        head = (await run_db(channel_heads, app_id=self.app_id, channels=[name]))[name]
-        if since is None:
-            self.positions[name] = max(self.positions[name], head)
-        else:
-            self.positions[name] = min(since, head)
-            await self._catch_up(name, upto=head)
+        elif since is not None:
+            self.positions[name] = since
+        head = await self._head(name)
+        self.positions[name] = min(self.positions[name], head)
+        await self._catch_up(name, upto=head)
         return self.positions.get(name, head)
+
+    async def _head(self, name: str) -> int:
+        return (await run_db(channel_heads, app_id=self.app_id, channels=[name]))[name]
 
     async def leave(self, name: str) -> None:
         if self.positions.pop(name, None) is not None:
