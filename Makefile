@@ -15,18 +15,18 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 run: install
-	$(BIN)/python -m config.supervise
+	$(BIN)/python -m devstack.supervise
 
 # What the tests need from the operating system (Chromium, a Java runtime for Spark): installed
 # with apt-get when missing and we are root, else a one-line instruction and a stop.
 sysdeps: install
-	$(BIN)/python -m config.sysdeps chromium java
+	$(BIN)/python -m devstack.sysdeps chromium java
 
 test: install sysdeps
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 stop:
-	$(BIN)/python -m config.embedded stop
+	$(BIN)/python -m devstack.embedded stop
 
 lint: install
 	$(BIN)/ruff check .

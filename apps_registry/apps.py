@@ -7,6 +7,3 @@ class AppsRegistryConfig(AppConfig):
     name = "apps_registry"
     verbose_name = "Configuration registry"
     default_auto_field = "django.db.models.BigAutoField"
-
-    def ready(self) -> None:
-        from config import checks  # noqa: F401  (registers the switchboard.* system checks)

@@ -23,7 +23,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
 
-from config.names import domain_name_valid
+from foundation.names import domain_name_valid
 
 from .models import APP_NAME_RE, AuthMode, ClientApp, Domain, DomainLink, UserDistribution
 from .selectors import user_id_parse

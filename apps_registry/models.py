@@ -25,7 +25,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Greatest, Least
 
-from config.names import DOMAIN_NAME_PATTERN
+from foundation.names import DOMAIN_NAME_PATTERN
 
 APP_NAME_PATTERN = r"[A-Za-z][A-Za-z0-9_.]{0,63}"
 APP_NAME_RE = rf"^{APP_NAME_PATTERN}\Z"

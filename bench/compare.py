@@ -167,7 +167,7 @@ def _url_port(url: str | None) -> int | None:
 
 
 def embedded_var_dir() -> Path:
-    from config.embedded import var_dir
+    from devstack.embedded import var_dir
 
     return var_dir()
 
@@ -519,7 +519,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if any(n in RELAY_LAYERS for n in args.target_names) and not args.redis_url:
         parser.error(
             "the relays need Redis: pass --redis-url or set REDIS_URL "
-            "(`python -m config.embedded urls` prints the platform's embedded one, starting it if needed)"
+            "(`python -m devstack.embedded urls` prints the platform's embedded one, starting it if needed)"
         )
     return args
 

@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from config.supervise import wait_ready
+from devstack.embedded import urls_hand_over
+from devstack.supervise import wait_ready
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,13 +28,7 @@ def platform_env() -> dict[str, str]:
     env["DEBUG"] = "false"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT / "platform"), str(REPO_ROOT),
                                                       env.get("PYTHONPATH")]))
-    if not env.get("DATABASE_URL") or not env.get("REDIS_URL"):
-        sys.path.insert(0, str(REPO_ROOT / "platform"))
-        from config.embedded import ensure_running
-
-        services = ensure_running()
-        env.setdefault("DATABASE_URL", services.database_url)
-        env.setdefault("REDIS_URL", services.redis_url)
+    urls_hand_over(env)
     return env
 
 

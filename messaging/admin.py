@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from config.admin_readonly import ReadOnlyAdminMixin
+from foundation.admin_readonly import ReadOnlyAdminMixin
 
 from .models import DeadLetter, Delivery, DeliveryState, Message
 from .services import dead_letters_discard, dead_letters_requeue

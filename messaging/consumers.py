@@ -27,9 +27,9 @@ from channels.consumer import get_handler_name
 from django.conf import settings
 
 from apps_registry.selectors import AppSnapshot, app_snapshot, user_id_parse
-from config.daphne_patches import OUTGOING_EXTENSION, OutgoingBuffer
-from config.transport import sockets
-from config.transport.frames import (
+from foundation.daphne_adapter import OUTGOING_EXTENSION, OutgoingBuffer
+from foundation.transport import sockets
+from foundation.transport.frames import (
     CLOSE_AUTH_TIMEOUT,
     CLOSE_POLICY,
     CLOSE_RESTART,
@@ -571,7 +571,7 @@ class ClientConsumer(ChannelReaderConsumer):
         "AUTH_CLIENT": on_reauth,
     }
 
-    # --- events from the channel layer (config.transport.sockets) ------------------------------
+    # --- events from the channel layer (foundation.transport.sockets) ------------------------------
 
     async def message_deliver(self, event: sockets.MessageDeliverEvent) -> None:
         now = time.time()

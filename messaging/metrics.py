@@ -17,7 +17,7 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 
-from config.metrics import REGISTRY
+from foundation.metrics import REGISTRY
 from messaging.models import DeliveryState, states_sql
 from messaging.webhooks.selectors import webhook_backlog
 

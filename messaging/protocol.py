@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from config.transport.frames import encode
+from foundation.transport.frames import encode
 
 FEATURE_RELIABLE = "RELIABLE"
 FEATURE_FAST = "FAST"

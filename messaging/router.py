@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from redis import RedisError
 
-from config.transport import sockets
+from foundation.transport import sockets
 from messaging.protocol import delivery_frame
 from messaging.services import claim_token, deliveries_claim, deliveries_fail, deliveries_park, deliveries_release
 from presence import cache

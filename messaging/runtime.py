@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db import DataError, IntegrityError
 
 from apps_registry.selectors import app_snapshot, user_id_parse
-from config.transport.frames import CLOSE_RESTART
+from foundation.transport.frames import CLOSE_RESTART
 from messaging import dispatch, metrics
 from messaging.asyncdb import run_db
 from messaging.batching import Batcher

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from config.transport.redis_clients import async_client, sync_client
+from foundation.transport.redis_clients import async_client, sync_client
 
 USER_KEY = "sb:u:{user_id}"
 NODE_CONNS_KEY = "sb:n:{node_id}:conns"

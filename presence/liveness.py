@@ -28,7 +28,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps_registry.selectors import AppSnapshot, app_snapshot, user_id_parse
-from config.transport.redis_clients import lock_acquire
+from foundation.transport.redis_clients import lock_acquire
 
 from . import cache
 from .events import presence_event_record

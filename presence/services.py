@@ -8,8 +8,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from config.transport import sockets
-from config.transport.frames import CLOSE_NORMAL, encode
+from foundation.transport import sockets
+from foundation.transport.frames import CLOSE_NORMAL, encode
 
 from . import cache
 from .events import presence_event_record

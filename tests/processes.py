@@ -17,7 +17,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from config.embedded import _redis_bin
+from devstack.embedded import _redis_bin
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

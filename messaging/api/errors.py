@@ -20,7 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
-from config.transport.frames import is_wire_safe
+from foundation.transport.frames import is_wire_safe
 from messaging.api import metrics
 from messaging.api.idempotency import IdempotencyConflict
 from messaging.services import SendRefused

@@ -1,11 +1,11 @@
 """The server API's counters (served at /metrics with the rest of the node's figures; request
-latency by endpoint is counted for every HTTP request by config.http_metrics)."""
+latency by endpoint is counted for every HTTP request by foundation.http_metrics)."""
 
 from __future__ import annotations
 
 from prometheus_client import Counter
 
-from config.metrics import REGISTRY
+from foundation.metrics import REGISTRY
 
 API_SENDS = Counter("switchboard_api_sends_total", "Sends through the server API, by feature (RELIABLE, FAST, "
                     "CHANNEL)", ["feature"], registry=REGISTRY)

@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
-from config.transport.redis_clients import sync_client
+from foundation.transport.redis_clients import sync_client
 
 log = logging.getLogger(__name__)
 KEY = "sb:api:rate:{app_pk}"

@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 
 from apps_registry.models import APP_NAME_PATTERN
 from apps_registry.selectors import AppSnapshot
-from config.transport.frames import dumps
+from foundation.transport.frames import dumps
 from messaging.api import metrics
 from messaging.api import serializers as s
 from messaging.api.authentication import ApiKeyAuthentication, HasApiKey

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from config.transport.redis_clients import async_client
+from foundation.transport.redis_clients import async_client
 from messaging.channels import registry
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ dead its fields go; its heartbeat re-asserts them (a restarted Redis is whole ag
 
 from __future__ import annotations
 
-from config.transport.redis_clients import async_client, sync_client
+from foundation.transport.redis_clients import async_client, sync_client
 from presence.cache import node_registrations_key
 
 KEY = "sb:cs:{app_id}:{channel}"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from django.db import connection, transaction
 
-from config.transport import sockets
+from foundation.transport import sockets
 from messaging.channels import registry
 from messaging.models import Subscription, WebhookEvent
 from messaging.webhooks.services import WebhookNotice, webhooks_record
@@ -57,7 +57,7 @@ def _payload(offset: int, content: str) -> str:
 
 def channel_fanout(*, app_id: int, channel: str, offset: int, content: str) -> int:
     """Send a committed publish to every node reading the channel; returns the readers there are."""
-    from config.transport.redis_clients import sync_client
+    from foundation.transport.redis_clients import sync_client
 
     pipe = sync_client().pipeline(transaction=False)
     pipe.publish(registry.fanout_key(app_id, channel), _payload(offset, content))

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection, transaction
 
-from config.db import hot_cursor
+from foundation.db import hot_cursor
 from messaging.models import (
     CLAIMABLE_STATES,
     DELIVERABLE_STATES,

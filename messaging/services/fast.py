@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from config.transport import sockets
+from foundation.transport import sockets
 from messaging.protocol import fast_frame
 from presence import cache
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import transaction
 
-from config.db import hot_cursor
+from foundation.db import hot_cursor
 from messaging.models import UNDELIVERED_STATES, DeliveryState, states_sql
 from messaging.protocol import delivery_frame
 

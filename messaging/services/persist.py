@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import transaction
 
-from config.db import hot_cursor
+from foundation.db import hot_cursor
 from messaging.dispatch import routing_enqueue
 from messaging.models import DeliveryState, MessageKind, states_sql
 

@@ -28,8 +28,8 @@ import time
 
 from django.conf import settings
 
-from config.daphne_patches import OUTGOING_EXTENSION
-from config.transport.frames import dumps
+from foundation.daphne_adapter import OUTGOING_EXTENSION
+from foundation.transport.frames import dumps
 from messaging import metrics
 from messaging.asyncdb import run_db
 from messaging.channels.cursor import ChannelCursor

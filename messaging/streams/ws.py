@@ -22,7 +22,7 @@ import time
 
 from django.conf import settings
 
-from config.transport.frames import CLOSE_NORMAL, CLOSE_POLICY, dumps
+from foundation.transport.frames import CLOSE_NORMAL, CLOSE_POLICY, dumps
 from messaging import metrics
 from messaging.asyncdb import run_db
 from messaging.channels.cursor import ChannelCursor

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils.html import format_html
 
-from config.admin_readonly import ReadOnlyAdminMixin
+from foundation.admin_readonly import ReadOnlyAdminMixin
 from messaging.models import WEBHOOK_ALL_EVENTS, WEBHOOK_SUBSCRIBABLE_EVENTS, WebhookDelivery, WebhookEndpoint
 
 from .selectors import webhook_events_forget

@@ -13,9 +13,9 @@ from django.urls import re_path  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
-from config import daphne_patches  # noqa: E402
+from foundation import daphne_adapter  # noqa: E402
 
-daphne_patches.install()
+daphne_adapter.install()
 
 from config.routing import stream_urlpatterns, websocket_urlpatterns  # noqa: E402  (needs the app registry)
 

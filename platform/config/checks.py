@@ -6,7 +6,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, register
 from django.core.checks import Warning as CheckWarning
 
-from config.names import domain_name_valid
+from foundation.names import domain_name_valid
 
 
 @register(Tags.security, deploy=False)

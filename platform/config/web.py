@@ -3,9 +3,9 @@
     python -m config.web [--bind 0.0.0.0] [--port 8000] [extra daphne options]
 
 Daphne's message-size ceiling is WS_MAX_FRAME_BYTES itself: a larger frame is refused by autobahn
-with a clean close 1009 before it is read into memory (config.daphne_patches turns autobahn's
+with a clean close 1009 before it is read into memory (foundation.daphne_adapter turns autobahn's
 default, dropping the TCP connection, into a close frame). Proxy headers are parsed, but believed
-only from TRUSTED_PROXIES (also config.daphne_patches).
+only from TRUSTED_PROXIES (also foundation.daphne_adapter).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import pytest
 
 from apps_registry.models import UserRange
 from apps_registry.selectors import UserId, user_id_parse
-from config.names import domain_name_valid
+from foundation.names import domain_name_valid
 
 
 @pytest.mark.parametrize("text, parsed", [

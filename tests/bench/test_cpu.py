@@ -145,7 +145,7 @@ def test_make_run_processes_of_this_checkout_are_found_and_others_are_not(tmp_pa
     repo.mkdir()
     other.mkdir()
     python, celery = "/venv/bin/python", "/venv/bin/celery"
-    fake_process(proc, 100, 1, [python, "-m", "config.supervise"], repo)
+    fake_process(proc, 100, 1, [python, "-m", "devstack.supervise"], repo)
     fake_process(proc, 101, 100, [python, "-m", "config.web", "--port", "8000"], repo)
     fake_process(proc, 102, 100, [python, celery, "-A", "config", "worker", "-c", "4"], repo)
     fake_process(proc, 103, 102, [python, celery, "-A", "config", "worker", "-c", "4"], repo)  # pool child

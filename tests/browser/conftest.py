@@ -15,7 +15,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 @pytest.fixture
 def browser(monkeypatch):
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
-        pytest.fail(f"{CHROMIUM} is missing: `make test` installs it (python -m config.sysdeps chromium)")
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs it (python -m devstack.sysdeps chromium)")
     # Playwright's sync API runs an event loop in this thread; the ORM calls the test makes
     # around it are ordinary synchronous ones.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")

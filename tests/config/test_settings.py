@@ -92,7 +92,7 @@ def test_six_hundred_concurrent_channel_layer_calls_do_not_exhaust_the_redis_poo
         await layer.flush()
         return received
 
-    from config.transport.sockets import run_async
+    from foundation.transport.sockets import run_async
 
     received = run_async(burst(), timeout=60)  # one long-lived loop, as a worker process has
     assert sorted(m["i"] for m in received) == list(range(600))

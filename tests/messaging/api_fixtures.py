@@ -14,7 +14,7 @@ from django.db import close_old_connections
 
 from apps_registry.selectors import app_snapshots_clear
 from apps_registry.services import api_key_create, distribution_create
-from config.transport.sockets import run_async
+from foundation.transport.sockets import run_async
 from messaging.api.authentication import verified_keys_forget
 from messaging.api.client import SwitchboardClient
 from presence import cache

@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from config.transport import sockets
+from foundation.transport import sockets
 from messaging.models import Delivery
 from messaging.services import message_send
 from presence.models import Node, Session

@@ -8,7 +8,7 @@ import jwt
 import pytest
 
 from apps_registry.selectors import app_snapshots_clear
-from config.transport.sockets import run_async
+from foundation.transport.sockets import run_async
 from messaging import authentication
 from messaging.authentication import client_authenticate, token_sign
 from tests.factories import make_app

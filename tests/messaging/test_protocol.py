@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from config.transport.frames import encode
+from foundation.transport.frames import encode
 from messaging.protocol import FrameError, delivery_frame, invalid, parse_frame
 
 

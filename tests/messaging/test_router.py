@@ -8,7 +8,7 @@ import pytest
 from channels.layers import get_channel_layer
 from redis import RedisError
 
-from config.transport.sockets import run_async
+from foundation.transport.sockets import run_async
 from messaging import router
 from messaging.models import Delivery
 from messaging.services import message_send

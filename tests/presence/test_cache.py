@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from config.transport.sockets import run_async
+from foundation.transport.sockets import run_async
 from presence import cache
 
 NODE = "node-a"

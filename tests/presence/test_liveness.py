@@ -9,7 +9,7 @@ import pytest
 from channels.layers import get_channel_layer
 from django.utils import timezone
 
-from config.transport.sockets import run_async
+from foundation.transport.sockets import run_async
 from messaging.models import Delivery
 from messaging.services import claim_token, dead_nodes_settle, deliveries_claim, message_send
 from presence import cache

@@ -32,7 +32,7 @@ def test_the_api_answers_503_while_postgres_is_down_and_fully_recovers(own_proce
     var = tmp_path / "var"
     port = free_port()
     env = {"SWITCHBOARD_VAR_DIR": str(var), "DATABASE_URL": "", "REDIS_URL": ""}
-    proc = own_processes.spawn("supervise", [sys.executable, "-m", "config.supervise"], port=port, PORT=str(port),
+    proc = own_processes.spawn("supervise", [sys.executable, "-m", "devstack.supervise"], port=port, PORT=str(port),
                                ADMIN_PASSWORD="a-long-test-password", **env)
     wait_http(f"http://127.0.0.1:{port}/readyz", proc, timeout=180)
     created = subprocess.run([sys.executable, "manage.py", "apikey", "create", "ANZ"], cwd=ROOT, capture_output=True,

@@ -244,7 +244,7 @@ def test_a_forwarded_for_header_from_an_untrusted_peer_is_ignored(node):
 
 @pytest.mark.django_db
 def test_whatever_breaks_inside_a_connection_its_cleanup_still_runs(node):
-    from config.transport import sockets
+    from foundation.transport import sockets
     from presence.models import Session
 
     with WsClient(node.ws_url) as master:

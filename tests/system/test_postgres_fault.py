@@ -72,7 +72,7 @@ def test_a_killed_embedded_postgres_is_restarted_and_every_accepted_message_is_d
     var = tmp_path / "var"
     port = free_port()
     proc = processes.spawn(
-        "supervise", [sys.executable, "-m", "config.supervise"], port=port, PORT=str(port),
+        "supervise", [sys.executable, "-m", "devstack.supervise"], port=port, PORT=str(port),
         ADMIN_PASSWORD="a-long-test-password", SWITCHBOARD_VAR_DIR=str(var), DATABASE_URL="", REDIS_URL="",
         **FAST_FAILURE_ENV,
     )

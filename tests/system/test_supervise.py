@@ -14,7 +14,7 @@ pytestmark = pytest.mark.system
 
 def test_make_run_brings_up_web_worker_and_beat_and_sigterm_stops_them_all(processes, settings, tmp_path):
     port = free_port()
-    proc = processes.spawn("supervise", [sys.executable, "-m", "config.supervise"], port=port,
+    proc = processes.spawn("supervise", [sys.executable, "-m", "devstack.supervise"], port=port,
                            PORT=str(port), ADMIN_PASSWORD="a-long-test-password", SWITCHBOARD_VAR_DIR=str(tmp_path))
     started = time.monotonic()
     wait_http(f"http://127.0.0.1:{port}/readyz", proc, timeout=90)

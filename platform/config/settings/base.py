@@ -22,7 +22,7 @@ SECRET_KEY = env_str("SECRET_KEY", DEFAULT_SECRET_KEY)
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 # Proxies (addresses or networks) whose X-Forwarded-For / -Proto headers are believed; from anyone
-# else those headers are ignored (config.daphne_patches).
+# else those headers are ignored (foundation.daphne_adapter).
 TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -41,6 +41,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django.contrib.postgres",
+    "config.apps.PlatformConfig",  # the composition root: the switchboard.* system checks
     "channels",
     "rest_framework",
     "drf_spectacular",
@@ -52,7 +53,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "config.http_metrics.request_latency_middleware",  # outermost: times everything below it
+    "foundation.http_metrics.request_latency_middleware",  # outermost: times everything below it
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -131,13 +132,13 @@ SPECTACULAR_SETTINGS = {
 }
 
 # One handler for every process (web, worker, beat: Celery is told not to install its own). A
-# repeated failure logs once per kind and window with a count (config.logs.RepeatFilter). Nothing
+# repeated failure logs once per kind and window with a count (foundation.logs.RepeatFilter). Nothing
 # logs per message at the default level: Celery's "task received / succeeded" lines are warnings-only.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "filters": {"repeats": {"()": "config.logs.RepeatFilter", "window": env_float("LOG_REPEAT_WINDOW", 10.0)}},
+    "filters": {"repeats": {"()": "foundation.logs.RepeatFilter", "window": env_float("LOG_REPEAT_WINDOW", 10.0)}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["repeats"]}},
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {
@@ -153,7 +154,7 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # hundreds of consumers each awaiting a channel-layer send must never hit that ceiling.
 REDIS_MAX_CONNECTIONS = env_int("REDIS_MAX_CONNECTIONS", 2000)
 DB_CONN_MAX_AGE = env_int("DB_CONN_MAX_AGE", 60)
-# The per-message statements are prepared once per connection (config.db); off for a pooler in
+# The per-message statements are prepared once per connection (foundation.db); off for a pooler in
 # transaction mode that does not keep prepared statements.
 DB_PREPARED_STATEMENTS = env_bool("DB_PREPARED_STATEMENTS", True)
 # /metrics outside DEBUG: a scraper shows this token (Authorization: Bearer …) or comes from one of
@@ -200,7 +201,7 @@ def service_settings(database_url: str, redis_url: str) -> dict:
     database["CONN_MAX_AGE"] = DB_CONN_MAX_AGE
     database["CONN_HEALTH_CHECKS"] = True
     if DB_PREPARED_STATEMENTS:
-        # psycopg prepares nothing while this is None (Django's default). Only config.db's
+        # psycopg prepares nothing while this is None (Django's default). Only foundation.db's
         # server-binding cursors prepare; the ORM's cursors bind on the client and never do.
         database["OPTIONS"].setdefault("prepare_threshold", 5)
         # Prepared statements keep one generic plan. Left to choose, Postgres re-plans a statement

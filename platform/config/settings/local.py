@@ -1,6 +1,15 @@
-"""Developer machine / `make run`: embedded Postgres and Redis unless the URLs are set."""
+"""Developer machine / `make run`: Postgres and Redis from DATABASE_URL / REDIS_URL.
+
+Importing these settings never starts a process. `make run`, `manage.py` and the test session
+start the embedded services when no URL is set and hand their URLs over (devstack.embedded); any
+other process (a worker or web node started by hand beside them) finds the ones they started.
+"""
 
 from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+
+from devstack.embedded import running_services
 
 from .base import *  # noqa: F403
 from .base import env_bool, env_str, service_settings, webhooks_allow_http
@@ -10,12 +19,13 @@ WEBHOOKS_ALLOW_HTTP = webhooks_allow_http(DEBUG)
 
 
 def _urls() -> tuple[str, str]:
-    database_url = env_str("DATABASE_URL", "")
-    redis_url = env_str("REDIS_URL", "")
+    database_url, redis_url = env_str("DATABASE_URL", ""), env_str("REDIS_URL", "")
     if not database_url or not redis_url:
-        from config.embedded import ensure_running
-
-        embedded = ensure_running(postgres=not database_url, redis=not redis_url)
+        embedded = running_services()
+        if embedded is None:
+            raise ImproperlyConfigured(
+                "DATABASE_URL and REDIS_URL are not set and no embedded services were started here: run "
+                "`make run` (or `manage.py`, or `python -m devstack.embedded start`), or set both URLs.")
         database_url = database_url or embedded.database_url
         redis_url = redis_url or embedded.redis_url
     return database_url, redis_url

@@ -27,7 +27,7 @@ from typing import Any, Literal, TypedDict
 
 from channels.layers import get_channel_layer
 
-from config.transport.redis_clients import async_client, sync_client
+from foundation.transport.redis_clients import async_client, sync_client
 
 log = logging.getLogger(__name__)
 

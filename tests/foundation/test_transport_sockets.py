@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from channels.layers import get_channel_layer
 
-from config.transport import sockets
+from foundation.transport import sockets
 
 
 @pytest.mark.parametrize("event", [

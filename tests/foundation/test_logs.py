@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from config.logs import RepeatFilter
+from foundation.logs import RepeatFilter
 
 
 def _record(msg: str, *args, exc: bool = False) -> logging.LogRecord:
@@ -21,7 +21,7 @@ def _record(msg: str, *args, exc: bool = False) -> logging.LogRecord:
 
 def test_repeats_of_one_kind_are_held_back_and_counted(monkeypatch):
     clock = [1000.0]
-    monkeypatch.setattr("config.logs.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("foundation.logs.time.monotonic", lambda: clock[0])
     repeats = RepeatFilter(window=10)
     passed = [repeats.filter(_record("flushing %d items failed", n, exc=True)) for n in range(5000)]
     assert passed.count(True) == 1

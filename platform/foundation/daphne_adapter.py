@@ -29,8 +29,8 @@ import logging
 import os
 from collections.abc import Callable
 
-from config.metrics import CONNECTIONS_CLOSED
-from config.transport.frames import CLOSE_FRAME_FLOOD, CLOSE_SLOW_READER
+from foundation.metrics import CONNECTIONS_CLOSED
+from foundation.transport.frames import CLOSE_FRAME_FLOOD, CLOSE_SLOW_READER
 
 log = logging.getLogger(__name__)
 

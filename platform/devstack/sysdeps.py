@@ -1,6 +1,6 @@
 """The two things the test suite needs from the operating system, installed when missing.
 
-    python -m config.sysdeps [chromium] [java]
+    python -m devstack.sysdeps [chromium] [java]
 
 `make test` runs this before pytest, so a bare machine needs nothing but Python and `make`:
 

@@ -21,6 +21,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from devstack import embedded
+
 ROOT = Path(__file__).resolve().parents[2]
 COLOURS = {"web": "\033[36m", "worker": "\033[33m", "beat": "\033[35m", "run": "\033[32m"}
 RESET = "\033[0m"
@@ -102,8 +104,6 @@ class ServiceWatch:
     def check(self) -> None:
         if not (self.postgres or self.redis) or time.monotonic() < self.next_check:
             return
-        from config import embedded
-
         status = embedded.status()
         down = [name for name, wanted in (("postgres", self.postgres), ("redis", self.redis))
                 if wanted and not status[name]]
@@ -133,17 +133,12 @@ def main() -> int:
     port = env.setdefault("PORT", "8000")
     host = env.get("HOST", "127.0.0.1")
 
-    sys.path.insert(0, str(ROOT / "platform"))
-    from config import embedded
-
     started_services = False
     watch = ServiceWatch(postgres=not env.get("DATABASE_URL"), redis=not env.get("REDIS_URL"))
     if not env.get("DATABASE_URL") or not env.get("REDIS_URL"):
         before = embedded.status()
-        services = embedded.ensure_running(postgres=not env.get("DATABASE_URL"), redis=not env.get("REDIS_URL"))
+        embedded.urls_hand_over(env)
         started_services = not all(before.values())
-        env.setdefault("DATABASE_URL", services.database_url)
-        env.setdefault("REDIS_URL", services.redis_url)
         say("run", f"embedded Postgres and Redis under {embedded.var_dir()} ({'started' if started_services else 'reused'})")
 
     _manage(env, "migrate", "--noinput", "-v", "0")

@@ -8,7 +8,7 @@ import psycopg
 import redis
 from django.conf import settings
 
-from config import embedded
+from devstack import embedded
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ import pytest
 from django.contrib.auth.models import User
 from django.core.cache import cache
 
-from config.daphne_patches import _peer_trusted
+from foundation.daphne_adapter import _peer_trusted
 
 pytestmark = pytest.mark.django_db
 

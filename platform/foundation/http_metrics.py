@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponseBase
 from django.utils.decorators import sync_and_async_middleware
 from prometheus_client import Histogram
 
-from config.metrics import REGISTRY
+from foundation.metrics import REGISTRY
 
 REQUEST_LATENCY = Histogram(
     "switchboard_http_request_duration_seconds", "HTTP requests by endpoint (URL pattern name), method and status class",

@@ -1,4 +1,4 @@
-"""The per-message statements run prepared, with one plan, on Django's own connection (config.db)."""
+"""The per-message statements run prepared, with one plan, on Django's own connection (foundation.db)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.test import override_settings
 
-from config.db import hot_cursor
+from foundation.db import hot_cursor
 from messaging.models import Delivery
 from messaging.services import OutgoingMessage, deliveries_mark_delivered, messages_store
 from tests.factories import make_app

@@ -1,0 +1,11 @@
+"""The development machinery, apart from the product (docs/architecture.md, "Layers"):
+
+- `embedded`: a self-contained Postgres and Redis under var/ for machines without DATABASE_URL /
+  REDIS_URL;
+- `supervise`: `make run`, the whole platform as one supervised process group;
+- `sysdeps`: what the test suite needs from the operating system;
+- `pytest_services`: the test session's embedded services, started before Django reads its settings.
+
+Nothing in the product imports it: `make run`, `manage.py` and the test session start the embedded
+services here and hand their URLs over in DATABASE_URL and REDIS_URL. Production never runs it.
+"""
