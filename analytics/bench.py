@@ -205,8 +205,8 @@ def machine() -> dict[str, str]:
     with connection.cursor() as cur:
         cur.execute("SHOW server_version")
         pg = cur.fetchone()[0]
-    import pyarrow
-    import pyspark
+    import pyarrow  # only for its version: pyarrow and pyspark are heavy to import, and nothing else here needs them
+    import pyspark  # (the same)
 
     return {"nproc": str(os.cpu_count()), "memory": f"{mem / 1024 / 1024:.1f} GiB", "CPU": cpu,
             "Python": platform.python_version(), "Java": java, "PySpark": pyspark.__version__,

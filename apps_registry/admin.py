@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import path
-from django.utils.html import format_html
+from django.utils.html import escape, format_html
 
 from .models import ApiKey, ClientApp, Domain, DomainLink, UserDistribution, UserRange
 from .routing import DomainGraph, route_for_user
@@ -246,8 +247,6 @@ class DomainAdmin(admin.ModelAdmin):
         ]
 
     def graph_view(self, request: HttpRequest):
-        from django.conf import settings
-
         graph = DomainGraph.load()
         user_id = request.GET.get("user_id", "").strip()
         source = request.GET.get("from") or settings.DOMAIN_NAME
@@ -267,8 +266,6 @@ class DomainAdmin(admin.ModelAdmin):
 
 def domain_graph_svg(graph: DomainGraph, path_names: list[str] | None, *, this_domain: str) -> str:
     """Domains on a circle, links as lines (dashed when disabled), the route in orange."""
-    from django.utils.html import escape
-
     size, radius = 520, 190
     names = graph.domains
     pos = {}

@@ -1,4 +1,4 @@
-"""Configuration as code: the linker meta-server YAML (PROTOCOL.md section 5), in and out.
+"""Configuration as code: the linker meta-server YAML (README.md, "Configuring apps and domains"), in and out.
 
 Import is all-or-nothing (one transaction; the first bad entry is named and nothing is written)
 and idempotent (natural keys: domain name, link pair, app name). What a file names, it owns:

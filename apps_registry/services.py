@@ -7,6 +7,7 @@ import hmac
 import secrets
 from datetime import timedelta
 
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -95,8 +96,6 @@ def demo_config_ensure(*, domain_name: str, ws_url: str) -> ClientApp:
 
 def admin_user_ensure(*, username: str, password: str | None) -> str | None:
     """Create the first staff superuser; returns the generated password when one was made up."""
-    from django.contrib.auth import get_user_model
-
     user_model = get_user_model()
     if user_model.objects.filter(username=username).exists():
         return None

@@ -14,8 +14,8 @@ from django.contrib import admin
 
 from foundation.admin_readonly import ReadOnlyAdminMixin
 
+from .delivery.dead_letters import dead_letters_discard, dead_letters_requeue
 from .models import DeadLetter, Delivery, DeliveryState, Message
-from .services import dead_letters_discard, dead_letters_requeue
 from .webhooks import admin as webhooks_admin  # noqa: F401  (registers the webhook console)
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 T = TypeVar("T")
 _executor: ThreadPoolExecutor | None = None
@@ -47,10 +48,6 @@ def pool_connections_close() -> None:
     per thread). Used where a database must be dropped, e.g. at the end of a test run."""
     if _executor is None:
         return
-    import threading
-
-    from django.db import connection
-
     workers = _executor._max_workers
     barrier = threading.Barrier(workers)
 

@@ -2,7 +2,7 @@
 
 Guarantees:
 - A RELIABLE message and all of its Delivery rows are written in one transaction, before anything
-  is acknowledged or routed (messaging.services.persist).
+  is acknowledged or routed (messaging.store).
 - Each recipient has a Mailbox whose `last_seq` hands out gap-free, strictly increasing sequence
   numbers: the upsert that bumps it holds the mailbox row lock until the transaction ends, so a
   rolled-back message leaves no hole and two concurrent messages cannot take the same number.
@@ -11,12 +11,13 @@ Guarantees:
 - A confirmation confirms one message once: `confirms` is unique. It is a column of its own, not
   a clientMessageId, so no client input can collide with it.
 - Delivery states move pending -> sent -> delivered, with retrying / dead / expired as side exits;
-  every move is one conditional statement in messaging.services.deliveries and stamps its time.
+  every move is one conditional statement in messaging.delivery and stamps its time.
   State names live here only: SQL is built from the tuples below (`states_sql`), and the partial
   indexes use the same tuples, so a new state cannot leave a query or an index behind.
 - A mailbox has no holes: delivery rows are never deleted one by one (the admin cannot delete
   them); only retention removes whole prefixes.
-FAST messages never reach these tables.
+FAST messages never reach these tables. The channels' and webhooks' tables are declared in their
+rooms (messaging.channels.models, messaging.webhooks.models) and registered here.
 
 What `next_attempt_at` (the row's timer) means depends on the state:
 - pending: NULL = parked in the mailbox, waiting for a fetch; a time = the routing deadline (set
@@ -35,10 +36,6 @@ park, release and fail name it, so a late actor never moves a row someone else h
 
 from __future__ import annotations
 
-import secrets
-import uuid
-
-from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
@@ -171,7 +168,7 @@ class Delivery(models.Model):
             models.Index(fields=["recipient", "-id"], name="delivery_recipient_recent"),
             # The dead-letter queue in the admin and the API, newest first. Deliberately partial:
             # a general (state, ...) index tempted the planner into scanning every undelivered
-            # row for batch updates by id (see messaging.services.deliveries).
+            # row for batch updates by id (see messaging.delivery.sql).
             models.Index(fields=["-dead_at"], name="delivery_dead_letters", condition=Q(state=DeliveryState.DEAD.value)),
         ]
 
@@ -185,209 +182,6 @@ class DeadLetter(Delivery):
     class Meta:
         proxy = True
         verbose_name = "dead letter"
-
-
-# --- channels and topology ----------------------------------------------------------------------
-# A channel is an address many users can subscribe to (the signal seed's Address-to-Address
-# topology). `@<userId>` is a user's own channel: subscribing user A to `@B` is "A follows B".
-
-
-class Channel(models.Model):
-    """A channel of one app. `last_offset` hands out gap-free, increasing offsets: the upsert that
-    bumps it holds the channel row lock until the transaction ends (as a mailbox's `last_seq`)."""
-
-    app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="+", db_index=False)
-    name = models.CharField(max_length=128)
-    last_offset = models.BigIntegerField(default=0)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["app", "name"], name="channel_name_once_per_app")]
-
-    def __str__(self) -> str:
-        return f"{self.name} (offset {self.last_offset})"
-
-
-class ChannelMessage(models.Model):
-    """A channel's history: what was published, in offset order, kept for the app's retention.
-    Retention removes the oldest first, so the offsets that remain have no holes."""
-
-    channel = models.ForeignKey(Channel, on_delete=models.CASCADE, related_name="history", db_index=False)
-    offset = models.BigIntegerField()
-    content = models.TextField()
-    publisher = models.CharField(max_length=128, blank=True, default="")
-    created_at = models.DateTimeField()
-
-    class Meta:
-        constraints = [
-            # Also serves history reads: a channel's messages after an offset, in order.
-            models.UniqueConstraint(fields=["channel", "offset"], name="channel_message_offset_once"),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.channel_id}@{self.offset}"
-
-
-class Subscription(models.Model):
-    """A durable subscription a server made: `subscriber` gets what is published on `channel`
-    wherever and whenever it is connected (live connections join the channel on connect)."""
-
-    app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="+", db_index=False)
-    subscriber = models.CharField(max_length=96)
-    channel = models.CharField(max_length=128)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        constraints = [
-            # Also serves "the channels of this user" (what a connection joins on connect).
-            models.UniqueConstraint(fields=["app", "subscriber", "channel"], name="subscription_once"),
-        ]
-        indexes = [
-            # "The subscribers of this channel" (the REST API's member list).
-            models.Index(fields=["app", "channel", "subscriber"], name="subscription_members"),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.subscriber} -> {self.channel}"
-
-
-# --- webhooks -----------------------------------------------------------------------------------
-# An app's server learns what happened without holding a socket open: the platform POSTs signed
-# JSON to the app's endpoints (messaging.webhooks; the wire format is docs/webhooks.md).
-
-
-class WebhookEvent(models.TextChoices):
-    USER_CONNECTED = "user.connected"  # a user's first connection in the cluster opened
-    USER_DISCONNECTED = "user.disconnected"  # ... its last one closed
-    MESSAGE_DEAD_LETTERED = "message.dead_lettered"  # a delivery used up its attempts
-    CHANNEL_OCCUPIED = "channel.occupied"  # a channel got its first reader in the cluster
-    CHANNEL_VACATED = "channel.vacated"  # ... and lost its last one
-    TEST = "webhook.test"  # sent from the console to one endpoint; nobody subscribes to it
-
-
-WEBHOOK_ALL_EVENTS = "*"
-# What an endpoint may list in `events` (besides "*"): the check constraint is built from this.
-WEBHOOK_SUBSCRIBABLE_EVENTS: tuple[str, ...] = tuple(e.value for e in WebhookEvent if e != WebhookEvent.TEST)
-
-
-class WebhookState(models.TextChoices):
-    PENDING = "pending"
-    DELIVERED = "delivered"
-    RETRYING = "retrying"
-    DEAD = "dead"
-
-
-# What may still be attempted (and what the sweep looks at).
-WEBHOOK_OPEN_STATES: tuple[str, ...] = (WebhookState.PENDING.value, WebhookState.RETRYING.value)
-
-
-def webhook_states_sql(states: tuple[str, ...] | str) -> str:
-    """As `states_sql`, for webhook delivery states (literal for the same reason: partial indexes)."""
-    if isinstance(states, str):
-        return f"'{WebhookState(states).value}'"
-    return "(" + ", ".join(f"'{WebhookState(s).value}'" for s in states) + ")"
-
-
-def webhook_secret_new() -> str:
-    return "whsec_" + secrets.token_urlsafe(32)
-
-
-def webhook_events_all() -> list[str]:
-    return [WEBHOOK_ALL_EVENTS]
-
-
-class WebhookEndpoint(models.Model):
-    """A URL of one app that is told about the app's events.
-
-    - `events` names the events it wants, or is `["*"]` for all of them; the database refuses an
-      empty list and unknown names.
-    - `secret` signs every call (HMAC-SHA256 over timestamp and body). Unlike an API key it is
-      stored as it is, not hashed: the platform needs it to sign. It is shown once, when the
-      endpoint is created; the console never shows it again.
-    - `url` is https://. Plain http:// is accepted only where WEBHOOKS_ALLOW_HTTP is on (local runs
-      and tests): a setting, so the services and the console's form check it; the database insists
-      only on one of the two schemes.
-    """
-
-    # The foreign-key index serves "the enabled endpoints of this app" (the per-process event
-    # cache, the API's list) and the join that records deliveries.
-    app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="webhook_endpoints")
-    url = models.URLField("URL", max_length=500)
-    events = ArrayField(models.CharField(max_length=32), default=webhook_events_all,
-                        help_text='Event names, or ["*"] for every event.')
-    enabled = models.BooleanField(default=True)
-    secret = models.CharField(max_length=100, default=webhook_secret_new, editable=False)
-    description = models.CharField(max_length=200, blank=True, default="")
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        verbose_name = "webhook endpoint"
-        constraints = [
-            models.CheckConstraint(
-                condition=Q(events__len__gt=0) & Q(events__contained_by=[*WEBHOOK_SUBSCRIBABLE_EVENTS,
-                                                                          WEBHOOK_ALL_EVENTS]),
-                name="webhook_endpoint_known_events",
-            ),
-            models.CheckConstraint(condition=Q(url__startswith="https://") | Q(url__startswith="http://"),
-                                   name="webhook_endpoint_http_url"),
-        ]
-
-    def __str__(self) -> str:
-        return self.url
-
-    def wants(self, event: str) -> bool:
-        return WEBHOOK_ALL_EVENTS in self.events or event in self.events
-
-
-class WebhookDelivery(models.Model):
-    """One event for one endpoint, and its attempts (messaging.webhooks.delivery).
-
-    - `payload` is the exact JSON body, whose "id" is this row's id: every attempt sends the same
-      body (with a fresh signature timestamp), so a receiver de-duplicates by it.
-    - pending -> delivered, with retrying between failed attempts and dead (the webhook's own
-      dead-letter state) once WEBHOOK_MAX_ATTEMPTS attempts have failed. Every move is one
-      conditional statement naming the row's current claim.
-    - `next_attempt_at`, while pending or retrying: when the sweep hands the row out (again): the
-      end of the current hand-out's lease, or when the next attempt is due after a failure. NULL
-      once delivered or dead.
-    - `claim` is the token of the current hand-out: the task's attempt and its outcome name it, so
-      a duplicate or late task never sends a row someone else holds, nor records over it.
-    - `attempts` counts failed attempts (a non-2xx answer, a timeout, a refused connection).
-    """
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    # The foreign-key index serves deleting an endpoint (cascade) and the console's "deliveries of
-    # this endpoint".
-    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries")
-    event = models.CharField(max_length=32, choices=WebhookEvent.choices)
-    payload = models.JSONField()
-    state = models.CharField(max_length=16, choices=WebhookState.choices, default=WebhookState.PENDING)
-    attempts = models.PositiveIntegerField(default=0)
-    next_attempt_at = models.DateTimeField(null=True, blank=True)
-    claim = models.BigIntegerField(null=True, blank=True)
-    last_status = models.PositiveSmallIntegerField(null=True, blank=True,
-                                                   help_text="HTTP status of the last attempt (empty: no answer)")
-    last_error = models.CharField(max_length=500, blank=True, default="")
-    created_at = models.DateTimeField()
-    delivered_at = models.DateTimeField(null=True, blank=True)
-    dead_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        verbose_name_plural = "webhook deliveries"
-        indexes = [
-            # The sweep: open deliveries whose timer ran out. Partial: delivered and dead rows,
-            # nearly all of the table, never weigh on it.
-            models.Index(fields=["next_attempt_at"], name="webhook_delivery_due",
-                         condition=Q(state__in=WEBHOOK_OPEN_STATES)),
-            # The console's list, newest first, and retention's purge of the oldest.
-            models.Index(fields=["-created_at"], name="webhook_delivery_recent"),
-            # The console's (and /metrics') dead webhooks, newest first.
-            models.Index(fields=["-created_at"], name="webhook_delivery_dead",
-                         condition=Q(state=WebhookState.DEAD.value)),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.event} -> {self.endpoint_id} [{self.state}]"
 
 
 # --- the server REST API ------------------------------------------------------------------------
@@ -421,3 +215,27 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} ({self.status_code})"
+
+
+# The tables declared in messaging's rooms belong to this app: importing them registers them.
+from messaging.channels.models import Channel, ChannelMessage, Subscription  # noqa: E402
+from messaging.webhooks.models import (  # noqa: E402
+    WEBHOOK_ALL_EVENTS,
+    WEBHOOK_OPEN_STATES,
+    WEBHOOK_SUBSCRIBABLE_EVENTS,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEvent,
+    WebhookState,
+    webhook_events_all,
+    webhook_secret_new,
+    webhook_states_sql,
+)
+
+__all__ = [
+    "CLAIMABLE_STATES", "DELIVERABLE_STATES", "EXPIRABLE_STATES", "UNDELIVERED_STATES", "WEBHOOK_ALL_EVENTS",
+    "WEBHOOK_OPEN_STATES", "WEBHOOK_SUBSCRIBABLE_EVENTS", "Channel", "ChannelMessage", "DeadLetter", "Delivery",
+    "DeliveryState", "IdempotencyKey", "Mailbox", "Message", "MessageKind", "Subscription", "WebhookDelivery",
+    "WebhookEndpoint", "WebhookEvent", "WebhookState", "states_sql", "webhook_events_all", "webhook_secret_new",
+    "webhook_states_sql",
+]

@@ -13,7 +13,11 @@ claim (so nothing is done to a row another worker has re-claimed since):
 
 A push that was made is confirmed by the node that writes it (or by the client's ACK); until then
 the row stays `sent`, and the sweep counts a failed attempt if no confirmation comes in time.
-Users homed in another domain stay pending here until inter-domain forwarding takes them.
+
+Where a claimed delivery goes is decided in one place, `destination`: this domain (pushed here) or
+the recipient's home domain elsewhere. A user homed elsewhere is never connected here
+(authentication sends it home), so its delivery is parked in its mailbox here, no attempt counted,
+until forwarding between domains takes it: the domain network plugs in at that decision.
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
+from django.conf import settings
 from redis import RedisError
 
+from apps_registry.selectors import app_snapshot, user_id_parse
 from foundation.transport import sockets
+from messaging.delivery.claims import ClaimedRow, claim_token, deliveries_claim, deliveries_park, deliveries_release
+from messaging.delivery.retry import deliveries_fail
 from messaging.protocol import delivery_frame
-from messaging.services import claim_token, deliveries_claim, deliveries_fail, deliveries_park, deliveries_release
 from presence import cache
 
 log = logging.getLogger(__name__)
@@ -38,11 +45,34 @@ class RouteOutcome:
     offline: int
     released: int
     failed: int
+    elsewhere: int = 0  # recipients homed in another domain: parked here until forwarding takes them
+
+
+def destination(recipient: str) -> str | None:
+    """Where a delivery to `recipient` goes from this domain: None, pushed here (its home is this
+    domain, or it has none any more); otherwise the name of its home domain."""
+    parsed = user_id_parse(recipient)
+    app = app_snapshot(parsed.app_name) if parsed else None
+    home = app.home_domain(parsed.number) if app else None
+    return None if home in (None, settings.DOMAIN_NAME) else home
 
 
 def deliveries_route(delivery_ids: list[int]) -> RouteOutcome:
     token = claim_token()
     claimed = deliveries_claim(delivery_ids=delivery_ids, token=token)
+    here: list[ClaimedRow] = []
+    elsewhere: list[tuple[int, int]] = []
+    for row in claimed:
+        if destination(row.recipient) is None:
+            here.append(row)
+        else:
+            elsewhere.append((row.delivery_id, token))
+    deliveries_park(claims=elsewhere)
+    outcome = _push_here(here, token)
+    return RouteOutcome(outcome.pushed, outcome.offline, outcome.released, outcome.failed, len(elsewhere))
+
+
+def _push_here(claimed: list[ClaimedRow], token: int) -> RouteOutcome:
     if not claimed:
         return RouteOutcome(0, 0, 0, 0)
     try:

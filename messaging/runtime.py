@@ -5,8 +5,10 @@
   the user.disconnected webhook) for users a stale entry kept online, and stamps the Node row. A
   node the reaper declared dead while it was silent closes every socket with 1012 (clients
   reconnect and fetch) and starts a new life;
-- owns the micro-batchers: the intake (group commit of what senders send), "route these committed
-  deliveries", "these deliveries reached their sockets" and "these claims go back to the mailbox";
+- owns the micro-batchers: the intake (group commit of what senders send, messaging.intake),
+  "route these committed deliveries" (gathered into one task, handed over by messaging.handoff),
+  "these deliveries reached their sockets" and "these claims go back to the mailbox". The routing
+  batcher is given, as `route`, to everything the node stores or confirms with;
 - knows the connections this process holds, and the per-user delivery budgets.
 """
 
@@ -18,27 +20,23 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import DataError, IntegrityError
 
 from apps_registry.selectors import app_snapshot, user_id_parse
 from foundation.transport.frames import CLOSE_RESTART
-from messaging import dispatch, metrics
+from messaging import metrics
 from messaging.asyncdb import run_db
 from messaging.batching import Batcher
 from messaging.channels.hub import ChannelHub
 from messaging.channels.services import channel_occupancy_record
+from messaging.delivery.claims import deliveries_release
+from messaging.delivery.dead_nodes import dead_nodes_settle
+from messaging.delivery.delivered import deliveries_mark_delivered
+from messaging.handoff import Route, routing_enqueue
+from messaging.intake import Intake
 from messaging.limits import UserWorkLimits
-from messaging.services import (
-    OutgoingMessage,
-    SendResult,
-    dead_nodes_settle,
-    deliveries_mark_delivered,
-    deliveries_release,
-    messages_store,
-    user_presence_announce,
-)
+from messaging.presence_notices import user_presence_announce
 from presence import cache
-from presence.liveness import node_restart_cleanup
+from presence.dead_nodes import node_restart_cleanup
 from presence.services import node_heartbeat_record, node_register
 
 log = logging.getLogger(__name__)
@@ -52,27 +50,6 @@ class LocalConnection:
     close: Callable[[int, str], Awaitable[None]]  # closes the socket with a code
 
 
-def _store(messages: list[OutgoingMessage]) -> list[SendResult | Exception]:
-    """The intake's flush: one statement for the batch. A message the database refuses on its own
-    account fails alone: the batch is retried one by one to find it."""
-    try:
-        return messages_store(messages=messages)
-    except (DataError, IntegrityError) as exc:
-        if len(messages) == 1:
-            return [exc]
-    results: list[SendResult | Exception] = []
-    for message in messages:
-        try:
-            results.extend(messages_store(messages=[message]))
-        except (DataError, IntegrityError) as exc:
-            results.append(exc)
-    return results
-
-
-def _mark_delivered(ids: list[int]) -> None:
-    deliveries_mark_delivered(delivery_ids=ids)
-
-
 def _release(claims: list[tuple[int, int]]) -> None:
     deliveries_release(claims=claims, park=True)
 
@@ -81,20 +58,16 @@ async def _occupancy_changed(app_id: int, channel: str, occupied: bool) -> None:
     await run_db(channel_occupancy_record, app_id=app_id, channel=channel, occupied=occupied)
 
 
-def _restart_cleanup(node_id: str) -> None:
-    reaped = node_restart_cleanup(node_id=node_id)
-    if reaped is not None:
-        dead_nodes_settle(reaped=[reaped])
-
-
 class NodeRuntime:
     def __init__(self) -> None:
         self.node_id = settings.NODE_ID
         self.connections: dict[str, LocalConnection] = {}
-        self.intake = Batcher("intake", _store, linger=settings.INTAKE_LINGER_SECONDS, max_size=500,
-                              max_pending=settings.INTAKE_MAX_PENDING)
-        self.routing = Batcher("routing", dispatch.routing_task_send, linger=settings.ROUTING_LINGER_SECONDS)
-        self.delivered = Batcher("delivered", _mark_delivered, linger=settings.DELIVERED_LINGER_SECONDS)
+        self.routing = Batcher("routing", routing_enqueue, linger=settings.ROUTING_LINGER_SECONDS)
+        # Where whatever this node commits hands its deliveries over (from any thread: transactions
+        # commit in DB threads): gathered into one routing task per ROUTING_LINGER_SECONDS.
+        self.route: Route = self.routing.add_threadsafe
+        self.intake = Intake(route=self.route)
+        self.delivered = Batcher("delivered", self._mark_delivered, linger=settings.DELIVERED_LINGER_SECONDS)
         self.released = Batcher("released", _release, linger=settings.DELIVERED_LINGER_SECONDS)
         self.work_limits = UserWorkLimits()
         self.hub = ChannelHub(self.node_id, on_occupancy=_occupancy_changed)
@@ -106,12 +79,25 @@ class NodeRuntime:
             self._started = asyncio.ensure_future(self._start())
         await asyncio.shield(self._started)
 
+    def mark_delivered(self, *, delivery_ids: list[int] | None = None, message_ids: list[int] | None = None,
+                       recipient: str | None = None) -> int:
+        """deliveries_mark_delivered, with the confirmations it stores routed through this node."""
+        return deliveries_mark_delivered(delivery_ids=delivery_ids, message_ids=message_ids, recipient=recipient,
+                                         route=self.route)
+
+    def _mark_delivered(self, ids: list[int]) -> None:
+        self.mark_delivered(delivery_ids=ids)
+
+    def _restart_cleanup(self) -> None:
+        reaped = node_restart_cleanup(node_id=self.node_id)
+        if reaped is not None:
+            dead_nodes_settle(reaped=[reaped], route=self.route)
+
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
-        for batcher in (self.intake, self.routing, self.delivered, self.released):
+        for batcher in (self.intake.batcher, self.routing, self.delivered, self.released):
             batcher.bind(loop)
-        dispatch.routing_batch_sink_install(self.routing.add_threadsafe)
-        await run_db(_restart_cleanup, self.node_id)
+        await run_db(self._restart_cleanup)
         await self._join()
         await self.hub.start()
         self._heartbeat = asyncio.ensure_future(self._beat())

@@ -1,12 +1,25 @@
-"""Celery tasks of messaging. Each takes ids, calls one service and is safe to run twice."""
+"""Celery tasks of messaging. Each takes ids, calls one service and is safe to run twice.
+
+Nothing in the product imports this module: work reaches these tasks by name, through the door of
+messaging.handoff (and the beat schedule in the settings).
+"""
 
 from __future__ import annotations
 
 import logging
 
 from celery import shared_task
-from django.db import DatabaseError
+from django.db import DatabaseError, close_old_connections
 from redis import RedisError
+
+from messaging.api.idempotency import idempotency_keys_expire
+from messaging.delivery.dead_nodes import dead_nodes_settle
+from messaging.delivery.expiry import deliveries_expire
+from messaging.delivery.retry import deliveries_sweep
+from messaging.handoff import routing_enqueue, webhook_calls_enqueue
+from messaging.router import deliveries_route
+from messaging.webhooks.delivery import webhook_attempt, webhook_deliveries_purge, webhooks_sweep
+from presence.dead_nodes import nodes_reap
 
 log = logging.getLogger(__name__)
 
@@ -21,17 +34,13 @@ log = logging.getLogger(__name__)
 def route_deliveries(self, delivery_ids: list[int]) -> dict:
     """Push committed deliveries to their recipients (infrastructure errors retry the task;
     per-delivery outcomes are recorded on the rows)."""
-    from django.db import close_old_connections
-
-    from messaging.router import deliveries_route
-
     try:
         outcome = deliveries_route(delivery_ids)
     except DatabaseError:
         close_old_connections()  # a broken connection is replaced before the retry
         raise
     return {"pushed": outcome.pushed, "offline": outcome.offline, "released": outcome.released,
-            "failed": outcome.failed}
+            "failed": outcome.failed, "elsewhere": outcome.elsewhere}
 
 
 @shared_task(acks_late=True)
@@ -39,11 +48,8 @@ def retry_sweep() -> dict:
     """Beat: count unconfirmed pushes as failed attempts, and hand retries that are due, and rows
     whose routing never came, to routing under a lease (a crashed worker or node never strands a
     message, and a routing queue that is behind is not fed the same rows again)."""
-    from messaging.dispatch import routing_task_send
-    from messaging.services import deliveries_sweep
-
     result = deliveries_sweep()
-    routing_task_send(result.due)
+    routing_enqueue(result.due)
     if result.timed_out or result.due:
         log.info("retry sweep: %d timed out (%d now dead), %d handed to routing", len(result.timed_out),
                  len(result.dead), len(result.due))
@@ -52,11 +58,8 @@ def retry_sweep() -> dict:
 
 @shared_task(acks_late=True)
 def reap_dead_nodes() -> dict:
-    """Beat: presence declares silent web nodes dead (presence.liveness); messaging re-queues what
+    """Beat: presence declares silent web nodes dead (presence.dead_nodes); messaging re-queues what
     was in flight to their users."""
-    from messaging.services import dead_nodes_settle
-    from presence.liveness import nodes_reap
-
     reaped = nodes_reap()
     requeued = dead_nodes_settle(reaped=reaped)
     return {"nodes": [r.node_id for r in reaped], "sessions": sum(r.sessions for r in reaped), "requeued": requeued}
@@ -65,8 +68,6 @@ def reap_dead_nodes() -> dict:
 @shared_task(acks_late=True)
 def expire_deliveries() -> int:
     """Beat: undelivered messages past their app's retention become expired."""
-    from messaging.services import deliveries_expire
-
     return deliveries_expire()
 
 
@@ -76,32 +77,24 @@ def webhook_deliver(delivery_id: str, claim: int) -> str:
     twice: a second run finds the claim gone and sends nothing. Its retry policy is the row's own
     (backoff, dead after WEBHOOK_MAX_ATTEMPTS), not Celery's: a task lost with its worker is made
     up for by the sweep once the hand-out's lease runs out."""
-    from messaging.webhooks.delivery import webhook_attempt
-
     return webhook_attempt(delivery_id=delivery_id, claim=claim)
 
 
 @shared_task(acks_late=True)
 def webhook_sweep() -> int:
     """Beat: hand out webhook calls that are due again (retries, and those whose task was lost)."""
-    from messaging.webhooks.delivery import webhook_tasks_send, webhooks_sweep
-
     ids, claim = webhooks_sweep()
-    webhook_tasks_send(ids, claim)
+    webhook_calls_enqueue(ids, claim)
     return len(ids)
 
 
 @shared_task(acks_late=True)
 def webhook_purge() -> int:
     """Beat: webhook delivery records past WEBHOOK_RETENTION_DAYS go."""
-    from messaging.webhooks.delivery import webhook_deliveries_purge
-
     return webhook_deliveries_purge()
 
 
 @shared_task(acks_late=True)
 def expire_idempotency_keys() -> int:
     """Beat: the server API's Idempotency-Keys older than API_IDEMPOTENCY_HOURS are dropped."""
-    from messaging.api.idempotency import idempotency_keys_expire
-
     return idempotency_keys_expire()

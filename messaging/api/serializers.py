@@ -1,5 +1,5 @@
 """Request bodies (checked for shape here; the send rules themselves live in
-messaging.services.server_sends) and answer bodies (what the schema documents)."""
+messaging.accept and messaging.server_sends) and answer bodies (what the schema documents)."""
 
 from __future__ import annotations
 

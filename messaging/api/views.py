@@ -1,34 +1,38 @@
 """The server API's views: parse the request, name the caller's app, call one service or selector,
-render. Every lookup is confined to `request.user.app` (the key's app); a name of another app's
-user, channel, message or dead letter is answered 404 like a name that does not exist."""
+render (what they share is messaging.api.base). Every lookup is confined to `request.user.app` (the
+key's app); a name of another app's user, channel, message or dead letter is answered 404 like a
+name that does not exist."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from django.conf import settings
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.parsers import JSONParser
-from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from apps_registry.models import APP_NAME_PATTERN
-from apps_registry.selectors import AppSnapshot
 from foundation.transport.frames import dumps
 from messaging.api import metrics
 from messaging.api import serializers as s
-from messaging.api.authentication import ApiKeyAuthentication, HasApiKey
+from messaging.api.base import (
+    AFTER,
+    CHANNEL,
+    CURSOR,
+    IDEMPOTENCY,
+    LIMIT,
+    MESSAGE_ID,
+    TARGET,
+    USER,
+    ApiView,
+    errors,
+)
 from messaging.api.errors import ApiError
-from messaging.api.idempotency import HEADER, Answer, idempotency_key_valid, idempotent_send, request_fingerprint
+from messaging.api.idempotency import Answer
 from messaging.api.pagination import PAGE_SIZE, PAGE_SIZE_MAX, ApiCursorPagination, query_int
-from messaging.api.throttling import AppRateThrottle
-from messaging.channels.names import CHANNEL_NAME, user_channel
+from messaging.channels.names import user_channel
 from messaging.channels.registry import readers_count
 from messaging.channels.services import channel_history, subscription_add, subscription_remove
+from messaging.delivery.dead_letters import dead_letters_discard, dead_letters_requeue
 from messaging.protocol import FEATURE_FAST
 from messaging.selectors import (
     connection_counts,
@@ -38,97 +42,8 @@ from messaging.selectors import (
     subscriptions_of_user,
     user_presence,
 )
-from messaging.services import (
-    app_channel_require,
-    app_user_require,
-    dead_letters_discard,
-    dead_letters_requeue,
-    server_channel_publish,
-    server_message_send,
-)
+from messaging.server_sends import server_channel_publish, server_message_send
 from presence.services import user_disconnect_everywhere_sync
-
-ERRORS = {code: OpenApiResponse(s.ErrorSerializer, description=text) for code, text in {
-    400: "invalid request (`invalid_request`, `malformed_request`, …)",
-    401: "no key, or a wrong or revoked one",
-    404: "not found, or not your app's",
-    409: "the Idempotency-Key was used for another request",
-    413: "content over the app's limit, or a body over the server's",
-    429: "the app's rate limit: retry after `Retry-After` seconds",
-}.items()}
-IDEMPOTENCY = OpenApiParameter(
-    HEADER, str, OpenApiParameter.HEADER, required=False,
-    description="Up to 255 printable ASCII characters. A retry with the same key and body gets the same answer "
-                "and sends nothing again; the same key with another body is refused (409). Kept 24 hours.")
-LIMIT = OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 1000},
-                         description="Page size, 1 to 1000 (default 100).")
-CURSOR = OpenApiParameter("cursor", str, description="From a page's `next` or `previous` link.")
-AFTER = OpenApiParameter("after", {"type": "integer", "minimum": 0, "maximum": s.BIGINT_MAX},
-                         description="Messages after this offset (default 0: from the oldest kept).")
-USER_PATTERN = f"^{APP_NAME_PATTERN}-(0|[1-9][0-9]{{0,17}})$"
-USER = OpenApiParameter("user_id", {"type": "string", "pattern": USER_PATTERN, "example": "ANZ-1002"},
-                        OpenApiParameter.PATH, description="A user of your app: `<appName>-<number>`.")
-TARGET = OpenApiParameter("target_id", {"type": "string", "pattern": USER_PATTERN, "example": "ANZ-1003"},
-                          OpenApiParameter.PATH, description="The user to follow.")
-CHANNEL = OpenApiParameter("channel", {"type": "string", "pattern": f"^{CHANNEL_NAME.pattern}$", "example": "news"},
-                           OpenApiParameter.PATH, description="A channel of your app: 1 to 128 of `A-Z a-z 0-9 _ . "
-                                                              "- @`; `@<userId>` is a user's own channel.")
-MESSAGE_ID = OpenApiParameter("message_id", {"type": "string", "pattern": "^[1-9][0-9]{0,18}$", "example": "8812"},
-                              OpenApiParameter.PATH, description="A message id, as a send answered it.")
-
-
-def _errors(*codes: int) -> dict[int, OpenApiResponse]:
-    return {code: ERRORS[code] for code in codes}
-
-
-class ApiView(APIView):
-    """What every server API view shares: key authentication, the app's rate limit, JSON in and out."""
-
-    authentication_classes = [ApiKeyAuthentication]
-    permission_classes = [HasApiKey]
-    throttle_classes = [AppRateThrottle]
-    renderer_classes = [JSONRenderer]
-    parser_classes = [JSONParser]
-
-    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        super().initial(request, *args, **kwargs)
-        length = request.META.get("CONTENT_LENGTH") or "0"
-        if length.isdigit() and int(length) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
-            raise ApiError(413, "request_too_large", f"request bodies are limited to "
-                                                     f"{settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes")
-
-    @property
-    def app(self) -> AppSnapshot:
-        return self.request.user.app
-
-    def valid(self, serializer_class: type[s.serializers.Serializer]) -> dict[str, Any]:
-        serializer = serializer_class(data=self.request.data)
-        serializer.is_valid(raise_exception=True)
-        return serializer.validated_data
-
-    def idempotent(self, send: Callable[[], Answer]) -> Response:
-        """Run a send under the request's Idempotency-Key (if any); render its answer."""
-        key = self.request.headers.get(HEADER)
-        if key is not None and not idempotency_key_valid(key):
-            raise ApiError(400, "invalid_request", f"{HEADER} must be 1 to 255 printable ASCII characters")
-        fingerprint = request_fingerprint(method=self.request.method, path=self.request.path,
-                                          body=self.request.data) if key is not None else ""
-        answer = idempotent_send(app_id=self.app.pk, key=key, fingerprint=fingerprint, send=send)
-        headers = {"Idempotent-Replayed": "true"} if answer.replayed else None
-        return Response(answer.body, status=answer.status, headers=headers)
-
-    def user(self, user_id: str) -> str:
-        return app_user_require(self.app, user_id)
-
-    def channel(self, name: str) -> str:
-        return app_channel_require(self.app, name)
-
-    def page(self, queryset, ordering: str, serializer_class: type[s.serializers.Serializer],
-             **extra: Any) -> Response:
-        paginator = ApiCursorPagination(ordering, extra)
-        rows = paginator.paginate_queryset(queryset, self.request, view=self)
-        return paginator.get_paginated_response(serializer_class(rows, many=True).data)
-
 
 # --- sends ---------------------------------------------------------------------------------------
 
@@ -139,7 +54,7 @@ class MessagesView(ApiView):
         summary="Send to one user or to several users",
         description="RELIABLE (default): stored, then routed and retried until delivered (201, with the message "
                     "id). FAST: pushed to the recipients' live connections now, never stored (200).",
-        responses={201: s.MessageAcceptedSerializer, 200: s.FastSentSerializer, **_errors(400, 401, 404, 409, 413,
+        responses={201: s.MessageAcceptedSerializer, 200: s.FastSentSerializer, **errors(400, 401, 404, 409, 413,
                                                                                             429)},
     )
     def post(self, request: Request) -> Response:
@@ -170,7 +85,7 @@ class ChannelMessagesView(ApiView):
         summary="Publish on a channel",
         description="Appended to the channel's history (the next offset, no gaps), then pushed to every live "
                     "reader in the cluster: durable subscribers' connections and clients that subscribed.",
-        responses={201: s.ChannelPublishedSerializer, **_errors(400, 401, 404, 409, 413, 429)},
+        responses={201: s.ChannelPublishedSerializer, **errors(400, 401, 404, 409, 413, 429)},
     )
     def post(self, request: Request, channel: str) -> Response:
         name = self.channel(channel)
@@ -189,7 +104,7 @@ class ChannelMessagesView(ApiView):
     @extend_schema(
         operation_id="channel_history", tags=["channels"], summary="A channel's history after an offset",
         parameters=[CHANNEL, AFTER, LIMIT],
-        responses={200: s.HistoryPageSerializer, **_errors(400, 401, 404, 429)},
+        responses={200: s.HistoryPageSerializer, **errors(400, 401, 404, 429)},
     )
     def get(self, request: Request, channel: str) -> Response:
         name = self.channel(channel)
@@ -204,14 +119,14 @@ class ChannelMessagesView(ApiView):
 
 
 class PushMessagesView(ApiView):
-    """The push seed's publish (PROTOCOL.md section 2), kept exactly: its clients work unchanged."""
+    """The push seed's publish (docs/protocol.md, "Channel streams"), kept exactly: its clients work unchanged."""
 
     @extend_schema(
         operation_id="push_publish", tags=["push-compatible"], request=s.PushPublishSerializer,
         parameters=[IDEMPOTENCY], summary="Publish on a channel (push seed compatible)",
         description="`POST /messages` of the push service: answers 202 with the number of live subscribers the "
                     "message went out to. A message that is not a string is delivered as its JSON text.",
-        responses={202: s.PushAcceptedSerializer, **_errors(400, 401, 404, 409, 413, 429)},
+        responses={202: s.PushAcceptedSerializer, **errors(400, 401, 404, 409, 413, 429)},
     )
     def post(self, request: Request) -> Response:
         data = self.valid(s.PushPublishSerializer)
@@ -236,7 +151,7 @@ class MessageDetailView(ApiView):
     @extend_schema(
         operation_id="message_status", tags=["messages"], summary="A message and its per-recipient delivery record",
         parameters=[MESSAGE_ID],
-        responses={200: s.MessageStatusSerializer, **_errors(401, 404, 429)},
+        responses={200: s.MessageStatusSerializer, **errors(401, 404, 429)},
     )
     def get(self, request: Request, message_id: str) -> Response:
         found = None
@@ -253,7 +168,7 @@ class MessageDetailView(ApiView):
 class DeadLettersView(ApiView):
     @extend_schema(
         operation_id="dead_letters_list", tags=["dead letters"], summary="Dead letters, newest first",
-        parameters=[CURSOR, LIMIT], responses={200: s.DeadLetterPageSerializer, **_errors(400, 401, 404, 429)},
+        parameters=[CURSOR, LIMIT], responses={200: s.DeadLetterPageSerializer, **errors(400, 401, 404, 429)},
     )
     def get(self, request: Request) -> Response:
         return self.page(dead_letters_of(app_id=self.app.pk), "-dead_at", s.DeadLetterSerializer)
@@ -264,7 +179,7 @@ class DeadLettersRequeueView(ApiView):
         operation_id="dead_letters_requeue", tags=["dead letters"], request=s.DeliveryIdsSerializer,
         summary="Re-queue dead letters", description="Each gets a fresh set of attempts and is routed again. Ids "
                                                      "that are not dead letters of your app are left alone.",
-        responses={200: s.RequeuedSerializer, **_errors(400, 401, 429)},
+        responses={200: s.RequeuedSerializer, **errors(400, 401, 429)},
     )
     def post(self, request: Request) -> Response:
         ids = self.valid(s.DeliveryIdsSerializer)["ids"]
@@ -276,7 +191,7 @@ class DeadLettersDiscardView(ApiView):
         operation_id="dead_letters_discard", tags=["dead letters"], request=s.DeliveryIdsSerializer,
         summary="Discard dead letters", description="They leave the queue as expired (kept for the record). Ids that "
                                                     "are not dead letters of your app are left alone.",
-        responses={200: s.DiscardedSerializer, **_errors(400, 401, 429)},
+        responses={200: s.DiscardedSerializer, **errors(400, 401, 429)},
     )
     def post(self, request: Request) -> Response:
         ids = self.valid(s.DeliveryIdsSerializer)["ids"]
@@ -294,7 +209,7 @@ def _subscribed(user_id: str, channel: str, created: bool) -> Response:
 class ChannelSubscribersView(ApiView):
     @extend_schema(
         operation_id="channel_subscribers", tags=["subscriptions"], summary="A channel's durable subscribers",
-        parameters=[CHANNEL, CURSOR, LIMIT], responses={200: s.SubscriptionPageSerializer, **_errors(400, 401, 404, 429)},
+        parameters=[CHANNEL, CURSOR, LIMIT], responses={200: s.SubscriptionPageSerializer, **errors(400, 401, 404, 429)},
     )
     def get(self, request: Request, channel: str) -> Response:
         name = self.channel(channel)
@@ -307,7 +222,7 @@ class ChannelSubscriberView(ApiView):
         operation_id="channel_subscribe", tags=["subscriptions"], request=None,
         summary="Subscribe a user to a channel", parameters=[CHANNEL, USER],
         description="Durable: the user's connections read the channel now and whenever they connect.",
-        responses={201: s.SubscribedSerializer, 200: s.SubscribedSerializer, **_errors(400, 401, 404, 429)},
+        responses={201: s.SubscribedSerializer, 200: s.SubscribedSerializer, **errors(400, 401, 404, 429)},
     )
     def put(self, request: Request, channel: str, user_id: str) -> Response:
         name, user = self.channel(channel), self.user(user_id)
@@ -316,7 +231,7 @@ class ChannelSubscriberView(ApiView):
     @extend_schema(
         operation_id="channel_unsubscribe", tags=["subscriptions"], summary="Unsubscribe a user from a channel",
         parameters=[CHANNEL, USER],
-        responses={204: None, **_errors(400, 401, 404, 429)},
+        responses={204: None, **errors(400, 401, 404, 429)},
     )
     def delete(self, request: Request, channel: str, user_id: str) -> Response:
         name, user = self.channel(channel), self.user(user_id)
@@ -330,7 +245,7 @@ class UserSubscriptionsView(ApiView):
         operation_id="user_subscriptions", tags=["subscriptions"],
         summary="A user's durable subscriptions (`@<userId>` channels are the users it follows)",
         parameters=[USER, CURSOR, LIMIT],
-        responses={200: s.SubscriptionPageSerializer, **_errors(400, 401, 404, 429)},
+        responses={200: s.SubscriptionPageSerializer, **errors(400, 401, 404, 429)},
     )
     def get(self, request: Request, user_id: str) -> Response:
         user = self.user(user_id)
@@ -343,7 +258,7 @@ class UserFollowView(ApiView):
         parameters=[USER, TARGET],
         description="User to user: `user_id` is subscribed to channel `@<target_id>`, where whatever is published "
                     "for the target goes.",
-        responses={201: s.SubscribedSerializer, 200: s.SubscribedSerializer, **_errors(401, 404, 429)},
+        responses={201: s.SubscribedSerializer, 200: s.SubscribedSerializer, **errors(401, 404, 429)},
     )
     def put(self, request: Request, user_id: str, target_id: str) -> Response:
         user, target = self.user(user_id), self.user(target_id)
@@ -353,7 +268,7 @@ class UserFollowView(ApiView):
     @extend_schema(
         operation_id="user_unfollow", tags=["subscriptions"], summary="Make a user stop following another",
         parameters=[USER, TARGET],
-        responses={204: None, **_errors(401, 404, 429)},
+        responses={204: None, **errors(401, 404, 429)},
     )
     def delete(self, request: Request, user_id: str, target_id: str) -> Response:
         user, target = self.user(user_id), self.user(target_id)
@@ -369,7 +284,7 @@ class UserPresenceView(ApiView):
     @extend_schema(
         operation_id="user_presence", tags=["presence"], summary="Is a user online, and where",
         parameters=[USER],
-        responses={200: s.UserPresenceSerializer, **_errors(401, 404, 429)},
+        responses={200: s.UserPresenceSerializer, **errors(401, 404, 429)},
     )
     def get(self, request: Request, user_id: str) -> Response:
         presence = user_presence(app=self.app, user_id=self.user(user_id), this_domain=settings.DOMAIN_NAME)
@@ -383,7 +298,7 @@ class ChannelMembersView(ApiView):
         description="Pages go through the durable subscribers in order and list those connected now, so a page may "
                     "hold fewer than `limit` (even none) while `next` is set. `readers` counts every live reader of "
                     "the channel in the cluster (durable subscribers' connections and clients that subscribed).",
-        parameters=[CHANNEL, CURSOR, LIMIT], responses={200: s.ChannelMembersPageSerializer, **_errors(400, 401, 404, 429)},
+        parameters=[CHANNEL, CURSOR, LIMIT], responses={200: s.ChannelMembersPageSerializer, **errors(400, 401, 404, 429)},
     )
     def get(self, request: Request, channel: str) -> Response:
         name = self.channel(channel)
@@ -399,7 +314,7 @@ class UserDisconnectView(ApiView):
         operation_id="user_disconnect", tags=["presence"], request=None,
         summary="Disconnect a user everywhere", parameters=[USER], description="Every connection of the user in the cluster is closed "
                                                             "with 1000 (the client should not reconnect on its own).",
-        responses={200: s.DisconnectedSerializer, **_errors(401, 404, 429)},
+        responses={200: s.DisconnectedSerializer, **errors(401, 404, 429)},
     )
     def post(self, request: Request, user_id: str) -> Response:
         user = self.user(user_id)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from messaging.models import Subscription
+from messaging.channels.models import Subscription
 
 
 def subscriptions_of(*, app_id: int, user_id: str) -> list[str]:

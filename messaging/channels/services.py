@@ -17,8 +17,11 @@ from dataclasses import dataclass
 from django.db import connection, transaction
 
 from foundation.transport import sockets
+from foundation.transport.redis_clients import sync_client
+from messaging import metrics
 from messaging.channels import registry
-from messaging.models import Subscription, WebhookEvent
+from messaging.channels.models import Subscription
+from messaging.webhooks.models import WebhookEvent
 from messaging.webhooks.services import WebhookNotice, webhooks_record
 from presence import cache
 
@@ -57,8 +60,6 @@ def _payload(offset: int, content: str) -> str:
 
 def channel_fanout(*, app_id: int, channel: str, offset: int, content: str) -> int:
     """Send a committed publish to every node reading the channel; returns the readers there are."""
-    from foundation.transport.redis_clients import sync_client
-
     pipe = sync_client().pipeline(transaction=False)
     pipe.publish(registry.fanout_key(app_id, channel), _payload(offset, content))
     pipe.hvals(registry.registry_key(app_id, channel))
@@ -134,8 +135,6 @@ def channel_history_expire() -> int:
 def channel_occupancy_record(*, app_id: int, channel: str, occupied: bool) -> None:
     """A channel got its first reader in the cluster (occupied) or lost its last one (vacated):
     counted, and announced to the app's webhooks that want it (no query when none does)."""
-    from messaging import metrics
-
     metrics.CHANNEL_OCCUPANCY.labels("occupied" if occupied else "vacated").inc()
     event = WebhookEvent.CHANNEL_OCCUPIED if occupied else WebhookEvent.CHANNEL_VACATED
     webhooks_record(notices=[WebhookNotice(app_id=app_id, event=event.value, data={"channel": channel})])

@@ -1,5 +1,5 @@
-"""Who may read which channels on a stream: `?app=<appId>` for the channels the app marks public,
-or `?token=<signed token>` for the channels the token grants (messaging.channels.names)."""
+"""Who is reading a stream: `?app=<appId>` names the app (public channels only), `?token=<signed
+token>` shows a grant; which channels they may read is messaging.channels.access's one rule."""
 
 from __future__ import annotations
 
@@ -10,14 +10,8 @@ import jwt
 from django.conf import settings
 
 from apps_registry.selectors import AppSnapshot, app_snapshot_by_app_id
-from messaging.channels.names import (
-    GrantError,
-    channel_grant_claims,
-    channel_granted,
-    channel_is_public,
-    channel_name_valid,
-    channel_of_app,
-)
+from messaging.channels.access import ChannelRefused, Grant, channel_read_check
+from messaging.channels.names import GrantError, channel_name_valid, channel_of_app
 
 CHANNELS_REQUIRED = "'channels' query parameter required"  # the push seed's exact wording
 
@@ -83,21 +77,29 @@ def stream_identity(params: dict[str, str]) -> StreamIdentity:
         app = app_snapshot_by_app_id(app_id) if isinstance(app_id, str) else None
         if app is None:
             raise StreamRefused(401, "unauthorized", "unknown app: name it with ?app= or the token's 'app' claim")
+        grant = Grant(app, token)
         try:
-            claims = channel_grant_claims(app, token)
+            user = grant.claims().get("sub")
         except GrantError as exc:
             raise StreamRefused(401, "unauthorized", str(exc)) from None
-        user = claims.get("sub")
-        refused = [c for c in channels if not channel_of_app(app, c)
-                   or not (channel_is_public(app, c) or channel_granted(claims, c, user))]
     elif app_id:
         app = app_snapshot_by_app_id(app_id)
         if app is None:
             raise StreamRefused(401, "unauthorized", "unknown app")
-        user = None
-        refused = [c for c in channels if not channel_of_app(app, c) or not channel_is_public(app, c)]
+        grant, user = None, None
     else:
         raise StreamRefused(401, "unauthorized", "give ?app=<appId> for public channels, or ?token=<signed token>")
+    refused = [c for c in channels if not _readable(app, c, user, grant)]
     if refused:
         raise StreamRefused(403, "forbidden", f"channel '{refused[0]}' is neither public nor granted")
     return StreamIdentity(app=app, channels=channels, user_id=user)
+
+
+def _readable(app: AppSnapshot, channel: str, user_id: str | None, grant: Grant | None) -> bool:
+    if not channel_of_app(app, channel):
+        return False
+    try:
+        channel_read_check(app, channel, user_id=user_id, grant=grant)
+    except ChannelRefused:
+        return False
+    return True

@@ -1,4 +1,4 @@
-"""`GET /sse/messages?channels=a,b` (PROTOCOL.md section 2, the push seed's Server-Sent Events).
+"""`GET /sse/messages?channels=a,b` (docs/protocol.md, "Channel streams", the push seed's Server-Sent Events).
 
 ```
 event:heartbeat            sent at once, then every heartbeat interval

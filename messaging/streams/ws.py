@@ -1,4 +1,4 @@
-"""`WS /ws/messages?channels=a,b` (PROTOCOL.md section 2, the push seed's WebSocket endpoint).
+"""`WS /ws/messages?channels=a,b` (docs/protocol.md, "Channel streams", the push seed's WebSocket endpoint).
 
 - `{"event":"ping","data":{}}` at once and every heartbeat interval; the client answers
   `{"event":"pong"}` within the grace period or is closed (4004);
@@ -26,7 +26,7 @@ from foundation.transport.frames import CLOSE_NORMAL, CLOSE_POLICY, dumps
 from messaging import metrics
 from messaging.asyncdb import run_db
 from messaging.channels.cursor import ChannelCursor
-from messaging.inbox import ChannelReaderConsumer
+from messaging.connection.inbox import ChannelReaderConsumer
 from messaging.limits import TokenBucket
 from messaging.runtime import runtime
 from messaging.streams.identity import StreamRefused, query_params, resume_offsets, stream_identity
@@ -41,6 +41,9 @@ RECONNECT = dumps({"event": "reconnect", "data": {}})
 
 
 class PushStreamConsumer(ChannelReaderConsumer):
+    timers: list[asyncio.Task] | tuple = ()
+    counted = False  # in the open-connections gauge
+
     async def connect(self) -> None:
         self.timers: list[asyncio.Task] = []
         self.last_pong = time.monotonic()
@@ -108,15 +111,12 @@ class PushStreamConsumer(ChannelReaderConsumer):
             await self.send(text_data=PONG)
 
     async def disconnect(self, code: int) -> None:
-        await self._cleanup()
+        await self.end()
 
-    async def _cleanup(self) -> None:
-        if getattr(self, "_cleaned", True):
-            return
-        self._cleaned = True
-        for timer in getattr(self, "timers", []):
+    async def release(self) -> None:
+        for timer in self.timers:
             timer.cancel()
-        if getattr(self, "counted", False):
+        if self.counted:
             metrics.TRANSPORT_CONNECTIONS.labels("ws_stream").dec()
         if self.channels is not None:
             await self.channels.leave_all()

@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from foundation.admin_readonly import ReadOnlyAdminMixin
-from messaging.models import WEBHOOK_ALL_EVENTS, WEBHOOK_SUBSCRIBABLE_EVENTS, WebhookDelivery, WebhookEndpoint
+from messaging.webhooks.models import WEBHOOK_ALL_EVENTS, WEBHOOK_SUBSCRIBABLE_EVENTS, WebhookDelivery, WebhookEndpoint
 
 from .selectors import webhook_events_forget
 from .services import (

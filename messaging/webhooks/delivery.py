@@ -1,7 +1,8 @@
 """Where a webhook call is made, retried and dead-lettered.
 
 A delivery is handed out (when recorded, re-queued, or found due by the sweep) under a claim token
-with a lease, and the task `messaging.tasks.webhook_deliver(id, claim)` then:
+with a lease, through the door of messaging.handoff, and the task
+`messaging.tasks.webhook_deliver(id, claim)` then:
 
 1. takes the row over under a fresh claim, in one conditional statement: the row must still be
    pending or retrying under the claim it was handed out with. A duplicate of the task, or a late
@@ -25,7 +26,6 @@ import logging
 import os
 import random
 import secrets
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -33,10 +33,8 @@ from django.conf import settings
 from django.db import connection
 
 from messaging import metrics
-from messaging.models import WEBHOOK_OPEN_STATES, WebhookState, webhook_states_sql
-from messaging.tasks import webhook_deliver
-
-from .signing import DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, signature_header
+from messaging.webhooks.models import WEBHOOK_OPEN_STATES, WebhookState, webhook_states_sql
+from messaging.webhooks.signing import DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, signature_header
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +61,6 @@ def webhook_backoff(attempts: int) -> float:
     the maximum, times a random 0.5-1.0 so a receiver that was down is not hit by every retry at once."""
     base = settings.WEBHOOK_RETRY_BASE_SECONDS * 2 ** max(attempts - 1, 0)
     return min(settings.WEBHOOK_RETRY_MAX_SECONDS, base) * random.uniform(0.5, 1.0)
-
-
-def webhook_tasks_send(delivery_ids: Sequence, claim: int) -> None:
-    """One task per delivery: each call waits on a different receiver."""
-    for delivery_id in delivery_ids:
-        webhook_deliver.apply_async(args=[str(delivery_id), claim])
 
 
 # --- one attempt ---------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from collections import OrderedDict
 
 from django.db.models import Count
 
-from messaging.models import (
+from messaging.webhooks.models import (
     WEBHOOK_ALL_EVENTS,
     WEBHOOK_OPEN_STATES,
     WEBHOOK_SUBSCRIBABLE_EVENTS,

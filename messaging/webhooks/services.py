@@ -4,7 +4,8 @@ them.
 Recording is one statement per batch of events: it joins the events with the app's enabled
 endpoints that want them (the database decides who gets what, whatever a process's cache
 believes), writes one WebhookDelivery per event and endpoint with its complete body, and, once
-committed, hands each to a Celery task under a claim with a lease (messaging.webhooks.delivery):
+committed, hands each to a Celery task (messaging.handoff) under a claim with a lease
+(messaging.webhooks.delivery):
 a task lost with its worker is made up for by the sweep when the lease runs out.
 
 An event that happens in a process that crashes before recording it is not announced: these
@@ -31,7 +32,9 @@ from django.utils import timezone
 
 from messaging import metrics
 from messaging.asyncdb import run_db
-from messaging.models import (
+from messaging.handoff import webhook_calls_enqueue
+from messaging.webhooks.delivery import webhook_claim_token, webhook_lease_seconds
+from messaging.webhooks.models import (
     WEBHOOK_ALL_EVENTS,
     WEBHOOK_SUBSCRIBABLE_EVENTS,
     WebhookDelivery,
@@ -40,9 +43,7 @@ from messaging.models import (
     WebhookState,
     webhook_states_sql,
 )
-
-from .delivery import webhook_claim_token, webhook_lease_seconds, webhook_tasks_send
-from .selectors import webhook_events_forget, webhook_events_wanted, webhook_events_wanted_cached
+from messaging.webhooks.selectors import webhook_events_forget, webhook_events_wanted, webhook_events_wanted_cached
 
 log = logging.getLogger(__name__)
 URL_MAX = 500
@@ -150,7 +151,7 @@ def webhooks_record(*, notices: Sequence[WebhookNotice]) -> int:
         metrics.WEBHOOKS.labels(event, "recorded").inc(count)
     ids = [row[0] for row in rows]
     if ids:
-        transaction.on_commit(lambda: webhook_tasks_send(ids, claim))
+        transaction.on_commit(lambda: webhook_calls_enqueue(ids, claim))
     return len(ids)
 
 
@@ -180,7 +181,7 @@ def webhook_test_send(*, endpoint: WebhookEndpoint) -> WebhookDelivery:
         id=delivery_id, endpoint=endpoint, event=WebhookEvent.TEST, payload=payload, claim=claim,
         next_attempt_at=now + timedelta(seconds=webhook_lease_seconds()), created_at=now)
     metrics.WEBHOOKS.labels(WebhookEvent.TEST.value, "recorded").inc()
-    transaction.on_commit(lambda: webhook_tasks_send([delivery_id], claim))
+    transaction.on_commit(lambda: webhook_calls_enqueue([delivery_id], claim))
     return delivery
 
 
@@ -203,5 +204,5 @@ def webhook_deliveries_requeue(*, delivery_ids: Sequence[uuid.UUID | str], app_i
         )
         ids = [row[0] for row in cur.fetchall()]
     if ids:
-        transaction.on_commit(lambda: webhook_tasks_send(ids, claim))
+        transaction.on_commit(lambda: webhook_calls_enqueue(ids, claim))
     return len(ids)

@@ -1,4 +1,5 @@
-"""The Switchboard Django project (lives in platform/config; see ARCHITECTURE.md)."""
+"""The composition root: settings, urls, asgi and the Celery app wire the apps together (lives in
+platform/config; see docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 

@@ -20,9 +20,11 @@ import fcntl
 import importlib.util
 import json
 import os
+import pwd
 import secrets
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -31,6 +33,9 @@ from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import psycopg
+import redis
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 DATABASE_NAME = "switchboard"
@@ -125,10 +130,7 @@ def _pg_run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
 def _pg_prepare_root(pg_root: Path) -> None:
     if not _as_root():
         return
-    import pwd
-    import stat
-
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # pgserver warns on import on servers without XDG_RUNTIME_DIR
         warnings.simplefilter("ignore")
         from pgserver.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
 
@@ -150,8 +152,6 @@ def _pg_url(state: dict, database: str = DATABASE_NAME) -> str:
 
 
 def _pg_answers(state: dict) -> bool:
-    import psycopg
-
     if "postgres" not in state or not _port_open(state["postgres"]["port"]):
         return False
     try:
@@ -249,8 +249,6 @@ def _pg_postmaster_alive(pid_file: Path) -> bool:
 
 
 def _pg_create_database(state: dict) -> None:
-    import psycopg
-
     with psycopg.connect(_pg_url(state, "postgres"), autocommit=True, connect_timeout=10) as conn:
         exists = conn.execute("select 1 from pg_database where datname = %s", [DATABASE_NAME]).fetchone()
         if not exists:
@@ -278,8 +276,6 @@ def _redis_url(state: dict) -> str:
 
 
 def _redis_answers(state: dict) -> bool:
-    import redis
-
     if "redis" not in state or not _port_open(state["redis"]["port"]):
         return False
     try:
@@ -325,8 +321,6 @@ def _ensure_redis(root: Path, state: dict) -> None:
 
 
 def _stop_redis(root: Path, state: dict) -> bool:
-    import redis
-
     if not _redis_answers(state):
         return False
     try:

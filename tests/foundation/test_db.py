@@ -9,8 +9,9 @@ from django.db import IntegrityError, connection, transaction
 from django.test import override_settings
 
 from foundation.db import hot_cursor
+from messaging.delivery.delivered import deliveries_mark_delivered
 from messaging.models import Delivery
-from messaging.services import OutgoingMessage, deliveries_mark_delivered, messages_store
+from messaging.store import OutgoingMessage, messages_store
 from tests.factories import make_app
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from foundation.transport import sockets
 from messaging.models import Delivery
-from messaging.services import message_send
+from messaging.store import message_send
 from presence.models import Node, Session
 from tests.factories import make_app
 

@@ -12,24 +12,20 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from messaging.models import UNDELIVERED_STATES, Delivery, DeliveryState, Mailbox, Message
-from messaging.services import (
-    OutgoingMessage,
+from messaging.delivery.claims import (
     claim_token,
-    dead_letters_discard,
-    dead_letters_requeue,
     deliveries_claim,
-    deliveries_expire,
-    deliveries_fail,
-    deliveries_mark_delivered,
     deliveries_park,
     deliveries_release,
-    deliveries_sweep,
     deliveries_unacked_for,
-    message_send,
-    messages_store,
-    missing_fetch,
 )
+from messaging.delivery.dead_letters import dead_letters_discard, dead_letters_requeue
+from messaging.delivery.delivered import deliveries_mark_delivered
+from messaging.delivery.expiry import deliveries_expire
+from messaging.delivery.fetch import missing_fetch
+from messaging.delivery.retry import deliveries_fail, deliveries_sweep
+from messaging.models import UNDELIVERED_STATES, Delivery, DeliveryState, Mailbox, Message
+from messaging.store import OutgoingMessage, message_send, messages_store
 from tests.factories import make_app
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,12 +8,13 @@ import pytest
 from channels.layers import get_channel_layer
 from redis import RedisError
 
+from apps_registry.services import distribution_create
 from foundation.transport.sockets import run_async
 from messaging import router
 from messaging.models import Delivery
-from messaging.services import message_send
+from messaging.store import message_send
 from presence import cache
-from tests.factories import make_app
+from tests.factories import make_app, make_domain
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -88,3 +89,16 @@ def test_a_second_routing_task_for_the_same_rows_does_nothing(anz):
     sent = _send(anz)
     router.deliveries_route(list(sent.delivery_ids))
     assert router.deliveries_route(list(sent.delivery_ids)) == router.RouteOutcome(0, 0, 0, 0)
+
+
+def test_a_message_to_a_user_homed_in_another_domain_is_parked_here_without_a_push(anz):
+    anz.distributions.filter(domain__name="domain-01").update(range_to=999_999)
+    distribution_create(app=anz, domain=make_domain("domain-02"), range_from=1_000_000, range_to=None)
+    channel = run_async(get_channel_layer().new_channel())
+    _online("ANZ-1000005", channel)  # a stale entry: the router does not even look
+    sent = _send(anz, to="ANZ-1000005")
+    outcome = router.deliveries_route(list(sent.delivery_ids))
+    row = _row(sent)
+    assert (outcome.elsewhere, outcome.pushed, outcome.offline) == (1, 0, 0)
+    assert (row.state, row.attempts, row.next_attempt_at, row.claim) == ("pending", 0, None, None)
+    assert router.destination("ANZ-1000005") == "domain-02" and router.destination("ANZ-2") is None

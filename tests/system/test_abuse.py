@@ -19,7 +19,7 @@ from django.db.models import Count
 from websockets.exceptions import ConnectionClosed
 
 from messaging.models import Delivery
-from messaging.services import OutgoingMessage, messages_store
+from messaging.store import OutgoingMessage, messages_store
 from tests.wsclient import SilentWs, WsClient, wait_for
 
 pytestmark = pytest.mark.system

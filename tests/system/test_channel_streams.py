@@ -1,4 +1,4 @@
-"""Channels over real daphne nodes: the push seed's SSE and WebSocket streams (PROTOCOL.md section 2)
+"""Channels over real daphne nodes: the push seed's SSE and WebSocket streams (docs/protocol.md, "Channel streams")
 and /ws SUBSCRIBE, with heartbeats, pong grace, reconnect notices, resume with Last-Event-ID or
 `since`, and fan-out across two nodes. Publishes go through the push seed's `POST /messages`."""
 

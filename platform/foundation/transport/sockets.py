@@ -26,6 +26,7 @@ from collections.abc import Coroutine, Iterable
 from typing import Any, Literal, TypedDict
 
 from channels.layers import get_channel_layer
+from channels_redis.pubsub import RedisPubSubChannelLayer
 
 from foundation.transport.redis_clients import async_client, sync_client
 
@@ -100,8 +101,6 @@ class NoSubscriber(Exception):
 
 
 def _pubsub_layer():
-    from channels_redis.pubsub import RedisPubSubChannelLayer
-
     layer = get_channel_layer()
     return layer if isinstance(layer, RedisPubSubChannelLayer) else None
 

@@ -8,15 +8,11 @@ from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from messaging.channels.services import channel_occupancy_record
+from messaging.delivery.claims import claim_token, deliveries_claim
+from messaging.delivery.dead_nodes import dead_nodes_settle
+from messaging.delivery.retry import deliveries_fail, deliveries_sweep
 from messaging.models import WebhookDelivery, WebhookEndpoint
-from messaging.services import (
-    claim_token,
-    dead_nodes_settle,
-    deliveries_claim,
-    deliveries_fail,
-    deliveries_sweep,
-    message_send,
-)
+from messaging.store import message_send
 from messaging.webhooks.selectors import webhook_endpoint_get, webhook_endpoint_list, webhook_events_forget
 from messaging.webhooks.services import (
     WebhookNotice,
@@ -24,7 +20,7 @@ from messaging.webhooks.services import (
     webhook_endpoint_delete,
     webhooks_record,
 )
-from presence.liveness import ReapedNode
+from presence.dead_nodes import ReapedNode
 from tests.factories import make_app
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,10 +10,12 @@ from channels.layers import get_channel_layer
 from django.utils import timezone
 
 from foundation.transport.sockets import run_async
+from messaging.delivery.claims import claim_token, deliveries_claim
+from messaging.delivery.dead_nodes import dead_nodes_settle
 from messaging.models import Delivery
-from messaging.services import claim_token, dead_nodes_settle, deliveries_claim, message_send
+from messaging.store import message_send
 from presence import cache
-from presence.liveness import node_restart_cleanup, nodes_reap
+from presence.dead_nodes import node_restart_cleanup, nodes_reap
 from presence.models import Node, Session
 from tests.factories import make_app
 

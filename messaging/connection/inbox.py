@@ -25,9 +25,10 @@ INBOX_SIZE = 1000  # channel publishes waiting for one connection
 
 class ChannelReaderConsumer(AsyncWebsocketConsumer):
     channels: ChannelCursor | None = None
+    ended = False
 
     async def __call__(self, scope, receive, send) -> None:
-        self._cleaned = False
+        self.ended = False
         self.inbox: asyncio.Queue = asyncio.Queue(maxsize=INBOX_SIZE)
         self.scope = scope
         self.base_send = send
@@ -40,10 +41,18 @@ class ChannelReaderConsumer(AsyncWebsocketConsumer):
             pass
         finally:
             # Runs on every way out: a clean disconnect, an exception in a handler, a cancellation.
-            await asyncio.shield(self._cleanup())
+            await asyncio.shield(self.end())
 
-    async def _cleanup(self) -> None:
-        """Idempotent; subclasses release what the connection held."""
+    async def end(self) -> None:
+        """Release what the connection holds, once, on whichever way out comes first (the client's
+        disconnect, or the finally above)."""
+        if self.ended:
+            return
+        self.ended = True
+        await self.release()
+
+    async def release(self) -> None:
+        """What a subclass holds (its channels, its presence, ...): released here, exactly once."""
 
     # ChannelReader (messaging.channels.hub): called by the hub, must not block.
     def channel_event(self, key: ChannelKey, offset: int, content: str) -> None:

@@ -1,14 +1,6 @@
 """Sends an app's server makes (the REST API and `manage.py send` call these; neither talks to the
-other): to one user, to many users, or to a channel, checked exactly as the /ws consumer checks
-what a client sends.
-
-Rules (the same as for a client's frames):
-- every user named (recipient or sender) is `<appName>-<digits>` of the calling app, covered by one
-  of its user distributions; anything else is "unknown user" (an app never learns whether another
-  app has such a user);
-- content is text without NUL or lone surrogates, at most the app's `max_content_bytes` in UTF-8;
-- a send names at most the app's `max_group_recipients` users (duplicates count once);
-- the sender defaults to the app's master user.
+other): to one user, to many users, or to a channel, checked by the same rules as what a client
+sends on /ws (messaging.accept); the sender defaults to the app's master user.
 
 A RELIABLE send is stored (message, mailbox sequences, deliveries) in one statement and routed
 once committed; FAST is pushed now and never stored; a channel publish is appended to the
@@ -25,59 +17,17 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from apps_registry.selectors import AppSnapshot, user_id_parse
+from apps_registry.selectors import AppSnapshot
+from messaging.accept import SendRefused, content_require, recipients_require, user_require
 from messaging.channels import registry
-from messaging.channels.names import channel_name_valid, channel_of_app
+from messaging.channels.access import channel_name_require
 from messaging.channels.services import Published, channel_fanout, channel_publish
+from messaging.fast import message_fast_send
 from messaging.models import MessageKind
 from messaging.protocol import FEATURE_FAST, FEATURE_RELIABLE, REFERENCE_MAX, unsafe_string
-
-from .fast import message_fast_send
-from .persist import message_send
+from messaging.store import message_send
 
 log = logging.getLogger(__name__)
-USER_ID_MAX = 96
-
-
-class SendRefused(Exception):
-    """A send (or a name in a request) the rules above refuse; `code` is stable, `detail` for people."""
-
-    def __init__(self, code: str, detail: str, **extra: object):
-        super().__init__(detail)
-        self.code = code
-        self.detail = detail
-        self.extra = extra
-
-
-def app_user_require(app: AppSnapshot, user_id: object, *, role: str = "user") -> str:
-    """`user_id` if it is a user of `app` that a distribution covers; else SendRefused('unknown_user')."""
-    parsed = user_id_parse(user_id) if isinstance(user_id, str) and len(user_id) <= USER_ID_MAX else None
-    if parsed is None or parsed.app_name != app.app_name or app.home_domain(parsed.number) is None:
-        shown = user_id[:USER_ID_MAX] if isinstance(user_id, str) else repr(user_id)[:USER_ID_MAX]
-        raise SendRefused("unknown_user", f"{role} '{shown}' is not a user of app {app.app_name}")
-    return user_id
-
-
-def app_channel_require(app: AppSnapshot, name: object) -> str:
-    """`name` if it is a channel of `app`; a malformed name is 'invalid_channel', another app's user
-    channel (`@BNZ-1` for ANZ) 'unknown_channel'."""
-    if not channel_name_valid(name):
-        raise SendRefused("invalid_channel", "a channel name is 1 to 128 of A-Z a-z 0-9 _ . - @")
-    if not channel_of_app(app, name):
-        raise SendRefused("unknown_channel", f"'{name}' is not a channel of app {app.app_name}")
-    return name
-
-
-def content_require(app: AppSnapshot, content: object) -> str:
-    if not isinstance(content, str):
-        raise SendRefused("invalid_content", "content must be a string")
-    problem = unsafe_string(content)
-    if problem:
-        raise SendRefused("invalid_content", problem)
-    if len(content) > app.max_content_bytes or len(content.encode()) > app.max_content_bytes:
-        raise SendRefused("content_too_large", f"content exceeds {app.max_content_bytes} bytes",
-                          limit=app.max_content_bytes)
-    return content
 
 
 @dataclass(frozen=True)
@@ -96,16 +46,10 @@ def server_message_send(*, app: AppSnapshot, recipients: Sequence[str], content:
     sender when it has a reference) or to several (a GROUP_MESSAGE, never confirmed)."""
     if feature not in (FEATURE_RELIABLE, FEATURE_FAST):
         raise SendRefused("invalid_request", "feature must be RELIABLE or FAST")
-    unique = list(dict.fromkeys(recipients))
-    if not unique:
-        raise SendRefused("invalid_request", "name at least one recipient")
-    if not group and len(unique) != 1:
+    if not group and len(set(recipients)) > 1:
         raise SendRefused("invalid_request", "a message to one user names exactly one recipient")
-    if len(unique) > app.max_group_recipients:
-        raise SendRefused("too_many_recipients", f"at most {app.max_group_recipients} recipients per message",
-                          limit=app.max_group_recipients)
-    unique = [app_user_require(app, to, role="recipient") for to in unique]
-    sender = app_user_require(app, sender or app.master_user_id, role="sender")
+    unique = recipients_require(app, recipients)
+    sender = user_require(app, sender or app.master_user_id, role="sender")
     content = content_require(app, content)
     if not isinstance(reference, str) or len(reference) > REFERENCE_MAX or unsafe_string(reference):
         raise SendRefused("invalid_request", f"reference must be text of at most {REFERENCE_MAX} characters")
@@ -136,7 +80,7 @@ def server_channel_publish(*, app: AppSnapshot, channel: str, content: str, publ
     The answer's `subscribers` is the cluster's live readers of the channel as the publish is
     stored: the readers the fan-out goes to (a reader joining in between gets it too).
     """
-    channel = app_channel_require(app, channel)
+    channel = channel_name_require(app, channel)
     content = content_require(app, content)
     with transaction.atomic():
         # The channel row stays locked until commit, so offsets follow commit order; a fan-out

@@ -1,6 +1,7 @@
-"""Writing reliable messages: the message rows, a mailbox sequence and a delivery row per
+"""Where a reliable message is stored: the message rows, a mailbox sequence and a delivery row per
 recipient, for a whole batch of messages in one statement (so one transaction and one round trip),
-before anything is acknowledged. Routing is queued on commit.
+before anything is acknowledged. Once committed, the deliveries are handed to routing through the
+door of messaging.handoff (or the web node's routing batcher, given as `route`).
 
 A web node gathers what its connections send within a few milliseconds and stores it with one
 `messages_store` call (group commit, messaging.intake); everything else stores one message at a
@@ -16,7 +17,7 @@ from django.conf import settings
 from django.db import transaction
 
 from foundation.db import hot_cursor
-from messaging.dispatch import routing_enqueue
+from messaging.handoff import Route, routing_enqueue
 from messaging.models import DeliveryState, MessageKind, states_sql
 
 
@@ -106,11 +107,11 @@ SELECT st.ord, st.id, coalesce(array_agg(d.id ORDER BY d.id) FILTER (WHERE d.id 
 """
 
 
-def messages_store(*, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
+def messages_store(*, messages: Sequence[OutgoingMessage], route: Route = routing_enqueue) -> list[SendResult]:
     """Store a batch of messages in one statement; one result per message, in input order.
 
-    Inside a caller's transaction, routing is queued when it commits; otherwise the statement has
-    already committed and routing is queued right away.
+    Inside a caller's transaction, the new deliveries go to `route` when it commits; otherwise the
+    statement has already committed and they go right away.
     """
     if not messages:
         return []
@@ -152,7 +153,7 @@ def messages_store(*, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
             results.append(SendResult(message_id=row[0], delivery_ids=(), duplicate=True))
     delivery_ids = [d for r in results for d in r.delivery_ids]
     if delivery_ids:
-        transaction.on_commit(lambda: routing_enqueue(delivery_ids))
+        transaction.on_commit(lambda: route(delivery_ids))
     return results
 
 

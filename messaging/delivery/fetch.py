@@ -1,4 +1,4 @@
-"""FETCH_MISSING_MESSAGES: a recipient's undelivered messages, oldest first, in exact mailbox order."""
+"""FETCH_MISSING_MESSAGES_REQUEST: a recipient's undelivered messages, oldest first, in exact mailbox order."""
 
 from __future__ import annotations
 
@@ -8,11 +8,8 @@ from django.conf import settings
 from django.db import transaction
 
 from foundation.db import hot_cursor
-from messaging.models import UNDELIVERED_STATES, DeliveryState, states_sql
+from messaging.delivery.sql import SENT, UNDELIVERED
 from messaging.protocol import delivery_frame
-
-UNDELIVERED = states_sql(UNDELIVERED_STATES)
-SENT = states_sql(DeliveryState.SENT)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,141 @@
+"""One /ws connection's life: authenticate -> presence -> session row, and every way out of it.
+
+`admit` runs AUTH_CLIENT's steps in order, and gives back whatever it took when a later step
+refuses: the app's auth mode (messaging.authentication), the node's own list of connections, the
+cluster's presence (which refuses a user's connection beyond the app's limit, or a node declared
+dead), the session row. `end` runs once on every way out (a clean close, a crash in a handler, a
+cancellation) and settles, in order: the node's list, the user's delivery budget, the channels read,
+what the connection held but its client never got (back to the mailbox), presence (and the master's
+USER_DISCONNECTED where it was the user's last connection), the session row.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from apps_registry.selectors import AppSnapshot, app_snapshot
+from foundation.transport.frames import CLOSE_POLICY, CLOSE_RESTART, CLOSE_TRY_AGAIN
+from messaging.asyncdb import run_db
+from messaging.authentication import client_authenticate
+from messaging.channels.cursor import ChannelCursor
+from messaging.connection.ledger import DeliveryLedger, Settled
+from messaging.limits import ConnectionLimits, TokenBucket
+from messaging.presence_notices import user_presence_announce
+from messaging.runtime import LocalConnection, NodeRuntime, runtime
+from presence import cache
+from presence.services import session_close, session_open
+
+log = logging.getLogger(__name__)
+APP_REFRESH_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: str
+    code: int  # the close code
+
+
+class ConnectionLife:
+    def __init__(self, *, channel_name: str, close: Callable[[int, str], Awaitable[None]]) -> None:
+        self.channel_name = channel_name
+        self.close = close
+        self.node: NodeRuntime = runtime()
+        self.app: AppSnapshot | None = None
+        self.user_id: str | None = None
+        self.authenticated = False  # from AUTH_CLIENT admitted on: app and user_id are set
+        self.acks = False
+        self.session_id: uuid.UUID | None = None
+        self.limits = ConnectionLimits.preauth()
+        self.user_bucket: TokenBucket | None = None
+        self.close_note = ""  # why it ended, for the session row
+        self._app_loaded_at = 0.0
+        self._ended = False
+
+    async def admit(self, *, app_id: str, user_id: str, token: str, acks: bool, origin: str | None,
+                    remote_addr: str, user_agent: str) -> Refusal | bool:
+        """AUTH_CLIENT: True when this is the user's first connection in the cluster, False when it
+        has others; a Refusal (nothing kept) otherwise."""
+        outcome = await client_authenticate(app_id=app_id, user_id=user_id, token=token, origin=origin)
+        if not outcome.ok:
+            return Refusal(outcome.reason, CLOSE_POLICY)
+        node, app = self.node, outcome.app
+        await node.ensure_started()
+        node.connection_add(self.channel_name, LocalConnection(user_id=user_id, app_id=app.pk, acks=acks,
+                                                               close=self.close))
+        try:
+            first = await cache.connection_add(user_id=user_id, channel_name=self.channel_name, node_id=node.node_id,
+                                               acks=acks, limit=app.max_connections_per_user)
+        except cache.TooManyConnections as exc:
+            node.connection_remove(self.channel_name)
+            return Refusal(f"too many connections for this user (limit {exc.limit})", CLOSE_POLICY)
+        except cache.NodeDeclaredDead:
+            node.connection_remove(self.channel_name)
+            return Refusal("this node is restarting; reconnect", CLOSE_RESTART)
+        except Exception:
+            node.connection_remove(self.channel_name)
+            log.exception("registering %s in presence failed", user_id)
+            return Refusal("service unavailable; reconnect later", CLOSE_TRY_AGAIN)
+        try:
+            self.session_id = await run_db(
+                session_open, app_id=app.pk, user_id=user_id, node_id=node.node_id, channel_name=self.channel_name,
+                acks=acks, remote_addr=remote_addr, user_agent=user_agent,
+            )
+        except Exception:
+            log.exception("opening the session row of %s failed", user_id)
+            node.connection_remove(self.channel_name)
+            await cache.connection_remove(user_id=user_id, channel_name=self.channel_name, node_id=node.node_id)
+            return Refusal("service unavailable; reconnect later", CLOSE_TRY_AGAIN)
+        self.app, self.user_id, self.acks, self._app_loaded_at = app, user_id, acks, time.monotonic()
+        self.authenticated = True
+        self.limits = ConnectionLimits.for_app(app.rate_limit_per_second, app.rate_limit_burst)
+        self.user_bucket = node.work_limits.attach((app.pk, user_id), app.deliveries_per_second, app.deliveries_burst)
+        return first
+
+    async def current_app(self) -> AppSnapshot:
+        """The app, re-read every APP_REFRESH_SECONDS: an operator's change reaches open connections."""
+        if time.monotonic() - self._app_loaded_at > APP_REFRESH_SECONDS:
+            fresh = await run_db(app_snapshot, self.app.app_name)
+            if fresh is not None:
+                self.app = fresh
+            self._app_loaded_at = time.monotonic()
+        return self.app
+
+    async def end(self, *, ledger: DeliveryLedger | None, channels: ChannelCursor | None,
+                  position: int | None) -> None:
+        """The connection is gone (`position`: the bytes its socket had flushed). Runs once."""
+        if self._ended or not self.authenticated:
+            self._ended = True
+            return
+        self._ended = True
+        node = self.node
+        node.connection_remove(self.channel_name)
+        node.work_limits.detach((self.app.pk, self.user_id))
+        if channels is not None:
+            await channels.leave_all()
+        if ledger is not None:
+            self.settle(ledger.close(position))
+        try:
+            last = await cache.connection_remove(user_id=self.user_id, channel_name=self.channel_name,
+                                                 node_id=node.node_id)
+            if last:
+                await user_presence_announce(app=self.app, user_id=self.user_id, connected=False)
+        except Exception:
+            # Redis is away: this node's heartbeat removes the stale entry (and announces) later.
+            log.exception("presence update on disconnect of %s failed", self.user_id)
+        if self.session_id is not None:
+            try:
+                await run_db(session_close, connection_id=self.session_id,
+                             close_reason=self.close_note or "connection failed")
+            except Exception:
+                log.exception("closing session row of %s failed", self.user_id)
+
+    def settle(self, settled: Settled) -> None:
+        """Hand what the ledger settled to the node's batchers."""
+        if settled.delivered:
+            self.node.delivered.add(settled.delivered)
+        if settled.released:
+            self.node.released.add(settled.released)

@@ -1,0 +1,134 @@
+"""Claims: one actor at a time acts on a delivery it pushes.
+
+A routing task (or an ACK-mode fetch, messaging.delivery.fetch) claims the rows it is about to push
+(pending/retrying -> sent under a fresh claim token). Then, always naming the claim, so nothing is
+done to a row someone has re-claimed since:
+
+- park: the recipient is offline (or its connection is gone): back to its mailbox, no timer;
+- release: the push never reached a reader (Redis away, a socket closed before the frame left the
+  node or before its ACK): no attempt counted;
+- the other outcomes are delivered (messaging.delivery.delivered) and failed
+  (messaging.delivery.retry).
+
+No attempt is counted for a claim: only a failure counts.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+from django.conf import settings
+
+from foundation.db import hot_cursor
+from messaging.delivery.sql import CLAIMABLE, PENDING, RETRYING, SENT, lock_sql
+
+
+def claim_token() -> int:
+    """A fresh claim token (63 random bits: fits a bigint, never collides in practice)."""
+    return secrets.randbits(63)
+
+
+@dataclass(frozen=True)
+class ClaimedRow:
+    delivery_id: int
+    recipient: str
+    seq: int
+    message_id: int
+    sender: str
+    kind: str
+    content: str
+    reference: str
+    stored_at: float  # epoch seconds
+
+
+def deliveries_claim(*, delivery_ids: list[int], token: int) -> list[ClaimedRow]:
+    """pending/retrying -> sent under `token` for the rows this caller wins; returns them with
+    what is needed to build their frames. No attempt is counted: only a failure counts.
+
+    One statement: rows are locked by primary key in id order (two overlapping batches cannot
+    deadlock, and a duplicate task after a worker crash finds them already `sent`), then updated.
+    """
+    if not delivery_ids:
+        return []
+    with hot_cursor() as cur:
+        cur.execute(
+            f"""
+            WITH locked AS MATERIALIZED ({lock_sql("id = ANY(%(ids)s::bigint[])")}),
+            claimed AS (
+                UPDATE messaging_delivery d
+                   SET state = {SENT}, claim = %(token)s, sent_at = now(),
+                       next_attempt_at = now() + make_interval(secs => %(ack)s)
+                  FROM locked l
+                 WHERE d.id = l.id AND d.state IN {CLAIMABLE}
+                RETURNING d.id, d.recipient, d.seq, d.message_id
+            )
+            SELECT c.id, c.recipient, c.seq, m.id, m.sender, m.kind, m.content, m.reference,
+                   extract(epoch FROM m.created_at)::float8
+              FROM claimed c JOIN messaging_message m ON m.id = c.message_id
+            """,
+            {"ids": sorted(set(delivery_ids)), "token": token, "ack": float(settings.DELIVERY_ACK_TIMEOUT)},
+        )
+        return [ClaimedRow(*row) for row in cur.fetchall()]
+
+
+def claimed_update(set_sql: str, pairs: list[tuple[int, int]], extra: dict | None = None,
+                    returning: str = "d.id") -> list:
+    """Apply `set_sql` to rows still `sent` under the claim named for them; returns the ids moved
+    (or the `returning` columns of each)."""
+    if not pairs:
+        return []
+    ids = [p[0] for p in pairs]
+    tokens = [p[1] for p in pairs]
+    with hot_cursor() as cur:
+        cur.execute(
+            f"""
+            WITH wanted AS (SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS t(id, claim)),
+            locked AS MATERIALIZED ({lock_sql("id = ANY(%(ids)s::bigint[])")})
+            UPDATE messaging_delivery d SET {set_sql}
+              FROM locked l, wanted w, apps_registry_clientapp a
+             WHERE d.id = l.id AND w.id = d.id AND a.id = d.app_id AND d.state = {SENT} AND d.claim = w.claim
+            RETURNING {returning}
+            """,
+            {"ids": ids, "tokens": tokens, **(extra or {})},
+        )
+        rows = cur.fetchall()
+    return [row[0] for row in rows] if returning == "d.id" else rows
+
+
+def deliveries_park(*, claims: list[tuple[int, int]]) -> list[int]:
+    """(delivery id, claim token) pairs whose recipient is offline: back to the mailbox, parked
+    (no timer) until a fetch. Being offline is not a failed attempt."""
+    return claimed_update(f"state = {PENDING}, next_attempt_at = NULL, claim = NULL", claims)
+
+
+def deliveries_release(*, claims: list[tuple[int, int]], park: bool = True) -> list[int]:
+    """Claimed rows that were never handed to their reader: no attempt counted.
+
+    `park`: the reader went away (a socket closed before the frame left the node, or before its
+    ACK): retrying without a timer, waiting for the recipient's next ACK-mode connection (which
+    gets it pushed again, with the same id) or a fetch. Otherwise (Redis away after the claim:
+    the push could not be made at all) pending and due for routing at once.
+    """
+    if park:
+        return claimed_update(f"state = {RETRYING}, next_attempt_at = NULL, claim = NULL", claims)
+    return claimed_update(f"state = {PENDING}, next_attempt_at = now(), claim = NULL", claims)
+
+
+def deliveries_unacked_for(*, app_id: int, user_id: str) -> list[int]:
+    """What an ACK-mode user was sent but never acknowledged (given back by its closed connection, or
+    left `sent` by a crashed node) and retries waiting for it: redelivered on reconnect, with the
+    same ids, no attempt counted."""
+    with hot_cursor() as cur:
+        cur.execute(
+            f"""
+            WITH locked AS MATERIALIZED (
+                {lock_sql(f"app_id = %s AND recipient = %s AND state IN ({SENT}, {RETRYING})")}
+            )
+            UPDATE messaging_delivery d SET state = {RETRYING}, next_attempt_at = now(), claim = NULL
+              FROM locked l WHERE d.id = l.id AND d.state IN ({SENT}, {RETRYING})
+            RETURNING d.id
+            """,
+            [app_id, user_id],
+        )
+        return sorted(row[0] for row in cur.fetchall())

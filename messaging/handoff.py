@@ -1,0 +1,39 @@
+"""The one door from "stored" to "routed": work handed to the Celery workers by task name.
+
+Whatever commits deliveries (a send, a confirmation, a re-queue, a dead node's settlement) hands
+their ids through here, once committed; webhook calls leave the same way. Tasks are named, not
+imported: this module imports nothing of messaging, so nothing that stores a message depends on
+the code that routes it (messaging.tasks, run by the workers), and no import cycle can run
+through the hand-off.
+
+A web node batches before it hands over: its routing batcher (messaging.runtime) gathers what its
+connections commit within ROUTING_LINGER_SECONDS and calls `routing_enqueue` once for them. The
+node passes that batcher to whatever it stores with, as the `route` argument (`Route`); everyone
+else hands over one task per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from celery import current_app
+
+Route = Callable[[Sequence[int]], None]  # takes committed delivery ids on their way to routing
+
+ROUTE_TASK = "messaging.tasks.route_deliveries"
+ROUTING_QUEUE = "routing"
+ROUTING_TASK_MAX_IDS = 500  # keeps one task's claim statement and its pushes short
+WEBHOOK_TASK = "messaging.tasks.webhook_deliver"
+
+
+def routing_enqueue(delivery_ids: Sequence[int]) -> None:
+    """One routing task per ROUTING_TASK_MAX_IDS committed deliveries."""
+    ids = list(delivery_ids)
+    for start in range(0, len(ids), ROUTING_TASK_MAX_IDS):
+        current_app.send_task(ROUTE_TASK, args=[ids[start:start + ROUTING_TASK_MAX_IDS]], queue=ROUTING_QUEUE)
+
+
+def webhook_calls_enqueue(delivery_ids: Sequence, claim: int) -> None:
+    """One task per recorded webhook call (each waits on a different receiver), under `claim`."""
+    for delivery_id in delivery_ids:
+        current_app.send_task(WEBHOOK_TASK, args=[str(delivery_id), claim])
