@@ -3,16 +3,36 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+PIP_TOOLS := pip-tools==7.6.2
 
-.PHONY: install sysdeps run test test-fast stop lint bench clean
+.PHONY: install lock sysdeps run test test-fast stop lint bench clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Exactly what requirements-dev.lock pins, hash-checked (pip itself included), then the project,
+# editable, without dependencies (the lock has them all) and built by the locked setuptools rather
+# than whatever an isolated build would fetch.
+$(STAMP): pyproject.toml requirements-dev.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --require-hashes -r requirements-dev.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
+
+# Regenerates the lock files from pyproject.toml, keeping every pin that still fits (UPGRADE=1: the
+# newest versions of everything). requirements.lock is what production installs; requirements-dev.lock
+# adds the dev extra, constrained by requirements.lock so the tests run production's versions. pip,
+# setuptools and wheel (which install and build the project) and pip-tools itself are no dependency
+# of the project: they come in on stdin ("-r -" in the files). Where this machine's pip finds
+# packages is left out of the files; the hashes pin the files themselves.
+LOCK_TOOLS := pip setuptools wheel
+LOCK_FLAGS := --quiet --generate-hashes --allow-unsafe --strip-extras --no-emit-index-url --no-emit-find-links
+lock:
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet $(PIP_TOOLS)
+	printf '%s\n' $(LOCK_TOOLS) | CUSTOM_COMPILE_COMMAND="make lock" $(BIN)/pip-compile $(LOCK_FLAGS) \
+		$(if $(UPGRADE),--upgrade) --output-file requirements.lock - pyproject.toml
+	printf '%s\n' $(LOCK_TOOLS) $(PIP_TOOLS) | CUSTOM_COMPILE_COMMAND="make lock" $(BIN)/pip-compile $(LOCK_FLAGS) \
+		$(if $(UPGRADE),--upgrade) --extra dev --constraint requirements.lock --output-file requirements-dev.lock - pyproject.toml
 
 run: install
 	$(BIN)/python -m devstack.supervise

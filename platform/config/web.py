@@ -6,6 +6,11 @@ Daphne's message-size ceiling is WS_MAX_FRAME_BYTES itself: a larger frame is re
 with a clean close 1009 before it is read into memory (foundation.daphne_adapter turns autobahn's
 default, dropping the TCP connection, into a close frame). Proxy headers are parsed, but believed
 only from TRUSTED_PROXIES (also foundation.daphne_adapter).
+
+Before daphne starts, the installed daphne, Twisted and autobahn are checked against the versions
+foundation.daphne_adapter was tested with: on others the node stops at once, with a message saying
+which and how to override (DAPHNE_ALLOW_UNTESTED_VERSIONS), instead of failing inside daphne's
+import of config.asgi with a traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +18,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+
+import django
+from daphne.cli import CommandLineInterface
+
+from foundation.daphne_adapter import UntestedVersions, check_versions
 
 
 def main(argv: list[str]) -> None:
@@ -23,7 +33,11 @@ def main(argv: list[str]) -> None:
     known, extra = parser.parse_known_args(argv)
     frame_limit = str(int(os.environ.get("WS_MAX_FRAME_BYTES", 1024 * 1024)))
 
-    from daphne.cli import CommandLineInterface
+    django.setup()  # the check reads a setting and may log a warning; config.asgi sets up again (idempotent)
+    try:
+        check_versions()
+    except UntestedVersions as exc:
+        sys.exit(f"web node not started: {exc}")
 
     CommandLineInterface().run([
         "-b", known.bind, "-p", str(known.port), "--proxy-headers",

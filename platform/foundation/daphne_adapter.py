@@ -20,14 +20,29 @@
    cut off keeps its undelivered messages in its mailbox.
 5. **Proxy headers from trusted proxies only.** With `--proxy-headers` daphne believes any client's
    `X-Forwarded-For`. The header is honoured only when the peer is one of TRUSTED_PROXIES.
+
+**Only on the versions it was tested with.** All of this replaces daphne's and autobahn's methods
+and reads Twisted's private write buffer (`dataBuffer`, `offset`, `_tempDataLen`, `doWrite`). Another
+version may rename or move any of them without an error: the slow-reader cut-off silently stops
+working, and a message counts as delivered when it is written rather than when it has left the node.
+So `install()` first compares the installed daphne, Twisted and autobahn with TESTED_VERSIONS (what
+requirements.lock pins) and refuses to start on any other version, naming each package, the version
+found and the one expected. An operator who has checked the adapter against other versions sets
+DAPHNE_ALLOW_UNTESTED_VERSIONS: the node then starts, with a warning naming them. `config.web` runs
+the same check before it starts daphne, so a web node stops with that message and no traceback.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import ipaddress
 import logging
 import os
 from collections.abc import Callable
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 from foundation.metrics import CONNECTIONS_CLOSED
 from foundation.transport.frames import CLOSE_FRAME_FLOOD, CLOSE_SLOW_READER
@@ -41,9 +56,52 @@ STREAM_PATHS = ("/sse/",)  # HTTP responses that stream for minutes
 CLOSE_HANDSHAKE_TIMEOUT = 5
 
 
-def _setting(name: str, default: int) -> int:
-    from django.conf import settings
+# The distributions this module was written and tested against: the versions requirements.lock pins
+# (tests/foundation/test_daphne_adapter.py holds the two together). After an upgrade, check every
+# patch below against the new versions, then change these.
+TESTED_VERSIONS = {"daphne": "4.2.3", "Twisted": "26.10.0", "autobahn": "26.10.2"}
+ALLOW_UNTESTED_SETTING = "DAPHNE_ALLOW_UNTESTED_VERSIONS"
 
+
+class UntestedVersions(ImproperlyConfigured):
+    """daphne, Twisted or autobahn is not at the version this module was tested with."""
+
+
+def untested_versions() -> list[tuple[str, str, str]]:
+    """(distribution, version found, version expected) for each one not at its tested version."""
+    found = []
+    for name, expected in TESTED_VERSIONS.items():
+        try:
+            version = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            version = "not installed"
+        if version != expected:
+            found.append((name, version, expected))
+    return found
+
+
+# Once per process, so an allowed mismatch warns once (a refusal raises again): config.web checks before
+# it starts daphne, install() again when config.asgi is imported.
+@functools.cache
+def check_versions() -> None:
+    """Refuse (UntestedVersions) to patch versions other than TESTED_VERSIONS, unless the operator
+    allows it with DAPHNE_ALLOW_UNTESTED_VERSIONS; then only warn."""
+    mismatches = untested_versions()
+    if not mismatches:
+        return
+    found = "; ".join(f"{name} {version} (expected {expected})" for name, version, expected in mismatches)
+    if getattr(settings, ALLOW_UNTESTED_SETTING, False):
+        log.warning("starting on untested versions, as %s allows: %s; foundation.daphne_adapter's patches may not "
+                    "work on them", ALLOW_UNTESTED_SETTING, found)
+        return
+    raise UntestedVersions(
+        f"untested versions: {found}. foundation.daphne_adapter patches daphne and autobahn and reads private "
+        "attributes of Twisted; on other versions the slow-reader cut-off can silently stop working. Install the "
+        "locked versions (make install, or pip install --require-hashes -r requirements.lock), or, once the adapter "
+        f"is checked against these versions, set {ALLOW_UNTESTED_SETTING}=true to start anyway.")
+
+
+def _setting(name: str, default: int) -> int:
     return int(getattr(settings, name, default))
 
 
@@ -97,8 +155,6 @@ class OutgoingBuffer:
 
 
 def _trusted_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    from django.conf import settings
-
     return [ipaddress.ip_network(n, strict=False) for n in getattr(settings, "TRUSTED_PROXIES", [])]
 
 
@@ -113,8 +169,11 @@ def _peer_trusted(addr, networks) -> bool:
 
 
 def install() -> None:
+    check_versions()
+    # Here, not at the top: only patching needs daphne (whose server module installs Twisted's reactor
+    # on import); messaging's consumers and streams import this module for OutgoingBuffer alone.
     from daphne import http_protocol, server, ws_protocol
-    from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol
+    from daphne.ws_protocol import WebSocketFactory, WebSocketProtocol  # likewise
 
     if getattr(WebSocketProtocol, "_switchboard_patched", False):
         return

@@ -24,6 +24,10 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 # Proxies (addresses or networks) whose X-Forwarded-For / -Proto headers are believed; from anyone
 # else those headers are ignored (foundation.daphne_adapter).
 TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", [])
+# foundation.daphne_adapter patches daphne and autobahn and reads Twisted's private write buffer, so a web
+# node refuses to start on versions it was not tested with; on, it starts anyway (with a warning): for an
+# operator who has checked the adapter against the installed versions.
+DAPHNE_ALLOW_UNTESTED_VERSIONS = env_bool("DAPHNE_ALLOW_UNTESTED_VERSIONS", False)
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 # --- this node ---------------------------------------------------------------------------------
