@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP_TOOLS := pip-tools==7.6.2
 
-.PHONY: install lock sysdeps run test test-fast stop lint bench clean
+.PHONY: install lock sysdeps run test stop lint bench clean
 
 install: $(STAMP)
 
