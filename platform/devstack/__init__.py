@@ -1,7 +1,7 @@
 """The development machinery, apart from the product (docs/architecture.md, "Layers"):
 
 - `embedded`: a self-contained Postgres and Redis under var/ for machines without DATABASE_URL /
-  REDIS_URL;
+  REDIS_URL (`pg_recovery`: starting one again after its postmaster was killed);
 - `supervise`: `make run`, the whole platform as one supervised process group;
 - `sysdeps`: what the test suite needs from the operating system;
 - `pytest_services`: the test session's embedded services, started before Django reads its settings.
