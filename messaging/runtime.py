@@ -79,14 +79,8 @@ class NodeRuntime:
             self._started = asyncio.ensure_future(self._start())
         await asyncio.shield(self._started)
 
-    def mark_delivered(self, *, delivery_ids: list[int] | None = None, message_ids: list[int] | None = None,
-                       recipient: str | None = None) -> int:
-        """deliveries_mark_delivered, with the confirmations it stores routed through this node."""
-        return deliveries_mark_delivered(delivery_ids=delivery_ids, message_ids=message_ids, recipient=recipient,
-                                         route=self.route)
-
     def _mark_delivered(self, ids: list[int]) -> None:
-        self.mark_delivered(delivery_ids=ids)
+        deliveries_mark_delivered(delivery_ids=ids, route=self.route)  # confirmations routed through this node
 
     def _restart_cleanup(self) -> None:
         reaped = node_restart_cleanup(node_id=self.node_id)

@@ -8,11 +8,11 @@ from typing import Any
 from drf_spectacular.utils import OpenApiExample, extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
+from messaging.accept import USER_ID_MAX
 from messaging.models import DeliveryState, MessageKind
 from messaging.protocol import FEATURE_FAST, FEATURE_RELIABLE, REFERENCE_MAX
 
 RECIPIENTS_MAX = 10_000  # a shape bound only: the app's recipient limit applies after
-USER_ID_MAX = 96
 BIGINT_MAX = 2**63 - 1
 IDS_MAX = 1000
 

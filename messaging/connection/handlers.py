@@ -15,7 +15,7 @@ from django.conf import settings
 from apps_registry.selectors import AppSnapshot, user_id_parse
 from foundation.transport.frames import encode
 from messaging import metrics
-from messaging.accept import SendRefused, content_require, recipients_require, user_require
+from messaging.accept import USER_ID_MAX, SendRefused, content_require, recipients_require, user_require
 from messaging.asyncdb import run_db
 from messaging.batching import BatcherFull
 from messaging.channels.access import ChannelRefused, Grant, channel_name_require, channel_read_check
@@ -24,6 +24,7 @@ from messaging.channels.selectors import subscriptions_of
 from messaging.connection.ledger import DeliveryLedger
 from messaging.connection.life import ConnectionLife, Refusal
 from messaging.delivery.claims import claim_token, deliveries_unacked_for
+from messaging.delivery.delivered import deliveries_mark_delivered
 from messaging.delivery.fetch import missing_fetch
 from messaging.fast import message_fast_send_async
 from messaging.models import MessageKind
@@ -72,7 +73,7 @@ def retry_after_ms(seconds: float) -> int:
 
 async def on_auth_client(conn: Connection, frame: Frame) -> None:
     data = require_dict(frame)
-    app_id, user_id = require_str(data, "appId"), require_str(data, "userId", max_len=96)
+    app_id, user_id = require_str(data, "appId"), require_str(data, "userId", max_len=USER_ID_MAX)
     token = data.get("token") if isinstance(data.get("token"), str) else ""
     headers = dict(conn.scope.get("headers") or [])
     client = conn.scope.get("client") or ("", 0)
@@ -127,7 +128,7 @@ _NO_ECHO = {"too_many_recipients", "content_too_large", "content_unsafe"}
 
 def _refused(exc: SendRefused, data: Any) -> FrameError:
     template = _REASONS.get(exc.problem)
-    subject = exc.subject[:96] if isinstance(exc.subject, str) else exc.subject
+    subject = exc.subject[:USER_ID_MAX] if isinstance(exc.subject, str) else exc.subject
     reason = template.format(subject=subject, **exc.extra) if template else exc.detail
     return FrameError(reason, None if exc.problem in _NO_ECHO else data, **exc.extra)
 
@@ -237,7 +238,7 @@ async def on_ack(conn: Connection, frame: Frame) -> None:
         # Not in flight here (an ACK after a reconnect, say): looked up in the database, so it
         # costs work like a send.
         _charge(conn, 1, data)
-        await run_db(life.node.mark_delivered, message_ids=strays, recipient=life.user_id)
+        await run_db(deliveries_mark_delivered, message_ids=strays, recipient=life.user_id, route=life.node.route)
 
 
 # --- the master user, and keeping the connection alive --------------------------------------------
@@ -248,7 +249,7 @@ async def on_close_connection(conn: Connection, frame: Frame) -> None:
     if conn.life.user_id != app.master_user_id:
         raise FrameError("only the app's master user may close connections", frame.data)
     data = require_dict(frame)
-    target = require_str(data, "userId", max_len=96)
+    target = require_str(data, "userId", max_len=USER_ID_MAX)
     parsed = user_id_parse(target)
     if parsed is None or parsed.app_name != app.app_name:
         raise FrameError(f"'{target}' is not a user of this app", data)

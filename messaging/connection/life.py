@@ -53,7 +53,6 @@ class ConnectionLife:
         self.user_bucket: TokenBucket | None = None
         self.close_note = ""  # why it ended, for the session row
         self._app_loaded_at = 0.0
-        self._ended = False
 
     async def admit(self, *, app_id: str, user_id: str, token: str, acks: bool, origin: str | None,
                     remote_addr: str, user_agent: str) -> Refusal | bool:
@@ -106,11 +105,10 @@ class ConnectionLife:
 
     async def end(self, *, ledger: DeliveryLedger | None, channels: ChannelCursor | None,
                   position: int | None) -> None:
-        """The connection is gone (`position`: the bytes its socket had flushed). Runs once."""
-        if self._ended or not self.authenticated:
-            self._ended = True
+        """The connection is gone (`position`: the bytes its socket had flushed). Called once (the
+        consumer's end, messaging.connection.inbox)."""
+        if not self.authenticated:
             return
-        self._ended = True
         node = self.node
         node.connection_remove(self.channel_name)
         node.work_limits.detach((self.app.pk, self.user_id))
