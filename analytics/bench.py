@@ -2,11 +2,16 @@
 
     python manage.py analytics_bench [--messages 1000000] [--sessions 100000] [--write-docs]
 
+It never touches the platform's data: `bench_elsewhere` creates a database of its own on the same
+Postgres server and a lake of its own (analytics.bench_sandbox), runs the benchmark in a child
+process pointed at both (`analytics_bench --here`), and drops both after, however the run ends.
+`bench_run`, the child's part, refuses a database or lake that does not carry the benchmark's mark.
+
 Data is generated inside Postgres (INSERT ... SELECT over generate_series: no row crosses the
-wire) for two apps of its own (BENCHA, BENCHB) on four nodes in two domains, replacing an earlier
-run's. Then: a full export into a fresh lake, an incremental export after 1% more activity, each
-job in-process on local[*] (JVM start and loading the results included), and each job with
-spark-submit on local[*] and on local-cluster[2,1,1024].
+wire) for two apps (BENCHA, BENCHB) on four nodes in two domains. Then: a full export into the
+empty lake, an incremental export after 1% more activity, each job in-process on local[*] (JVM
+start and loading the results included), and each job with spark-submit on local[*] and on
+local-cluster[2,1,1024].
 """
 
 from __future__ import annotations
@@ -14,9 +19,13 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -26,6 +35,15 @@ from django.db import connection
 from django.test.utils import override_settings
 from django.utils import timezone
 
+from analytics.bench_sandbox import (
+    SandboxRefused,
+    bench_database,
+    bench_database_is_marked,
+    bench_lake,
+    bench_lake_is_marked,
+    database_of,
+    url_with_database,
+)
 from analytics.jobs import datasets as ds
 from analytics.models import JobKind
 from analytics.services import lake_export, lake_reset, report_run
@@ -42,6 +60,11 @@ NOTE = ("`local-cluster` runs the same jobs in two executor JVMs of one core eac
         "two cores, with shuffles over the loopback network: it shows that the jobs need nothing local to the "
         "driver, and on one small machine it is slower than `local[*]`, not faster. Most of an incremental "
         "export's work is the live delivery snapshot (every delivery not final yet), which each run writes whole.")
+CHILD_STOP_SECONDS = 20  # how long an interrupted run's child gets to stop before it is killed
+
+
+class BenchFailed(Exception):
+    """A step of the benchmark's child process failed (its output says why)."""
 
 
 @dataclass
@@ -146,7 +169,69 @@ def _spark_submit(job: str, master: str, lake: Lake, since: datetime, until: dat
     return wall, inside
 
 
-def bench_run(*, messages: int, sessions: int, lake_dir: Path, say=print) -> BenchResult:
+def bench_elsewhere(*, argv: list[str], lake: Path | None = None, database: str | None = None,
+                    say=print) -> str:
+    """Run `manage.py analytics_bench --here *argv` on a database and a lake of the benchmark's own,
+    created here (`database` and `lake` name them, else new ones) and dropped when it ends; returns
+    what the run printed. The platform's database and lake are never written."""
+    server_url = url_with_database(settings.DATABASE_URL, settings.DATABASES["default"]["NAME"])
+    with _terminate_raises(), bench_lake(lake, settings.ANALYTICS_LAKE) as lake_dir, \
+            bench_database(server_url, database) as url:
+        say(f"on a database of its own ({database_of(url)}) and a lake of its own ({lake_dir}), both dropped after")
+        env = {**os.environ, "DATABASE_URL": url, "ANALYTICS_LAKE": str(lake_dir)}  # the same settings module
+        _child([sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v", "0"], env)
+        return _child([sys.executable, str(ROOT / "manage.py"), "analytics_bench", "--here", *argv], env)
+
+
+@contextmanager
+def _terminate_raises() -> Iterator[None]:
+    """SIGTERM ends the run like Ctrl-C does, so the database and lake are still dropped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _child(argv: list[str], env: dict[str, str]) -> str:
+    """Run `argv` in a session of its own (so its Spark JVMs stop with it); its output is returned,
+    its progress goes to our stderr. Interrupted, it is stopped before the sandbox is dropped."""
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate()
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(CHILD_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        raise
+    if proc.returncode != 0:
+        raise BenchFailed(f"`{' '.join(argv[1:3])}` failed with exit code {proc.returncode} (its output is above)")
+    return out
+
+
+def sandbox_check(lake_dir: Path) -> None:
+    """Refuses (SandboxRefused) unless this process's database and `lake_dir` are a benchmark's own."""
+    with connection.cursor() as cur:
+        if not bench_database_is_marked(cur):
+            raise SandboxRefused(f"database {connection.settings_dict['NAME']!r} was not created by a benchmark; "
+                                 "run `manage.py analytics_bench` (without --here), which makes one of its own")
+    if not bench_lake_is_marked(lake_dir):
+        raise SandboxRefused(f"{lake_dir} is not a benchmark's lake; run `manage.py analytics_bench` (without --here)")
+
+
+def bench_run(*, messages: int, sessions: int, lake_dir: Path, jobs: bool = True, say=print) -> BenchResult:
+    """The benchmark itself, on this process's database: only one a benchmark created (sandbox_check)."""
+    sandbox_check(lake_dir)
     day = (timezone.now() - timedelta(days=1)).astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     result = BenchResult(messages=messages, sessions=sessions, day=day)
     with override_settings(ANALYTICS_LAKE=str(lake_dir)):
@@ -168,6 +253,8 @@ def bench_run(*, messages: int, sessions: int, lake_dir: Path, say=print) -> Ben
         started = time.monotonic()
         export = lake_export(requested_by="analytics_bench")
         result.incremental = {"seconds": time.monotonic() - started, "rows": export.rows, "files": export.files}
+        if not jobs:
+            return result
 
         since, until = day, day + timedelta(days=1)
         for kind in (JobKind.PRESENCE, JobKind.BACKLOG):
@@ -220,8 +307,9 @@ def markdown(result: BenchResult, command: str) -> str:
         "",
         f"A generated day ({result.day:%Y-%m-%d}) of {result.messages:,} messages (one delivery each: 93% "
         f"delivered, 3% pending, 1% each retrying, sent, dead and expired) and {result.sessions:,} sessions (2% "
-        "still open) with their presence events, in the embedded Postgres of the checkout, exported to a lake "
-        "on the local disk; then each job over that day. Everything shares the machine's cores.",
+        "still open) with their presence events, in a database of the benchmark's own on the platform's Postgres "
+        "(created for the run and dropped after it), exported to a lake of its own on the local disk; then each "
+        "job over that day. Everything shares the machine's cores.",
         "",
         "| " + " | ".join(m) + " |",
         "|" + "---|" * len(m),
@@ -240,8 +328,12 @@ def markdown(result: BenchResult, command: str) -> str:
     for (kind, master), (wall, inside) in result.submit.items():
         lines.append(f"| {kind} with spark-submit on `{master}` | {wall:.1f} | {inside:.1f} s in the driver after "
                      "launch (session start included) |")
-    lines += ["", NOTE, "", "What the reports found (all apps): " + "; ".join(f"{k} {v}" for k, v in result.figures.items())
-              + ".", "", "Command:", "", "```sh", command, "```", ""]
+    if result.submit:
+        lines += ["", NOTE]
+    if result.figures:
+        lines += ["", "What the reports found (all apps): " + "; ".join(f"{k} {v}" for k, v in result.figures.items())
+                  + "."]
+    lines += ["", "Command:", "", "```sh", command, "```", ""]
     return "\n".join(lines)
 
 

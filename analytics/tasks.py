@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from django.conf import settings
 
 from analytics.models import JobKind, JobRun
 from analytics.selectors import report_default_range
@@ -14,9 +15,12 @@ from analytics.services import ExportBusy, ReportBusy, lake_export
 from analytics.services import report_run as report_run_service
 
 log = logging.getLogger(__name__)
+# Exports and Spark reports run far longer than the default task limit (CELERY_TASK_*_TIME_LIMIT).
+SPARK_TIME_LIMITS = {"soft_time_limit": settings.ANALYTICS_TASK_SOFT_TIME_LIMIT,
+                     "time_limit": settings.ANALYTICS_TASK_TIME_LIMIT}
 
 
-@shared_task(bind=True, acks_late=True, max_retries=40)
+@shared_task(bind=True, acks_late=True, max_retries=40, **SPARK_TIME_LIMITS)
 def export_run(self, job_run_id: int | None = None) -> dict:
     """Beat (every ANALYTICS_EXPORT_SECONDS) or the admin's button: export what changed."""
     try:
@@ -28,7 +32,7 @@ def export_run(self, job_run_id: int | None = None) -> dict:
     return {"run": result.run_id, "rows": result.rows, "files": result.files}
 
 
-@shared_task(bind=True, acks_late=True, max_retries=40)
+@shared_task(bind=True, acks_late=True, max_retries=40, **SPARK_TIME_LIMITS)
 def report_run(self, job_run_id: int | None = None, kind: str | None = None) -> dict:
     """Beat (nightly, yesterday's report) or the admin's button (the run's kind and range)."""
     if job_run_id is not None:

@@ -14,7 +14,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils.html import escape, format_html
 
-from .models import ApiKey, ClientApp, Domain, DomainLink, UserDistribution, UserRange
+from .models import OPEN_APP_MEANING, ApiKey, ClientApp, Domain, DomainLink, UserDistribution, UserRange
 from .routing import DomainGraph, route_for_user
 from .services import api_key_create, api_key_revoke, distribution_validate
 
@@ -88,7 +88,8 @@ class ClientAppForm(forms.ModelForm):
 
     token_secret = forms.CharField(
         required=False, strip=True, widget=forms.PasswordInput(render_value=False),
-        help_text="HMAC-SHA256 secret for signed tokens. Never shown again; leave blank to keep the current one.",
+        help_text="HMAC-SHA256 secret for signed tokens. Never shown again; leave blank to keep the current one "
+                  "(a new app has a random one: set the one your server signs with).",
     )
 
     class Meta:
@@ -96,7 +97,8 @@ class ClientAppForm(forms.ModelForm):
         fields = ["token_secret"]  # the admin adds the fieldsets' fields
 
     def clean_token_secret(self) -> str:
-        return self.cleaned_data.get("token_secret") or (self.instance.token_secret if self.instance.pk else "")
+        # A new app's instance holds the generated default secret (ClientApp.token_secret).
+        return self.cleaned_data.get("token_secret") or self.instance.token_secret
 
 
 @admin.register(ClientApp)
@@ -121,6 +123,11 @@ class ClientAppAdmin(admin.ModelAdmin):
         form = super().get_form(request, obj, **kwargs)
         form.clean = _client_app_clean(form.clean)
         return form
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if obj.admits_anyone:
+            self.message_user(request, f"{obj.app_name} has auth mode 'none': {OPEN_APP_MEANING}.", messages.WARNING)
 
 
 def _client_app_clean(original):
@@ -193,7 +200,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def state(self, obj: ApiKey) -> str:
         return "active" if obj.is_active else "revoked"
 
-    @admin.action(description="Revoke selected API keys")
+    @admin.action(description="Revoke selected API keys", permissions=["change"])
     def revoke(self, request, queryset):
         for key in queryset:
             api_key_revoke(api_key=key)
@@ -201,10 +208,20 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 class DomainLinkForm(forms.ModelForm):
+    """The link secret is write-only, like an app's token secret: never rendered into the page, a blank
+    field keeps the current one (a new link's is generated)."""
+
+    shared_secret = forms.CharField(
+        required=False, strip=True, max_length=128, widget=forms.PasswordInput(render_value=False),
+        help_text="Never shown; leave blank to keep the current one (a new link gets a random one).",
+    )
+
     class Meta:
         model = DomainLink
         fields = ["n1", "n2", "weight", "enabled", "shared_secret"]
-        widgets = {"shared_secret": forms.PasswordInput(render_value=True)}
+
+    def clean_shared_secret(self) -> str:
+        return self.cleaned_data.get("shared_secret") or self.instance.shared_secret
 
     def clean(self):
         data = super().clean()

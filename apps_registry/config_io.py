@@ -7,6 +7,12 @@ an app's distributions are replaced by the file's list. What it does not name is
 Extension keys beyond the linker format: `weight` and `enabled` on links; `tokenSecret`,
 `authMode`, `publicChannels`, `clientSubscriptions` on apps.
 
+Auth modes: an entry's `authMode` wins; else `authEnabled: true` means the auth URL, a `tokenSecret`
+means signed tokens, and otherwise the importer's `default_auth_mode` applies (`import_config
+--auth-mode`), and without one signed tokens (with the app's secret, or a generated one the
+operator replaces). So the linker seed's `authEnabled: false` never opens an app by itself: an open
+app (`none`) is written `authMode: none` or chosen with `--auth-mode none`, and exports write it.
+
 Secrets stay out of exports unless asked for (`include_secrets`): a file that travels to a
 repository or a ticket must not carry an app's token secret. Importing a file without
 `tokenSecret` keeps the secret an existing app already has.
@@ -25,7 +31,7 @@ from django.db.models import Q
 
 from foundation.names import domain_name_valid
 
-from .models import APP_NAME_RE, AuthMode, ClientApp, Domain, DomainLink, UserDistribution
+from .models import APP_NAME_RE, AuthMode, ClientApp, Domain, DomainLink, UserDistribution, new_token_secret
 from .selectors import user_id_parse
 from .services import distribution_validate
 
@@ -67,7 +73,10 @@ def _validation_text(exc: ValidationError) -> str:
     return " ".join(exc.messages)
 
 
-def config_import(*, text: str) -> ImportSummary:
+def config_import(*, text: str, default_auth_mode: str | None = None) -> ImportSummary:
+    """Import a linker file; `default_auth_mode` is for apps whose entry implies no mode (see above)."""
+    if default_auth_mode is not None and default_auth_mode not in AuthMode.values:
+        raise ConfigError(f"the default auth mode must be one of {', '.join(AuthMode.values)}")
     try:
         doc = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:
@@ -78,7 +87,7 @@ def config_import(*, text: str) -> ImportSummary:
     with transaction.atomic():
         domains = _import_domains(doc.get("domains") or [], summary)
         _import_links(doc.get("domainLinks") or [], domains, summary)
-        _import_apps(doc.get("clientApps") or [], summary)
+        _import_apps(doc.get("clientApps") or [], summary, default_auth_mode)
     return summary
 
 
@@ -129,14 +138,14 @@ def _import_links(entries: list, domains: dict[str, Domain], summary: ImportSumm
             summary.updated["links"] += 1
 
 
-def _inferred_auth_mode(*, auth_enabled: bool, token_secret: str) -> str:
-    # Linker files only know authEnabled; a tokenSecret alone means signed tokens.
+def _inferred_auth_mode(*, auth_enabled: bool, default: str | None = None) -> str:
+    # Linker files only know authEnabled; without it, the importer's default or signed tokens.
     if auth_enabled:
         return AuthMode.AUTH_URL
-    return AuthMode.SIGNED_TOKEN if token_secret else AuthMode.NONE
+    return default or AuthMode.SIGNED_TOKEN
 
 
-def _app_fields(entry: dict, where: str) -> dict[str, Any]:
+def _app_fields(entry: dict, where: str, default_auth_mode: str | None) -> dict[str, Any]:
     app_name = str(_require(entry, "appName", where))
     if not re.match(APP_NAME_RE, app_name):
         raise ConfigError(f"{where}: appName must be letters/digits (it is the user-id prefix)")
@@ -145,20 +154,20 @@ def _app_fields(entry: dict, where: str) -> dict[str, Any]:
     if parsed is None or parsed.app_name != app_name:
         raise ConfigError(f"{where}: masterUserId '{master}' is not a user id of {app_name} ({app_name}-<digits>)")
     auth_url = entry.get("authUrl") or ""
-    auth_enabled = bool(entry.get("authEnabled", False))
-    token_secret = entry.get("tokenSecret") or ""
-    if not token_secret:
-        existing = ClientApp.objects.filter(app_name=app_name).values_list("token_secret", flat=True).first()
-        token_secret = existing or ""
+    given_secret = entry.get("tokenSecret") or ""
     mode = entry.get("authMode")
     if mode is None:
-        mode = _inferred_auth_mode(auth_enabled=auth_enabled, token_secret=token_secret)
+        explicit_default = AuthMode.SIGNED_TOKEN if given_secret else default_auth_mode
+        mode = _inferred_auth_mode(auth_enabled=bool(entry.get("authEnabled", False)), default=explicit_default)
     if mode not in AuthMode.values:
         raise ConfigError(f"{where}: authMode must be one of {', '.join(AuthMode.values)}")
+    auth_enabled = bool(entry.get("authEnabled", mode == AuthMode.AUTH_URL))
     if mode == AuthMode.AUTH_URL and not auth_url:
         raise ConfigError(f"{where}: authEnabled is true but authUrl is missing")
-    if mode == AuthMode.SIGNED_TOKEN and not token_secret:
-        raise ConfigError(f"{where}: signed tokens need a tokenSecret")
+    if mode == AuthMode.AUTH_URL and not auth_enabled:
+        raise ConfigError(f"{where}: authMode auth_url with authEnabled false would refuse every login")
+    existing = ClientApp.objects.filter(app_name=app_name).values_list("token_secret", flat=True).first()
+    token_secret = given_secret or existing or new_token_secret()
     public = entry.get("publicChannels") or []
     if not isinstance(public, list) or not all(isinstance(p, str) for p in public):
         raise ConfigError(f"{where}: publicChannels must be a list of channel patterns")
@@ -175,11 +184,11 @@ def _app_fields(entry: dict, where: str) -> dict[str, Any]:
     }
 
 
-def _import_apps(entries: list, summary: ImportSummary) -> None:
+def _import_apps(entries: list, summary: ImportSummary, default_auth_mode: str | None) -> None:
     seen_ids: dict[str, str] = {}
     for i, entry in enumerate(entries):
         where = f"clientApps[{i}]"
-        fields = _app_fields(entry, where)
+        fields = _app_fields(entry, where, default_auth_mode)
         where = f"clientApps[{i}] ({fields['app_name']})"
         if fields["app_id"] in seen_ids:
             raise ConfigError(f"{where}: appId '{fields['app_id']}' is also used by {seen_ids[fields['app_id']]}")
@@ -243,8 +252,8 @@ def config_export(*, include_secrets: bool = False) -> str:
             item["authUrl"] = app.auth_url
         item["authEnabled"] = app.auth_enabled
         exported_secret = app.token_secret if include_secrets else ""
-        if app.auth_mode != _inferred_auth_mode(auth_enabled=app.auth_enabled, token_secret=exported_secret):
-            item["authMode"] = app.auth_mode
+        if app.auth_mode != _inferred_auth_mode(auth_enabled=app.auth_enabled):
+            item["authMode"] = app.auth_mode  # `none` always: an open app is never implied
         if exported_secret:
             item["tokenSecret"] = exported_secret
         if app.public_channel_patterns:

@@ -8,6 +8,10 @@ What the database guarantees (not just the forms):
   refuses an overlapping range, so two concurrent admins cannot both win. (An exclusion constraint
   would need btree_gist, which the embedded Postgres and many managed ones lack.)
 
+An app admits anyone only where an operator chose auth mode `none` (a new app gets signed tokens
+with a generated secret); an app in auth-URL mode with the URL switched off refuses every login
+(`clean` refuses saving it, messaging.authentication refuses logins to rows saved before).
+
 A user id is `<appName>-<number>` with the number in ASCII digits and no leading zero, so one user
 has exactly one id: `ANZ-0123`, `ANZ-１２３` (full-width) or `ANZ-١٢٣` (Arabic-Indic digits) are
 not ids at all (Python's `\d` would accept the last two).
@@ -20,6 +24,7 @@ import secrets
 from typing import NamedTuple
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import F, Q
@@ -60,9 +65,23 @@ class UserRange(NamedTuple):
 
 
 class AuthMode(models.TextChoices):
-    NONE = "none", "appId and user-id prefix only"
+    NONE = "none", "none: appId and user-id prefix only (anyone may log in)"
     AUTH_URL = "auth_url", "external auth URL"
     SIGNED_TOKEN = "signed_token", "signed token (HMAC-SHA256)"
+
+
+# What auth mode `none` means, said once: the admin's help text and warning and the deploy check.
+OPEN_APP_MEANING = "anyone who knows the appId can log in as any user of this app, including its master user"
+AUTH_URL_DISABLED_REFUSAL = (
+    "The external auth URL mode needs the auth URL enabled: while it is off, every login is refused. "
+    "Enable it, or choose another auth mode."
+)
+
+
+def new_token_secret() -> str:
+    """A new app's signed-token secret: the app works (and admits nobody without a token) until the
+    operator sets the secret their own server signs with."""
+    return secrets.token_urlsafe(32)
 
 
 class ClientApp(models.Model):
@@ -75,15 +94,19 @@ class ClientApp(models.Model):
     app_id = models.CharField("appId", max_length=128, unique=True)
     master_user_id = models.CharField("master user id", max_length=96)
 
-    auth_mode = models.CharField(max_length=16, choices=AuthMode.choices, default=AuthMode.NONE)
+    # Authentication unless an operator chooses `none` (migration 0005 changed the default only).
+    auth_mode = models.CharField(
+        max_length=16, choices=AuthMode.choices, default=AuthMode.SIGNED_TOKEN,
+        help_text=f"With 'none', {OPEN_APP_MEANING}. Use it for demos only.",
+    )
     auth_url = models.URLField("auth URL", blank=True)
     auth_enabled = models.BooleanField(
         "auth URL enabled", default=False,
-        help_text="With auth mode 'external auth URL', the URL is asked only while this is on.",
+        help_text="Must be on with auth mode 'external auth URL'; while it is off, that mode refuses every login.",
     )
     auth_timeout_ms = models.PositiveIntegerField("auth URL timeout (ms)", default=3000)
     token_secret = models.CharField(
-        max_length=128, blank=True,
+        max_length=128, blank=True, default=new_token_secret,
         help_text="HMAC-SHA256 secret for signed tokens (sub = userId, exp). Keep it out of client code.",
     )
     confirmation_enabled = models.BooleanField(default=True)
@@ -145,9 +168,19 @@ class ClientApp(models.Model):
     def __str__(self) -> str:
         return self.app_name
 
+    def clean(self) -> None:
+        # Not a database constraint: rows saved before it may break the rule; login refuses them
+        # (messaging.authentication) and `check --deploy` names them.
+        if self.auth_mode == AuthMode.AUTH_URL and not self.auth_enabled:
+            raise ValidationError({"auth_enabled": AUTH_URL_DISABLED_REFUSAL})
+
     @property
     def uses_auth_url(self) -> bool:
         return self.auth_mode == AuthMode.AUTH_URL and self.auth_enabled
+
+    @property
+    def admits_anyone(self) -> bool:
+        return self.auth_mode == AuthMode.NONE
 
 
 class ApiKey(models.Model):

@@ -30,6 +30,17 @@ def user_id_parse(user_id: str) -> UserId | None:
     return UserId(match["app"], int(match["number"]))
 
 
+def app_names_admitting_anyone() -> list[str]:
+    """Apps whose auth mode lets anyone who knows the appId log in as any of their users."""
+    return list(ClientApp.objects.filter(auth_mode=AuthMode.NONE).order_by("app_name").values_list("app_name", flat=True))
+
+
+def app_names_with_auth_url_off() -> list[str]:
+    """Apps in auth-URL mode with the URL switched off: every login to them is refused."""
+    return list(ClientApp.objects.filter(auth_mode=AuthMode.AUTH_URL, auth_enabled=False)
+                .order_by("app_name").values_list("app_name", flat=True))
+
+
 def client_app_by_name(app_name: str) -> ClientApp | None:
     return ClientApp.objects.filter(app_name=app_name).first()
 

@@ -7,12 +7,13 @@ import hmac
 import secrets
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from .models import ApiKey, ClientApp, Domain, UserDistribution
+from .models import ApiKey, AuthMode, ClientApp, Domain, UserDistribution
 from .selectors import distribution_overlaps
 
 API_KEY_PREFIX_LEN = 10
@@ -81,13 +82,23 @@ def distribution_create(*, app: ClientApp, domain: Domain, range_from: int, rang
         return UserDistribution.objects.create(app=app, domain=domain, range_from=range_from, range_to=range_to)
 
 
-DEMO_APP = {"app_name": "ANZ", "app_id": "app-id-343", "master_user_id": "ANZ-123223"}
+# Open by choice (auth mode none, as in the linker seed): the README's examples log in with any token.
+DEMO_APP = {"app_name": "ANZ", "app_id": "app-id-343", "master_user_id": "ANZ-123223", "auth_mode": AuthMode.NONE}
 
 
-def demo_config_ensure(*, domain_name: str, ws_url: str) -> ClientApp:
-    """The demo tenant of the README: app ANZ / app-id-343 / master ANZ-123223, homed here."""
+def domain_ensure(*, domain_name: str, ws_url: str) -> Domain:
+    """This node's domain, listed with `ws_url` when it is new (an existing one is left as it is)."""
+    return Domain.objects.get_or_create(name=domain_name, defaults={"urls": [ws_url]})[0]
+
+
+def demo_config_ensure(*, domain_name: str, ws_url: str) -> ClientApp | None:
+    """The demo tenant of the README: app ANZ / app-id-343 / master ANZ-123223, homed here. Anyone
+    may log in as any of its users, so it is made only where settings.DEMO_ENABLED (off in
+    production); elsewhere nothing is made and None is returned."""
+    if not settings.DEMO_ENABLED:
+        return None
     with transaction.atomic():
-        domain, _ = Domain.objects.get_or_create(name=domain_name, defaults={"urls": [ws_url]})
+        domain = domain_ensure(domain_name=domain_name, ws_url=ws_url)
         app, _ = ClientApp.objects.get_or_create(app_name=DEMO_APP["app_name"], defaults=DEMO_APP)
         if not app.distributions.exists():
             distribution_create(app=app, domain=domain, range_from=0, range_to=None)

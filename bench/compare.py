@@ -3,7 +3,8 @@
 The relays are always started here (daphne subprocesses on free ports): `relay-core` on Channels'
 core Redis layer and `relay-pubsub` on its pub/sub layer. The platform is either the caller's
 (`--platform-url`, e.g. a running `make run`) or, with `--start-platform`, a web node and a worker
-started here on the embedded services, with DEBUG off (what `make bench` does). Every run reports
+started here with DEBUG off, on a database (on the embedded Postgres, or DATABASE_URL's server) and
+a Redis of its own, both gone after the run (what `make bench` does; bench/platform_proc.py). Every run reports
 the servers' CPU per delivered message, split by process group (see bench/cpu.py).
 
     python -m bench.compare --start-platform --no-confirmation --connections 200 --rates 300,400,600 \
@@ -508,15 +509,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_load_arguments(parser)
     args = parser.parse_args(argv)
     args.target_names = args.targets
-    args.platform_env = None
     if args.from_json:
         return args
-    if args.start_platform:
-        from bench.platform_proc import platform_env
-
-        args.platform_env = platform_env()
-        args.redis_url = args.redis_url or args.platform_env["REDIS_URL"]
-    if any(n in RELAY_LAYERS for n in args.target_names) and not args.redis_url:
+    # With --start-platform the relays use the started platform's own Redis unless told otherwise.
+    if any(n in RELAY_LAYERS for n in args.target_names) and not (args.redis_url or args.start_platform):
         parser.error(
             "the relays need Redis: pass --redis-url or set REDIS_URL "
             "(`python -m devstack.embedded urls` prints the platform's embedded one, starting it if needed)"
@@ -559,9 +555,11 @@ def main(argv: list[str] | None = None) -> int:
 
             running = stack.enter_context(platform_processes(free_port(), Path(tmp)))
             args.platform_url = running.url
+            args.redis_url = args.redis_url or running.redis_url
             platform = {"web": running.web_pids, "worker": running.worker_pids}
-            database_url, platform_redis_url = args.platform_env["DATABASE_URL"], args.platform_env["REDIS_URL"]
-            print(f"platform listening at {args.platform_url} (logs in {tmp})", flush=True)
+            database_url, platform_redis_url = running.database_url, running.redis_url
+            print(f"platform listening at {args.platform_url} on a database and a Redis of its own, dropped after "
+                  f"the run (logs in {tmp})", flush=True)
         elif wants_platform:
             check_platform(args.platform_url)
             platform = platform_roots(REPO_ROOT)

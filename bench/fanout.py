@@ -4,7 +4,8 @@
 
 Targets, run one after the other against the same subscribers count:
 - `platform`: N WebSocket clients on the push-compatible stream `/ws/messages?channels=…` of a
-  web node started here (DEBUG off); each publish is the push seed's `POST /messages` (stored in
+  web node started here (DEBUG off, on a database and a Redis of its own: bench/platform_proc.py),
+  or of a running one with `--platform-url` and `--key`, left as it is; each publish is the push seed's `POST /messages` (stored in
   the channel's history, then fanned out through the node's hub);
 - `relay-pubsub`, `relay-core`: the hand-built Channels relay (bench/relay) on the pub/sub and core
   channel layers: N clients `SUBSCRIBE` (a Channels group per channel) and one client `PUBLISH`es
@@ -190,13 +191,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    if "platform" in targets and not (args.start_platform or args.key):
+        # Preparing the app means changing it (public channels, rate limits): only on a platform started here.
+        parser.error("--platform-url needs --key (an API key of app ANZ); or pass --start-platform")
     results: list[FanoutResult] = []
     env = platform_env()
     with tempfile.TemporaryDirectory(prefix="bench-fanout-") as tmp, ExitStack() as stack:
         if "platform" in targets:
             if args.start_platform:
                 port = free_port()
-                stack.enter_context(platform_processes(port, Path(tmp)))
+                running = stack.enter_context(platform_processes(port, Path(tmp)))
+                env.update(DATABASE_URL=running.database_url, REDIS_URL=running.redis_url)  # the run's own
                 args.platform_url = f"http://127.0.0.1:{port}"
             key = args.key or _prepare_platform(env)
             results.append(asyncio.run(run_platform(args.platform_url, key, args)))

@@ -1,13 +1,17 @@
 """Start a Switchboard web node and Celery worker for a benchmark run, and stop them after.
 
-They run as in production (DEBUG off) on the embedded Postgres and Redis, or on DATABASE_URL /
-REDIS_URL when those are set: the same services `make run` uses.
+They run as in production (DEBUG off) on a database of their own, created on the Postgres server
+`make run` uses (the embedded one, or DATABASE_URL's) and dropped after the run
+(analytics.bench_sandbox), and on a Redis server of their own started here: the load test's
+messages, sessions and queued tasks never mix with an operator's, and a platform running from the
+same checkout keeps its data, its queues and its channel layer to itself.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +20,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from devstack.embedded import urls_hand_over
+import redis
+
+from analytics.bench_sandbox import bench_database
+from devstack.embedded import _redis_bin, urls_hand_over
 from devstack.supervise import wait_ready
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -37,12 +44,61 @@ class RunningPlatform:
     url: str  # the web node's WebSocket URL
     web_pids: list[int]  # the daphne processes (config.web runs daphne in-process)
     worker_pids: list[int]  # Celery main processes; their prefork children are found under them
+    database_url: str  # the run's own database, dropped after it
+    redis_url: str  # the run's own Redis server, stopped after it
+
+
+@contextmanager
+def private_redis(directory: Path) -> Iterator[str]:
+    """A Redis server of the run's own (no persistence) on a free port, for the block."""
+    port = _free_port()
+    pidfile = directory / "redis.pid"
+    subprocess.run([str(_redis_bin("redis-server")), "--port", str(port), "--bind", "127.0.0.1", "--dir",
+                    str(directory), "--save", "", "--appendonly", "no", "--maxclients", "10000", "--daemonize", "yes",
+                    "--pidfile", str(pidfile), "--logfile", str(directory / "redis.log")],
+                   check=True, stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + 20
+        while not _redis_answers(url):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the run's Redis did not start (log in {directory})")
+            time.sleep(0.05)
+        yield url
+    finally:
+        try:
+            redis.Redis.from_url(url, socket_timeout=5).shutdown(nosave=True)
+        except redis.RedisError:
+            pass  # SHUTDOWN closes the connection under us: that is the success case
+
+
+def _redis_answers(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @contextmanager
 def platform_processes(port: int, log_dir: Path, worker_concurrency: int = 4) -> Iterator[RunningPlatform]:
-    """A fresh web node on `port` plus one worker, for the duration of the block."""
+    """A fresh web node on `port` plus one worker, on a database and a Redis of their own, for the
+    duration of the block."""
     env = platform_env()
+    with bench_database(env["DATABASE_URL"]) as database_url, private_redis(log_dir) as redis_url:
+        env.update(DATABASE_URL=database_url, REDIS_URL=redis_url)
+        with _processes(env, port, log_dir, worker_concurrency) as (web_pid, worker_pid):
+            yield RunningPlatform(f"ws://127.0.0.1:{port}/ws", web_pids=[web_pid], worker_pids=[worker_pid],
+                                  database_url=database_url, redis_url=redis_url)
+
+
+@contextmanager
+def _processes(env: dict[str, str], port: int, log_dir: Path, worker_concurrency: int) -> Iterator[tuple[int, int]]:
     for args in (["migrate", "--noinput", "-v", "0"], ["bootstrap"]):
         subprocess.run([sys.executable, "manage.py", *args], cwd=REPO_ROOT, env=env, check=True,
                        stdout=subprocess.DEVNULL)
@@ -60,7 +116,7 @@ def platform_processes(port: int, log_dir: Path, worker_concurrency: int = 4) ->
         if not wait_ready(f"http://127.0.0.1:{port}/readyz", procs[0]):
             raise SystemExit(f"the web node on port {port} did not become ready (log in {log_dir})")
         time.sleep(3)  # the worker connects to the broker
-        yield RunningPlatform(f"ws://127.0.0.1:{port}/ws", web_pids=[procs[0].pid], worker_pids=[procs[1].pid])
+        yield procs[0].pid, procs[1].pid
     finally:
         for proc in procs:
             if proc.poll() is None:

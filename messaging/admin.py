@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from foundation.admin_readonly import ReadOnlyAdminMixin
+from foundation.admin_readonly import ACT, ReadOnlyAdminMixin
 
 from .delivery.dead_letters import dead_letters_discard, dead_letters_requeue
 from .models import DeadLetter, Delivery, DeliveryState, Message
@@ -73,12 +73,12 @@ class DeadLetterAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def get_queryset(self, request):
         return super().get_queryset(request).filter(state=DeliveryState.DEAD)
 
-    @admin.action(description="Re-queue selected dead letters (fresh attempts)")
+    @admin.action(description="Re-queue selected dead letters (fresh attempts)", permissions=ACT)
     def requeue(self, request, queryset):
         count = dead_letters_requeue(delivery_ids=list(queryset.values_list("id", flat=True)))
         self.message_user(request, f"Re-queued {count} dead letter(s).")
 
-    @admin.action(description="Discard selected dead letters")
+    @admin.action(description="Discard selected dead letters", permissions=ACT)
     def discard(self, request, queryset):
         count = dead_letters_discard(delivery_ids=list(queryset.values_list("id", flat=True)))
         self.message_user(request, f"Discarded {count} dead letter(s).")

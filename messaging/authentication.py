@@ -9,12 +9,17 @@
 
 The auth URL is asked through one HTTP client per event loop: building a client loads the CA
 bundle (about 33 ms, on the event loop), so a client per AUTH_CLIENT froze a node in a reconnect
-storm.
+storm. Each call goes through foundation.outgoing: the address filter, one deadline for the whole
+exchange (the app's timeout, at most AUTH_URL_MAX_SECONDS) and an answer of at most
+AUTH_URL_MAX_ANSWER_BYTES (a longer one refuses). One app has at most AUTH_URL_APP_CONCURRENCY calls
+in flight per node; a login that finds them all taken for AUTH_URL_QUEUE_SECONDS is refused ("auth
+service busy"), so a slow auth service delays its own app's logins only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -23,8 +28,11 @@ import httpx
 import jwt
 from django.conf import settings
 
+from apps_registry.models import AuthMode
 from apps_registry.selectors import AppSnapshot, app_snapshot, user_id_parse
+from foundation.outgoing import OutgoingError, outgoing_client, outgoing_post
 from messaging.asyncdb import run_db
+from messaging.channels.names import token_is_login
 
 log = logging.getLogger(__name__)
 
@@ -52,33 +60,68 @@ async def client_authenticate(*, app_id: str, user_id: str, token: str, origin: 
     home = app.home_domain(parsed.number)
     if home != settings.DOMAIN_NAME:
         return _refuse(f"user lives in {home or 'no domain'}; connect to that domain", app)
-    if app.uses_auth_url:
+    if app.auth_mode == AuthMode.AUTH_URL:
+        if not app.uses_auth_url:  # switched off: refused, never admitted (issue 16)
+            return _refuse("the app's auth URL is switched off; no login is admitted until it is on", app)
         return await _ask_auth_url(app, user_id, token)
-    if app.auth_mode == "signed_token":
+    if app.auth_mode == AuthMode.SIGNED_TOKEN:
         return _verify_token(app, user_id, token)
-    return AuthOutcome(ok=True, app=app)
+    if app.auth_mode == AuthMode.NONE:
+        return AuthOutcome(ok=True, app=app)
+    return _refuse("the app's auth mode is unknown", app)
 
 
-_http_clients: dict[int, httpx.AsyncClient] = {}
+AUTH_URL_MAX_CONNECTIONS = 200  # per web node, every app together (each app within its own cap)
+AUTH_URL_MAX_KEEPALIVE = 50
+_app_slots: dict[tuple[int, str, int], asyncio.Semaphore] = {}
 
 
 def _http_client() -> httpx.AsyncClient:
-    loop_id = id(asyncio.get_running_loop())
-    client = _http_clients.get(loop_id)
-    if client is None:
-        client = httpx.AsyncClient(limits=httpx.Limits(max_connections=200, max_keepalive_connections=50))
-        _http_clients[loop_id] = client
-    return client
+    return outgoing_client("auth-url", max_connections=AUTH_URL_MAX_CONNECTIONS, max_keepalive=AUTH_URL_MAX_KEEPALIVE)
+
+
+def _slots_of(app: AppSnapshot) -> asyncio.Semaphore:
+    cap = settings.AUTH_URL_APP_CONCURRENCY
+    key = (id(asyncio.get_running_loop()), app.app_id, cap)
+    slots = _app_slots.get(key)
+    if slots is None:
+        slots = _app_slots[key] = asyncio.Semaphore(cap)
+    return slots
 
 
 async def _ask_auth_url(app: AppSnapshot, user_id: str, token: str) -> AuthOutcome:
-    body = {"appId": app.app_id, "userId": user_id, "token": token}
+    slots = _slots_of(app)
     try:
-        response = await _http_client().post(app.auth_url, json=body, timeout=app.auth_timeout_ms / 1000)
-        answer = response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError) as exc:
-        log.warning("auth URL %s for %s failed: %r", app.auth_url, user_id, exc)
+        async with asyncio.timeout(settings.AUTH_URL_QUEUE_SECONDS):
+            await slots.acquire()
+    except TimeoutError:
+        log.warning("auth URL of app %s: %d calls in flight, a login refused as busy", app.app_id,
+                    settings.AUTH_URL_APP_CONCURRENCY)
+        return _refuse("auth service busy", app)
+    try:
+        return await _auth_url_decide(app, user_id, token)
+    finally:
+        slots.release()
+
+
+async def _auth_url_decide(app: AppSnapshot, user_id: str, token: str) -> AuthOutcome:
+    body = json.dumps({"appId": app.app_id, "userId": user_id, "token": token}).encode()
+    deadline = min(app.auth_timeout_ms / 1000, settings.AUTH_URL_MAX_SECONDS)
+    try:
+        response = await outgoing_post(_http_client(), app.auth_url, content=body,
+                                       headers={"Content-Type": "application/json"}, deadline=deadline,
+                                       max_bytes=settings.AUTH_URL_MAX_ANSWER_BYTES)
+    except OutgoingError as exc:
+        log.warning("auth URL %s for %r failed: %s", app.auth_url, user_id, exc)
         return _refuse("auth service unreachable", app)
+    if not response.complete:
+        log.warning("auth URL %s answered more than %d bytes: refused", app.auth_url,
+                    settings.AUTH_URL_MAX_ANSWER_BYTES)
+        return _refuse("auth service refused", app)
+    try:
+        answer = json.loads(response.body) if response.status == 200 else None
+    except ValueError:
+        answer = None
     if (
         isinstance(answer, dict) and answer.get("isAuthenticated") is True
         and answer.get("userId") == user_id and answer.get("appId") == app.app_id
@@ -95,6 +138,8 @@ def _verify_token(app: AppSnapshot, user_id: str, token: str) -> AuthOutcome:
         return _refuse("token expired", app)
     except jwt.PyJWTError:
         return _refuse("invalid token", app)
+    if not token_is_login(claims):  # a channel grant naming this user in `sub` is no login (issue 16)
+        return _refuse("a channel grant is not a login token", app)
     if claims.get("sub") != user_id:
         return _refuse("token is for another user", app)
     if claims["exp"] - time.time() > app.max_token_lifetime_seconds:

@@ -1,6 +1,7 @@
 """The client WebSocket at /ws (docs/protocol.md): a consumer that only dispatches.
 
-Client frames: size, JSON and budget are checked, then the frame goes to its handler
+Client frames: size and budget are checked on the raw frame (before AUTH_CLIENT a frame may be only
+WS_PREAUTH_MAX_FRAME_BYTES long), then JSON, then the frame goes to its handler
 (messaging.connection.handlers). A bad frame gets INVALID_MESSAGE and the connection keeps working;
 an internal failure gets GENERAL_ERROR with the frame's data (the client may resend: nothing was
 stored). Events from the channel layer (the socket door, foundation.transport.sockets) go to the
@@ -35,10 +36,20 @@ from messaging.connection.handlers import HANDLERS, Handler, on_auth_client, ret
 from messaging.connection.inbox import ChannelReaderConsumer
 from messaging.connection.ledger import DeliveryLedger
 from messaging.connection.life import ConnectionLife
+from messaging.limits import TokenBucket
 from messaging.protocol import Frame, FrameError, invalid, parse_frame
 
 log = logging.getLogger(__name__)
-CONTROL_TYPES = {"PING", "PONG", "ACK"}
+CONTROL_TYPES = {"PING", "PONG", "ACK"}  # cheap: they draw on the frame budget alone
+
+
+def frame_over(text: str | None, data: bytes | None, limit: int) -> bool:
+    """Whether a frame holds more than `limit` bytes (UTF-8), without encoding a text that cannot."""
+    if text is None:
+        return len(data or b"") > limit
+    if len(text) > limit:
+        return True
+    return len(text) * 4 > limit and len(text.encode(errors="surrogatepass")) > limit
 
 
 class ClientConsumer(ChannelReaderConsumer):
@@ -73,7 +84,7 @@ class ClientConsumer(ChannelReaderConsumer):
         self.auth_timer.cancel()
         self.ledger = DeliveryLedger(acks=self.life.acks, window=settings.WS_ACK_WINDOW)
         self.channels = ChannelCursor(app_id=self.life.app.pk, hub=self.life.node.hub, reader=self,
-                                      write=self._write_channel, transport="ws")
+                                      write=self._write_channel, transport="ws", missed=self._write_missed)
 
     async def _auth_timeout(self) -> None:
         if not self.life.authenticated and not self.closing:
@@ -120,22 +131,24 @@ class ClientConsumer(ChannelReaderConsumer):
     # --- frames from the client ----------------------------------------------------------------
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        raw_len = len(text_data) if text_data is not None else len(bytes_data or b"")
-        if raw_len > settings.WS_MAX_FRAME_BYTES or (
-            text_data is not None and raw_len * 4 > settings.WS_MAX_FRAME_BYTES
-            and len(text_data.encode(errors="surrogatepass")) > settings.WS_MAX_FRAME_BYTES
-        ):
-            await self.close_with(CLOSE_TOO_BIG, f"frame over {settings.WS_MAX_FRAME_BYTES} bytes")
+        # Size, then rate, on the raw frame: a client over either costs no parsing at all.
+        authenticated = self.life.authenticated
+        limit = settings.WS_MAX_FRAME_BYTES if authenticated else settings.WS_PREAUTH_MAX_FRAME_BYTES
+        if frame_over(text_data, bytes_data, limit):
+            metrics.LIMITED.labels("frame_size" if authenticated else "preauth_frame_size").inc()
+            await self.close_with(CLOSE_TOO_BIG, f"frame over {limit} bytes{'' if authenticated else ' before AUTH_CLIENT'}")
+            return
+        if not await self._allowed(self.life.limits.frames):
             return
         try:
             frame = parse_frame(text_data)
         except FrameError as exc:
-            if await self._allowed("INVALID", None):
-                metrics.REFUSED.labels("INVALID_MESSAGE").inc()
-                await self.write(invalid(exc.reason, exc.data))
+            metrics.REFUSED.labels("INVALID_MESSAGE").inc()
+            await self.write(invalid(exc.reason, exc.data))
             return
         metrics.FRAMES.labels(frame.type).inc()
-        if not await self._allowed(frame.type, frame):
+        work = self.life.limits.work
+        if work is not None and frame.type not in CONTROL_TYPES and not await self._allowed(work, frame):
             return
         if not self.life.authenticated:
             if frame.type == "AUTH_CLIENT":
@@ -145,15 +158,14 @@ class ClientConsumer(ChannelReaderConsumer):
             return
         await self._guard(frame, HANDLERS[frame.type])
 
-    async def _allowed(self, frame_type: str, frame: Frame | None) -> bool:
-        """Every frame draws on a budget (control frames on a larger one). Beyond it the frame is
-        refused; persistent abuse closes the connection with 1008."""
-        limits = self.life.limits
-        wait = (limits.control if frame_type in CONTROL_TYPES else limits.work).take(1)
+    async def _allowed(self, bucket: TokenBucket, frame: Frame | None = None) -> bool:
+        """A frame draws on `bucket` (messaging.limits). Beyond it the frame is refused; persistent
+        abuse closes the connection with 1008."""
+        wait = bucket.take(1)
         if not wait:
             return True
         metrics.LIMITED.labels("frames").inc()
-        if limits.refusals.add():
+        if self.life.limits.refusals.add():
             metrics.LIMITED.labels("abusive").inc()
             await self.close_with(CLOSE_POLICY, "rate limit exceeded repeatedly")
         elif self.life.authenticated:  # before authentication, excess frames get no answer at all
@@ -204,7 +216,12 @@ class ClientConsumer(ChannelReaderConsumer):
     # --- channels (the hub hands publishes to the inbox; see messaging.channels.hub) -------------
 
     async def _write_channel(self, channel: str, offset: int, content: str) -> bool:
+        if self.outgoing is not None and self.outgoing.closed:
+            return False  # gone: a replay reads no more history for it
         return await self.write(encode("CHANNEL_MESSAGE", {"channel": channel, "content": content, "offset": offset}))
+
+    async def _write_missed(self, channel: str, skipped: int, offset: int) -> None:
+        await self.write(encode("CHANNEL_MISSED", {"channel": channel, "missed": skipped, "offset": offset}))
 
     async def channel_join(self, event: sockets.ChannelMembershipEvent) -> None:
         if self.channels is not None:

@@ -1,7 +1,7 @@
 """The one door from "stored" to "routed": work handed to the Celery workers by task name.
 
 Whatever commits deliveries (a send, a confirmation, a re-queue, a dead node's settlement) hands
-their ids through here, once committed; webhook calls leave the same way. Tasks are named, not
+their ids through here, once committed; webhook calls leave the same way, on a queue of their own. Tasks are named, not
 imported: this module imports nothing of messaging, so nothing that stores a message depends on
 the code that routes it (messaging.tasks, run by the workers), and no import cycle can run
 through the hand-off.
@@ -24,6 +24,9 @@ ROUTE_TASK = "messaging.tasks.route_deliveries"
 ROUTING_QUEUE = "routing"
 ROUTING_TASK_MAX_IDS = 500  # keeps one task's claim statement and its pushes short
 WEBHOOK_TASK = "messaging.tasks.webhook_deliver"
+# Webhook calls wait on tenants' receivers: a queue of their own, served by a worker of their own
+# (`-Q webhooks`), so a slow receiver never holds a thread that routing needs.
+WEBHOOK_QUEUE = "webhooks"
 
 
 def routing_enqueue(delivery_ids: Sequence[int]) -> None:
@@ -36,4 +39,4 @@ def routing_enqueue(delivery_ids: Sequence[int]) -> None:
 def webhook_calls_enqueue(delivery_ids: Sequence, claim: int) -> None:
     """One task per recorded webhook call (each waits on a different receiver), under `claim`."""
     for delivery_id in delivery_ids:
-        current_app.send_task(WEBHOOK_TASK, args=[str(delivery_id), claim])
+        current_app.send_task(WEBHOOK_TASK, args=[str(delivery_id), claim], queue=WEBHOOK_QUEUE)

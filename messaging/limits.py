@@ -1,8 +1,10 @@
 """Rate limits of a web node, in memory on purpose: a connection lives on one node.
 
-- Every frame is counted. Work frames (MESSAGE, GROUP_MESSAGE, FETCH…, SUBSCRIBE, CLOSE_CONNECTION)
-  draw on the app's per-connection budget; cheap control frames (PING, PONG, ACK) on a budget four
-  times larger; frames before authentication on a small fixed budget.
+- Every frame is counted, before it is parsed: a frame costs its budget whether or not it is JSON,
+  so a flood of garbage is refused as cheaply as a flood of PINGs. The frame budget is four times
+  the app's per-connection rate; work frames (MESSAGE, GROUP_MESSAGE, FETCH…, SUBSCRIBE,
+  CLOSE_CONNECTION) also draw, once parsed, on the app's rate itself. Before authentication every
+  frame draws on a small fixed budget (and may be only WS_PREAUTH_MAX_FRAME_BYTES long).
 - Work is counted too: each delivery a send creates (one per recipient) draws on a budget per user
   and node, shared by all of the user's connections on the node, so a GROUP_MESSAGE of 100
   recipients costs 100, and opening more connections buys no more.
@@ -58,18 +60,17 @@ class Refusals:
 
 @dataclass
 class ConnectionLimits:
-    work: TokenBucket
-    control: TokenBucket
+    frames: TokenBucket  # every frame, before it is parsed
+    work: TokenBucket | None  # work frames, once parsed (None before authentication: frames is all there is)
     refusals: Refusals
 
     @classmethod
     def preauth(cls) -> ConnectionLimits:
-        bucket = TokenBucket(PREAUTH_RATE, PREAUTH_BURST)
-        return cls(work=bucket, control=bucket, refusals=Refusals(PREAUTH_BURST))
+        return cls(frames=TokenBucket(PREAUTH_RATE, PREAUTH_BURST), work=None, refusals=Refusals(PREAUTH_BURST))
 
     @classmethod
     def for_app(cls, rate: float, burst: int) -> ConnectionLimits:
-        return cls(work=TokenBucket(rate, burst), control=TokenBucket(rate * CONTROL_FACTOR, burst * CONTROL_FACTOR),
+        return cls(frames=TokenBucket(rate * CONTROL_FACTOR, burst * CONTROL_FACTOR), work=TokenBucket(rate, burst),
                    refusals=Refusals(burst))
 
 

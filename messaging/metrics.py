@@ -50,6 +50,12 @@ TRANSPORT_CONNECTIONS = Gauge("switchboard_connections", "Open connections on th
                               registry=REGISTRY)
 STREAM_CLOSED = Counter("switchboard_stream_closed_total", "Channel streams ended by the server, by transport and reason",
                         ["transport", "reason"], registry=REGISTRY)
+STREAM_REFUSED = Counter("switchboard_stream_refused_total",
+                         "Channel streams refused at a cap (per client address or per app), by transport and cap",
+                         ["transport", "cap"], registry=REGISTRY)
+STREAM_REPLAY_CUT = Counter("switchboard_stream_replay_cut_total",
+                            "Channel replays cut to the newest STREAM_REPLAY_MAX messages, by transport",
+                            ["transport"], registry=REGISTRY)
 CHANNEL_OCCUPANCY = Counter("switchboard_channel_occupancy_total",
                             "Channels that got their first reader (occupied) or lost their last (vacated)",
                             ["change"], registry=REGISTRY)
@@ -74,7 +80,10 @@ def _scraper_allowed(request: HttpRequest) -> bool:
         return True
     token = settings.METRICS_TOKEN
     header = request.headers.get("Authorization", "")
-    if token and header.startswith("Bearer ") and hmac.compare_digest(header[7:].strip(), token):
+    # Compared as bytes: compare_digest refuses (raises on) a str that is not ASCII, and a header is
+    # whatever the client sent.
+    if token and header.startswith("Bearer ") and hmac.compare_digest(
+            header[7:].strip().encode(errors="surrogatepass"), token.encode(errors="surrogatepass")):
         return True
     try:
         addr = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))

@@ -13,6 +13,7 @@ from django.db import DatabaseError, close_old_connections
 from redis import RedisError
 
 from messaging.api.idempotency import idempotency_keys_expire
+from messaging.channels.retention import channel_history_expire
 from messaging.delivery.dead_nodes import dead_nodes_settle
 from messaging.delivery.expiry import deliveries_expire
 from messaging.delivery.retry import deliveries_sweep
@@ -76,7 +77,9 @@ def webhook_deliver(delivery_id: str, claim: int) -> str:
     """One attempt of a webhook call handed out under `claim` (messaging.webhooks.delivery). Safe
     twice: a second run finds the claim gone and sends nothing. Its retry policy is the row's own
     (backoff, dead after WEBHOOK_MAX_ATTEMPTS), not Celery's: a task lost with its worker is made
-    up for by the sweep once the hand-out's lease runs out."""
+    up for by the sweep once the hand-out's lease runs out. Routed to the webhooks queue
+    (messaging.handoff); bounded by the call's own deadline, WEBHOOK_TIMEOUT_SECONDS (the threads
+    pool does not enforce Celery's time limits)."""
     return webhook_attempt(delivery_id=delivery_id, claim=claim)
 
 
@@ -98,3 +101,9 @@ def webhook_purge() -> int:
 def expire_idempotency_keys() -> int:
     """Beat: the server API's Idempotency-Keys older than API_IDEMPOTENCY_HOURS are dropped."""
     return idempotency_keys_expire()
+
+
+@shared_task(acks_late=True)
+def expire_channel_history() -> int:
+    """Beat: channel history past its app's retention goes, oldest first, in bounded batches."""
+    return channel_history_expire()

@@ -39,7 +39,7 @@ class SessionAdmin(admin.ModelAdmin):
     def has_add_permission(self, request):
         return False
 
-    @admin.action(description="Disconnect selected live sessions")
+    @admin.action(description="Disconnect selected live sessions", permissions=["change"])
     def disconnect(self, request, queryset):
         sessions = list(queryset.filter(disconnected_at__isnull=True))
         for session in sessions:

@@ -30,6 +30,15 @@ def redis_client():
     client.close()
 
 
+@pytest.fixture
+def operator(client):
+    """A superuser logged in to the console (the admin tests' persona)."""
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_superuser("ops", password="pw-ops-12345"))
+    return client
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _clean_test_redis():
     """The test Redis database starts empty: no presence or queued tasks from an earlier run."""

@@ -18,10 +18,12 @@ from django.conf import settings
 from django.db import connection
 
 from devstack.embedded import _redis_bin
+from messaging.handoff import ROUTING_QUEUE, WEBHOOK_QUEUE
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 LOG_DIR = ROOT / "var" / "test-logs"
+ROUTING_WORKER_QUEUES = f"celery,{ROUTING_QUEUE}"  # what make run's worker serves (devstack.supervise)
 
 
 def free_port() -> int:
@@ -79,6 +81,8 @@ class ProcessFactory:
             "PYTHONPATH": f"{ROOT / 'platform'}{os.pathsep}{ROOT}",
             "DEBUG": "false",
             "PYTHONUNBUFFERED": "1",
+            # The tests' webhook receivers and auth services listen on 127.0.0.1: allowed explicitly.
+            "OUTGOING_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
         })
         env.update(extra)
         return env
@@ -102,12 +106,18 @@ class ProcessFactory:
         wait_http(f"{proc.url}/readyz", proc)
         return proc
 
-    def worker(self, name: str = "worker", concurrency: int = 2, **env: str) -> Proc:
+    def worker(self, name: str = "worker", concurrency: int = 2, queues: str = ROUTING_WORKER_QUEUES,
+               **env: str) -> Proc:
+        """A Celery worker as `make run` starts it: by default the routing worker (which never serves
+        webhook calls); `webhook_worker` for those."""
         proc = self.spawn(name, [str(BIN / "celery"), "-A", "config", "worker", "-l", "INFO", "-c", str(concurrency),
-                                 "-n", f"{name}-{os.getpid()}-{time.monotonic_ns()}@%h", "-Q", "celery,routing",
+                                 "-n", f"{name}-{os.getpid()}-{time.monotonic_ns()}@%h", "-Q", queues,
                                  "--without-mingle", "--without-gossip"], **env)
         wait_log(proc, "ready.")
         return proc
+
+    def webhook_worker(self, name: str = "hooks", concurrency: int = 4, **env: str) -> Proc:
+        return self.worker(name, concurrency, queues=WEBHOOK_QUEUE, **env)
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
@@ -181,14 +191,15 @@ def demo_network(django_db_setup, django_db_blocker):
         ClientApp.objects.all().delete()
         here, _ = Domain.objects.get_or_create(name="domain-01")
         there, _ = Domain.objects.get_or_create(name="domain-09")
-        anz = ClientApp.objects.create(app_name="ANZ", app_id="app-id-343", master_user_id="ANZ-123223",
+        # Open apps (auth mode none, as in the linker seed): the clients log in with any token.
+        anz = ClientApp.objects.create(app_name="ANZ", app_id="app-id-343", master_user_id="ANZ-123223", auth_mode="none",
                                        rate_limit_per_second=50, rate_limit_burst=60, max_group_recipients=5,
                                        max_delivery_attempts=3)
         UserDistribution.objects.create(app=anz, domain=here, range_from=0, range_to=8999999)
         UserDistribution.objects.create(app=anz, domain=there, range_from=9000000, range_to=None)
-        bnz = ClientApp.objects.create(app_name="BNZ", app_id="app-id-bnz", master_user_id="BNZ-1")
+        bnz = ClientApp.objects.create(app_name="BNZ", app_id="app-id-bnz", master_user_id="BNZ-1", auth_mode="none")
         UserDistribution.objects.create(app=bnz, domain=here, range_from=0, range_to=999999)
-        lim = ClientApp.objects.create(app_name="LIM", app_id="app-id-lim", master_user_id="LIM-1",
+        lim = ClientApp.objects.create(app_name="LIM", app_id="app-id-lim", master_user_id="LIM-1", auth_mode="none",
                                        max_connections_per_user=3, deliveries_per_second=20, deliveries_burst=20,
                                        max_group_recipients=20, allowed_origins=["https://good.example"])
         UserDistribution.objects.create(app=lim, domain=here, range_from=0, range_to=999999)

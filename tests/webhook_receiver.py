@@ -1,5 +1,7 @@
 """A real webhook receiver for tests: a plain-HTTP server on 127.0.0.1, in a thread, that records
-every call and answers with a status the test chooses (optionally after a delay)."""
+every call and answers with a status the test chooses (optionally after a delay, with a body of the
+test's choosing), or, with `drip`, answers its headers one byte every `drip` seconds and never
+finishes: the hostile receiver whose every read arrives in time."""
 
 from __future__ import annotations
 
@@ -34,9 +36,12 @@ class ReceivedCall:
 
 
 class WebhookReceiver:
-    def __init__(self, status: int = 200, delay: float = 0.0):
+    def __init__(self, status: int = 200, delay: float = 0.0, answer: bytes | None = None, drip: float = 0.0):
         self.status = status
         self.delay = delay
+        self.answer = answer
+        self.drip = drip
+        self._closing = threading.Event()
         self.calls: list[ReceivedCall] = []
         self._lock = threading.Lock()
         receiver = self
@@ -47,9 +52,13 @@ class WebhookReceiver:
                 with receiver._lock:
                     receiver.calls.append(ReceivedCall(self.path, {k.lower(): v for k, v in self.headers.items()},
                                                        body, time.time()))
+                if receiver.drip:
+                    self._drip()
+                    return
                 if receiver.delay:
                     time.sleep(receiver.delay)
-                answer = b'{"received": true}' if 200 <= receiver.status < 300 else b"receiver is failing on purpose"
+                answer = receiver.answer if receiver.answer is not None else \
+                    b'{"received": true}' if 200 <= receiver.status < 300 else b"receiver is failing on purpose"
                 try:
                     self.send_response(receiver.status)
                     self.send_header("Content-Length", str(len(answer)))
@@ -57,6 +66,16 @@ class WebhookReceiver:
                     self.wfile.write(answer)
                 except OSError:
                     pass  # the caller gave up (its timeout)
+
+            def _drip(self) -> None:
+                self.close_connection = True
+                try:
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Drip: ")
+                    while not receiver._closing.wait(receiver.drip):
+                        self.wfile.write(b"a")
+                        self.wfile.flush()
+                except OSError:
+                    pass  # the caller gave up: its deadline
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -88,6 +107,7 @@ class WebhookReceiver:
             time.sleep(0.05)
 
     def close(self) -> None:
+        self._closing.set()
         self.server.shutdown()
         self.server.server_close()
 

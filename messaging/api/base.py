@@ -26,6 +26,7 @@ from messaging.api.pagination import ApiCursorPagination
 from messaging.api.throttling import AppRateThrottle
 from messaging.channels.access import channel_name_require
 from messaging.channels.names import CHANNEL_NAME
+from messaging.protocol import plain_int
 
 ERRORS = {code: OpenApiResponse(s.ErrorSerializer, description=text) for code, text in {
     400: "invalid request (`invalid_request`, `malformed_request`, …)",
@@ -71,8 +72,10 @@ class ApiView(APIView):
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
+        # Digits past the limit (however many: int() raises past 4300) are too large; a length that is
+        # no number at all is left to the body parser.
         length = request.META.get("CONTENT_LENGTH") or "0"
-        if length.isdigit() and int(length) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE:
+        if length.isascii() and length.isdigit() and plain_int(length, settings.DATA_UPLOAD_MAX_MEMORY_SIZE) is None:
             raise ApiError(413, "request_too_large", f"request bodies are limited to "
                                                      f"{settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes")
 

@@ -4,16 +4,23 @@ repeated rows, unlike page numbers); `limit` picks the page size (1 to 1000, def
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from rest_framework.pagination import CursorPagination
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from rest_framework.exceptions import NotFound
+from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from messaging.api.errors import ApiError
+from messaging.protocol import plain_int
 
 PAGE_SIZE = 100
 PAGE_SIZE_MAX = 1000
+CURSOR_TEXT = re.compile(r"[A-Za-z0-9+/=]{1,2048}")  # what encode_cursor gives out: base64
+CURSOR_POSITION_MAX = 256  # the longest ordering value a cursor carries (a channel name, a user id, a time)
 
 
 class ApiCursorPagination(CursorPagination):
@@ -25,6 +32,38 @@ class ApiCursorPagination(CursorPagination):
     def __init__(self, ordering: str | tuple[str, ...], extra: dict[str, Any] | None = None):
         self.ordering = ordering
         self.extra = extra or {}
+
+    def paginate_queryset(self, queryset: QuerySet, request: Request, view: Any = None) -> list | None:
+        self.model = queryset.model  # decode_cursor checks a cursor's position against the ordering field
+        return super().paginate_queryset(queryset, request, view)
+
+    def decode_cursor(self, request: Request) -> Cursor | None:
+        """The page a `cursor` names. A cursor is opaque but comes back from the client: one that
+        is not base64 of ASCII, or whose position is no value of the ordering field (a date that is
+        no date, a NUL that Postgres cannot take), is a 400 before any query."""
+        encoded = request.query_params.get(self.cursor_query_param)
+        try:
+            if encoded is not None and not CURSOR_TEXT.fullmatch(encoded):
+                raise NotFound()  # base64 decoding would skip what is not base64, and take the rest
+            cursor = super().decode_cursor(request)
+        except NotFound:
+            cursor = None
+            valid = False
+        else:
+            valid = cursor is None or cursor.position is None or self._position_valid(cursor.position)
+        if not valid:
+            raise ApiError(400, "invalid_request", "'cursor' must be a page's `next` or `previous` cursor, unchanged")
+        return cursor
+
+    def _position_valid(self, position: str) -> bool:
+        if "\x00" in position or len(position) > CURSOR_POSITION_MAX:
+            return False
+        ordering = self.ordering if isinstance(self.ordering, str) else self.ordering[0]
+        try:
+            self.model._meta.get_field(ordering.lstrip("-")).to_python(position)
+        except ValidationError:
+            return False
+        return True
 
     def get_page_size(self, request: Request) -> int:
         return query_int(request, "limit", PAGE_SIZE, 1, PAGE_SIZE_MAX)  # out of range: 400, not silently clamped
@@ -46,6 +85,7 @@ def query_int(request: Request, name: str, default: int, low: int, high: int) ->
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
+    number = plain_int(raw, high)
+    if number is None or number < low:
         raise ApiError(400, "invalid_request", f"'{name}' must be an integer from {low} to {high}")
-    return int(raw)
+    return number

@@ -10,10 +10,9 @@ from rest_framework import serializers
 
 from messaging.accept import USER_ID_MAX
 from messaging.models import DeliveryState, MessageKind
-from messaging.protocol import FEATURE_FAST, FEATURE_RELIABLE, REFERENCE_MAX
+from messaging.protocol import BIGINT_MAX, FEATURE_FAST, FEATURE_RELIABLE, REFERENCE_MAX
 
 RECIPIENTS_MAX = 10_000  # a shape bound only: the app's recipient limit applies after
-BIGINT_MAX = 2**63 - 1
 IDS_MAX = 1000
 
 

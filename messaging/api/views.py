@@ -33,7 +33,7 @@ from messaging.channels.names import user_channel
 from messaging.channels.registry import readers_count
 from messaging.channels.services import channel_history, subscription_add, subscription_remove
 from messaging.delivery.dead_letters import dead_letters_discard, dead_letters_requeue
-from messaging.protocol import FEATURE_FAST
+from messaging.protocol import FEATURE_FAST, plain_int
 from messaging.selectors import (
     connection_counts,
     dead_letters_of,
@@ -154,9 +154,9 @@ class MessageDetailView(ApiView):
         responses={200: s.MessageStatusSerializer, **errors(401, 404, 429)},
     )
     def get(self, request: Request, message_id: str) -> Response:
-        found = None
-        if message_id.isascii() and message_id.isdigit() and 0 < int(message_id) <= s.BIGINT_MAX:
-            found = message_status(app_id=self.app.pk, message_id=int(message_id))
+        found, number = None, plain_int(message_id, s.BIGINT_MAX)
+        if number:
+            found = message_status(app_id=self.app.pk, message_id=number)
         if found is None:
             raise ApiError(404, "not_found", f"no message {message_id[:32]} in app {self.app.app_name}")
         m = found.message

@@ -5,7 +5,10 @@ Every reader (a /ws connection, an SSE stream, a push-compatible stream socket) 
 
 - `join(name, since)`: the hub subscription is confirmed before the head is read, so replaying the
   history up to the head and then taking live publishes leaves nothing between the two; the replay
-  starts after `since`, or without it at the head as it was before subscribing;
+  starts after `since`, or without it at the head as it was before subscribing. A replay holds at
+  most STREAM_REPLAY_MAX messages, the newest: a `since` further back starts there instead, and the
+  reader's `missed(channel, missed, offset)` is told first (what it skipped, and after which offset
+  the replay starts), so its client knows it has a gap;
 - `publish(name, offset, content)`: a live publish from the hub. An offset already written is
   skipped; a jump (an earlier publish overtaken, or lost while Redis hiccupped) is filled from the
   history first;
@@ -13,12 +16,15 @@ Every reader (a /ws connection, an SSE stream, a push-compatible stream socket) 
   marked channel up from the history.
 
 Writing goes through the reader's `write(channel, offset, content)`, which answers False when the
-socket took nothing (closed, or cut off as a slow reader): the cursor then stops where it was.
+socket took nothing (closed, gone, or cut off as a slow reader): the cursor then stops where it was,
+and queries no more history for a reader that has gone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+
+from django.conf import settings
 
 from messaging import metrics
 from messaging.asyncdb import run_db
@@ -27,14 +33,17 @@ from messaging.channels.services import channel_heads, channel_history
 
 CATCH_UP_BATCH = 500
 Write = Callable[[str, int, str], Awaitable[bool]]
+Missed = Callable[[str, int, int], Awaitable[object]]  # (channel, messages skipped, offset the replay starts after)
 
 
 class ChannelCursor:
-    def __init__(self, *, app_id: int, hub: ChannelHub, reader: ChannelReader, write: Write, transport: str):
+    def __init__(self, *, app_id: int, hub: ChannelHub, reader: ChannelReader, write: Write, transport: str,
+                 missed: Missed | None = None):
         self.app_id = app_id
         self.hub = hub
         self.reader = reader
         self.write = write
+        self.missed = missed
         self.transport = transport
         self.positions: dict[str, int] = {}  # channel -> last offset written
         self.needs_repair: set[str] = set()
@@ -59,6 +68,12 @@ class ChannelCursor:
             self.positions[name] = since
         head = await self._head(name)
         self.positions[name] = min(self.positions[name], head)
+        floor = head - settings.STREAM_REPLAY_MAX
+        if self.positions[name] < floor:  # a bounded replay: the newest messages, and a notice of the gap
+            skipped, self.positions[name] = floor - self.positions[name], floor
+            metrics.STREAM_REPLAY_CUT.labels(self.transport).inc()
+            if self.missed is not None:
+                await self.missed(name, skipped, floor)
         await self._catch_up(name, upto=head)
         return self.positions.get(name, head)
 

@@ -9,6 +9,13 @@ of the app's public patterns (`news.*`), or when the client shows a grant: an HS
 with the app's secret, naming the channels (exact names or patterns) in a `channels` claim, with an
 `exp` no further ahead than the app's max token lifetime, and (optionally) `sub`, the only user it
 is good for.
+
+A grant is not a login token, though both are signed with the same secret and a grant may name its
+user in `sub`: grants travel in URLs (stream query strings) and end up in logs and browser
+histories. So a grant carries `"typ": "channel-grant"`, and AUTH_CLIENT's signed-token check
+(messaging.authentication) admits only a login token: `typ` absent or "login", and no `channels`
+claim. Grants signed before grants were typed (no `typ`, but a `channels` claim) are refused as
+logins too; as grants they still work.
 """
 
 from __future__ import annotations
@@ -23,6 +30,15 @@ import jwt
 from apps_registry.selectors import AppSnapshot, user_id_parse
 
 CHANNEL_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,128}")
+# The `typ` claim of what an app's server signs with its token secret (see the module doc).
+CHANNEL_GRANT_TYPE = "channel-grant"
+LOGIN_TOKEN_TYPE = "login"
+
+
+def token_is_login(claims: dict) -> bool:
+    """Whether verified claims are a login token: `typ` absent or "login", and no channels claim (a
+    grant, typed or from before grants were typed, never lets anyone in)."""
+    return claims.get("typ", LOGIN_TOKEN_TYPE) == LOGIN_TOKEN_TYPE and "channels" not in claims
 
 
 def channel_name_valid(name: object) -> bool:
@@ -87,7 +103,7 @@ def channel_granted(claims: dict, name: str, user_id: str | None = None) -> bool
 def channel_grant_sign(*, secret: str, channels: list[str], ttl_seconds: int = 3600, user_id: str | None = None,
                        app_id: str | None = None) -> str:
     """What an app's server does to let a client read channels (tests and the README use it)."""
-    claims: dict = {"channels": channels, "exp": int(time.time()) + ttl_seconds}
+    claims: dict = {"typ": CHANNEL_GRANT_TYPE, "channels": channels, "exp": int(time.time()) + ttl_seconds}
     if user_id:
         claims["sub"] = user_id
     if app_id:

@@ -5,7 +5,9 @@ total going from 0 to 1 is "occupied", back to 0 "vacated": the Lua script repor
 nodes changing at once cannot both announce.
 
 A node lists these hashes in its presence registrations (presence.cache), so when it is declared
-dead its fields go; its heartbeat re-asserts them (a restarted Redis is whole again).
+dead its fields go; its heartbeat re-asserts them (a restarted Redis is whole again). When a node's
+last reader of a channel leaves, its field and its listing go at once (and the hash itself with the
+cluster's last reader): a channel nobody reads leaves nothing behind, whatever names clients tried.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ if tonumber(ARGV[2]) > 0 then
   redis.call('SADD', KEYS[2], KEYS[1])
 else
   redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('SREM', KEYS[2], KEYS[1])
 end
 local after = 0
 for _, n in ipairs(redis.call('HVALS', KEYS[1])) do after = after + tonumber(n) end

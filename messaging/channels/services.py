@@ -113,25 +113,6 @@ def channel_heads(*, app_id: int, channels: list[str]) -> dict[str, int]:
     return {name: heads.get(name, 0) for name in channels}
 
 
-def channel_history_expire() -> int:
-    """Drop history older than each app's retention, oldest first per channel (no holes)."""
-    with connection.cursor() as cur:
-        cur.execute(
-            """
-            WITH keep AS (
-                SELECT c.id, (SELECT x."offset" FROM messaging_channelmessage x
-                               WHERE x.channel_id = c.id
-                                 AND x.created_at >= now() - make_interval(days => a.retention_days)
-                               ORDER BY x."offset" LIMIT 1) AS first_kept
-                  FROM messaging_channel c JOIN apps_registry_clientapp a ON a.id = c.app_id
-            )
-            DELETE FROM messaging_channelmessage m USING keep
-             WHERE m.channel_id = keep.id AND (keep.first_kept IS NULL OR m."offset" < keep.first_kept)
-            """
-        )
-        return cur.rowcount
-
-
 def channel_occupancy_record(*, app_id: int, channel: str, occupied: bool) -> None:
     """A channel got its first reader in the cluster (occupied) or lost its last one (vacated):
     counted, and announced to the app's webhooks that want it (no query when none does)."""

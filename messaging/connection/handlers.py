@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from django.conf import settings
 
 from apps_registry.selectors import AppSnapshot, user_id_parse
+from foundation.logs import loggable
 from foundation.transport.frames import encode
 from messaging import metrics
 from messaging.accept import USER_ID_MAX, SendRefused, content_require, recipients_require, user_require
@@ -85,7 +86,7 @@ async def on_auth_client(conn: Connection, frame: Frame) -> None:
     if isinstance(admitted, Refusal):
         # The linker reply, exactly (strict clients compare it); the reason travels in the close frame.
         metrics.AUTH.labels("refused").inc()
-        log.info("refused %s: %s", user_id, admitted.reason)
+        log.info("refused %s: %s", loggable(user_id), loggable(admitted.reason))  # client input: one line
         await conn.write(encode("AUTH_CLIENT_REPLY", {"appId": app_id, "userId": user_id, "isAuthenticated": False}))
         await conn.close_with(admitted.code, admitted.reason)
         return

@@ -3,6 +3,7 @@ token>` shows a grant; which channels they may read is messaging.channels.access
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
@@ -12,8 +13,12 @@ from django.conf import settings
 from apps_registry.selectors import AppSnapshot, app_snapshot_by_app_id
 from messaging.channels.access import ChannelRefused, Grant, channel_read_check
 from messaging.channels.names import GrantError, channel_name_valid, channel_of_app
+from messaging.protocol import plain_int
 
 CHANNELS_REQUIRED = "'channels' query parameter required"  # the push seed's exact wording
+OFFSET_DIGITS_MAX = 18
+OFFSET_MAX = 10**OFFSET_DIGITS_MAX - 1  # any offset of this many digits fits a bigint
+APP_ID = re.compile(r"[\x21-\x7e]{1,128}")  # what an appId can be; anything else is no app, and costs no query
 
 
 class StreamRefused(Exception):
@@ -33,21 +38,47 @@ class StreamIdentity:
 
 
 def query_params(query_string: bytes) -> dict[str, str]:
+    """The last value of each parameter, percent-decoded as UTF-8 (what cannot be decoded becomes
+    U+FFFD, which no parameter accepts)."""
     return {k: v[-1] for k, v in parse_qs(query_string.decode("latin-1")).items()}
 
 
-def resume_offsets(text: str | None, channels: tuple[str, ...]) -> dict[str, int]:
-    """`news:12,sport:7` (or a bare `12` for every channel): where each channel resumes after."""
+def header_text(scope: dict, name: str) -> str | None:
+    """A request header as text; StreamRefused (400) when it is not printable ASCII."""
+    wanted = name.lower().encode()
+    for key, value in scope.get("headers") or ():
+        if key.lower() == wanted:
+            if not all(0x20 <= b < 0x7F for b in value):
+                raise StreamRefused(400, "invalid_request", f"the {name} header must be printable ASCII")
+            return value.decode("ascii")
+    return None
+
+
+def _offset(text: str) -> int | None:
+    """A channel offset in plain ASCII digits ('²' and '١٢' are digits to str.isdigit and int(),
+    not to us), short enough to be a bigint whatever its digits; else None."""
+    return plain_int(text, OFFSET_MAX)
+
+
+def resume_offsets(text: str | None, channels: tuple[str, ...], *, source: str) -> dict[str, int]:
+    """`news:12,sport:7` (or a bare `12` for every channel): where each channel resumes after.
+    Channels the stream does not read are ignored; anything malformed is StreamRefused (400),
+    naming `source` (the header or query parameter it came in)."""
     if not text:
         return {}
     text = text.strip()
-    if text.isdigit():
-        return {name: int(text) for name in channels}
+    single = _offset(text)
+    if single is not None:
+        return {name: single for name in channels}
     offsets = {}
     for part in text.split(","):
-        name, _, offset = part.rpartition(":")
-        if name in channels and offset.isdigit():
-            offsets[name] = int(offset)
+        name, colon, raw = part.rpartition(":")
+        offset = _offset(raw)
+        if not colon or offset is None:
+            raise StreamRefused(400, "invalid_request", f"{source} must be an offset or channel:offset pairs separated "
+                                                        f"by commas, each offset 0 to {OFFSET_DIGITS_MAX} ASCII digits")
+        if name in channels:
+            offsets[name] = offset
     return offsets
 
 
@@ -74,7 +105,7 @@ def stream_identity(params: dict[str, str]) -> StreamIdentity:
                 app_id = jwt.decode(token, options={"verify_signature": False}).get("app")
             except jwt.PyJWTError:
                 raise StreamRefused(401, "unauthorized", "invalid token") from None
-        app = app_snapshot_by_app_id(app_id) if isinstance(app_id, str) else None
+        app = app_snapshot_by_app_id(app_id) if isinstance(app_id, str) and APP_ID.fullmatch(app_id) else None
         if app is None:
             raise StreamRefused(401, "unauthorized", "unknown app: name it with ?app= or the token's 'app' claim")
         grant = Grant(app, token)
@@ -83,7 +114,7 @@ def stream_identity(params: dict[str, str]) -> StreamIdentity:
         except GrantError as exc:
             raise StreamRefused(401, "unauthorized", str(exc)) from None
     elif app_id:
-        app = app_snapshot_by_app_id(app_id)
+        app = app_snapshot_by_app_id(app_id) if APP_ID.fullmatch(app_id) else None
         if app is None:
             raise StreamRefused(401, "unauthorized", "unknown app")
         grant, user = None, None

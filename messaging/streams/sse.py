@@ -10,10 +10,14 @@ id:a:12,b:7                (extension) every channel's offset: Last-Event-ID on 
 
 event:reconnect            one grace period before the stream's (dithered) lifetime ends
 data:{}
+
+event:missed               (extension) before a replay cut to the newest STREAM_REPLAY_MAX messages:
+data:{"channel":"a","missed":n,"offset":k}   n skipped; the replay starts after offset k
 ```
 
-No `channels`: 400 `{"error":"'channels' query parameter required"}`. A plain ASGI application (not
-a Django view): it holds the response open for minutes, writes as publishes arrive, and needs the
+No `channels`: 400 `{"error":"'channels' query parameter required"}`; a malformed `lastEventId` or
+Last-Event-ID: 400; more streams than STREAM_MAX_PER_ADDRESS or STREAM_MAX_PER_APP: 429, with
+Retry-After. A plain ASGI application (not a Django view): it holds the response open for minutes, writes as publishes arrive, and needs the
 node's channel hub and the socket's outgoing buffer. A reader that falls behind (what the node
 holds for it passes PUSH_MAX_BUFFER_BYTES, or its queue of publishes overflows) never slows a
 publisher or another reader: its stream is ended and counted, and it resumes with Last-Event-ID.
@@ -38,15 +42,18 @@ from messaging.runtime import runtime
 from messaging.streams.identity import (
     StreamRefused,
     event_id,
+    header_text,
     query_params,
     resume_offsets,
     stream_identity,
 )
+from messaging.streams.slots import StreamSlot, client_address, stream_slot_take
 
 log = logging.getLogger(__name__)
 QUEUE_SIZE = 1000
 HEARTBEAT = b"event:heartbeat\ndata:{}\n\n"
 RECONNECT = b"event:reconnect\ndata:{}\n\n"
+RETRY_AFTER_SECONDS = 5
 
 
 class _FellBehind(Exception):
@@ -73,10 +80,12 @@ class _Reader:
             self.behind = True
 
 
-async def _respond(send, status: int, body: dict) -> None:
+async def _respond(send, status: int, body: dict, retry_after: bool = False) -> None:
     payload = dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    if retry_after:  # a stream refused at a cap: another may end any moment
+        headers.append((b"retry-after", str(RETRY_AFTER_SECONDS).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
 
 
@@ -87,22 +96,37 @@ class SseStream:
         if scope["method"] not in ("GET", "HEAD"):
             await _respond(send, 405, {"error": "method_not_allowed", "detail": "use GET"})
             return
+        try:
+            slot = stream_slot_take(address=client_address(scope), transport="sse")
+        except StreamRefused as exc:
+            await _respond(send, exc.status, exc.body(), retry_after=True)
+            return
+        try:
+            await self._stream(scope, receive, send, slot)
+        finally:
+            slot.release()
+
+    async def _stream(self, scope, receive, send, slot: StreamSlot) -> None:
         params = query_params(scope.get("query_string", b""))
         try:
             identity = await run_db(stream_identity, params)
+            slot.take_app(identity.app.pk)
+            last_event_id = header_text(scope, "Last-Event-ID")
+            source = "the Last-Event-ID header" if last_event_id else "lastEventId"
+            resume = resume_offsets(last_event_id or params.get("lastEventId"), identity.channels, source=source)
         except StreamRefused as exc:
-            await _respond(send, exc.status, exc.body())
+            await _respond(send, exc.status, exc.body(), retry_after=exc.status == 429)
             return
-        headers = dict(scope.get("headers") or [])
-        last_event_id = headers.get(b"last-event-id", b"").decode("latin-1") or params.get("lastEventId")
-        resume = resume_offsets(last_event_id, identity.channels)
         outgoing = (scope.get("extensions") or {}).get(OUTGOING_EXTENSION)
         node = runtime()
         await node.ensure_started()
         metrics.TRANSPORT_CONNECTIONS.labels("sse").inc()
         reader = _Reader()
+        disconnected = asyncio.ensure_future(_wait_disconnect(receive))
 
         async def write(channel: str, offset: int, content: str) -> bool:
+            if disconnected.done():
+                return False  # the reader has gone: the replay stops, no more history is read for it
             if outgoing is not None and outgoing.pending() > settings.PUSH_MAX_BUFFER_BYTES:
                 raise _FellBehind()
             event = (f"event:message\ndata:{dumps({'channel': channel, 'message': content})}\n"
@@ -110,8 +134,14 @@ class SseStream:
             await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
             return True
 
-        cursor = ChannelCursor(app_id=identity.app.pk, hub=node.hub, reader=reader, write=write, transport="sse")
-        disconnected = asyncio.ensure_future(_wait_disconnect(receive))
+        async def missed(channel: str, skipped: int, offset: int) -> None:
+            if not disconnected.done():
+                body = dumps({"channel": channel, "missed": skipped, "offset": offset})
+                await send({"type": "http.response.body", "body": f"event:missed\ndata:{body}\n\n".encode(),
+                            "more_body": True})
+
+        cursor = ChannelCursor(app_id=identity.app.pk, hub=node.hub, reader=reader, write=write, transport="sse",
+                               missed=missed)
         reason = "lifetime"
         try:
             # Joined before the first heartbeat: a client that has its heartbeat is subscribed.
@@ -122,6 +152,8 @@ class SseStream:
                 (b"x-accel-buffering", b"no")]})
             await send({"type": "http.response.body", "body": HEARTBEAT, "more_body": True})
             for name, offset in resume.items():  # Last-Event-ID: what was missed, then live
+                if disconnected.done():
+                    break
                 await cursor.join(name, since=offset)
             reason = await self._serve(reader, cursor, send, disconnected)
         except _FellBehind:

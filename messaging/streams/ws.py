@@ -7,9 +7,13 @@
 - the connection lives a random time between the reconnect dither bounds; one grace period
   before it ends, `{"event":"reconnect","data":{}}`; then the server closes (1000);
 - a client `{"event":"ping"}` gets `{"event":"pong","data":{}}`;
-- no `channels`: `{"error":"'channels' query parameter required"}`, then close (1008).
+- no `channels`: `{"error":"'channels' query parameter required"}`, then close (1008); any other
+  refusal likewise (a malformed `since` is one), except more streams than STREAM_MAX_PER_ADDRESS
+  or STREAM_MAX_PER_APP: `{"error":"too_many_streams",…}`, then close (1013: try again later).
 
-`?since=news:12,sport:7` (an extension) replays what came after those offsets first.
+`?since=news:12,sport:7` (an extension) replays what came after those offsets first: at most the
+newest STREAM_REPLAY_MAX messages of a channel, after `{"event":"missed","data":{"channel","missed",
+"offset"}}` when there were more.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import time
 
 from django.conf import settings
 
-from foundation.transport.frames import CLOSE_NORMAL, CLOSE_POLICY, dumps
+from foundation.daphne_adapter import OUTGOING_EXTENSION, OutgoingBuffer
+from foundation.transport.frames import CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_AGAIN, dumps
 from messaging import metrics
 from messaging.asyncdb import run_db
 from messaging.channels.cursor import ChannelCursor
@@ -30,6 +35,7 @@ from messaging.connection.inbox import ChannelReaderConsumer
 from messaging.limits import TokenBucket
 from messaging.runtime import runtime
 from messaging.streams.identity import StreamRefused, query_params, resume_offsets, stream_identity
+from messaging.streams.slots import StreamSlot, client_address, stream_slot_take
 
 log = logging.getLogger(__name__)
 CLOSE_PONG_TIMEOUT = 4004
@@ -43,40 +49,61 @@ RECONNECT = dumps({"event": "reconnect", "data": {}})
 class PushStreamConsumer(ChannelReaderConsumer):
     timers: list[asyncio.Task] | tuple = ()
     counted = False  # in the open-connections gauge
+    slot: StreamSlot | None = None
+    outgoing: OutgoingBuffer | None = None
 
     async def connect(self) -> None:
         self.timers: list[asyncio.Task] = []
         self.last_pong = time.monotonic()
         self.bucket = TokenBucket(FRAMES_PER_SECOND, FRAMES_BURST)
+        self.outgoing = (self.scope.get("extensions") or {}).get(OUTGOING_EXTENSION)
         await self.accept()
+        params = query_params(self.scope.get("query_string", b""))
         try:
-            identity = await run_db(stream_identity, query_params(self.scope.get("query_string", b"")))
+            self.slot = stream_slot_take(address=client_address(self.scope), transport="ws_stream")
+            identity = await run_db(stream_identity, params)
+            self.slot.take_app(identity.app.pk)
+            since = resume_offsets(params.get("since"), identity.channels, source="since")
         except StreamRefused as exc:
             await self.send(text_data=dumps(exc.body()))
-            await self.close(code=CLOSE_POLICY, reason=exc.detail or exc.error)
+            code = CLOSE_TRY_AGAIN if exc.status == 429 else CLOSE_POLICY
+            await self.close(code=code, reason=exc.detail or exc.error)
             return
         node = runtime()
         await node.ensure_started()
         metrics.TRANSPORT_CONNECTIONS.labels("ws_stream").inc()
         self.counted = True
         self.channels = ChannelCursor(app_id=identity.app.pk, hub=node.hub, reader=self, write=self._write_message,
-                                      transport="ws_stream")
+                                      transport="ws_stream", missed=self._write_missed)
         # Joined before the first ping: a client that has its ping is subscribed, and a publish it
         # then triggers reaches it. With `since`, the replay follows the ping.
-        since = resume_offsets(query_params(self.scope.get("query_string", b"")).get("since"), identity.channels)
         for name in identity.channels:
             await self.channels.join(name)
         await self.send(text_data=PING)
         for name, offset in since.items():
+            if self._gone():
+                break
             await self.channels.join(name, since=offset)
         lifetime = random.uniform(settings.PUSH_RECONNECT_DITHER_MIN_SECONDS,
                                   settings.PUSH_RECONNECT_DITHER_MAX_SECONDS)
         self.timers = [asyncio.ensure_future(self._heartbeat()), asyncio.ensure_future(self._lifetime(lifetime))]
 
+    def _gone(self) -> bool:
+        """The socket is closed or cut off. Known from the transport: while this consumer replays
+        history (inside connect), the client's disconnect waits in its queue unread."""
+        return self.ended or (self.outgoing is not None and self.outgoing.closed)
+
     async def _write_message(self, channel: str, offset: int, content: str) -> bool:
+        if self._gone():
+            return False  # the replay stops: no more history is read for a reader that has gone
         await self.send(text_data=dumps({"event": "message",
                                          "data": {"channel": channel, "message": content, "offset": offset}}))
         return True
+
+    async def _write_missed(self, channel: str, skipped: int, offset: int) -> None:
+        if not self._gone():
+            await self.send(text_data=dumps({"event": "missed",
+                                             "data": {"channel": channel, "missed": skipped, "offset": offset}}))
 
     async def _heartbeat(self) -> None:
         grace = settings.PUSH_CLIENT_GRACE_SECONDS
@@ -116,6 +143,8 @@ class PushStreamConsumer(ChannelReaderConsumer):
     async def release(self) -> None:
         for timer in self.timers:
             timer.cancel()
+        if self.slot is not None:
+            self.slot.release()
         if self.counted:
             metrics.TRANSPORT_CONNECTIONS.labels("ws_stream").dec()
         if self.channels is not None:

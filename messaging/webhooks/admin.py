@@ -16,7 +16,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils.html import format_html
 
-from foundation.admin_readonly import ReadOnlyAdminMixin
+from foundation.admin_readonly import ACT, ReadOnlyAdminMixin
 from messaging.webhooks.models import WEBHOOK_ALL_EVENTS, WEBHOOK_SUBSCRIBABLE_EVENTS, WebhookDelivery, WebhookEndpoint
 
 from .selectors import webhook_events_forget
@@ -128,7 +128,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
         url = reverse("admin:messaging_webhookdelivery_changelist") + f"?endpoint__id__exact={obj.pk}"
         return format_html('<a href="{}">deliveries</a>', url)
 
-    @admin.action(description="Send a test event to the selected endpoints")
+    @admin.action(description="Send a test event to the selected endpoints", permissions=["change"])
     def send_test_event(self, request, queryset):
         sent = [webhook_test_send(endpoint=endpoint) for endpoint in queryset.select_related("app")]
         self.message_user(request, f"Sent a webhook.test event to {len(sent)} endpoint(s); see their deliveries.")
@@ -164,7 +164,7 @@ class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def payload_json(self, obj: WebhookDelivery) -> str:
         return format_html("<pre>{}</pre>", json.dumps(obj.payload, indent=2, ensure_ascii=False))
 
-    @admin.action(description="Re-queue selected dead webhook deliveries (fresh attempts)")
+    @admin.action(description="Re-queue selected dead webhook deliveries (fresh attempts)", permissions=ACT)
     def requeue(self, request, queryset):
         count = webhook_deliveries_requeue(delivery_ids=list(queryset.values_list("id", flat=True)))
         self.message_user(request, f"Re-queued {count} dead webhook delivery(ies).")

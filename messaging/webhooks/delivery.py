@@ -7,10 +7,20 @@ with a lease, through the door of messaging.handoff, and the task
 1. takes the row over under a fresh claim, in one conditional statement: the row must still be
    pending or retrying under the claim it was handed out with. A duplicate of the task, or a late
    one after the sweep re-handed the row, finds nothing to do; a delivered row is never sent again;
-2. POSTs the stored body, signed (messaging.webhooks.signing), with a timeout;
-3. records the outcome under its own claim: a 2xx answer is delivered; anything else (another
-   status, a redirect, a timeout, a refused connection) is a failed attempt: retrying after
-   base x 2^(n-1) seconds (capped, with jitter), or dead once WEBHOOK_MAX_ATTEMPTS have failed.
+2. takes one of its app's WEBHOOK_APP_CONCURRENCY slots (foundation.slots, across every webhook
+   worker). None free: the row is put back, due again in WEBHOOK_BUSY_RETRY_SECONDS, and no attempt
+   is counted; so a slow receiver costs its own app's calls, never another app's;
+3. POSTs the stored body, signed (messaging.webhooks.signing), through foundation.outgoing: refused
+   for an address outside the public internet and OUTGOING_ALLOWED_NETWORKS, and cut off at
+   WEBHOOK_TIMEOUT_SECONDS for the whole exchange however slowly the receiver answers; only the
+   status and ERROR_BODY_BYTES of the answer are read;
+4. records the outcome under its own claim: a 2xx answer is delivered; anything else (another
+   status, a redirect, the deadline, a refused address or connection) is a failed attempt: retrying
+   after base x 2^(n-1) seconds (capped, with jitter), or dead once WEBHOOK_MAX_ATTEMPTS have failed.
+
+The hand-out's lease (webhook_lease_seconds) is well past one call's deadline, so the sweep never
+hands a row to a second worker while the first still calls. The call's own deadline is what bounds
+the task: Celery's time limits are not enforced by the threads pool the workers run.
 
 The beat's sweep hands out again, under a new claim, every open row whose timer ran out: retries
 that are due, and rows whose task was lost (their lease passed). SKIP LOCKED keeps two sweeps off
@@ -23,15 +33,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import secrets
 from dataclasses import dataclass
 
-import httpx
 from django.conf import settings
 from django.db import connection
 
+from foundation.outgoing import SYNC_GRACE_SECONDS, Answer, OutgoingError, outgoing_client, outgoing_post, run_outgoing
+from foundation.slots import slot_release, slot_take
 from messaging import metrics
 from messaging.webhooks.models import WEBHOOK_OPEN_STATES, WebhookState, webhook_states_sql
 from messaging.webhooks.signing import DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, signature_header
@@ -43,7 +53,9 @@ DELIVERED = webhook_states_sql(WebhookState.DELIVERED)
 RETRYING = webhook_states_sql(WebhookState.RETRYING)
 DEAD = webhook_states_sql(WebhookState.DEAD)
 USER_AGENT = "Switchboard-Webhooks/1"
-ERROR_BODY_BYTES = 200  # of a refusing receiver's answer, kept in last_error
+ERROR_BODY_BYTES = 200  # of a refusing receiver's answer, kept in last_error; the rest is never read
+CLIENT_MAX_CONNECTIONS = 100  # per worker process (its threads' calls share one pool)
+CLIENT_MAX_KEEPALIVE = 20
 
 
 def webhook_claim_token() -> int:
@@ -52,8 +64,14 @@ def webhook_claim_token() -> int:
 
 def webhook_lease_seconds() -> float:
     """How long a hand-out is left alone before the sweep hands the row out again: well past one
-    call's timeout, so a slow receiver is not called twice at once."""
+    call's whole-exchange deadline, so a slow receiver is not called twice at once."""
     return max(60.0, 3 * settings.WEBHOOK_TIMEOUT_SECONDS)
+
+
+def webhook_slot_seconds() -> float:
+    """How long an app's concurrency slot is held at most: past the call's deadline, so it expires
+    (frees itself) only when the worker that took it died."""
+    return settings.WEBHOOK_TIMEOUT_SECONDS + SYNC_GRACE_SECONDS + 30
 
 
 def webhook_backoff(attempts: int) -> float:
@@ -65,23 +83,9 @@ def webhook_backoff(attempts: int) -> float:
 
 # --- one attempt ---------------------------------------------------------------------------------
 
-_client: httpx.Client | None = None
-_client_pid = 0
-
-
-def _http_client() -> httpx.Client:
-    """One client (and its connection pool) per worker process: keep-alive to a receiver across
-    calls. A forked pool child makes its own rather than share its parent's sockets."""
-    global _client, _client_pid
-    if _client is None or _client_pid != os.getpid():
-        _client = httpx.Client(follow_redirects=False, headers={"User-Agent": USER_AGENT},
-                               limits=httpx.Limits(max_connections=20, max_keepalive_connections=10))
-        _client_pid = os.getpid()
-    return _client
-
-
 @dataclass(frozen=True)
 class _Claimed:
+    app_id: int
     url: str
     secret: str
     event: str
@@ -96,15 +100,34 @@ def _take_over(delivery_id: str, claim: int, new_claim: int) -> _Claimed | None:
             UPDATE messaging_webhookdelivery w SET claim = %s, next_attempt_at = now() + make_interval(secs => %s)
               FROM messaging_webhookendpoint e
              WHERE w.id = %s AND w.claim = %s AND w.state IN {OPEN} AND e.id = w.endpoint_id
-            RETURNING e.url, e.secret, w.event, w.payload, w.attempts
+            RETURNING e.app_id, e.url, e.secret, w.event, w.payload, w.attempts
             """,
             [new_claim, webhook_lease_seconds(), delivery_id, claim],
         )
         row = cur.fetchone()
     if row is None:
         return None
-    payload = row[3] if isinstance(row[3], dict) else json.loads(row[3])
-    return _Claimed(url=row[0], secret=row[1], event=row[2], payload=payload, attempts=row[4])
+    payload = row[4] if isinstance(row[4], dict) else json.loads(row[4])
+    return _Claimed(app_id=row[0], url=row[1], secret=row[2], event=row[3], payload=payload, attempts=row[5])
+
+
+def _put_back(delivery_id: str, claim: int) -> bool:
+    """Its app has every slot taken: due again shortly, no attempt counted, for the sweep."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"""
+            UPDATE messaging_webhookdelivery SET claim = NULL, next_attempt_at = now() + make_interval(secs => %s)
+             WHERE id = %s AND claim = %s AND state IN {OPEN}
+            """,
+            [settings.WEBHOOK_BUSY_RETRY_SECONDS, delivery_id, claim],
+        )
+        return cur.rowcount == 1
+
+
+async def _post(url: str, body: bytes, headers: dict[str, str], deadline: float) -> Answer:
+    client = outgoing_client("webhooks", max_connections=CLIENT_MAX_CONNECTIONS, max_keepalive=CLIENT_MAX_KEEPALIVE)
+    return await outgoing_post(client, url, content=body, headers=headers, deadline=deadline,
+                               max_bytes=ERROR_BODY_BYTES)
 
 
 def _call(claimed: _Claimed, delivery_id: str) -> tuple[int | None, str]:
@@ -114,26 +137,20 @@ def _call(claimed: _Claimed, delivery_id: str) -> tuple[int | None, str]:
     body = json.dumps(claimed.payload, separators=(",", ":"), ensure_ascii=False).encode()
     headers = {
         "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
         EVENT_HEADER: claimed.event,
         DELIVERY_HEADER: delivery_id,
         SIGNATURE_HEADER: signature_header(secret=claimed.secret, body=body),
     }
-    timeout = settings.WEBHOOK_TIMEOUT_SECONDS
+    deadline = settings.WEBHOOK_TIMEOUT_SECONDS
     try:
-        with _http_client().stream("POST", claimed.url, content=body, headers=headers, timeout=timeout) as answer:
-            if 200 <= answer.status_code < 300:
-                return answer.status_code, ""
-            text = b""
-            for chunk in answer.iter_bytes():  # a little of the answer, never all of a huge one
-                text += chunk
-                if len(text) >= ERROR_BODY_BYTES:
-                    break
-            detail = text[:ERROR_BODY_BYTES].decode(errors="replace").strip()
-            return answer.status_code, f"HTTP {answer.status_code}" + (f": {detail}" if detail else "")
-    except httpx.TimeoutException:
-        return None, f"no answer within {timeout:g} s"
-    except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"[:500]
+        answer = run_outgoing(_post(claimed.url, body, headers, deadline), deadline)
+    except OutgoingError as exc:
+        return None, str(exc)[:500]
+    if 200 <= answer.status < 300:
+        return answer.status, ""
+    detail = answer.body.decode(errors="replace").strip()
+    return answer.status, f"HTTP {answer.status}" + (f": {detail}" if detail else "")
 
 
 def _record_delivered(delivery_id: str, claim: int, status: int) -> bool:
@@ -173,12 +190,19 @@ def _record_failed(delivery_id: str, claim: int, status: int | None, error: str,
 def webhook_attempt(*, delivery_id: str, claim: int) -> str:
     """Make one attempt of a handed-out delivery. Returns what became of it: "delivered",
     "retrying", "dead", or "skipped" (not pending or retrying under this claim any more: done,
-    dead, or handed to someone else)."""
+    dead, or handed to someone else), or "busy" (put back: its app's calls in flight are at the cap)."""
     own_claim = webhook_claim_token()
     claimed = _take_over(delivery_id, claim, own_claim)
     if claimed is None:
         return "skipped"
-    status, error = _call(claimed, delivery_id)
+    slot_name = f"webhooks:app:{claimed.app_id}"
+    slot = slot_take(slot_name, cap=settings.WEBHOOK_APP_CONCURRENCY, ttl=webhook_slot_seconds())
+    if slot is None:
+        return "busy" if _put_back(delivery_id, own_claim) else "skipped"
+    try:
+        status, error = _call(claimed, delivery_id)
+    finally:
+        slot_release(slot_name, slot)
     if not error:
         outcome = "delivered" if _record_delivered(delivery_id, own_claim, status) else "skipped"
     else:

@@ -15,6 +15,7 @@ call is made until it is delivered or dead.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import uuid
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -30,6 +32,7 @@ from django.core.validators import URLValidator
 from django.db import connection, transaction
 from django.utils import timezone
 
+from foundation.outgoing import address_refusal, allowed_networks
 from messaging import metrics
 from messaging.asyncdb import run_db
 from messaging.handoff import webhook_calls_enqueue
@@ -62,7 +65,8 @@ class WebhookNotice:
 
 
 def webhook_url_validate(url: str) -> None:
-    """https:// (or http:// where WEBHOOKS_ALLOW_HTTP is on), an absolute URL, at most 500 characters."""
+    """https:// (or http:// where WEBHOOKS_ALLOW_HTTP is on), an absolute URL, at most 500 characters,
+    not an address outside the public internet and OUTGOING_ALLOWED_NETWORKS."""
     schemes = ["https", "http"] if settings.WEBHOOKS_ALLOW_HTTP else ["https"]
     if not isinstance(url, str) or len(url) > URL_MAX:
         raise ValidationError({"url": f"A URL of at most {URL_MAX} characters."})
@@ -72,6 +76,20 @@ def webhook_url_validate(url: str) -> None:
         URLValidator(schemes=schemes)(url)
     except ValidationError:
         raise ValidationError({"url": f"Not a valid {' or '.join(s + '://' for s in schemes)} URL."}) from None
+    _address_check(url)
+
+
+def _address_check(url: str) -> None:
+    """An address literal the platform would refuse to call is refused at once; a host name is
+    resolved and checked at every call (foundation.outgoing), where its answer may differ."""
+    host = (urlsplit(url).hostname or "").strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return
+    reason = address_refusal(host, allowed_networks())
+    if reason:
+        raise ValidationError({"url": f"Not called: {reason}."})
 
 
 def webhook_events_clean(events: Sequence[str] | None) -> list[str]:

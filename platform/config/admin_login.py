@@ -1,14 +1,23 @@
-"""The admin login, throttled: a password cannot be guessed at network speed.
+"""The admin login, throttled: a password cannot be guessed at network speed, and nobody can lock an
+admin out from elsewhere.
 
-After ADMIN_LOGIN_MAX_FAILURES failed logins for one username, or from one address, within
-ADMIN_LOGIN_WINDOW_SECONDS, further attempts for that username or from that address are refused
-with 429 until the window has passed (counters live in the Redis-backed cache, so every web node
-sees them). A successful login clears the username's count.
+Failures are counted per (username, client address) and per client address (any username); the
+address is the one foundation.forwarded found (the rightmost untrusted X-Forwarded-For hop). After
+ADMIN_LOGIN_FREE_FAILURES failures for a pair (ADMIN_LOGIN_FREE_FAILURES_PER_ADDRESS for an address),
+each further failure makes it wait before the next attempt: ADMIN_LOGIN_BACKOFF_SECONDS, doubling
+with each failure, at most ADMIN_LOGIN_BACKOFF_MAX_SECONDS. An attempt during the wait gets 429 with
+Retry-After and its password is not checked. An attacker failing for `admin` from one address
+therefore never stops the real admin logging in from another. Counts live in the Redis-backed cache
+(every web node sees them; `incr` is atomic there) and are forgotten ADMIN_LOGIN_WINDOW_SECONDS after
+the last failure; a successful login clears its pair.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import time
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.contrib import admin
@@ -17,40 +26,76 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 
-def _keys(request: HttpRequest) -> tuple[str, str]:
+def _now() -> float:
+    return time.time()
+
+
+@dataclass(frozen=True)
+class Counter:
+    key: str
+    free_failures: int
+
+    @property
+    def wait_key(self) -> str:
+        return self.key + ":until"
+
+
+def _counters(request: HttpRequest) -> tuple[Counter, Counter]:
+    """(username from this address, this address); hashed, as cache keys must be short and safe
+    whatever a client types."""
     username = (request.POST.get("username") or "").strip().lower()
-    # hashed: cache keys must be short and safe whatever a client types
-    user_key = "sb:login:u:" + hashlib.sha256(username.encode(errors="replace")).hexdigest()[:32]
-    return user_key, "sb:login:ip:" + request.META.get("REMOTE_ADDR", "")
+    address = request.META.get("REMOTE_ADDR", "")
+    pair = hashlib.sha256(f"{username}\n{address}".encode(errors="replace")).hexdigest()[:32]
+    by_address = hashlib.sha256(address.encode(errors="replace")).hexdigest()[:32]
+    return (Counter("sb:login:ua:" + pair, settings.ADMIN_LOGIN_FREE_FAILURES),
+            Counter("sb:login:a:" + by_address, settings.ADMIN_LOGIN_FREE_FAILURES_PER_ADDRESS))
 
 
-def _blocked(keys: tuple[str, str]) -> bool:
-    counts = cache.get_many(keys)
-    return any(int(counts.get(k) or 0) >= settings.ADMIN_LOGIN_MAX_FAILURES for k in keys)
+def login_backoff_seconds(failures: int, free_failures: int) -> float:
+    """How long to wait after the `failures`-th failure: nothing for the free ones, then doubling."""
+    over = failures - free_failures
+    if over <= 0:
+        return 0.0
+    return min(settings.ADMIN_LOGIN_BACKOFF_SECONDS * 2 ** min(over - 1, 62), settings.ADMIN_LOGIN_BACKOFF_MAX_SECONDS)
 
 
-def _record_failure(keys: tuple[str, str]) -> None:
-    for key in keys:
-        if cache.add(key, 1, timeout=settings.ADMIN_LOGIN_WINDOW_SECONDS):
-            continue
-        try:
-            cache.incr(key)
-        except ValueError:  # expired between add and incr
-            cache.add(key, 1, timeout=settings.ADMIN_LOGIN_WINDOW_SECONDS)
+def _seconds_to_wait(counters: tuple[Counter, ...]) -> float:
+    until = cache.get_many([c.wait_key for c in counters]).values()
+    return max([0.0, *(float(u) - _now() for u in until)])
+
+
+def _record_failure(counters: tuple[Counter, ...]) -> None:
+    window = settings.ADMIN_LOGIN_WINDOW_SECONDS
+    for counter in counters:
+        if cache.add(counter.key, 1, timeout=window):
+            failures = 1
+        else:
+            try:
+                failures = cache.incr(counter.key)
+                cache.touch(counter.key, window)
+            except ValueError:  # expired between add and incr
+                cache.add(counter.key, 1, timeout=window)
+                failures = 1
+        wait = login_backoff_seconds(failures, counter.free_failures)
+        if wait:
+            cache.set(counter.wait_key, _now() + wait, timeout=math.ceil(wait) + 1)
 
 
 def admin_login(request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
     if request.method != "POST":
         return admin.site.login(request, extra_context)
-    keys = _keys(request)
-    if _blocked(keys):
-        minutes = max(1, settings.ADMIN_LOGIN_WINDOW_SECONDS // 60)
-        context = {**admin.site.each_context(request), "title": "Log in", "minutes": minutes}
-        return TemplateResponse(request, "admin/login_throttled.html", context, status=429)
+    counters = _counters(request)
+    wait = _seconds_to_wait(counters)
+    if wait > 0:
+        seconds = math.ceil(wait)
+        context = {**admin.site.each_context(request), "title": "Log in", "seconds": seconds}
+        response = TemplateResponse(request, "admin/login_throttled.html", context, status=429)
+        response["Retry-After"] = str(seconds)
+        return response
     response = admin.site.login(request, extra_context)
     logged_in = response.status_code in (301, 302) and request.user.is_authenticated
     if logged_in:
-        cache.delete(keys[0])
+        cache.delete_many([counters[0].key, counters[0].wait_key])
     else:
-        _record_failure(keys)
+        _record_failure(counters)
     return response

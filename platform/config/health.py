@@ -1,42 +1,53 @@
-"""Liveness and readiness: /healthz says the process serves, /readyz that its services answer."""
+"""Liveness and readiness: /healthz says the process serves, /readyz that its services answer.
+
+/readyz is public (load balancers and orchestrators ask it without credentials), so a failure names
+only the part that fails ("database", "redis"); the error itself, which may carry host names, ports,
+user names or file paths, goes to the log.
+"""
 
 from __future__ import annotations
+
+import logging
 
 import redis
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
+log = logging.getLogger(__name__)
+
+DATABASE = "database"
+REDIS = "redis"
+
 
 def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok", "node": settings.NODE_ID})
 
 
-def _postgres_error() -> str | None:
+def _database_answers() -> bool:
     try:
         with connection.cursor() as cursor:
             cursor.execute("select 1")
-        return None
-    except Exception as exc:  # any failure means "not ready"; the text goes to the operator
+        return True
+    except Exception:  # any failure means "not ready"
+        log.warning("readiness: the database does not answer", exc_info=True)
         connection.close_if_unusable_or_obsolete()
-        return f"{type(exc).__name__}: {exc}".strip()[:300]
+        return False
 
 
-def _redis_error() -> str | None:
+def _redis_answers() -> bool:
     try:
         client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
         client.ping()
         client.close()
-        return None
+        return True
     except redis.RedisError as exc:
-        return f"{type(exc).__name__}: {exc}"[:300]
+        log.warning("readiness: redis does not answer: %r", exc)
+        return False
 
 
 def readyz(request: HttpRequest) -> JsonResponse:
-    failures = {name: err for name, err in (("postgres", _postgres_error()), ("redis", _redis_error())) if err}
-    if failures:
-        return JsonResponse({"status": "unavailable", "failing": failures}, status=503)
+    failing = [name for name, answers in ((DATABASE, _database_answers), (REDIS, _redis_answers)) if not answers()]
+    if failing:
+        return JsonResponse({"status": "unavailable", "failing": failing}, status=503)
     return JsonResponse({"status": "ready", "node": settings.NODE_ID, "domain": settings.DOMAIN_NAME})
-
-
-

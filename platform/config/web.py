@@ -5,7 +5,8 @@
 Daphne's message-size ceiling is WS_MAX_FRAME_BYTES itself: a larger frame is refused by autobahn
 with a clean close 1009 before it is read into memory (foundation.daphne_adapter turns autobahn's
 default, dropping the TCP connection, into a close frame). Proxy headers are parsed, but believed
-only from TRUSTED_PROXIES (also foundation.daphne_adapter).
+only from TRUSTED_PROXIES, the client being the rightmost X-Forwarded-For hop that is not a trusted
+proxy (foundation.forwarded, applied by foundation.daphne_adapter to both HTTP and WebSocket).
 
 Before daphne starts, the installed daphne, Twisted and autobahn are checked against the versions
 foundation.daphne_adapter was tested with: on others the node stops at once, with a message saying

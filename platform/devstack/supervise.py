@@ -1,8 +1,9 @@
 """`make run`: the whole platform as one supervised foreground process group.
 
 Starts (or reuses) the embedded services when no DATABASE_URL / REDIS_URL is set, migrates,
-ensures the demo app and an admin login, then runs a daphne web node, a Celery worker and Celery
-beat with prefixed logs. A child that crashes is restarted with backoff. The embedded Postgres and
+ensures the demo app and an admin login, then runs a daphne web node, a Celery worker (routing and
+the default queue), a webhook worker (the webhooks queue only: tenants' receivers never hold a thread
+that routing needs) and Celery beat with prefixed logs. A child that crashes is restarted with backoff. The embedded Postgres and
 Redis are watched the same way: one that stops answering (killed, crashed) is started again, with
 backoff, and the web node, worker and beat reconnect by themselves. Ctrl-C or SIGTERM stops the
 web node first (so no new work arrives), then the worker (which finishes what it holds), then
@@ -24,7 +25,7 @@ from pathlib import Path
 from devstack import embedded
 
 ROOT = Path(__file__).resolve().parents[2]
-COLOURS = {"web": "\033[36m", "worker": "\033[33m", "beat": "\033[35m", "run": "\033[32m"}
+COLOURS = {"web": "\033[36m", "worker": "\033[33m", "hooks": "\033[34m", "beat": "\033[35m", "run": "\033[32m"}
 RESET = "\033[0m"
 _print_lock = threading.Lock()
 
@@ -149,6 +150,8 @@ def main() -> int:
         Child("web", [sys.executable, "-m", "config.web", "--bind", host, "--port", port]),
         Child("worker", [str(bin_dir / "celery"), "-A", "config", "worker", "-l", "INFO",
                          "-n", f"worker-{port}@%h", "-Q", "celery,routing"]),
+        Child("hooks", [str(bin_dir / "celery"), "-A", "config", "worker", "-l", "INFO",
+                        "-n", f"webhooks-{port}@%h", "-Q", "webhooks"]),
         Child("beat", [str(bin_dir / "celery"), "-A", "config", "beat", "-l", "INFO",
                        "-s", str(embedded.var_dir() / "celerybeat-schedule")]),
     ]
@@ -186,8 +189,8 @@ def main() -> int:
                 time.sleep(min(2 ** (len(child.restarts) - 1), 10))
                 child.start(env)
 
-    say("run", "stopping: web, then worker, then beat")
-    for child, timeout in zip(children, (15, 30, 10), strict=True):
+    say("run", "stopping: web, then the workers, then beat")
+    for child, timeout in zip(children, (15, 30, 30, 10), strict=True):
         child.stop(timeout)
     if started_services:
         say("run", f"stopped embedded {', '.join(embedded.stop()) or 'services'}")

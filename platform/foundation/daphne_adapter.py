@@ -11,15 +11,19 @@
    never reads the oversized frame into memory.
 3. **A bounded incoming queue.** Daphne hands every received frame to the application through an
    unbounded queue; a client sending faster than its frames are handled grew the node without
-   limit. Past WS_MAX_QUEUED_FRAMES unhandled frames the connection is closed with 4003.
+   limit. Past WS_MAX_QUEUED_FRAMES unhandled frames, or WS_MAX_QUEUED_BYTES of them (counted as
+   received, before decoding), the connection is closed with 4003.
 4. **A bounded outgoing buffer.** `send` on an ASGI socket never blocks: what a client does not read
    piles up in Twisted's write buffer. Past WS_MAX_OUTGOING_BYTES the connection is closed with
    4002 and further frames are dropped. The buffer is also offered to the application as the scope
    extension `switchboard.outgoing` (an `OutgoingBuffer`): the consumer learns when the bytes of a
    frame have left the node, and only then counts a message delivered, so a slow reader that is
-   cut off keeps its undelivered messages in its mailbox.
+   cut off keeps its undelivered messages in its mailbox. Its `closed` turns true once the socket is
+   gone or cut off: a reader replaying history stops there instead of querying for nobody.
 5. **Proxy headers from trusted proxies only.** With `--proxy-headers` daphne believes any client's
-   `X-Forwarded-For`. The header is honoured only when the peer is one of TRUSTED_PROXIES.
+   `X-Forwarded-For` (its leftmost value, which the client writes) and `X-Forwarded-Proto`. Both are
+   read by foundation.forwarded instead: only from a peer in TRUSTED_PROXIES, and the client is the
+   rightmost hop that is not a trusted proxy.
 
 **Only on the versions it was tested with.** All of this replaces daphne's and autobahn's methods
 and reads Twisted's private write buffer (`dataBuffer`, `offset`, `_tempDataLen`, `doWrite`). Another
@@ -34,9 +38,9 @@ the same check before it starts daphne, so a web node stops with that message an
 
 from __future__ import annotations
 
+import collections
 import functools
 import importlib.metadata
-import ipaddress
 import logging
 import os
 from collections.abc import Callable
@@ -44,6 +48,7 @@ from collections.abc import Callable
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from foundation.forwarded import client_from_headers, trusted_networks
 from foundation.metrics import CONNECTIONS_CLOSED
 from foundation.transport.frames import CLOSE_FRAME_FLOOD, CLOSE_SLOW_READER
 
@@ -116,6 +121,7 @@ class OutgoingBuffer:
     def __init__(self, transport) -> None:
         self.transport = transport
         self.queued = 0
+        self.closed = False  # the socket is gone, or was cut off as a slow reader: nothing more leaves
         self.on_flush: Callable[[], None] | None = None
         self._exact = all(hasattr(transport, a) for a in ("dataBuffer", "offset", "_tempDataLen", "doWrite"))
         original_write, original_sequence = transport.write, transport.writeSequence
@@ -154,18 +160,31 @@ class OutgoingBuffer:
         return self.queued - self.pending()
 
 
-def _trusted_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    return [ipaddress.ip_network(n, strict=False) for n in getattr(settings, "TRUSTED_PROXIES", [])]
+class IncomingBytes:
+    """Bytes of received frames waiting in a WebSocket's application queue (daphne's `input_queue`).
 
+    The size of a frame is noted by `arriving` just before daphne puts it in the queue, and given
+    back when the application takes it out (asyncio.Queue's `_put`/`_get`, which every put and get
+    go through, wrapped on this one queue)."""
 
-def _peer_trusted(addr, networks) -> bool:
-    if not addr or not networks:
-        return False
-    try:
-        ip = ipaddress.ip_address(str(addr[0]))
-    except ValueError:
-        return False
-    return any(ip in net for net in networks)
+    def __init__(self, queue) -> None:
+        self.bytes = 0
+        self.arriving = 0
+        sizes: collections.deque[int] = collections.deque()
+        original_put, original_get = queue._put, queue._get
+
+        def put(item) -> None:
+            sizes.append(self.arriving)
+            self.bytes += self.arriving
+            self.arriving = 0
+            original_put(item)
+
+        def get():
+            item = original_get()
+            self.bytes -= sizes.popleft() if sizes else 0
+            return item
+
+        queue._put, queue._get = put, get
 
 
 def install() -> None:
@@ -178,6 +197,7 @@ def install() -> None:
     if getattr(WebSocketProtocol, "_switchboard_patched", False):
         return
     max_frames = _setting("WS_MAX_QUEUED_FRAMES", 500)
+    max_queued_bytes = _setting("WS_MAX_QUEUED_BYTES", 4 * 1024 * 1024)
     max_outgoing = _setting("WS_MAX_OUTGOING_BYTES", 8 * 1024 * 1024)
 
     # 1. close codes, with the application's reason text (ASGI `websocket.close` "reason")
@@ -215,13 +235,23 @@ def install() -> None:
 
     def on_message(self, payload, is_binary):
         queue = getattr(self, "application_queue", None)
-        if not self.muted and queue is not None and queue.qsize() >= max_frames:
-            log.warning("closing %s: more than %d frames waiting to be handled", self.client_addr, max_frames)
-            self.muted = True
-            CONNECTIONS_CLOSED.labels("frame_flood").inc()
-            self.serverClose(code=CLOSE_FRAME_FLOOD)
-            # the application still hears the disconnect (onClose), so its cleanup runs
-            return None
+        incoming = getattr(self, "_switchboard_incoming", None)
+        if not self.muted and queue is not None:
+            if queue.qsize() >= max_frames:
+                flood = f"more than {max_frames} frames waiting to be handled"
+            elif incoming is not None and incoming.bytes + len(payload) > max_queued_bytes:
+                flood = f"more than {max_queued_bytes} bytes waiting to be handled"
+            else:
+                flood = None
+            if flood:
+                log.warning("closing %s: %s", self.client_addr, flood)
+                self.muted = True
+                CONNECTIONS_CLOSED.labels("frame_flood").inc()
+                self.serverClose(code=CLOSE_FRAME_FLOOD, reason=flood)
+                # the application still hears the disconnect (onClose), so its cleanup runs
+                return None
+        if incoming is not None and not self.muted:
+            incoming.arriving = len(payload)
         return original_on_message(self, payload, is_binary)
 
     WebSocketProtocol.onMessage = on_message
@@ -231,6 +261,9 @@ def install() -> None:
     def on_close(self, was_clean, code, reason):
         # A muted protocol would skip telling the application it is gone: it always must be told.
         self.muted = False
+        outgoing = getattr(self, "_switchboard_outgoing", None)
+        if outgoing is not None:
+            outgoing.closed = True
         return original_on_close(self, was_clean, code, reason)
 
     WebSocketProtocol.onClose = on_close
@@ -251,7 +284,10 @@ def install() -> None:
                 buffer = getattr(transport, "_switchboard_outgoing", None) or OutgoingBuffer(transport)
                 transport._switchboard_outgoing = buffer
                 scope.setdefault("extensions", {})[OUTGOING_EXTENSION] = buffer
-        return original_create(self, protocol, scope)
+        queue = original_create(self, protocol, scope)
+        if isinstance(protocol, WebSocketProtocol) and queue is not None:
+            protocol._switchboard_incoming = IncomingBytes(queue)
+        return queue
 
     server.Server.create_application = create_application
 
@@ -266,22 +302,19 @@ def install() -> None:
             log.warning("closing %s: %d bytes queued for a reader that does not keep up", self.client_addr,
                         buffer.pending())
             self._switchboard_slow = True
+            buffer.closed = True
             CONNECTIONS_CLOSED.labels("slow_reader").inc()
             self.serverClose(code=CLOSE_SLOW_READER)
         return None
 
     WebSocketProtocol.serverSend = server_send
 
-    # 5. proxy headers only from trusted proxies
-    networks = _trusted_networks()
-    original_parse = ws_protocol.parse_x_forwarded_for
+    # 5. proxy headers only from trusted proxies, the client being the rightmost untrusted hop
+    networks = trusted_networks()
 
     def parse_x_forwarded_for(headers, address_header_name=None, port_header_name=None, proto_header_name=None,
                               original_addr=None, original_scheme=None):
-        if not _peer_trusted(original_addr, networks):
-            return original_addr, original_scheme
-        return original_parse(headers, address_header_name, port_header_name, proto_header_name, original_addr,
-                              original_scheme)
+        return client_from_headers(headers, original_addr, original_scheme, networks)
 
     ws_protocol.parse_x_forwarded_for = parse_x_forwarded_for
     http_protocol.parse_x_forwarded_for = parse_x_forwarded_for

@@ -11,12 +11,6 @@ from tests.factories import make_app, make_domain
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def operator(client):
-    client.force_login(User.objects.create_superuser("ops", password="pw-ops-12345"))
-    return client
-
-
 def _app_form(**fields) -> dict:
     """The app form as a browser submits it: every field pre-filled with its default."""
     form = {
@@ -78,6 +72,31 @@ def test_the_standalone_distribution_form_names_the_clash(operator):
 def test_auth_url_mode_without_a_url_is_explained(operator):
     response = operator.post("/admin/apps_registry/clientapp/add/", _app_form(auth_mode="auth_url"))
     assert "needs an auth URL" in response.content.decode()
+
+
+def test_saving_an_open_app_warns_what_auth_mode_none_means(operator):
+    make_domain()
+    page = operator.post("/admin/apps_registry/clientapp/add/", _app_form(auth_mode="none"), follow=True)
+    assert "KIWI has auth mode &#x27;none&#x27;: anyone who knows the appId can log in as any user of this app, " \
+           "including its master user." in page.content.decode()
+
+
+def test_a_new_app_in_the_console_offers_signed_tokens_and_keeps_a_generated_secret_when_left_blank(operator):
+    add_page = operator.get("/admin/apps_registry/clientapp/add/").content.decode()
+    assert '<option value="signed_token" selected>' in add_page
+    assert "anyone who knows the appId can log in" in add_page  # the help text of auth mode
+    page = operator.post("/admin/apps_registry/clientapp/add/", _app_form(auth_mode="signed_token"), follow=True)
+    assert "has auth mode" not in page.content.decode()  # no open-app warning
+    kiwi = ClientApp.objects.get(app_name="KIWI")
+    assert kiwi.auth_mode == "signed_token" and len(kiwi.token_secret) >= 32
+
+
+def test_auth_url_mode_with_the_url_switched_off_is_refused_in_the_console(operator):
+    response = operator.post("/admin/apps_registry/clientapp/add/",
+                             _app_form(auth_mode="auth_url", auth_url="https://auth.example.com/check"))
+    assert response.status_code == 200
+    assert "while it is off, every login is refused" in response.content.decode()
+    assert not ClientApp.objects.filter(app_name="KIWI").exists()
 
 
 def test_an_apps_token_secret_is_write_only_in_the_console(operator):

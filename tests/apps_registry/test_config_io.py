@@ -23,6 +23,9 @@ def test_the_linker_example_imports_with_its_domains_links_apps_and_distribution
     anz = ClientApp.objects.get(app_name="ANZ")
     assert (anz.app_id, anz.master_user_id, anz.auth_url, anz.auth_enabled) == (
         "app-id-343", "ANZ-123223", "http://localhost:4200/auth", False)
+    # authEnabled: false does not open an app by itself: signed tokens, with a secret to replace.
+    assert set(ClientApp.objects.values_list("auth_mode", flat=True)) == {"signed_token"}
+    assert all(ClientApp.objects.values_list("token_secret", flat=True))
     assert user_home_domain("ANZ-2000000").name == "domain-02"
     assert user_home_domain("ANZ-999999").name == "domain-01"
     assert user_home_domain("ANZ-987654321").name == "domain-04"  # open-ended last range
@@ -103,12 +106,47 @@ clientApps:
      userDistributions: [{domainName: domain-01, from: 0}]}
 """)
     plain = config_export()
-    assert "s3cret-of-news" not in plain and "authMode: signed_token" in plain
+    assert "s3cret-of-news" not in plain and "authMode" not in plain  # signed tokens go without saying
     assert "s3cret-of-news" in config_export(include_secrets=True)
     config_import(text=plain)  # re-importing the secret-less file keeps the app's secret
     from apps_registry.models import ClientApp
 
     assert ClientApp.objects.get(app_name="NEWS").token_secret == "s3cret-of-news"
+    assert ClientApp.objects.get(app_name="NEWS").auth_mode == "signed_token"
+
+
+def test_an_open_app_is_imported_only_when_the_file_or_the_operator_says_so(tmp_path):
+    config_import(text=EXAMPLE.read_text(), default_auth_mode="none")
+    assert set(ClientApp.objects.values_list("auth_mode", flat=True)) == {"none"}
+    exported = config_export()
+    assert exported.count("authMode: none") == 5  # an open app is written, never implied
+    ClientApp.objects.all().delete()
+    config_import(text=exported)
+    assert set(ClientApp.objects.values_list("auth_mode", flat=True)) == {"none"}
+
+    ClientApp.objects.all().delete()
+    call_command("import_config", str(EXAMPLE), "--auth-mode", "none", stdout=StringIO())
+    assert ClientApp.objects.get(app_name="domain1").auth_mode == "none"
+
+
+def test_the_import_defaults_never_override_what_an_entry_says():
+    config_import(default_auth_mode="none", text="""
+domains: [{name: domain-01}]
+clientApps:
+  - {appName: NEWS, appId: news-app, masterUserId: NEWS-1, tokenSecret: s3cret-of-news}
+  - {appName: AUTH, appId: auth-app, masterUserId: AUTH-1, authUrl: "https://auth.example.com", authEnabled: true}
+""")
+    assert dict(ClientApp.objects.values_list("app_name", "auth_mode")) == {"NEWS": "signed_token",
+                                                                             "AUTH": "auth_url"}
+
+
+def test_auth_url_mode_with_authentication_switched_off_is_refused_on_import():
+    with pytest.raises(ConfigError, match=r"clientApps\[0\].*authEnabled false would refuse every login"):
+        config_import(text="""
+clientApps:
+  - {appName: NEWS, appId: news-app, masterUserId: NEWS-1, authMode: auth_url,
+     authUrl: "https://auth.example.com", authEnabled: false}
+""")
 
 
 def test_a_master_user_id_must_be_a_user_of_its_app():

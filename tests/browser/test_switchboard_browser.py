@@ -24,7 +24,7 @@ def news_app(demo_network, django_db_blocker):
     from apps_registry.selectors import app_snapshots_clear
 
     with django_db_blocker.unblock():
-        app = ClientApp.objects.create(app_name="NEWS", app_id="app-id-news", master_user_id="NEWS-1",
+        app = ClientApp.objects.create(app_name="NEWS", app_id="app-id-news", master_user_id="NEWS-1", auth_mode="none",
                                        client_subscriptions_allowed=True, public_channel_patterns=["news.*"])
         UserDistribution.objects.create(app=app, domain=Domain.objects.get(name="domain-01"), range_from=0,
                                         range_to=999999)

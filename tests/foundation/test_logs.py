@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 
-from foundation.logs import RepeatFilter
+from channels.testing import WebsocketCommunicator
+
+from foundation.logs import RepeatFilter, loggable
+from messaging.consumers import ClientConsumer
 
 
 def _record(msg: str, *args, exc: bool = False) -> logging.LogRecord:
@@ -37,3 +42,28 @@ def test_the_filter_stays_bounded_under_a_flood_of_distinct_messages():
     for n in range(1000):
         repeats.filter(_record(f"distinct {n}"))
     assert len(repeats._seen) <= 100
+
+
+def test_client_input_is_logged_on_one_line_with_its_control_characters_escaped():
+    assert loggable("ANZ-1\nERROR forged line\r\x1b[31m") == "ANZ-1\\nERROR forged line\\r\\x1b[31m"
+    assert loggable("é²-\u202eevil") == "é²-\\u202eevil"  # readable text stays; a direction override does not
+    assert loggable("x" * 5000).endswith("…(cut)") and len(loggable("x" * 5000)) < 250
+
+
+def test_a_refused_user_id_with_a_newline_is_logged_as_one_line(caplog):
+    async def refused() -> dict:
+        communicator = WebsocketCommunicator(ClientConsumer.as_asgi(), "/ws")
+        communicator.scope["client"] = ("127.0.0.1", 40000)
+        assert (await communicator.connect(timeout=20))[0]
+        await communicator.send_to(text_data=json.dumps({"type": "AUTH_CLIENT", "data": {
+            "appId": "app-id-343", "userId": "ANZ-1\nERROR forged: admin logged in", "token": ""}}))
+        reply = json.loads(await communicator.receive_from(timeout=20))
+        await communicator.disconnect()
+        return reply
+
+    with caplog.at_level(logging.INFO, logger="messaging.connection.handlers"):
+        reply = asyncio.run(refused())
+    assert reply["data"]["isAuthenticated"] is False
+    lines = [r.getMessage() for r in caplog.records if r.name == "messaging.connection.handlers"]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert lines[0].startswith("refused ANZ-1\\nERROR forged: admin logged in: ")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import User
 from django.utils import timezone
 
 from foundation.transport import sockets
@@ -13,12 +12,6 @@ from presence.models import Node, Session
 from tests.factories import make_app
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def operator(client):
-    client.force_login(User.objects.create_superuser("ops", password="pw-ops-12345"))
-    return client
 
 
 @pytest.fixture

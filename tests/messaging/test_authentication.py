@@ -6,12 +6,14 @@ import time
 
 import jwt
 import pytest
+from django.conf import settings
 
+from apps_registry.models import ClientApp
 from apps_registry.selectors import app_snapshots_clear
 from foundation.transport.sockets import run_async
 from messaging import authentication
 from messaging.authentication import client_authenticate, token_sign
-from tests.factories import make_app
+from tests.factories import make_app, make_domain
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SECRET = "a-token-secret-of-at-least-32-bytes!"
@@ -65,3 +67,17 @@ def test_the_auth_url_client_is_made_once_per_event_loop():
         return authentication._http_client() is authentication._http_client()
 
     assert run_async(twice())
+
+
+def test_an_auth_url_app_with_the_url_switched_off_refuses_every_login():
+    make_app(auth_mode="auth_url", auth_url="http://127.0.0.1:9/auth", auth_enabled=False)  # saved before the rule
+    outcomes = [_auth(token=t) for t in ("", "anything")]
+    assert [o.ok for o in outcomes] == [False, False]
+    assert "auth URL is switched off" in outcomes[0].reason
+
+
+def test_a_new_app_admits_nobody_without_a_token_signed_with_its_secret():
+    app = ClientApp.objects.create(app_name="KIWI", app_id="kiwi-app", master_user_id="KIWI-1")  # no mode chosen
+    app.distributions.create(domain=make_domain(settings.DOMAIN_NAME), range_from=0)
+    assert not _auth("KIWI-5", token="t", app_id="kiwi-app").ok
+    assert _auth("KIWI-5", token=token_sign(secret=app.token_secret, user_id="KIWI-5"), app_id="kiwi-app").ok

@@ -54,3 +54,52 @@ def test_a_publish_that_counted_a_joining_reader_reaches_it_exactly_once():
     channel_publish(app_id=app.pk, channel="news", content="before the join")
     written = asyncio.run(_read_across_the_seam(app.pk))
     assert written == [("news", 2, "counted you")]
+
+
+class QuietHub:
+    async def join(self, key, reader) -> None:
+        pass
+
+    async def settle(self, key) -> None:
+        pass
+
+    async def leave(self, key, reader) -> None:
+        pass
+
+
+async def _replay(app_id: int, since: int) -> tuple[list[int], list[tuple]]:
+    written: list[int] = []
+    told: list[tuple] = []
+
+    async def write(channel: str, offset: int, content: str) -> bool:
+        written.append(offset)
+        return True
+
+    async def missed(channel: str, skipped: int, offset: int) -> None:
+        told.append((channel, skipped, offset))
+
+    cursor = ChannelCursor(app_id=app_id, hub=QuietHub(), reader=object(), write=write, transport="sse",
+                           missed=missed)
+    await cursor.join("news", since=since)
+    return written, told
+
+
+def _history(count: int) -> int:
+    app = make_app()
+    for i in range(count):
+        channel_publish(app_id=app.pk, channel="news", content=f"m-{i + 1}")
+    return app.pk
+
+
+def test_a_replay_from_far_back_sends_the_newest_messages_after_telling_what_was_skipped(settings):
+    settings.STREAM_REPLAY_MAX = 10
+    written, told = asyncio.run(_replay(_history(35), since=0))
+    assert written == list(range(26, 36))
+    assert told == [("news", 25, 25)]
+
+
+def test_a_replay_within_the_bound_is_whole_and_tells_nothing(settings):
+    settings.STREAM_REPLAY_MAX = 10
+    written, told = asyncio.run(_replay(_history(35), since=28))
+    assert written == list(range(29, 36)) and told == []
+

@@ -65,3 +65,31 @@ async def _count_right_after_a_settled_join(key: tuple[int, str]) -> int:
 
 def test_a_reader_told_it_is_subscribed_is_already_counted_by_publishers():
     assert asyncio.run(_count_right_after_a_settled_join((987655, "news.hub-test"))) == 1
+
+
+async def _registry_after_the_last_reader_leaves(key: tuple[int, str]) -> tuple[bool, bool, bool]:
+    from foundation.transport.redis_clients import async_client
+    from presence.cache import node_registrations_key
+
+    hub = ChannelHub("hub-test-node-3")
+    await hub.start()
+    client, entry, listing = async_client(), registry.registry_key(*key), node_registrations_key("hub-test-node-3")
+    try:
+        await hub.join(key, Reader())
+        await hub.settle(key)
+        listed_while_read = bool(await client.sismember(listing, entry))
+        reader = next(iter(hub.readers[key]))
+        await hub.leave(key, reader)
+        await asyncio.sleep(0.3)  # the coalesced count update
+        return listed_while_read, bool(await client.exists(entry)), bool(await client.sismember(listing, entry))
+    finally:
+        for task in hub._tasks:
+            task.cancel()
+        await hub._pubsub.aclose()
+
+
+def test_a_channel_leaves_nothing_in_the_registry_once_its_last_reader_has_gone():
+    listed_while_read, entry_left, listing_left = asyncio.run(
+        _registry_after_the_last_reader_leaves((987656, "news.made-up-by-a-client")))
+    assert listed_while_read
+    assert not entry_left and not listing_left

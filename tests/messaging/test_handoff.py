@@ -1,10 +1,16 @@
 """The one door from stored to routed (messaging.handoff): committed deliveries reach the workers'
-routing queue by task name, in tasks of a bounded size; webhook calls leave the same way."""
+routing queue by task name, in tasks of a bounded size; webhook calls leave the same way, on a queue
+of their own that only the webhook worker serves."""
 
 from __future__ import annotations
 
 import base64
 import json
+import re
+from pathlib import Path
+
+import yaml
+from django.conf import settings
 
 from config.celery import app
 from messaging import tasks
@@ -12,6 +18,7 @@ from messaging.handoff import (
     ROUTE_TASK,
     ROUTING_QUEUE,
     ROUTING_TASK_MAX_IDS,
+    WEBHOOK_QUEUE,
     WEBHOOK_TASK,
     routing_enqueue,
     webhook_calls_enqueue,
@@ -39,10 +46,32 @@ def test_nothing_is_queued_for_no_deliveries(redis_client):
     assert _queued(redis_client, ROUTING_QUEUE) == []
 
 
-def test_each_webhook_call_is_a_task_of_its_own_under_its_claim(redis_client):
-    redis_client.delete("celery")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_each_webhook_call_is_a_task_of_its_own_under_its_claim_on_the_webhooks_queue(redis_client):
+    redis_client.delete("celery", WEBHOOK_QUEUE)
     webhook_calls_enqueue(["a1", "b2"], 77)
-    assert _queued(redis_client, "celery") == [(WEBHOOK_TASK, ["a1", 77]), (WEBHOOK_TASK, ["b2", 77])]
+    assert _queued(redis_client, WEBHOOK_QUEUE) == [(WEBHOOK_TASK, ["a1", 77]), (WEBHOOK_TASK, ["b2", 77])]
+    assert _queued(redis_client, "celery") == []
+    assert settings.CELERY_TASK_ROUTES[WEBHOOK_TASK] == {"queue": WEBHOOK_QUEUE}
+
+
+def _queues_of_workers(text: str) -> list[str]:
+    return re.findall(r'-Q"?,? "?([a-z,]+)', text)  # `-Q a,b` (a command line) or `"-Q", "a,b"` (an argv)
+
+
+def test_webhook_calls_have_a_worker_of_their_own_in_make_run_compose_and_the_procfile():
+    procfile = (ROOT / "platform" / "Procfile").read_text()
+    supervise = (ROOT / "platform" / "devstack" / "supervise.py").read_text()
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    compose = [" ".join(s["command"]) for s in services.values() if "worker" in s.get("command", [])]
+    for where, workers in (("Procfile", _queues_of_workers(procfile)), ("supervise", _queues_of_workers(supervise)),
+                           ("compose", [c.split("-Q ")[1].split()[0] for c in compose])):
+        served = [set(queues.split(",")) for queues in workers]
+        assert {WEBHOOK_QUEUE} in served, where  # a worker that serves webhook calls only
+        assert any(ROUTING_QUEUE in q for q in served), where
+        assert not any(ROUTING_QUEUE in q and WEBHOOK_QUEUE in q for q in served), where
 
 
 def test_every_task_the_door_names_is_one_the_workers_run():

@@ -27,7 +27,8 @@ def test_make_run_brings_up_web_worker_and_beat_and_sigterm_stops_them_all(proce
     children = psutil.Process(proc.popen.pid).children(recursive=True)
     roles = " ".join(" ".join(c.cmdline()) for c in children)
     assert "config.web" in roles and "worker" in roles and "beat" in roles
-    for prefix in ("web    |", "worker |", "beat   |"):
+    assert "-Q webhooks" in roles  # the webhook worker, beside the routing worker
+    for prefix in ("web    |", "worker |", "hooks  |", "beat   |"):
         deadline = time.monotonic() + 30
         while prefix not in proc.output() and time.monotonic() < deadline:
             time.sleep(0.2)

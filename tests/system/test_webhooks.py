@@ -43,11 +43,11 @@ def hooked(demo_network, django_db_blocker, receivers):
     at a receiver that always answers 500."""
     with django_db_blocker.unblock():
         here = Domain.objects.get(name="domain-01")
-        whk = ClientApp.objects.create(app_name="WHK", app_id="app-id-whk", master_user_id="WHK-1",
+        whk = ClientApp.objects.create(app_name="WHK", app_id="app-id-whk", master_user_id="WHK-1", auth_mode="none",
                                        client_subscriptions_allowed=True, public_channel_patterns=["news.*"],
                                        max_delivery_attempts=1)
         UserDistribution.objects.create(app=whk, domain=here, range_from=0, range_to=None)
-        whf = ClientApp.objects.create(app_name="WHF", app_id="app-id-whf", master_user_id="WHF-1")
+        whf = ClientApp.objects.create(app_name="WHF", app_id="app-id-whf", master_user_id="WHF-1", auth_mode="none")
         UserDistribution.objects.create(app=whf, domain=here, range_from=0, range_to=None)
         _, secret = webhook_endpoint_create(app_id=whk.pk, url=receivers.good.url)
         _, failing_secret = webhook_endpoint_create(app_id=whf.pk, url=receivers.failing.url,
@@ -61,6 +61,7 @@ def cluster(module_processes, hooked, tmp_path_factory):
     env = {**FAST_FAILURE_ENV, **WEBHOOK_ENV}
     web = module_processes.web("web", **env)
     module_processes.worker("worker", **env)
+    module_processes.webhook_worker("hooks", **env)
     start_beat(module_processes, tmp_path_factory.mktemp("beat"), **env)
     return web
 

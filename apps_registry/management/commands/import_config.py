@@ -5,6 +5,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from apps_registry.config_io import ConfigError, config_import
+from apps_registry.models import AuthMode
 
 
 class Command(BaseCommand):
@@ -12,12 +13,17 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("file", type=Path)
+        parser.add_argument(
+            "--auth-mode", choices=AuthMode.values, default=None,
+            help="Auth mode of apps whose entry names none (no authMode, authEnabled or tokenSecret). Without "
+                 "it they get signed tokens; 'none' opens them to anyone who knows their appId.",
+        )
 
-    def handle(self, *args, file: Path, **options):
+    def handle(self, *args, file: Path, auth_mode: str | None, **options):
         if not file.exists():
             raise CommandError(f"{file}: no such file")
         try:
-            summary = config_import(text=file.read_text())
+            summary = config_import(text=file.read_text(), default_auth_mode=auth_mode)
         except ConfigError as exc:
             raise CommandError(f"{file}: {exc} (nothing was imported)") from None
         self.stdout.write(self.style.SUCCESS(f"imported {file}: {summary}"))

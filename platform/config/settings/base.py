@@ -22,7 +22,8 @@ SECRET_KEY = env_str("SECRET_KEY", DEFAULT_SECRET_KEY)
 DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 # Proxies (addresses or networks) whose X-Forwarded-For / -Proto headers are believed; from anyone
-# else those headers are ignored (foundation.daphne_adapter).
+# else those headers are ignored. The client is the rightmost X-Forwarded-For hop not in this list
+# (foundation.forwarded, applied by foundation.daphne_adapter).
 TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", [])
 # foundation.daphne_adapter patches daphne and autobahn and reads Twisted's private write buffer, so a web
 # node refuses to start on versions it was not tested with; on, it starts anyway (with a warning): for an
@@ -167,10 +168,16 @@ METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 METRICS_ALLOWED_IPS = env_list("METRICS_ALLOWED_IPS", ["127.0.0.1/32", "::1/128"])
 # The /demo/ page (it shows the demo app's appId): on in local runs, off in production unless enabled.
 DEMO_ENABLED = env_bool("DEMO_ENABLED", True)
-# Admin login throttling: this many failures per username or per address within the window lock
-# further attempts out until the window has passed.
-ADMIN_LOGIN_MAX_FAILURES = env_int("ADMIN_LOGIN_MAX_FAILURES", 5)
-ADMIN_LOGIN_WINDOW_SECONDS = env_int("ADMIN_LOGIN_WINDOW_SECONDS", 900)
+# Admin login throttling (config.admin_login), per username *and* address, so nobody can lock an admin
+# out from elsewhere: after ADMIN_LOGIN_FREE_FAILURES failures for one username from one address (or
+# ADMIN_LOGIN_FREE_FAILURES_PER_ADDRESS from one address, whatever the username), each further failure
+# makes that pair (that address) wait, ADMIN_LOGIN_BACKOFF_SECONDS at first, doubling with each failure
+# up to ADMIN_LOGIN_BACKOFF_MAX_SECONDS. Failures are forgotten ADMIN_LOGIN_WINDOW_SECONDS after the last.
+ADMIN_LOGIN_FREE_FAILURES = env_int("ADMIN_LOGIN_FREE_FAILURES", 3)
+ADMIN_LOGIN_FREE_FAILURES_PER_ADDRESS = env_int("ADMIN_LOGIN_FREE_FAILURES_PER_ADDRESS", 20)
+ADMIN_LOGIN_BACKOFF_SECONDS = env_float("ADMIN_LOGIN_BACKOFF_SECONDS", 2.0)
+ADMIN_LOGIN_BACKOFF_MAX_SECONDS = env_float("ADMIN_LOGIN_BACKOFF_MAX_SECONDS", 900.0)
+ADMIN_LOGIN_WINDOW_SECONDS = env_int("ADMIN_LOGIN_WINDOW_SECONDS", 86400)
 ADMIN_USERNAME = env_str("ADMIN_USERNAME", "admin")
 ADMIN_PASSWORD = env_str("ADMIN_PASSWORD", "")
 
@@ -233,6 +240,9 @@ def service_settings(database_url: str, redis_url: str) -> dict:
 # --- messaging ---------------------------------------------------------------------------------
 WS_AUTH_TIMEOUT = env_int("WS_AUTH_TIMEOUT", 15)  # seconds an unauthenticated socket may stay
 WS_MAX_FRAME_BYTES = env_int("WS_MAX_FRAME_BYTES", 1024 * 1024)  # larger frames close with 1009
+# Before AUTH_CLIENT a frame may be only this long (AUTH_CLIENT itself is a few hundred bytes): an
+# anonymous client cannot make the node hold or parse large frames. Larger closes with 1009.
+WS_PREAUTH_MAX_FRAME_BYTES = env_int("WS_PREAUTH_MAX_FRAME_BYTES", 4096)
 WEB_DB_THREADS = env_int("WEB_DB_THREADS", 8)
 # A pushed message not confirmed (written or ACKed) within this many seconds is retried.
 DELIVERY_ACK_TIMEOUT = env_int("DELIVERY_ACK_TIMEOUT", 30)
@@ -266,6 +276,7 @@ DELIVERED_LINGER_SECONDS = env_float("DELIVERED_LINGER_SECONDS", 0.002)
 # ACK-mode messages may be in flight (sent, not yet ACKed) before further pushes wait in the mailbox.
 WS_MAX_OUTGOING_BYTES = env_int("WS_MAX_OUTGOING_BYTES", 8 * 1024 * 1024)
 WS_MAX_QUEUED_FRAMES = env_int("WS_MAX_QUEUED_FRAMES", 500)
+WS_MAX_QUEUED_BYTES = env_int("WS_MAX_QUEUED_BYTES", 4 * 1024 * 1024)  # the same, in bytes received (close 4003)
 WS_ACK_WINDOW = env_int("WS_ACK_WINDOW", 1000)
 WS_MAX_CHANNELS = env_int("WS_MAX_CHANNELS", 100)  # channels one connection may read
 # --- push-compatible channel streams (the push seed's settings and defaults) ---------------------
@@ -277,6 +288,12 @@ PUSH_MAX_CHANNELS = env_int("PUSH_MAX_CHANNELS", 50)  # channels one stream may 
 # A stream whose reader lets this much pile up on the node is closed (and counted); it resumes
 # with Last-Event-ID.
 PUSH_MAX_BUFFER_BYTES = env_int("PUSH_MAX_BUFFER_BYTES", 1024 * 1024)
+# Channel streams (SSE and stream sockets) one web node holds at once per client address and per app;
+# beyond them a stream is refused (SSE 429, stream socket close 1013). A replay (Last-Event-ID,
+# `since`, SUBSCRIBE's since) sends at most the newest STREAM_REPLAY_MAX messages of a channel.
+STREAM_MAX_PER_ADDRESS = env_int("STREAM_MAX_PER_ADDRESS", 50)
+STREAM_MAX_PER_APP = env_int("STREAM_MAX_PER_APP", 10_000)
+STREAM_REPLAY_MAX = env_int("STREAM_REPLAY_MAX", 1000)
 # --- the server REST API (messaging.api) -----------------------------------------------------------
 # A verified API key is remembered per process this long: a revoked key stops working within it.
 API_KEY_CACHE_SECONDS = env_float("API_KEY_CACHE_SECONDS", 5.0)
@@ -295,6 +312,27 @@ ANALYTICS_EXPORT_BATCH_ROWS = env_int("ANALYTICS_EXPORT_BATCH_ROWS", 100_000)  #
 # How long an export waits for transactions older than its horizon (analytics.services.export).
 ANALYTICS_EXPORT_HORIZON_WAIT = env_int("ANALYTICS_EXPORT_HORIZON_WAIT", 10)
 
+# --- outgoing calls (webhooks, auth URLs: foundation.outgoing) ------------------------------------
+# Networks tenants' URLs may reach besides the public internet (CIDRs). Loopback, link-local, private,
+# cloud metadata and every other non-public address is refused unless listed here (a metadata
+# address only when listed on its own, e.g. 169.254.169.254/32). Empty in production; under DEBUG
+# (local runs) loopback and private networks. The leaf settings call this again once DEBUG is settled.
+LOCAL_DEV_NETWORKS = ["127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"]
+
+
+def outgoing_allowed_networks(debug: bool) -> list[str]:
+    return env_list("OUTGOING_ALLOWED_NETWORKS", LOCAL_DEV_NETWORKS if debug else [])
+
+
+OUTGOING_ALLOWED_NETWORKS = outgoing_allowed_networks(DEBUG)
+# The auth URL: an app's own timeout, but never over this whole-exchange deadline; an answer over
+# this size is refused; at most this many calls per app in flight on one web node, and a login that
+# finds them all busy waits this long before it is refused ("auth service busy").
+AUTH_URL_MAX_SECONDS = env_float("AUTH_URL_MAX_SECONDS", 5.0)
+AUTH_URL_MAX_ANSWER_BYTES = env_int("AUTH_URL_MAX_ANSWER_BYTES", 16 * 1024)
+AUTH_URL_APP_CONCURRENCY = env_int("AUTH_URL_APP_CONCURRENCY", 20)
+AUTH_URL_QUEUE_SECONDS = env_float("AUTH_URL_QUEUE_SECONDS", 0.5)
+
 # --- webhooks ----------------------------------------------------------------------------------
 def webhooks_allow_http(debug: bool) -> bool:
     """Plain http:// webhook endpoints: refused unless set, except under DEBUG (local runs). The leaf
@@ -303,7 +341,13 @@ def webhooks_allow_http(debug: bool) -> bool:
 
 
 WEBHOOKS_ALLOW_HTTP = webhooks_allow_http(DEBUG)
-WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 10.0)  # one call, connect to answer
+# One call's deadline for the whole exchange (address check, connect, TLS, request, headers, body),
+# whatever the receiver does: a receiver that drips its answer is cut off here (foundation.outgoing).
+WEBHOOK_TIMEOUT_SECONDS = env_float("WEBHOOK_TIMEOUT_SECONDS", 10.0)
+# Calls of one app in flight at once, across all webhook workers (a Redis semaphore, foundation.slots):
+# a slow receiver costs its own app's calls only. A call over the cap waits this long (not an attempt).
+WEBHOOK_APP_CONCURRENCY = env_int("WEBHOOK_APP_CONCURRENCY", 2)
+WEBHOOK_BUSY_RETRY_SECONDS = env_float("WEBHOOK_BUSY_RETRY_SECONDS", 2.0)
 # A call that fails (non-2xx, timeout, refused) is retried after base x 2^(attempt-1) s, capped, with
 # jitter; after this many failed attempts the webhook delivery is dead.
 WEBHOOK_MAX_ATTEMPTS = env_int("WEBHOOK_MAX_ATTEMPTS", 8)
@@ -325,6 +369,8 @@ CELERY_BEAT_SCHEDULE = {
     "webhook-sweep": {"task": "messaging.tasks.webhook_sweep", "schedule": float(WEBHOOK_SWEEP_SECONDS)},
     "webhook-purge": {"task": "messaging.tasks.webhook_purge", "schedule": 3600.0},
     "expire-idempotency-keys": {"task": "messaging.tasks.expire_idempotency_keys", "schedule": 3600.0},
+    # Channel history past each app's retention_days (messaging.channels.retention).
+    "expire-channel-history": {"task": "messaging.tasks.expire_channel_history", "schedule": 3600.0},
 }
 # Celery's Django fix-up closes the DB connection after every task unless told otherwise: a new
 # Postgres connection per routing task. Reuse it (it is recycled every 2 x this many tasks).
@@ -334,4 +380,14 @@ CELERY_DB_REUSE_MAX = env_int("CELERY_DB_REUSE_MAX", 1000)
 # CPU per message). `WORKER_POOL=prefork` for CPU-bound work of your own.
 CELERY_WORKER_POOL = env_str("WORKER_POOL", "threads")
 CELERY_WORKER_CONCURRENCY = env_int("WORKER_CONCURRENCY", 4)
-CELERY_TASK_ROUTES = {"messaging.tasks.route_deliveries": {"queue": "routing"}}
+# Webhook calls wait on tenants' receivers: their own queue, served by their own worker (`-Q webhooks`),
+# never by the routing worker (`-Q celery,routing`). The names are messaging.handoff's.
+CELERY_TASK_ROUTES = {"messaging.tasks.route_deliveries": {"queue": "routing"},
+                      "messaging.tasks.webhook_deliver": {"queue": "webhooks"}}
+# Every task's time limit (soft: SoftTimeLimitExceeded inside the task; hard: the pool kills it). Only
+# the prefork pool enforces them: the threads pool (the default) ignores both, so a webhook call is
+# bounded by its own deadline (WEBHOOK_TIMEOUT_SECONDS), not by these. analytics.tasks set longer ones.
+CELERY_TASK_SOFT_TIME_LIMIT = env_int("TASK_SOFT_TIME_LIMIT", 300)
+CELERY_TASK_TIME_LIMIT = env_int("TASK_TIME_LIMIT", 360)
+ANALYTICS_TASK_SOFT_TIME_LIMIT = env_int("ANALYTICS_TASK_SOFT_TIME_LIMIT", 3 * 3600)
+ANALYTICS_TASK_TIME_LIMIT = env_int("ANALYTICS_TASK_TIME_LIMIT", 3 * 3600 + 600)

@@ -12,10 +12,11 @@ from django.core.exceptions import ImproperlyConfigured
 from devstack.embedded import running_services
 
 from .base import *  # noqa: F403
-from .base import env_bool, env_str, service_settings, webhooks_allow_http
+from .base import env_bool, env_str, outgoing_allowed_networks, service_settings, webhooks_allow_http
 
 DEBUG = env_bool("DEBUG", True)
 WEBHOOKS_ALLOW_HTTP = webhooks_allow_http(DEBUG)
+OUTGOING_ALLOWED_NETWORKS = outgoing_allowed_networks(DEBUG)  # loopback and private networks under DEBUG
 
 
 def _urls() -> tuple[str, str]:

@@ -25,7 +25,9 @@ globals().update(
 PRODUCTION_DATABASE_URL_SET = bool(env_str("DATABASE_URL", ""))
 PRODUCTION_REDIS_URL_SET = bool(env_str("REDIS_URL", ""))
 
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# No SECURE_PROXY_SSL_HEADER: Django would read X-Forwarded-Proto from any peer. The daphne adapter
+# sets scope["scheme"] from it only when a TRUSTED_PROXIES peer sent it (foundation.forwarded), and
+# request.is_secure() reads scope["scheme"]. Behind a TLS-terminating proxy, set TRUSTED_PROXIES.
 SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", True)
 CSRF_COOKIE_SECURE = env_bool("SECURE_COOKIES", True)
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0)

@@ -24,6 +24,7 @@ globals().update(service_settings(DATABASE_URL, _with_db(REDIS_URL, TEST_REDIS_D
 
 DEBUG = False
 WEBHOOKS_ALLOW_HTTP = True  # the tests' webhook receivers are plain-HTTP servers on 127.0.0.1
+OUTGOING_ALLOWED_NETWORKS = ["127.0.0.0/8", "::1/128"]  # ... and auth services: loopback only, explicitly
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed; never outside tests
 # Live-server and system-test threads must not keep connections that block dropping the test DB.
 DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405

@@ -19,7 +19,7 @@ CLOSE_RESTART = 1012  # service restart / drain / this node was declared dead: r
 CLOSE_TRY_AGAIN = 1013  # the server is overloaded: reconnect later
 CLOSE_AUTH_TIMEOUT = 4001  # not authenticated in time
 CLOSE_SLOW_READER = 4002  # the client read too slowly: its outgoing buffer overflowed
-CLOSE_FRAME_FLOOD = 4003  # the client sent frames faster than the server could take them
+CLOSE_FRAME_FLOOD = 4003  # the client sent frames (or bytes) faster than the server could take them
 
 CLOSE_REASONS = {
     CLOSE_NORMAL: "normal closure",
@@ -30,7 +30,7 @@ CLOSE_REASONS = {
     CLOSE_TRY_AGAIN: "overloaded: try again later",
     CLOSE_AUTH_TIMEOUT: "not authenticated in time",
     CLOSE_SLOW_READER: "slow reader: outgoing buffer full",
-    CLOSE_FRAME_FLOOD: "too many frames in flight",
+    CLOSE_FRAME_FLOOD: "too many frames or bytes in flight",
 }
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from django.contrib.auth.models import User
 from django.utils import timezone
 
 from messaging.models import WebhookDelivery, WebhookEndpoint
@@ -21,12 +20,6 @@ def _fresh_cache():
     webhook_events_forget()
     yield
     webhook_events_forget()
-
-
-@pytest.fixture
-def operator(client):
-    client.force_login(User.objects.create_superuser("ops", password="pw-ops-12345"))
-    return client
 
 
 @pytest.fixture

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
+from foundation.slots import slot_release, slot_take
 from messaging.models import WebhookDelivery
 from messaging.webhooks.delivery import (
     webhook_attempt,
     webhook_backoff,
     webhook_deliveries_purge,
+    webhook_lease_seconds,
+    webhook_slot_seconds,
     webhooks_sweep,
 )
 from messaging.webhooks.selectors import webhook_events_forget
@@ -86,6 +90,7 @@ def test_the_receiver_gets_the_signed_body_with_the_documented_headers(anz, rece
     [call] = receiver.calls
     assert call.signed_with(secret)
     assert call.headers["content-type"] == "application/json"
+    assert call.headers["user-agent"] == "Switchboard-Webhooks/1"
     assert call.headers["switchboard-event"] == "user.connected"
     assert call.headers["switchboard-delivery"] == str(row.id)
     assert call.json == {"id": str(row.id), "event": "user.connected", "app": "app-id-343",
@@ -207,3 +212,54 @@ def test_delivery_records_past_the_retention_are_purged(anz, receiver, settings)
     WebhookDelivery.objects.filter(pk__in=old).update(created_at=timezone.now() - timedelta(days=8))
     assert webhook_deliveries_purge(batch=1) == 2  # a batch per statement until none is left
     assert WebhookDelivery.objects.count() == 1 and not WebhookDelivery.objects.filter(pk__in=old).exists()
+
+
+def test_a_receiver_that_drips_its_answer_is_cut_off_at_the_deadline_and_that_is_a_failed_attempt(anz, settings):
+    settings.WEBHOOK_TIMEOUT_SECONDS = 1.0
+    with WebhookReceiver(drip=0.1) as dripping:  # each byte well within any per-read timeout
+        row, _ = _record_one(anz, dripping.url)
+        started = time.monotonic()
+        assert webhook_attempt(delivery_id=str(row.id), claim=row.claim) == "retrying"
+        took = time.monotonic() - started
+    assert 0.9 <= took < 5
+    late = _fresh(row)
+    assert (late.attempts, late.last_status, late.last_error) == (1, None, "no answer within 1 s")
+
+
+def test_a_receiver_on_a_network_the_operator_did_not_allow_is_never_called(anz, receiver, settings):
+    row, _ = _record_one(anz, receiver.url)
+    settings.OUTGOING_ALLOWED_NETWORKS = []
+    assert webhook_attempt(delivery_id=str(row.id), claim=row.claim) == "retrying"
+    refused = _fresh(row)
+    assert receiver.calls == [] and refused.attempts == 1
+    assert refused.last_error.startswith("refused: 127.0.0.1 resolves to 127.0.0.1 is a loopback address")
+
+
+def test_a_call_over_its_apps_concurrency_cap_waits_without_using_an_attempt(anz, receiver, settings):
+    settings.WEBHOOK_APP_CONCURRENCY = 1
+    settings.WEBHOOK_BUSY_RETRY_SECONDS = 1.0
+    other = make_app(app_name="BNZ", app_id="app-id-bnz", master="BNZ-1")
+    row, _ = _record_one(anz, receiver.url)
+    with WebhookReceiver() as bnz_receiver:
+        others, _ = _record_one(other, bnz_receiver.url)
+        held = slot_take(f"webhooks:app:{anz.pk}", cap=1, ttl=30)  # a slow call of ANZ's in flight elsewhere
+        try:
+            assert webhook_attempt(delivery_id=str(row.id), claim=row.claim) == "busy"
+            assert webhook_attempt(delivery_id=str(others.id), claim=others.claim) == "delivered"  # not held up
+        finally:
+            slot_release(f"webhooks:app:{anz.pk}", held)
+        assert len(bnz_receiver.calls) == 1
+    waiting = _fresh(row)
+    assert (waiting.state, waiting.attempts, waiting.claim) == ("pending", 0, None)
+    assert 0 < (waiting.next_attempt_at - timezone.now()).total_seconds() <= 1.0
+    assert receiver.calls == []
+    _make_due(row)
+    ids, claim = webhooks_sweep()
+    assert ids == [str(row.id)]
+    assert webhook_attempt(delivery_id=str(row.id), claim=claim) == "delivered"
+
+
+def test_the_lease_of_a_handed_out_call_outlasts_its_whole_call_deadline(settings):
+    for deadline in (1.0, 10.0, 30.0, 120.0):
+        settings.WEBHOOK_TIMEOUT_SECONDS = deadline
+        assert webhook_lease_seconds() > webhook_slot_seconds() > deadline

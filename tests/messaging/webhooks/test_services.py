@@ -70,6 +70,15 @@ def test_plain_http_is_refused_unless_the_platform_allows_it(anz, settings):
     assert webhook_endpoint_create(app_id=anz.pk, url="http://127.0.0.1:9/hooks")[0].pk
 
 
+@pytest.mark.parametrize("url", ["https://169.254.169.254/latest/meta-data", "https://[::1]/hooks",
+                                 "https://10.0.0.5/hooks", "https://[fe80::1]/hooks"])
+def test_an_endpoint_at_an_address_the_platform_never_calls_is_refused(anz, url, settings):
+    settings.OUTGOING_ALLOWED_NETWORKS = []
+    with pytest.raises(ValidationError) as refused:
+        webhook_endpoint_create(app_id=anz.pk, url=url)
+    assert "Not called" in str(refused.value.message_dict["url"])
+
+
 @pytest.mark.parametrize("url", ["ftp://hooks.example.com", "hooks.example.com/sb", "https://", "https://x.example/"
                                  + "a" * 500])
 def test_what_is_not_an_http_url_is_refused(anz, url):

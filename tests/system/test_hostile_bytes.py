@@ -1,0 +1,179 @@
+"""Hostile bytes cost nothing, against real daphne nodes: an anonymous client cannot make a node
+hold or parse large frames, what waits to be handled is bounded in bytes, channel streams are
+capped per client address and per app, a replay is bounded (and says so), and a reader that has
+gone stops costing history queries."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+
+import pytest
+from django.db import connection
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from apps_registry.models import ClientApp, UserDistribution
+from tests.wsclient import WsClient, wait_for
+
+pytestmark = pytest.mark.system
+LIMITS_ENV = {"STREAM_MAX_PER_ADDRESS": "3", "STREAM_MAX_PER_APP": "2", "STREAM_REPLAY_MAX": "50",
+              "WS_MAX_QUEUED_BYTES": str(1024 * 1024)}
+
+
+@pytest.fixture(scope="module")
+def apps(demo_network, django_db_blocker):
+    """Two apps with public `news.*` channels (committed: the nodes read them)."""
+    with django_db_blocker.unblock():
+        domain = demo_network["anz"].distributions.first().domain
+        made = {}
+        for name in ("PUB", "PUBB"):
+            app = ClientApp.objects.create(app_name=name, app_id=f"app-id-{name.lower()}", master_user_id=f"{name}-1",
+                                           public_channel_patterns=["news.*"], auth_mode="none")
+            UserDistribution.objects.create(app=app, domain=domain, range_from=0, range_to=None)
+            made[name] = app
+        return made
+
+
+@pytest.fixture(scope="module")
+def web(module_processes, apps):
+    node = module_processes.web("web-limits", **LIMITS_ENV)
+    module_processes.worker("worker")
+    return node
+
+
+def history(django_db_blocker, app: ClientApp, channel: str, count: int) -> None:
+    """`count` messages in a channel's history, committed (one statement: a test need not publish them)."""
+    with django_db_blocker.unblock(), connection.cursor() as cur:
+        cur.execute("INSERT INTO messaging_channel (app_id, name, last_offset, created_at) VALUES (%s, %s, %s, now()) "
+                    "RETURNING id", [app.pk, channel, count])
+        channel_id = cur.fetchone()[0]
+        cur.execute('INSERT INTO messaging_channelmessage (channel_id, "offset", content, publisher, created_at) '
+                    "SELECT %s, n, 'm-' || n, 'test', now() FROM generate_series(1, %s) n", [channel_id, count])
+
+
+def metric(node, line_start: str) -> float:
+    with urllib.request.urlopen(f"{node.url}/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(line_start):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def streams_open(node) -> float:
+    return (metric(node, 'switchboard_connections{transport="sse"}')
+            + metric(node, 'switchboard_connections{transport="ws_stream"}'))
+
+
+def sse_events(url: str, until: str, limit: int = 200) -> list[tuple[str, str]]:
+    """(event, data) pairs of an SSE stream, up to the first whose data holds `until`."""
+    got: list[tuple[str, str]] = []
+    with urllib.request.urlopen(url, timeout=15) as stream:
+        event = data = ""
+        for raw in stream:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event:"):
+                event = line[6:]
+            elif line.startswith("data:"):
+                data = line[5:]
+            elif not line:
+                got.append((event, data))
+                if until in data or len(got) >= limit:
+                    return got
+    return got
+
+
+# --- frames before and after authentication -----------------------------------------------------
+
+def test_an_anonymous_client_sending_900_kb_frames_is_closed_with_1009_at_the_first(web):
+    with WsClient(web.ws_url) as client:
+        try:
+            for _ in range(5):
+                client.send_raw(json.dumps({"type": "AUTH_CLIENT", "data": {"pad": "x" * 900_000}}))
+        except ConnectionClosed:
+            pass
+        assert client.wait_closed() == 1009
+        assert client.ws.close_reason == "frame over 4096 bytes before AUTH_CLIENT"
+        assert client.frames == []  # nothing was answered: nothing was parsed
+
+
+def test_after_authentication_a_frame_of_a_few_kib_is_an_ordinary_frame(web):
+    with WsClient(web.ws_url) as client:
+        client.auth("ANZ-16001")
+        client.send("PING", {"pad": "x" * 10_000})
+        assert client.recv_type("PONG")["data"] == {}
+
+
+def test_frames_waiting_to_be_handled_are_bounded_in_bytes_not_only_in_count(web):
+    with WsClient(web.ws_url) as client:
+        client.auth("ANZ-16002")
+        try:  # 40 stored messages of 60 KB, sent faster than the node commits them: 2.4 MB waiting
+            for _ in range(40):
+                client.message("ANZ-16003", "x" * 60_000)
+        except ConnectionClosed:
+            pass
+        assert client.wait_closed(timeout=15) == 4003
+        assert client.ws.close_reason == f"more than {1024 * 1024} bytes waiting to be handled"
+
+
+# --- channel streams ------------------------------------------------------------------------------
+
+def test_a_replay_from_far_back_gets_the_newest_messages_after_a_notice_of_what_it_missed(web, apps, django_db_blocker):
+    history(django_db_blocker, apps["PUB"], "news.long", 120)
+    events = sse_events(f"{web.url}/sse/messages?channels=news.long&app=app-id-pub&lastEventId=0", until='"m-120"')
+    assert events[0] == ("heartbeat", "{}")
+    assert events[1] == ("missed", '{"channel":"news.long","missed":70,"offset":70}')
+    messages = [json.loads(data)["message"] for event, data in events if event == "message"]
+    assert messages == [f"m-{n}" for n in range(71, 121)]
+
+    with connect(f"ws://127.0.0.1:{web.port}/ws/messages?channels=news.long&app=app-id-pub&since=0") as ws:
+        frames = [json.loads(ws.recv(timeout=10)) for _ in range(52)]
+    assert frames[0]["event"] == "ping"
+    assert frames[1] == {"event": "missed", "data": {"channel": "news.long", "missed": 70, "offset": 70}}
+    assert [f["data"]["offset"] for f in frames[2:]] == list(range(71, 121))
+
+
+def test_streams_are_capped_per_client_address_and_per_app(web, apps):
+    wait_for(lambda: streams_open(web) == 0, timeout=15)
+    opened = []
+    try:
+        for app_id in ("app-id-pub", "app-id-pub"):
+            opened.append(urllib.request.urlopen(f"{web.url}/sse/messages?channels=news.a&app={app_id}", timeout=10))
+        with pytest.raises(urllib.error.HTTPError) as refused:  # the app's cap (2)
+            urllib.request.urlopen(f"{web.url}/sse/messages?channels=news.a&app=app-id-pub", timeout=10)
+        assert refused.value.code == 429 and refused.value.headers["Retry-After"]
+        assert json.loads(refused.value.read())["error"] == "too_many_streams"
+
+        opened.append(urllib.request.urlopen(f"{web.url}/sse/messages?channels=news.a&app=app-id-pubb", timeout=10))
+        with pytest.raises(urllib.error.HTTPError) as refused:  # the address's cap (3), whatever the app
+            urllib.request.urlopen(f"{web.url}/sse/messages?channels=news.a&app=app-id-pubb", timeout=10)
+        assert refused.value.code == 429 and "from your address" in json.loads(refused.value.read())["detail"]
+        with connect(f"ws://127.0.0.1:{web.port}/ws/messages?channels=news.a&app=app-id-pubb") as ws:
+            assert json.loads(ws.recv(timeout=10))["error"] == "too_many_streams"
+            with pytest.raises(ConnectionClosed):
+                ws.recv(timeout=10)
+            assert ws.close_code == 1013
+    finally:
+        for stream in opened:
+            stream.close()
+    # Closed streams give their places back.
+    wait_for(lambda: streams_open(web) == 0, timeout=15)
+    with urllib.request.urlopen(f"{web.url}/sse/messages?channels=news.a&app=app-id-pub", timeout=10) as again:
+        assert again.status == 200
+
+
+def test_a_reader_that_has_gone_stops_costing_history_queries(processes, apps, django_db_blocker):
+    node = processes.web("web-replay", STREAM_REPLAY_MAX="100000")
+    history(django_db_blocker, apps["PUB"], "news.huge", 20_000)  # 40 batches of history to replay
+    sock = socket.create_connection(("127.0.0.1", node.port))
+    sock.sendall(b"GET /sse/messages?channels=news.huge&app=app-id-pub&lastEventId=0 HTTP/1.1\r\nHost: x\r\n\r\n")
+    received = b""
+    while b"event:heartbeat" not in received:
+        received += sock.recv(4096)
+    sock.close()  # gone before the replay has got far
+    written = 'switchboard_channel_messages_written_total{transport="sse"}'
+    wait_for(lambda: metric(node, 'switchboard_stream_closed_total{reason="disconnected",transport="sse"}') == 1,
+             timeout=30)
+    assert metric(node, written) < 10_000  # it stopped within a few batches, not after all 20,000
