@@ -39,6 +39,7 @@ from messaging.asyncdb import run_db
 from messaging.channels.cursor import ChannelCursor
 from messaging.channels.hub import ChannelKey
 from messaging.runtime import runtime
+from messaging.streams.caps import StreamSlot, client_address, stream_slot_take
 from messaging.streams.identity import (
     StreamRefused,
     event_id,
@@ -47,7 +48,6 @@ from messaging.streams.identity import (
     resume_offsets,
     stream_identity,
 )
-from messaging.streams.slots import StreamSlot, client_address, stream_slot_take
 
 log = logging.getLogger(__name__)
 QUEUE_SIZE = 1000

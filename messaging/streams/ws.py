@@ -34,8 +34,8 @@ from messaging.channels.cursor import ChannelCursor
 from messaging.connection.inbox import ChannelReaderConsumer
 from messaging.limits import TokenBucket
 from messaging.runtime import runtime
+from messaging.streams.caps import StreamSlot, client_address, stream_slot_take
 from messaging.streams.identity import StreamRefused, query_params, resume_offsets, stream_identity
-from messaging.streams.slots import StreamSlot, client_address, stream_slot_take
 
 log = logging.getLogger(__name__)
 CLOSE_PONG_TIMEOUT = 4004
