@@ -1,7 +1,8 @@
 """The client WebSocket at /ws (docs/protocol.md): a consumer that only dispatches.
 
 Client frames: size and budget are checked on the raw frame (before AUTH_CLIENT a frame may be only
-WS_PREAUTH_MAX_FRAME_BYTES long), then JSON, then the frame goes to its handler
+WS_PREAUTH_MAX_FRAME_BYTES long: daphne's transport refuses a larger one from its header, unread,
+and the consumer checks again where it runs without that adapter), then JSON, then the frame goes to its handler
 (messaging.connection.handlers). A bad frame gets INVALID_MESSAGE and the connection keeps working;
 an internal failure gets GENERAL_ERROR with the frame's data (the client may resend: nothing was
 stored). Events from the channel layer (the socket door, foundation.transport.sockets) go to the
@@ -27,7 +28,7 @@ import time
 from channels.consumer import get_handler_name
 from django.conf import settings
 
-from foundation.daphne_adapter import OUTGOING_EXTENSION, OutgoingBuffer
+from foundation.daphne_adapter import FRAME_LIMIT_EXTENSION, OUTGOING_EXTENSION, FrameLimit, OutgoingBuffer
 from foundation.transport import sockets
 from foundation.transport.frames import CLOSE_AUTH_TIMEOUT, CLOSE_POLICY, CLOSE_TOO_BIG, encode
 from messaging import metrics
@@ -73,7 +74,9 @@ class ClientConsumer(ChannelReaderConsumer):
         self.life = ConnectionLife(channel_name=self.channel_name, close=self.close_with)
         self.durable: set[str] = set()
         self.closing = False
-        self.outgoing = (self.scope.get("extensions") or {}).get(OUTGOING_EXTENSION)
+        extensions = self.scope.get("extensions") or {}
+        self.outgoing = extensions.get(OUTGOING_EXTENSION)
+        self.frame_limit: FrameLimit | None = extensions.get(FRAME_LIMIT_EXTENSION)
         if self.outgoing is not None:
             self.outgoing.on_flush = self._flushed
         await self.accept()
@@ -82,6 +85,8 @@ class ClientConsumer(ChannelReaderConsumer):
 
     def admitted(self) -> None:
         self.auth_timer.cancel()
+        if self.frame_limit is not None:
+            self.frame_limit.lift()  # the transport refused larger frames unread until now
         self.ledger = DeliveryLedger(acks=self.life.acks, window=settings.WS_ACK_WINDOW)
         self.channels = ChannelCursor(app_id=self.life.app.pk, hub=self.life.node.hub, reader=self,
                                       write=self._write_channel, transport="ws", missed=self._write_missed)

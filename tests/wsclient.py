@@ -166,6 +166,41 @@ class SilentWs:
         masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
         self.sock.sendall(header + mask + masked)
 
+    def frame_begin(self, length: int, first: bytes) -> None:
+        """Send the header of a text frame of `length` bytes and only its first bytes (a frame that
+        is still arriving)."""
+        import os
+        import struct
+
+        mask = os.urandom(4)
+        masked = bytes(b ^ mask[i % 4] for i, b in enumerate(first))
+        self.sock.sendall(bytes([0x81, 0x80 | 127]) + struct.pack("!Q", length) + mask + masked)
+
+    def close_code(self, timeout: float) -> int | None:
+        """The code of the server's close frame, if one comes within `timeout` (frames before it skipped)."""
+        import struct
+
+        self.sock.settimeout(timeout)
+        data = b""
+        try:
+            while True:
+                if len(data) >= 2:
+                    length = data[1] & 0x7F
+                    start = 2 + {126: 2, 127: 8}.get(length, 0)
+                    if length >= 126 and len(data) >= start:
+                        length = struct.unpack("!H" if length == 126 else "!Q", data[2:start])[0]
+                    if len(data) >= start + length:
+                        if data[0] & 0x0F == 0x8:
+                            return struct.unpack("!H", data[start:start + 2])[0] if length >= 2 else None
+                        data = data[start + length:]
+                        continue
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    return None
+                data += chunk
+        except (TimeoutError, OSError):
+            return None
+
     def closed_by_server(self, timeout: float) -> bool:
         """True once the server has dropped the connection (reads just enough to tell)."""
         self.sock.settimeout(0.5)

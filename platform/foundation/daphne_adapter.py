@@ -8,7 +8,8 @@
    daphne drops.
 2. **Frames over the size limit get 1009.** Autobahn fails such a connection by dropping the TCP
    connection (`failByDrop`), which a client sees as 1006; with it off, autobahn sends 1009 and
-   never reads the oversized frame into memory.
+   never reads the oversized frame into memory. The limit is WS_PREAUTH_MAX_FRAME_BYTES until the
+   application lifts it (`FrameLimit`, once its client has authenticated), WS_MAX_FRAME_BYTES after.
 3. **A bounded incoming queue.** Daphne hands every received frame to the application through an
    unbounded queue; a client sending faster than its frames are handled grew the node without
    limit. Past WS_MAX_QUEUED_FRAMES unhandled frames, or WS_MAX_QUEUED_BYTES of them (counted as
@@ -56,6 +57,7 @@ log = logging.getLogger(__name__)
 
 SERVER_CODES = {1000, 1001, 1008, 1009, 1011, 1012, 1013}
 OUTGOING_EXTENSION = "switchboard.outgoing"
+FRAME_LIMIT_EXTENSION = "switchboard.frame_limit"
 STREAM_PATHS = ("/sse/",)  # HTTP responses that stream for minutes
 # A client that does not answer our close frame within this many seconds is dropped.
 CLOSE_HANDSHAKE_TIMEOUT = 5
@@ -160,6 +162,23 @@ class OutgoingBuffer:
         return self.queued - self.pending()
 
 
+class FrameLimit:
+    """The largest frame a WebSocket may receive, enforced by autobahn as soon as a frame's header
+    arrives: a larger frame closes the socket with 1009 before any of its payload is read. A socket
+    starts at WS_PREAUTH_MAX_FRAME_BYTES (an anonymous client cannot make the node read a megabyte);
+    the application lifts it to the node's limit (WS_MAX_FRAME_BYTES) once its client has
+    authenticated. Offered to the application as the scope extension `switchboard.frame_limit`."""
+
+    def __init__(self, protocol, initial: int) -> None:
+        self.protocol = protocol
+        self.full = (protocol.maxMessagePayloadSize, protocol.maxFramePayloadSize)  # the factory's: 0 is none
+        self.protocol.maxMessagePayloadSize = min(initial, self.full[0] or initial)
+        self.protocol.maxFramePayloadSize = min(initial, self.full[1] or initial)
+
+    def lift(self) -> None:
+        self.protocol.maxMessagePayloadSize, self.protocol.maxFramePayloadSize = self.full
+
+
 class IncomingBytes:
     """Bytes of received frames waiting in a WebSocket's application queue (daphne's `input_queue`).
 
@@ -199,6 +218,7 @@ def install() -> None:
     max_frames = _setting("WS_MAX_QUEUED_FRAMES", 500)
     max_queued_bytes = _setting("WS_MAX_QUEUED_BYTES", 4 * 1024 * 1024)
     max_outgoing = _setting("WS_MAX_OUTGOING_BYTES", 8 * 1024 * 1024)
+    max_preauth_frame = _setting("WS_PREAUTH_MAX_FRAME_BYTES", 4096)
 
     # 1. close codes, with the application's reason text (ASGI `websocket.close` "reason")
     def server_close(self, code=None, reason=None):
@@ -276,6 +296,7 @@ def install() -> None:
             buffer = OutgoingBuffer(protocol.transport)
             protocol._switchboard_outgoing = buffer
             scope.setdefault("extensions", {})[OUTGOING_EXTENSION] = buffer
+            scope["extensions"][FRAME_LIMIT_EXTENSION] = FrameLimit(protocol, max_preauth_frame)
         elif scope.get("type") == "http" and str(scope.get("path", "")).startswith(STREAM_PATHS):
             # A long-lived HTTP stream (SSE) gets the same view of its socket's buffer; a kept-alive
             # connection's transport is wrapped once.

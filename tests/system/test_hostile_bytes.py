@@ -16,7 +16,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from apps_registry.models import ClientApp, UserDistribution
-from tests.wsclient import WsClient, wait_for
+from tests.wsclient import SilentWs, WsClient, wait_for
 
 pytestmark = pytest.mark.system
 LIMITS_ENV = {"STREAM_MAX_PER_ADDRESS": "3", "STREAM_MAX_PER_APP": "2", "STREAM_REPLAY_MAX": "50",
@@ -95,8 +95,32 @@ def test_an_anonymous_client_sending_900_kb_frames_is_closed_with_1009_at_the_fi
         except ConnectionClosed:
             pass
         assert client.wait_closed() == 1009
-        assert client.ws.close_reason == "frame over 4096 bytes before AUTH_CLIENT"
+        assert "4096" in client.ws.close_reason
         assert client.frames == []  # nothing was answered: nothing was parsed
+
+
+def test_an_anonymous_frame_over_the_limit_is_refused_from_its_header_before_its_payload_arrives(web):
+    client = SilentWs("127.0.0.1", web.port)
+    try:
+        client.frame_begin(900_000, b'{"type":"AUTH_CLIENT","data":{"pad":"')  # and the rest never comes
+        assert client.close_code(timeout=10) == 1009
+    finally:
+        client.close()
+
+
+def test_once_authenticated_the_same_frame_header_waits_for_its_payload(web):
+    client = SilentWs("127.0.0.1", web.port)
+    try:
+        client.send("AUTH_CLIENT", {"appId": "app-id-343", "userId": "ANZ-16004", "token": ""})
+        client.sock.settimeout(10)
+        reply = b""
+        while b"isAuthenticated" not in reply:
+            reply += client.sock.recv(65536)
+        assert b'"isAuthenticated":true' in reply
+        client.frame_begin(900_000, b'{"type":"PING","data":{"pad":"')
+        assert client.close_code(timeout=3) is None  # the node's limit is 1 MiB now: it waits for the rest
+    finally:
+        client.close()
 
 
 def test_after_authentication_a_frame_of_a_few_kib_is_an_ordinary_frame(web):
