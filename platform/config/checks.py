@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 from django.conf import settings
 from django.core.checks import Error, Tags, register
 from django.core.checks import Warning as CheckWarning
@@ -33,7 +35,39 @@ def check_secrets(app_configs, **kwargs):
                 hint="Unset WEBHOOKS_ALLOW_HTTP; register https:// endpoints.",
                 id="switchboard.W002",
             ))
+    unreadable = [n for n in settings.OUTGOING_ALLOWED_NETWORKS if _network(n) is None]
+    if unreadable:
+        errors.append(Error(
+            f"OUTGOING_ALLOWED_NETWORKS holds what is not a network: {', '.join(unreadable)}.",
+            hint="Give addresses or CIDR networks, comma-separated (e.g. 10.1.2.0/24).",
+            id="switchboard.E009",
+        ))
+    if getattr(settings, "PRODUCTION", False):
+        broad = [n for n in settings.OUTGOING_ALLOWED_NETWORKS if _too_wide(n)]
+        if broad:
+            errors.append(CheckWarning(
+                f"OUTGOING_ALLOWED_NETWORKS lets tenants' webhooks and auth URLs reach wide networks: {', '.join(broad)}.",
+                hint="List only the networks of the receivers that need it (e.g. 10.1.2.0/24); see docs/security.md.",
+                id="switchboard.W003",
+            ))
     return errors
+
+
+# An allowed network wider than this (a /16 of IPv4, a /48 of IPv6) opens most of a private address
+# plan to calls whose destination a tenant chose.
+OUTGOING_NETWORK_WARN_PREFIX = {4: 16, 6: 48}
+
+
+def _network(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    try:
+        return ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        return None
+
+
+def _too_wide(value: str) -> bool:
+    net = _network(value)
+    return net is not None and net.prefixlen < OUTGOING_NETWORK_WARN_PREFIX[net.version]
 
 
 @register(Tags.database, deploy=False)

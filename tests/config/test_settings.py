@@ -108,3 +108,24 @@ def test_production_warns_when_plain_http_webhooks_are_allowed():
         "WEBHOOKS_ALLOW_HTTP": "true",
     })
     assert result.returncode == 0 and "switchboard.W002" in result.stderr
+
+
+PRODUCTION_ENV = {
+    "DJANGO_SETTINGS_MODULE": "config.settings.production",
+    "SECRET_KEY": "x" * 60,
+    "DATABASE_URL": "postgresql://u:p@db.internal:5432/switchboard",
+    "REDIS_URL": "redis://cache.internal:6379/0",
+    "ALLOWED_HOSTS": "switchboard.example.com",
+}
+
+
+def test_production_warns_when_tenants_calls_may_reach_a_wide_private_network():
+    result = _check({**PRODUCTION_ENV, "OUTGOING_ALLOWED_NETWORKS": "10.0.0.0/8,10.1.2.0/24"})
+    assert result.returncode == 0
+    warning = next(line for line in result.stderr.splitlines() if "switchboard.W003" in line)
+    assert "10.0.0.0/8" in warning and "10.1.2.0/24" not in warning
+
+
+def test_an_allowed_network_that_is_not_a_network_fails_the_system_check():
+    result = _check({**PRODUCTION_ENV, "OUTGOING_ALLOWED_NETWORKS": "10.1.2.0/24,intranet"})
+    assert result.returncode != 0 and "switchboard.E009" in result.stderr and "intranet" in result.stderr
