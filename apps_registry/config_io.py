@@ -8,10 +8,12 @@ Extension keys beyond the linker format: `weight` and `enabled` on links; `token
 `authMode`, `publicChannels`, `clientSubscriptions` on apps.
 
 Auth modes: an entry's `authMode` wins; else `authEnabled: true` means the auth URL, a `tokenSecret`
-means signed tokens, and otherwise the importer's `default_auth_mode` applies (`import_config
---auth-mode`), and without one signed tokens (with the app's secret, or a generated one the
-operator replaces). So the linker seed's `authEnabled: false` never opens an app by itself: an open
-app (`none`) is written `authMode: none` or chosen with `--auth-mode none`, and exports write it.
+means signed tokens, then the importer's `default_auth_mode` applies (`import_config --auth-mode`);
+then an entry that says `authEnabled: false` gets what the linker gives it, no authentication
+(`none`): the file says so in the linker's own words, so a linker network imports and works as it
+did there, and the import names every such app (`ImportSummary.open_apps`; `check --deploy` warns
+W010 about each). An entry that says nothing gets signed tokens (with the app's secret, or a
+generated one the operator replaces). Exports write `authMode: none` for an open app.
 
 Secrets stay out of exports unless asked for (`include_secrets`): a file that travels to a
 repository or a ticket must not carry an app's token secret. Importing a file without
@@ -44,6 +46,7 @@ class ConfigError(Exception):
 class ImportSummary:
     created: dict[str, int] = field(default_factory=lambda: {"domains": 0, "links": 0, "apps": 0, "distributions": 0})
     updated: dict[str, int] = field(default_factory=lambda: {"domains": 0, "links": 0, "apps": 0, "distributions": 0})
+    open_apps: list[str] = field(default_factory=list)  # imported with auth mode none: anyone may log in
 
     def __str__(self) -> str:
         parts = [f"{kind}: {self.created[kind]} created, {self.updated[kind]} updated" for kind in self.created]
@@ -138,11 +141,18 @@ def _import_links(entries: list, domains: dict[str, Domain], summary: ImportSumm
             summary.updated["links"] += 1
 
 
-def _inferred_auth_mode(*, auth_enabled: bool, default: str | None = None) -> str:
-    # Linker files only know authEnabled; without it, the importer's default or signed tokens.
-    if auth_enabled:
+def _implied_auth_mode(entry: dict, default: str | None = None) -> str:
+    """The auth mode an app entry without `authMode` means (the module doc says why); exports write
+    `authMode` exactly where an app's mode is not the one its entry implies."""
+    if entry.get("authEnabled"):
         return AuthMode.AUTH_URL
-    return default or AuthMode.SIGNED_TOKEN
+    if entry.get("tokenSecret"):
+        return AuthMode.SIGNED_TOKEN
+    if default is not None:
+        return default
+    if entry.get("authEnabled") is False:
+        return AuthMode.NONE  # the linker's "authentication disabled", said in the file
+    return AuthMode.SIGNED_TOKEN
 
 
 def _app_fields(entry: dict, where: str, default_auth_mode: str | None) -> dict[str, Any]:
@@ -157,8 +167,7 @@ def _app_fields(entry: dict, where: str, default_auth_mode: str | None) -> dict[
     given_secret = entry.get("tokenSecret") or ""
     mode = entry.get("authMode")
     if mode is None:
-        explicit_default = AuthMode.SIGNED_TOKEN if given_secret else default_auth_mode
-        mode = _inferred_auth_mode(auth_enabled=bool(entry.get("authEnabled", False)), default=explicit_default)
+        mode = _implied_auth_mode(entry, default_auth_mode)
     if mode not in AuthMode.values:
         raise ConfigError(f"{where}: authMode must be one of {', '.join(AuthMode.values)}")
     auth_enabled = bool(entry.get("authEnabled", mode == AuthMode.AUTH_URL))
@@ -205,6 +214,8 @@ def _import_apps(entries: list, summary: ImportSummary, default_auth_mode: str |
                 setattr(app, k, v)
             app.save()
             summary.updated["apps"] += 1
+        if app.auth_mode == AuthMode.NONE:
+            summary.open_apps.append(app.app_name)
         _import_distributions(app, entry.get("userDistributions") or [], where, summary)
 
 
@@ -252,10 +263,10 @@ def config_export(*, include_secrets: bool = False) -> str:
             item["authUrl"] = app.auth_url
         item["authEnabled"] = app.auth_enabled
         exported_secret = app.token_secret if include_secrets else ""
-        if app.auth_mode != _inferred_auth_mode(auth_enabled=app.auth_enabled):
-            item["authMode"] = app.auth_mode  # `none` always: an open app is never implied
         if exported_secret:
             item["tokenSecret"] = exported_secret
+        if app.auth_mode != _implied_auth_mode(item):
+            item["authMode"] = app.auth_mode  # e.g. signed tokens whose secret stays out of the file
         if app.public_channel_patterns:
             item["publicChannels"] = list(app.public_channel_patterns)
         if app.client_subscriptions_allowed:

@@ -23,9 +23,8 @@ def test_the_linker_example_imports_with_its_domains_links_apps_and_distribution
     anz = ClientApp.objects.get(app_name="ANZ")
     assert (anz.app_id, anz.master_user_id, anz.auth_url, anz.auth_enabled) == (
         "app-id-343", "ANZ-123223", "http://localhost:4200/auth", False)
-    # authEnabled: false does not open an app by itself: signed tokens, with a secret to replace.
-    assert set(ClientApp.objects.values_list("auth_mode", flat=True)) == {"signed_token"}
-    assert all(ClientApp.objects.values_list("token_secret", flat=True))
+    # authEnabled: false is the linker's "authentication disabled": open, as the file says.
+    assert set(ClientApp.objects.values_list("auth_mode", flat=True)) == {"none"}
     assert user_home_domain("ANZ-2000000").name == "domain-02"
     assert user_home_domain("ANZ-999999").name == "domain-01"
     assert user_home_domain("ANZ-987654321").name == "domain-04"  # open-ended last range
@@ -106,7 +105,7 @@ clientApps:
      userDistributions: [{domainName: domain-01, from: 0}]}
 """)
     plain = config_export()
-    assert "s3cret-of-news" not in plain and "authMode" not in plain  # signed tokens go without saying
+    assert "s3cret-of-news" not in plain and "authMode: signed_token" in plain  # kept signed without its secret
     assert "s3cret-of-news" in config_export(include_secrets=True)
     config_import(text=plain)  # re-importing the secret-less file keeps the app's secret
     from apps_registry.models import ClientApp
@@ -116,17 +115,31 @@ clientApps:
 
 
 def test_an_open_app_is_imported_only_when_the_file_or_the_operator_says_so(tmp_path):
-    config_import(text=EXAMPLE.read_text(), default_auth_mode="none")
-    assert set(ClientApp.objects.values_list("auth_mode", flat=True)) == {"none"}
+    config_import(text="""
+domains: [{name: domain-01}]
+clientApps:
+  - {appName: QUIET, appId: quiet-app, masterUserId: QUIET-1}
+  - {appName: OPEN, appId: open-app, masterUserId: OPEN-1, authEnabled: false}
+""")
+    assert dict(ClientApp.objects.values_list("app_name", "auth_mode")) == {"QUIET": "signed_token", "OPEN": "none"}
     exported = config_export()
-    assert exported.count("authMode: none") == 5  # an open app is written, never implied
+    assert "authMode: signed_token" in exported  # the quiet app is written signed, so it stays signed
     ClientApp.objects.all().delete()
     config_import(text=exported)
-    assert set(ClientApp.objects.values_list("auth_mode", flat=True)) == {"none"}
+    assert dict(ClientApp.objects.values_list("app_name", "auth_mode")) == {"QUIET": "signed_token", "OPEN": "none"}
+
+
+def test_the_import_names_every_app_it_leaves_open_and_the_operator_can_close_them():
+    out = StringIO()
+    call_command("import_config", str(EXAMPLE), stdout=out)
+    assert "open apps (auth mode none: anyone who knows the appId can log in as any user" in out.getvalue()
+    assert "ANZ" in out.getvalue().split("open apps", 1)[1]
 
     ClientApp.objects.all().delete()
-    call_command("import_config", str(EXAMPLE), "--auth-mode", "none", stdout=StringIO())
-    assert ClientApp.objects.get(app_name="domain1").auth_mode == "none"
+    out = StringIO()
+    call_command("import_config", str(EXAMPLE), "--auth-mode", "signed_token", stdout=out)
+    assert set(ClientApp.objects.values_list("auth_mode", flat=True)) == {"signed_token"}
+    assert "open apps" not in out.getvalue()
 
 
 def test_the_import_defaults_never_override_what_an_entry_says():

@@ -5,7 +5,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from apps_registry.config_io import ConfigError, config_import
-from apps_registry.models import AuthMode
+from apps_registry.models import OPEN_APP_MEANING, AuthMode
 
 
 class Command(BaseCommand):
@@ -15,8 +15,9 @@ class Command(BaseCommand):
         parser.add_argument("file", type=Path)
         parser.add_argument(
             "--auth-mode", choices=AuthMode.values, default=None,
-            help="Auth mode of apps whose entry names none (no authMode, authEnabled or tokenSecret). Without "
-                 "it they get signed tokens; 'none' opens them to anyone who knows their appId.",
+            help="Auth mode of apps whose entry names none (no authMode, tokenSecret or authEnabled: true). "
+                 "Without it, an entry saying authEnabled: false is open (auth mode none, as in the linker) and "
+                 "one saying nothing gets signed tokens; 'none' opens them to anyone who knows their appId.",
         )
 
     def handle(self, *args, file: Path, auth_mode: str | None, **options):
@@ -27,3 +28,7 @@ class Command(BaseCommand):
         except ConfigError as exc:
             raise CommandError(f"{file}: {exc} (nothing was imported)") from None
         self.stdout.write(self.style.SUCCESS(f"imported {file}: {summary}"))
+        if summary.open_apps:
+            self.stdout.write(self.style.WARNING(
+                f"open apps (auth mode none: {OPEN_APP_MEANING}): {', '.join(summary.open_apps)}. "
+                "Give them signed tokens or an auth URL in the admin, or import with --auth-mode signed_token."))
