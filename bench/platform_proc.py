@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 import redis
 
 from analytics.bench_sandbox import bench_database
-from devstack.embedded import _redis_bin, urls_hand_over
+from devstack.embedded import _redis_bin, free_port, urls_hand_over
 from devstack.supervise import wait_ready
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -51,7 +50,7 @@ class RunningPlatform:
 @contextmanager
 def private_redis(directory: Path) -> Iterator[str]:
     """A Redis server of the run's own (no persistence) on a free port, for the block."""
-    port = _free_port()
+    port = free_port()
     pidfile = directory / "redis.pid"
     subprocess.run([str(_redis_bin("redis-server")), "--port", str(port), "--bind", "127.0.0.1", "--dir",
                     str(directory), "--save", "", "--appendonly", "no", "--maxclients", "10000", "--daemonize", "yes",
@@ -77,12 +76,6 @@ def _redis_answers(url: str) -> bool:
         return bool(redis.Redis.from_url(url, socket_timeout=1).ping())
     except redis.RedisError:
         return False
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager

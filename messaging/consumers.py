@@ -225,8 +225,8 @@ class ClientConsumer(ChannelReaderConsumer):
             return False  # gone: a replay reads no more history for it
         return await self.write(encode("CHANNEL_MESSAGE", {"channel": channel, "content": content, "offset": offset}))
 
-    async def _write_missed(self, channel: str, skipped: int, offset: int) -> None:
-        await self.write(encode("CHANNEL_MISSED", {"channel": channel, "missed": skipped, "offset": offset}))
+    async def _write_missed(self, notice: dict) -> None:
+        await self.write(encode("CHANNEL_MISSED", notice))
 
     async def channel_join(self, event: sockets.ChannelMembershipEvent) -> None:
         if self.channels is not None:

@@ -24,6 +24,7 @@ FETCH_MAX = 2000  # messages per FETCH_MISSING_MESSAGES_REQUEST (the linker prot
 ACK_MAX_IDS = 2000  # ids per ACK
 REFERENCE_MAX = 256
 BIGINT_MAX = 2**63 - 1  # ids and offsets are Postgres bigints
+ACK_ID_STRING_MAX = 10**18 - 1  # an ACK id written as a string: at most 18 digits
 CLIENT_MESSAGE_ID_MAX = 128
 
 CLIENT_TYPES = {
@@ -150,13 +151,10 @@ def message_ids(values: Any, data: Any) -> list[int]:
     for value in values:
         if isinstance(value, bool):
             raise FrameError("'ids' must hold message ids", data)
-        if isinstance(value, int):
-            number = value
-        elif isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:
-            number = int(value)
-        else:
+        number = value if isinstance(value, int) else plain_int(value, ACK_ID_STRING_MAX) if isinstance(value, str) else None
+        if number is None:
             raise FrameError("'ids' must hold message ids (digit strings as received)", data)
-        if not 0 < number < 2**63:
+        if not 0 < number <= BIGINT_MAX:
             raise FrameError("'ids' must hold message ids", data)
         ids.append(number)
     return ids

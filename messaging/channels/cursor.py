@@ -7,8 +7,9 @@ Every reader (a /ws connection, an SSE stream, a push-compatible stream socket) 
   history up to the head and then taking live publishes leaves nothing between the two; the replay
   starts after `since`, or without it at the head as it was before subscribing. A replay holds at
   most STREAM_REPLAY_MAX messages, the newest: a `since` further back starts there instead, and the
-  reader's `missed(channel, missed, offset)` is told first (what it skipped, and after which offset
-  the replay starts), so its client knows it has a gap;
+  reader's `missed` is handed the notice first, `{"channel", "missed", "offset"}` (what it skipped,
+  and after which offset the replay starts; every transport sends it as it is), so its client knows
+  it has a gap;
 - `publish(name, offset, content)`: a live publish from the hub. An offset already written is
   skipped; a jump (an earlier publish overtaken, or lost while Redis hiccupped) is filled from the
   history first;
@@ -33,7 +34,7 @@ from messaging.channels.services import channel_heads, channel_history
 
 CATCH_UP_BATCH = 500
 Write = Callable[[str, int, str], Awaitable[bool]]
-Missed = Callable[[str, int, int], Awaitable[object]]  # (channel, messages skipped, offset the replay starts after)
+Missed = Callable[[dict], Awaitable[object]]  # the notice {channel, missed, offset} of a replay cut short
 
 
 class ChannelCursor:
@@ -73,7 +74,7 @@ class ChannelCursor:
             skipped, self.positions[name] = floor - self.positions[name], floor
             metrics.STREAM_REPLAY_CUT.labels(self.transport).inc()
             if self.missed is not None:
-                await self.missed(name, skipped, floor)
+                await self.missed({"channel": name, "missed": skipped, "offset": floor})
         await self._catch_up(name, upto=head)
         return self.positions.get(name, head)
 

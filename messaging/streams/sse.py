@@ -134,9 +134,9 @@ class SseStream:
             await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
             return True
 
-        async def missed(channel: str, skipped: int, offset: int) -> None:
+        async def missed(notice: dict) -> None:
             if not disconnected.done():
-                body = dumps({"channel": channel, "missed": skipped, "offset": offset})
+                body = dumps(notice)
                 await send({"type": "http.response.body", "body": f"event:missed\ndata:{body}\n\n".encode(),
                             "more_body": True})
 

@@ -100,10 +100,9 @@ class PushStreamConsumer(ChannelReaderConsumer):
                                          "data": {"channel": channel, "message": content, "offset": offset}}))
         return True
 
-    async def _write_missed(self, channel: str, skipped: int, offset: int) -> None:
+    async def _write_missed(self, notice: dict) -> None:
         if not self._gone():
-            await self.send(text_data=dumps({"event": "missed",
-                                             "data": {"channel": channel, "missed": skipped, "offset": offset}}))
+            await self.send(text_data=dumps({"event": "missed", "data": notice}))
 
     async def _heartbeat(self) -> None:
         grace = settings.PUSH_CLIENT_GRACE_SECONDS

@@ -89,7 +89,7 @@ def _locked(root: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -169,7 +169,7 @@ def _ensure_postgres(root: Path, state: dict) -> None:
     data = pg_root / "data"
     pg_root.mkdir(parents=True, exist_ok=True)
     if "postgres" not in state:
-        state["postgres"] = {"port": _free_port(), "password": secrets.token_urlsafe(24)}
+        state["postgres"] = {"port": free_port(), "password": secrets.token_urlsafe(24)}
     if _pg_answers(state):
         return
     needs_init = not (data / "PG_VERSION").exists()
@@ -188,7 +188,7 @@ def _ensure_postgres(root: Path, state: dict) -> None:
     pg_clear_remains(data)
     if _port_open(state["postgres"]["port"]):
         # Someone else took our port while we were down: move, never share.
-        state["postgres"]["port"] = _free_port()
+        state["postgres"]["port"] = free_port()
     port = state["postgres"]["port"]
     # Durability stays on (fsync, synchronous_commit). The rest suits a message store: larger
     # WAL between checkpoints and compressed full-page images; with the defaults, a sustained
@@ -242,11 +242,11 @@ def _ensure_redis(root: Path, state: dict) -> None:
     r_root = root / "redis"
     r_root.mkdir(parents=True, exist_ok=True)
     if "redis" not in state:
-        state["redis"] = {"port": _free_port(), "password": secrets.token_urlsafe(24)}
+        state["redis"] = {"port": free_port(), "password": secrets.token_urlsafe(24)}
     if _redis_answers(state):
         return
     if _port_open(state["redis"]["port"]):
-        state["redis"]["port"] = _free_port()
+        state["redis"]["port"] = free_port()
     r = state["redis"]
     conf = r_root / "redis.conf"
     conf.write_text("\n".join([

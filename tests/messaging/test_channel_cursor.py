@@ -75,8 +75,8 @@ async def _replay(app_id: int, since: int) -> tuple[list[int], list[tuple]]:
         written.append(offset)
         return True
 
-    async def missed(channel: str, skipped: int, offset: int) -> None:
-        told.append((channel, skipped, offset))
+    async def missed(notice: dict) -> None:
+        told.append((notice["channel"], notice["missed"], notice["offset"]))
 
     cursor = ChannelCursor(app_id=app_id, hub=QuietHub(), reader=object(), write=write, transport="sse",
                            missed=missed)

@@ -31,7 +31,8 @@ def apps(demo_network, django_db_blocker):
         made = {}
         for name in ("PUB", "PUBB"):
             app = ClientApp.objects.create(app_name=name, app_id=f"app-id-{name.lower()}", master_user_id=f"{name}-1",
-                                           public_channel_patterns=["news.*"], auth_mode="none")
+                                           public_channel_patterns=["news.*"], auth_mode="none",
+                                           client_subscriptions_allowed=True)
             UserDistribution.objects.create(app=app, domain=domain, range_from=0, range_to=None)
             made[name] = app
         return made
@@ -157,6 +158,17 @@ def test_a_replay_from_far_back_gets_the_newest_messages_after_a_notice_of_what_
     assert frames[0]["event"] == "ping"
     assert frames[1] == {"event": "missed", "data": {"channel": "news.long", "missed": 70, "offset": 70}}
     assert [f["data"]["offset"] for f in frames[2:]] == list(range(71, 121))
+
+
+def test_a_ws_subscription_from_far_back_is_told_what_it_missed_before_the_newest_messages(web, apps, django_db_blocker):
+    history(django_db_blocker, apps["PUB"], "news.deep", 120)
+    with WsClient(web.ws_url) as client:
+        client.auth("PUB-16005", app_id="app-id-pub")
+        client.send("SUBSCRIBE", {"channel": "news.deep", "since": 0})
+        notice = client.recv_type("CHANNEL_MISSED")
+        assert notice["data"] == {"channel": "news.deep", "missed": 70, "offset": 70}
+        offsets = [client.recv_type("CHANNEL_MESSAGE")["data"]["offset"] for _ in range(50)]
+    assert offsets == list(range(71, 121))
 
 
 def test_streams_are_capped_per_client_address_and_per_app(web, apps):
