@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP_TOOLS := pip-tools==7.6.2
 
-.PHONY: install lock sysdeps run test stop lint bench clean
+.PHONY: install lock sysdeps run restart-web test stop lint bench clean
 
 install: $(STAMP)
 
@@ -34,13 +34,19 @@ lock:
 	printf '%s\n' $(LOCK_TOOLS) $(PIP_TOOLS) | CUSTOM_COMPILE_COMMAND="make lock" $(BIN)/pip-compile $(LOCK_FLAGS) \
 		$(if $(UPGRADE),--upgrade) --extra dev --constraint requirements.lock --output-file requirements-dev.lock - pyproject.toml
 
+# WEB_NODES=3: HAProxy (Debian's package, installed when missing) on PORT in front of three web
+# nodes; WORKERS=2: two routing workers. Both default to 1 (no HAProxy).
 run: install
 	$(BIN)/python -m devstack.supervise
+
+# The web nodes of the running `make run` (same PORT), restarted one at a time, each drained first.
+restart-web: install
+	$(BIN)/python -m devstack.rolling
 
 # What the tests need from the operating system (Chromium, a Java runtime for Spark): installed
 # with apt-get when missing and we are root, else a one-line instruction and a stop.
 sysdeps: install
-	$(BIN)/python -m devstack.sysdeps chromium java
+	$(BIN)/python -m devstack.sysdeps chromium java haproxy
 
 test: install sysdeps
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc

@@ -1,13 +1,25 @@
 """`make run`: the whole platform as one supervised foreground process group.
 
+    make run [WEB_NODES=3] [WORKERS=2] [PORT=8000]
+
 Starts (or reuses) the embedded services when no DATABASE_URL / REDIS_URL is set, migrates,
-ensures the demo app and an admin login, then runs a daphne web node, a Celery worker (routing and
-the default queue), a webhook worker (the webhooks queue only: tenants' receivers never hold a thread
-that routing needs) and Celery beat with prefixed logs. A child that crashes is restarted with backoff. The embedded Postgres and
-Redis are watched the same way: one that stops answering (killed, crashed) is started again, with
-backoff, and the web node, worker and beat reconnect by themselves. Ctrl-C or SIGTERM stops the
-web node first (so no new work arrives), then the worker (which finishes what it holds), then
-beat, and finally the embedded services if this run started them.
+ensures the demo app and an admin login, then runs the web node(s), WORKERS Celery workers (routing
+and the default queue), a webhook worker (the webhooks queue only: tenants' receivers never hold a
+thread that routing needs) and Celery beat with prefixed logs.
+
+With one web node (the default) it serves on PORT itself. With WEB_NODES=N, HAProxy (installed from
+Debian's package when missing, devstack.sysdeps) listens on PORT in front of web nodes web-1..web-N
+on 127.0.0.1:PORT+1..PORT+N (each its own NODE_ID; TRUSTED_PROXIES names 127.0.0.1 so they believe
+HAProxy's X-Forwarded-For), with its stats page on 127.0.0.1:PORT+N+1; devstack.balancer writes its
+configuration under var/. `make restart-web` restarts the web nodes one at a time (devstack.rolling,
+over var/supervise-PORT.sock).
+
+A child that crashes is restarted with backoff. The embedded Postgres and Redis are watched the
+same way: one that stops answering (killed, crashed) is started again, with backoff, and the web
+nodes, workers and beat reconnect by themselves. Ctrl-C or SIGTERM stops the web nodes first, all at
+once (each drains: 503 on /readyz, its WebSockets closed with 1012 over DRAIN_SECONDS; SIGKILL after
+DRAIN_SECONDS + DRAIN_GRACE_SECONDS + 5 s), then the workers (which finish what they hold), then
+beat, then HAProxy, and finally the embedded services if this run started them.
 """
 
 from __future__ import annotations
@@ -18,77 +30,17 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from devstack import embedded
-
-ROOT = Path(__file__).resolve().parents[2]
-COLOURS = {"web": "\033[36m", "worker": "\033[33m", "hooks": "\033[34m", "beat": "\033[35m", "run": "\033[32m"}
-RESET = "\033[0m"
-_print_lock = threading.Lock()
-
-
-def say(name: str, line: str) -> None:
-    colour = COLOURS.get(name, "") if sys.stdout.isatty() else ""
-    end = RESET if colour else ""
-    with _print_lock:
-        sys.stdout.write(f"{colour}{name:<6} |{end} {line}\n")
-        sys.stdout.flush()
-
-
-@dataclass
-class Child:
-    name: str
-    argv: list[str]
-    proc: subprocess.Popen | None = None
-    restarts: list[float] = field(default_factory=list)
-
-    def start(self, env: dict[str, str]) -> None:
-        # Own session: a terminal's Ctrl-C reaches only the supervisor, which then stops the
-        # children in order instead of all at once.
-        self.proc = subprocess.Popen(
-            self.argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, bufsize=1, start_new_session=True,
-        )
-        threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
-        say("run", f"started {self.name} (pid {self.proc.pid}): {' '.join(self.argv[1:4])} …")
-
-    def _pump(self, proc: subprocess.Popen) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            say(self.name, line.rstrip())
-
-    def stop(self, timeout: float) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            say("run", f"{self.name} did not stop in {timeout:.0f}s; killing it")
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+from devstack import balancer, embedded, sysdeps
+from devstack.children import ROOT, Child, name_width, say, stop_together, wait_ready
+from devstack.rolling import ControlServer, socket_path, web_stop_timeout
 
 
 def _manage(env: dict[str, str], *args: str) -> None:
     result = subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], cwd=ROOT, env=env)
     if result.returncode != 0:
         raise SystemExit(f"manage.py {' '.join(args)} failed with exit code {result.returncode}")
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60) -> bool:
-    """True once `url` answers 200; False if `proc` exits or `timeout` passes first."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return True
-        except OSError:
-            time.sleep(0.2)
-    return False
 
 
 class ServiceWatch:
@@ -125,14 +77,58 @@ class ServiceWatch:
         self.next_check = time.monotonic() + min(2 ** (self.failures - 1), 30)
 
 
+def _web_nodes(env: dict[str, str], host: str, port: int, count: int) -> list[Child]:
+    """One node on PORT as before, or `count` behind HAProxy, each with its NODE_ID and port."""
+    web = [sys.executable, "-m", "config.web"]
+    if count == 1:
+        url = f"http://{_local(host)}:{port}/readyz"
+        return [Child("web", [*web, "--bind", host, "--port", str(port)], ready_url=url)]
+    trusted = ",".join(dict.fromkeys([*filter(None, env.get("TRUSTED_PROXIES", "").split(",")), "127.0.0.1"]))
+    return [Child(f"web-{i}", [*web, "--bind", "127.0.0.1", "--port", str(port + i)],
+                  env={"NODE_ID": f"web-{i}", "PORT": str(port + i), "TRUSTED_PROXIES": trusted},
+                  ready_url=f"http://127.0.0.1:{port + i}/readyz")
+            for i in range(1, count + 1)]
+
+
+def _workers(port: int, count: int) -> list[Child]:
+    celery = str(Path(sys.executable).parent / "celery")
+    names = ["worker"] if count == 1 else [f"worker-{i}" for i in range(1, count + 1)]
+    return [Child(name, [celery, "-A", "config", "worker", "-l", "INFO", "-n", f"{name}-{port}@%h",
+                         "-Q", "celery,routing"]) for name in names]
+
+
+def _balancer(host: str, port: int, nodes: list[Child], stats_port: int) -> Child:
+    servers = [balancer.Server(n.name, int(n.env["PORT"])) for n in nodes]
+    config = balancer.write_config(embedded.var_dir() / f"haproxy-{port}.cfg",
+                                   balancer.haproxy_config(port=port, host=host, servers=servers, stats_port=stats_port))
+    return Child("lb", balancer.haproxy_argv(config))
+
+
+def _local(host: str) -> str:
+    return "localhost" if host in ("127.0.0.1", "0.0.0.0") else host
+
+
+def _count(env: dict[str, str], name: str) -> int:
+    try:
+        value = int(env.get(name, "1"))
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise SystemExit(f"{name} must be a whole number of at least 1, not {env.get(name)!r}")
+    return value
+
+
 def main() -> int:
     started = time.monotonic()
     env = dict(os.environ)
     env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "platform"), str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
-    port = env.setdefault("PORT", "8000")
+    port = int(env.setdefault("PORT", "8000"))
     host = env.get("HOST", "127.0.0.1")
+    web_count, worker_count = _count(env, "WEB_NODES"), _count(env, "WORKERS")
+    if web_count > 1 and sysdeps.ensure(["haproxy"]) != 0:
+        return 1
 
     started_services = False
     watch = ServiceWatch(postgres=not env.get("DATABASE_URL"), redis=not env.get("REDIS_URL"))
@@ -145,16 +141,17 @@ def main() -> int:
     _manage(env, "migrate", "--noinput", "-v", "0")
     _manage(env, "bootstrap")
 
-    bin_dir = Path(sys.executable).parent
-    children = [
-        Child("web", [sys.executable, "-m", "config.web", "--bind", host, "--port", port]),
-        Child("worker", [str(bin_dir / "celery"), "-A", "config", "worker", "-l", "INFO",
-                         "-n", f"worker-{port}@%h", "-Q", "celery,routing"]),
-        Child("hooks", [str(bin_dir / "celery"), "-A", "config", "worker", "-l", "INFO",
-                        "-n", f"webhooks-{port}@%h", "-Q", "webhooks"]),
-        Child("beat", [str(bin_dir / "celery"), "-A", "config", "beat", "-l", "INFO",
-                       "-s", str(embedded.var_dir() / "celerybeat-schedule")]),
-    ]
+    celery = str(Path(sys.executable).parent / "celery")
+    nodes = _web_nodes(env, host, port, web_count)
+    workers = [*_workers(port, worker_count),
+               Child("hooks", [celery, "-A", "config", "worker", "-l", "INFO", "-n", f"webhooks-{port}@%h",
+                               "-Q", "webhooks"])]
+    beat = Child("beat", [celery, "-A", "config", "beat", "-l", "INFO",
+                          "-s", str(embedded.var_dir() / "celerybeat-schedule")])
+    stats_port = port + web_count + 1 if web_count > 1 else None
+    lb = [_balancer(host, port, nodes, stats_port)] if stats_port else []
+    children = [*nodes, *workers, beat, *lb]
+    name_width([c.name for c in children] + ["run"])
     stopping = threading.Event()
 
     def on_signal(signum, frame):
@@ -162,22 +159,33 @@ def main() -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    for child in children:
+    for child in [*nodes, *workers, beat]:
         child.start(env)
+    control = ControlServer(socket_path(port), nodes, env, stats_port=stats_port, stopping=stopping)
+    control.start()
 
-    base = f"http://{'localhost' if host in ('127.0.0.1', '0.0.0.0') else host}:{port}"
-    if wait_ready(f"{base}/readyz", children[0].proc):
+    base = f"http://{_local(host)}:{port}"
+    nodes_ready = all([wait_ready(n.ready_url or "", n.proc) for n in nodes])
+    for child in lb:  # after the nodes: HAProxy's first checks find them up
+        child.start(env)
+    if nodes_ready and wait_ready(f"{base}/readyz", None, 30):
         say("run", f"ready in {time.monotonic() - started:.1f}s")
         say("run", f"admin:     {base}/admin/")
         say("run", f"demo:      {base}/demo/")
         say("run", f"websocket: {base.replace('http', 'ws', 1)}/ws")
+        if stats_port:
+            say("run", f"HAProxy in front of {', '.join(n.name for n in nodes)}; its stats: http://localhost:{stats_port}/")
+        say("run", f"`make restart-web{'' if port == 8000 else f' PORT={port}'}` restarts the web nodes one at a time")
         say("run", "Ctrl-C stops everything")
 
     exit_code = 0
     while not stopping.wait(0.5):
         watch.check()
         for child in children:
-            if child.proc and child.proc.poll() is not None:
+            with child.lock:
+                if child.held or child.running():
+                    continue
+                assert child.proc is not None
                 now = time.monotonic()
                 child.restarts = [t for t in child.restarts if now - t < 60] + [now]
                 if len(child.restarts) > 5:
@@ -189,9 +197,14 @@ def main() -> int:
                 time.sleep(min(2 ** (len(child.restarts) - 1), 10))
                 child.start(env)
 
-    say("run", "stopping: web, then the workers, then beat")
-    for child, timeout in zip(children, (15, 30, 30, 10), strict=True):
-        child.stop(timeout)
+    control.close()
+    say("run", f"stopping: the web node{'s' if len(nodes) > 1 else ''} (draining), the workers, beat"
+               f"{', HAProxy' if lb else ''}")
+    stop_together(nodes, web_stop_timeout(env))
+    stop_together(workers, 30)
+    beat.stop(10)
+    for child in lb:
+        child.stop(10)
     if started_services:
         say("run", f"stopped embedded {', '.join(embedded.stop()) or 'services'}")
     return exit_code

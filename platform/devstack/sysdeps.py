@@ -1,12 +1,14 @@
 """The two things the test suite needs from the operating system, installed when missing.
 
-    python -m devstack.sysdeps [chromium] [java]
+    python -m devstack.sysdeps [chromium] [java] [haproxy]
 
 `make test` runs this before pytest, so a bare machine needs nothing but Python and `make`:
 
 - chromium: Debian's `chromium`, driven by the browser tests (Playwright's own browser download
   does not work on machines without general internet access);
-- java: a Java 17+ runtime (Debian's `openjdk-17-jre-headless`) for PySpark.
+- java: a Java 17+ runtime (Debian's `openjdk-17-jre-headless`) for PySpark;
+- haproxy: Debian's `haproxy`, the load balancer in front of several web nodes (`make run
+  WEB_NODES=3` installs it too; the load-balancing system tests run it).
 
 As root on a Debian-like system it installs them with apt-get. Otherwise it prints the one command
 to run and exits 1, so the suite does not start only to fail half-way.
@@ -37,6 +39,12 @@ def _chromium_present() -> bool:
     return os.path.exists(path) or shutil.which("chromium") is not None
 
 
+def haproxy_path() -> str | None:
+    """The HAProxy binary: HAPROXY_PATH, Debian's /usr/sbin/haproxy, or one on PATH."""
+    path = os.environ.get("HAPROXY_PATH", "/usr/sbin/haproxy")
+    return path if os.path.exists(path) else shutil.which("haproxy")
+
+
 def java_major_version() -> int | None:
     java = shutil.which("java")
     if java is None:
@@ -57,10 +65,11 @@ def _java_present() -> bool:
     return version is not None and version >= 17
 
 
-PRESENT = {"chromium": _chromium_present, "java": _java_present}
+PRESENT = {"chromium": _chromium_present, "java": _java_present, "haproxy": lambda: haproxy_path() is not None}
 DEPENDENCIES = {
     "chromium": SystemDependency("chromium", "chromium", "the browser tests drive it headless"),
     "java": SystemDependency("java", "openjdk-17-jre-headless", "PySpark runs on a Java 17+ runtime"),
+    "haproxy": SystemDependency("haproxy", "haproxy", "the load balancer in front of several web nodes"),
 }
 
 

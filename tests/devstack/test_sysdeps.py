@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_test_command_installs_the_system_dependencies_before_pytest():
     plan = subprocess.run(["make", "-n", "test"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     lines = plan.splitlines()
-    deps = next(i for i, line in enumerate(lines) if "devstack.sysdeps chromium java" in line)
+    deps = next(i for i, line in enumerate(lines) if "devstack.sysdeps chromium java haproxy" in line)
     tests = next(i for i, line in enumerate(lines) if "-m pytest" in line)
     assert deps < tests
 
