@@ -155,7 +155,7 @@ def haproxy_argv(config: Path) -> list[str]:
 
 def check_config(config: Path) -> str | None:
     """None when HAProxy accepts `config` (haproxy -c), else what it said."""
-    result = subprocess.run([*haproxy_argv(config)[:1], "-c", "-q", "-f", str(config)],
+    result = subprocess.run([*haproxy_argv(config)[:1], "-c", "-f", str(config)],
                             capture_output=True, text=True, timeout=30)
     return None if result.returncode == 0 else (result.stdout + result.stderr).strip()
 

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import time
 
 import psutil
 import pytest
 
+from devstack import balancer
 from tests.processes import free_port, wait_http
+from tests.wsclient import WsClient, wait_for
 
 pytestmark = pytest.mark.system
 
@@ -39,3 +42,54 @@ def test_make_run_brings_up_web_worker_and_beat_and_sigterm_stops_them_all(proce
     time.sleep(0.5)
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
     assert time.monotonic() - started < 120
+
+
+def _children_named(proc, text: str) -> list[psutil.Process]:
+    return [c for c in psutil.Process(proc.popen.pid).children(recursive=True) if text in " ".join(c.cmdline())]
+
+
+def test_make_run_with_three_web_nodes_serves_behind_haproxy_and_restarts_them_one_at_a_time(processes, tmp_path):
+    port = free_port()
+    proc = processes.spawn("supervise-lb", [sys.executable, "-m", "devstack.supervise"], port=port,
+                           PORT=str(port), WEB_NODES="3", WORKERS="2", ADMIN_PASSWORD="a-long-test-password",
+                           SWITCHBOARD_VAR_DIR=str(tmp_path), DRAIN_SECONDS="2", DRAIN_GRACE_SECONDS="2")
+    wait_http(f"http://127.0.0.1:{port}/readyz", proc, timeout=90)
+    wait_for(lambda: "Ctrl-C stops everything" in proc.output(), timeout=30)
+    assert "HAProxy in front of web-1, web-2, web-3" in proc.output()
+    assert len(_children_named(proc, "-Q celery,routing")) == 2  # WORKERS=2
+    nodes = {i: _children_named(proc, f"--port {port + i}") for i in (1, 2, 3)}
+    assert all(len(found) == 1 for found in nodes.values())
+    stats_port = port + 4
+    assert balancer.server_states(stats_port) == {"web-1": "UP", "web-2": "UP", "web-3": "UP"}
+
+    with WsClient(f"ws://127.0.0.1:{port}/ws") as before:
+        assert before.auth("ANZ-17201")["data"]["isAuthenticated"] is True
+        rolling = subprocess.run([sys.executable, "-m", "devstack.rolling", str(port)], env=processes.env(
+            SWITCHBOARD_VAR_DIR=str(tmp_path)), capture_output=True, text=True, timeout=240)
+        assert rolling.returncode == 0, rolling.stdout + rolling.stderr
+        lines = rolling.stdout.splitlines()
+        # one node after the other: each back (and UP in HAProxy) before the next is stopped
+        order = [line.split(":")[0] for line in lines if "draining" in line or "serving again" in line]
+        assert order == ["web-1", "web-1", "web-2", "web-2", "web-3", "web-3"]
+        assert all("(UP in HAProxy)" in line for line in lines if "serving again" in line)
+        assert lines[-1] == "done"
+        before.wait_closed(timeout=10)  # its node was restarted: it was disconnected (1012 once nodes drain)
+
+    # new processes on the same ports, under the same names; clients are served through HAProxy again
+    assert all(_children_named(proc, f"--port {port + i}")[0].pid != nodes[i][0].pid for i in (1, 2, 3))
+    assert balancer.server_states(stats_port) == {"web-1": "UP", "web-2": "UP", "web-3": "UP"}
+    with WsClient(f"ws://127.0.0.1:{port}/ws") as after:
+        assert after.auth("ANZ-17201")["data"]["isAuthenticated"] is True
+
+    children = psutil.Process(proc.popen.pid).children(recursive=True)
+    proc.popen.send_signal(signal.SIGTERM)
+    assert proc.popen.wait(60) == 0
+    time.sleep(0.5)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_the_rolling_restart_command_without_a_running_make_run_says_so(processes, tmp_path):
+    rolling = subprocess.run([sys.executable, "-m", "devstack.rolling", str(free_port())],
+                             env=processes.env(SWITCHBOARD_VAR_DIR=str(tmp_path)), capture_output=True, text=True)
+    assert rolling.returncode == 1
+    assert "is it running, with this PORT?" in rolling.stderr
