@@ -90,9 +90,12 @@ class Child:
 
 
 def stop_together(children: Sequence[Child], timeout: float) -> None:
-    """SIGTERM to all at once (web nodes drain side by side), then wait up to `timeout` for all."""
+    """SIGTERM to all at once (web nodes drain side by side), then wait up to `timeout` for all.
+    Each under its lock: a rolling restart starting a node again is either done (and that process
+    stopped) or sees the supervisor stopping."""
     for child in children:
-        child.terminate()
+        with child.lock:
+            child.terminate()
     deadline = time.monotonic() + timeout
     for child in children:
         child.wait_or_kill(deadline)

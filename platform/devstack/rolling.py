@@ -62,7 +62,8 @@ def _wait_up(stats_port: int, name: str, timeout: float) -> bool:
     return False
 
 
-def restart_one(child: Child, env: dict[str, str], *, stats_port: int | None, report: Report) -> bool:
+def restart_one(child: Child, env: dict[str, str], *, stats_port: int | None, stopping: threading.Event,
+                report: Report) -> bool:
     """Drain, stop and start one web node; True once it serves again (and HAProxy says UP)."""
     with child.lock:
         child.held = True
@@ -71,8 +72,14 @@ def restart_one(child: Child, env: dict[str, str], *, stats_port: int | None, re
         report(f"{child.name}: draining (SIGTERM)")
         child.stop(web_stop_timeout(env))
         code = child.proc.returncode if child.proc else None
-        report(f"{child.name}: exited with {code} after {time.monotonic() - began:.1f}s; starting it again")
-        child.start(env)
+        # Under the lock the supervisor's shutdown takes to stop the nodes: either it finds the
+        # new process and stops it too, or we see it stopping and start none.
+        with child.lock:
+            if stopping.is_set():
+                report(f"{child.name}: exited with {code}; not started again, the supervisor is stopping")
+                return False
+            report(f"{child.name}: exited with {code} after {time.monotonic() - began:.1f}s; starting it again")
+            child.start(env)
         assert child.ready_url is not None
         if not wait_ready(child.ready_url, child.proc, READY_TIMEOUT):
             report(f"{child.name}: not ready after {READY_TIMEOUT:.0f}s")
@@ -95,7 +102,7 @@ def restart_all(nodes: Sequence[Child], env: dict[str, str], *, stats_port: int 
             report("the supervisor is stopping")
             return False
         report(f"[{i}/{len(nodes)}] {child.name}")
-        if not restart_one(child, env, stats_port=stats_port, report=report):
+        if not restart_one(child, env, stats_port=stats_port, stopping=stopping, report=report):
             return False
     return True
 
