@@ -175,7 +175,7 @@ def main() -> int:
         say("run", f"websocket: {base.replace('http', 'ws', 1)}/ws")
         if stats_port:
             say("run", f"HAProxy in front of {', '.join(n.name for n in nodes)}; its stats: http://localhost:{stats_port}/")
-        say("run", f"`make restart-web{'' if port == 8000 else f' PORT={port}'}` restarts the web nodes one at a time")
+            say("run", f"`make restart-web{'' if port == 8000 else f' PORT={port}'}` restarts the web nodes one at a time")
         say("run", "Ctrl-C stops everything")
 
     exit_code = 0

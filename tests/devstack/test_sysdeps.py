@@ -35,3 +35,15 @@ def test_nothing_is_installed_when_everything_is_there(monkeypatch):
 
 def test_this_machine_has_a_java_for_spark():
     assert (sysdeps.java_major_version() or 0) >= 17
+
+
+def test_this_machine_has_haproxy_for_the_load_balancing_tests():
+    assert sysdeps.DEPENDENCIES["haproxy"].present()
+    assert sysdeps.haproxy_path() == "/usr/sbin/haproxy"  # Debian's package
+
+
+def test_haproxy_is_found_where_haproxy_path_says(monkeypatch, tmp_path):
+    binary = tmp_path / "haproxy"
+    binary.write_text("")
+    monkeypatch.setenv("HAPROXY_PATH", str(binary))
+    assert sysdeps.haproxy_path() == str(binary)
