@@ -52,7 +52,9 @@ def _redis_answers() -> bool:
 
 def readyz(request: HttpRequest) -> JsonResponse:
     if draining():  # SIGTERM: a load balancer must stop sending new connections here at once
-        return JsonResponse({"status": "draining", "failing": [DRAINING], "node": settings.NODE_ID}, status=503)
+        response = JsonResponse({"status": "draining", "failing": [DRAINING], "node": settings.NODE_ID}, status=503)
+        response._has_been_logged = True  # expected while draining: not Django's "Service Unavailable" error line
+        return response
     failing = [name for name, answers in ((DATABASE, _database_answers), (REDIS, _redis_answers)) if not answers()]
     if failing:
         return JsonResponse({"status": "unavailable", "failing": failing}, status=503)

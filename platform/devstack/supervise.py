@@ -6,7 +6,7 @@ the default queue), a webhook worker (the webhooks queue only: tenants' receiver
 that routing needs) and Celery beat with prefixed logs. A child that crashes is restarted with backoff. The embedded Postgres and
 Redis are watched the same way: one that stops answering (killed, crashed) is started again, with
 backoff, and the web node, worker and beat reconnect by themselves. Ctrl-C or SIGTERM stops the
-web node first (so no new work arrives), then the worker (which finishes what it holds), then
+web node first (so no new work arrives; it drains its clients, see foundation.drain_server), then the worker (which finishes what it holds), then
 beat, and finally the embedded services if this run started them.
 """
 
@@ -70,6 +70,12 @@ class Child:
             say("run", f"{self.name} did not stop in {timeout:.0f}s; killing it")
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def web_stop_seconds(env: dict[str, str]) -> float:
+    """How long a web node may take to stop: its drain (DRAIN_SECONDS, cut at DRAIN_GRACE_SECONDS
+    more; foundation.drain_server), and a margin to exit, before it is killed."""
+    return float(env.get("DRAIN_SECONDS", 10)) + float(env.get("DRAIN_GRACE_SECONDS", 5)) + 5
 
 
 def _manage(env: dict[str, str], *args: str) -> None:
@@ -190,7 +196,7 @@ def main() -> int:
                 child.start(env)
 
     say("run", "stopping: web, then the workers, then beat")
-    for child, timeout in zip(children, (15, 30, 30, 10), strict=True):
+    for child, timeout in zip(children, (web_stop_seconds(env), 30, 30, 10), strict=True):
         child.stop(timeout)
     if started_services:
         say("run", f"stopped embedded {', '.join(embedded.stop()) or 'services'}")

@@ -83,7 +83,7 @@ class DrainingServer(Server):
         window, bound = drain_window(), drain_bound()
         for port in self.ports:
             port.stopListening()
-        log.warning("draining on %s: readyz 503, not accepting; closing sockets over %.1fs (cut at %.1fs)",
+        log.info("draining on %s: readyz 503, not accepting; closing sockets over %.1fs (cut at %.1fs)",
                     name, window, bound)
         reactor.callLater(bound, self._stop, f"drain cut short: {bound:.1f}s passed")
         asyncio.ensure_future(self._drain(window))
@@ -91,13 +91,13 @@ class DrainingServer(Server):
     async def _drain(self, window: float) -> None:
         try:
             if self.drain is not None:
-                log.warning("%s", await self.drain(window))
+                log.info("%s", await self.drain(window))
             await self._applications_done()
         except Exception:
             log.exception("draining failed; stopping")
             self.exit_code = 1
         if not self._stopping:
-            log.warning("drained in %.1fs", time.monotonic() - self._started_at)
+            log.info("drained in %.1fs", time.monotonic() - self._started_at)
             self._stop(None)
 
     async def _applications_done(self) -> None:
