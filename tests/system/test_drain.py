@@ -53,6 +53,15 @@ def ask_ready(conn: http.client.HTTPConnection) -> tuple[int, dict]:
     return response.status, json.loads(response.read())
 
 
+def wait_draining(conn: http.client.HTTPConnection) -> dict:
+    """/readyz's answer once it is 503 (the signal has reached the node's loop)."""
+    deadline = time.monotonic() + 2
+    while (answer := ask_ready(conn))[0] == 200 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert answer[0] == 503, answer
+    return answer[1]
+
+
 def refused(proc: Proc) -> bool:
     try:
         socket.create_connection(("127.0.0.1", proc.port), timeout=1).close()
@@ -101,11 +110,8 @@ def test_a_drained_node_closes_its_clients_with_1012_and_they_lose_nothing_elsew
         assert ask_ready(keepalive)[0] == 200
 
         began = sigterm(node_a)
-        deadline = time.monotonic() + 2
-        while (answer := ask_ready(keepalive))[0] == 200 and time.monotonic() < deadline:
-            time.sleep(0.02)  # the signal reaches the node's loop
-        status, body = answer
-        assert (status, body["status"], body["failing"]) == (503, "draining", ["draining"])
+        body = wait_draining(keepalive)
+        assert (body["status"], body["failing"]) == ("draining", ["draining"])
         with pytest.raises(ConnectionClosed) as late_closed:
             with connect(f"ws://127.0.0.1:{node_a.port}/ws", sock=late, open_timeout=5) as ws:
                 ws.recv(timeout=5)
@@ -156,7 +162,13 @@ def test_channel_streams_are_told_to_reconnect_when_their_node_drains(processes)
     assert stream.event()["event"] == "heartbeat"
     ws = connect(f"ws://127.0.0.1:{node.port}/ws/messages?channels=news.drain&app=app-id-pub", open_timeout=5)
     assert json.loads(ws.recv(timeout=5))["event"] == "ping"
+    keepalive = http.client.HTTPConnection("127.0.0.1", node.port, timeout=5)
+    assert ask_ready(keepalive)[0] == 200
     sigterm(node)
+    wait_draining(keepalive)
+    keepalive.request("GET", "/sse/messages?channels=news.drain&app=app-id-pub")
+    refused_stream = keepalive.getresponse()
+    assert (refused_stream.status, json.loads(refused_stream.read())["error"]) == (503, "draining")
     events = stream.events_until(lambda e: e.get("event") == "reconnect")
     assert events[-1] == {"event": "reconnect", "data": "{}"}
     with pytest.raises(EOFError):
