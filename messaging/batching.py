@@ -11,6 +11,10 @@ one Celery task per batch.
 committed); `add` is fire-and-forget (routing, delivered marks, releases). A batcher with
 `max_pending` refuses new items with `BatcherFull` while that many wait: a bounded intake, so a
 node whose database falls behind says so to its senders instead of queueing without limit.
+
+`flushed()` waits until nothing is pending or being flushed: what was added before it was called
+has been committed (or its failure logged), which is what a draining node waits for before it
+leaves (messaging.drain).
 """
 
 from __future__ import annotations
@@ -54,6 +58,23 @@ class Batcher:
     @property
     def pending(self) -> int:
         return len(self._items)
+
+    @property
+    def busy(self) -> bool:
+        """Items wait, or a flush runs."""
+        return bool(self._items) or (self._running is not None and not self._running.done())
+
+    async def flushed(self) -> None:
+        """Wait until nothing is pending or being flushed (items added meanwhile are waited for too)."""
+        while True:
+            running = self._running
+            if running is not None and not running.done():
+                await asyncio.wait({running})  # not shielded: cancelling the waiter never cancels the flush
+            elif self._items:
+                # Added from another thread, its wake-up not run yet: give the loop a turn to run it.
+                await asyncio.sleep(0)
+            else:
+                return
 
     def _append(self, entries: Sequence[tuple[Any, asyncio.Future | None]]) -> bool:
         """Queue entries; True when the caller must wake the drain (none is pending)."""

@@ -16,7 +16,8 @@ What a connection guarantees its client:
   the client ACKed it (ACK mode); a connection that closes first, for whatever reason, gives its
   messages back to the mailbox, with no attempt counted;
 - whatever goes wrong inside it, its end runs (messaging.connection.life): presence, the master's
-  USER_DISCONNECTED and the session row are settled on every way out.
+  USER_DISCONNECTED and the session row are settled on every way out;
+- when its node drains (messaging.drain) it is closed with 1012, and the drain waits for its end.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from channels.consumer import get_handler_name
 from django.conf import settings
 
 from foundation.daphne_adapter import FRAME_LIMIT_EXTENSION, OUTGOING_EXTENSION, FrameLimit, OutgoingBuffer
+from foundation.draining import DRAINING_REASON, draining
 from foundation.transport import sockets
-from foundation.transport.frames import CLOSE_AUTH_TIMEOUT, CLOSE_POLICY, CLOSE_TOO_BIG, encode
+from foundation.transport.frames import CLOSE_AUTH_TIMEOUT, CLOSE_POLICY, CLOSE_RESTART, CLOSE_TOO_BIG, encode
 from messaging import metrics
 from messaging.channels.cursor import ChannelCursor
 from messaging.connection.handlers import HANDLERS, Handler, on_auth_client, retry_after_ms
@@ -80,6 +82,10 @@ class ClientConsumer(ChannelReaderConsumer):
         if self.outgoing is not None:
             self.outgoing.on_flush = self._flushed
         await self.accept()
+        if draining():  # on a connection accepted before the node stopped listening
+            await self.close_with(CLOSE_RESTART, DRAINING_REASON)
+            return
+        self.life.node.drainable_add(self.channel_name, self._drain)
         self.auth_timer = asyncio.get_running_loop().call_later(
             settings.WS_AUTH_TIMEOUT, lambda: asyncio.ensure_future(self._auth_timeout()))
 
@@ -90,6 +96,9 @@ class ClientConsumer(ChannelReaderConsumer):
         self.ledger = DeliveryLedger(acks=self.life.acks, window=settings.WS_ACK_WINDOW)
         self.channels = ChannelCursor(app_id=self.life.app.pk, hub=self.life.node.hub, reader=self,
                                       write=self._write_channel, transport="ws", missed=self._write_missed)
+
+    async def _drain(self) -> None:
+        await self.close_with(CLOSE_RESTART, DRAINING_REASON)
 
     async def _auth_timeout(self) -> None:
         if not self.life.authenticated and not self.closing:
@@ -113,7 +122,10 @@ class ClientConsumer(ChannelReaderConsumer):
             self.outgoing.on_flush = None
         if self.life is not None:
             position = self.outgoing.flushed() if self.outgoing is not None else None
-            await self.life.end(ledger=self.ledger, channels=self.channels, position=position)
+            try:
+                await self.life.end(ledger=self.ledger, channels=self.channels, position=position)
+            finally:
+                self.life.node.drainable_remove(self.channel_name)  # a drain waits for this end
 
     # --- writing to the socket -----------------------------------------------------------------
 

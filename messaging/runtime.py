@@ -9,7 +9,10 @@
   "route these committed deliveries" (gathered into one task, handed over by messaging.handoff),
   "these deliveries reached their sockets" and "these claims go back to the mailbox". The routing
   batcher is given, as `route`, to everything the node stores or confirms with;
-- knows the connections this process holds, and the per-user delivery budgets.
+- knows the connections this process holds, and the per-user delivery budgets;
+- knows what a drain must end (`drainable`): every /ws socket from its connect on (authenticated
+  or not) and every channel stream, each with the coroutine that ends it asking its client to
+  reconnect elsewhere (messaging.drain). An entry goes once the connection's end has run.
 """
 
 from __future__ import annotations
@@ -69,6 +72,9 @@ class NodeRuntime:
         self.intake = Intake(route=self.route)
         self.delivered = Batcher("delivered", self._mark_delivered, linger=settings.DELIVERED_LINGER_SECONDS)
         self.released = Batcher("released", _release, linger=settings.DELIVERED_LINGER_SECONDS)
+        # Every batcher of the node: bound to the loop at start, flushed by a drain before the node leaves.
+        self.batchers: list[Batcher] = [self.intake.batcher, self.routing, self.delivered, self.released]
+        self.drainable: dict[object, Callable[[], Awaitable[None]]] = {}
         self.work_limits = UserWorkLimits()
         self.hub = ChannelHub(self.node_id, on_occupancy=_occupancy_changed)
         self._started: asyncio.Future | None = None
@@ -89,7 +95,7 @@ class NodeRuntime:
 
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
-        for batcher in (self.intake.batcher, self.routing, self.delivered, self.released):
+        for batcher in self.batchers:
             batcher.bind(loop)
         await run_db(self._restart_cleanup)
         await self._join()
@@ -111,6 +117,29 @@ class NodeRuntime:
         self.connections.pop(channel_name, None)
         metrics.CONNECTIONS.set(len(self.connections))
         metrics.TRANSPORT_CONNECTIONS.labels("ws").set(len(self.connections))
+
+    @property
+    def started(self) -> bool:
+        return self._started is not None and self._started.done() and self._started.exception() is None
+
+    def drainable_add(self, key: object, end: Callable[[], Awaitable[None]]) -> None:
+        self.drainable[key] = end
+
+    def drainable_remove(self, key: object) -> None:
+        self.drainable.pop(key, None)
+
+    async def batchers_flushed(self) -> None:
+        """Wait until every batcher is idle at once: a flush may feed another (a delivered mark is
+        routed, an intake batch too), so the pass repeats until none has anything left."""
+        while any(b.busy for b in self.batchers):
+            for batcher in self.batchers:
+                await batcher.flushed()
+
+    def heartbeat_stop(self) -> None:
+        """A draining node leaves: no beat may re-assert anything in the presence cache after it."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None
 
     async def _beat(self) -> None:
         while True:

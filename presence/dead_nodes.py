@@ -12,6 +12,12 @@ A node that was only paused (a long GC, a frozen VM) and comes back finds the to
 stopped row at its next heartbeat and closes its sockets with 1012 (messaging.runtime): its clients
 reconnect and fetch, rather than living on as ghosts with closed session rows.
 
+A node that drains (SIGTERM, messaging.drain) leaves the same way, by itself and without the
+tombstone's meaning "you were dead": `node_deregister`, once its connections have ended, takes
+whatever is left of it out of Redis and marks its row stopped (the reaper never looks at a stopped
+node), closing any session row whose end did not run. The tombstone it leaves refuses a straggling
+registration of this process; a node starting again under the id clears it (presence.cache.node_revive).
+
 Presence does not touch deliveries or webhooks (layers point down): `nodes_reap` returns the users
 whose connections died, and those whose last connection in the cluster went with them, and the
 messaging task that called it re-queues what was in flight to them and announces the latter to
@@ -81,7 +87,24 @@ def _app_of(user_id: str) -> AppSnapshot | None:
     return app_snapshot(parsed.app_name) if parsed else None
 
 
+def node_deregister(*, node_id: str) -> ReapedNode | None:
+    """A drained node leaves: its Redis keys go (with any connection still listed, announced where
+    it was the user's last), its open session rows close, its row is stopped. None without a row."""
+    node = Node.objects.filter(node_id=node_id).first()
+    if node is None:
+        return None
+    ended = _node_end(node=node, reason="node drained")
+    log.info("node %s deregistered (%d sessions left to close)", node_id, ended.sessions)
+    return ended
+
+
 def node_reap(*, node: Node, reason: str) -> ReapedNode:
+    ended = _node_end(node=node, reason=reason)
+    log.warning("node %s declared dead (%s): %d sessions closed", node.node_id, reason, ended.sessions)
+    return ended
+
+
+def _node_end(*, node: Node, reason: str) -> ReapedNode:
     offline = []
     for gone in cache.node_forget(node_id=node.node_id):
         if gone.was_last:
@@ -98,5 +121,4 @@ def node_reap(*, node: Node, reason: str) -> ReapedNode:
                               close_reason=reason)
         Node.objects.filter(pk=node.pk).update(stopped_at=now)
     users = sorted({(s.app_id, s.user_id) for s in sessions})
-    log.warning("node %s declared dead (%s): %d sessions closed", node.node_id, reason, len(sessions))
     return ReapedNode(node_id=node.node_id, sessions=len(sessions), users=users, offline=sorted(set(offline)))

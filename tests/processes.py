@@ -83,6 +83,9 @@ class ProcessFactory:
             "PYTHONUNBUFFERED": "1",
             # The tests' webhook receivers and auth services listen on 127.0.0.1: allowed explicitly.
             "OUTGOING_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
+            # Teardown's SIGTERM drains a web node: a short window keeps tests that leave sockets open quick.
+            "DRAIN_SECONDS": "1",
+            "DRAIN_GRACE_SECONDS": "3",
         })
         env.update(extra)
         return env

@@ -1,7 +1,7 @@
 """One /ws connection's life: authenticate -> presence -> session row, and every way out of it.
 
 `admit` runs AUTH_CLIENT's steps in order, and gives back whatever it took when a later step
-refuses: the app's auth mode (messaging.authentication), the node's own list of connections, the
+refuses: a draining node (foundation.draining, 1012), the app's auth mode (messaging.authentication), the node's own list of connections, the
 cluster's presence (which refuses a user's connection beyond the app's limit, or a node declared
 dead), the session row. `end` runs once on every way out (a clean close, a crash in a handler, a
 cancellation) and settles, in order: the node's list, the user's delivery budget, the channels read,
@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from apps_registry.selectors import AppSnapshot, app_snapshot
+from foundation.draining import DRAINING_REASON, draining
 from foundation.transport.frames import CLOSE_POLICY, CLOSE_RESTART, CLOSE_TRY_AGAIN
 from messaging.asyncdb import run_db
 from messaging.authentication import client_authenticate
@@ -58,6 +59,8 @@ class ConnectionLife:
                     remote_addr: str, user_agent: str) -> Refusal | bool:
         """AUTH_CLIENT: True when this is the user's first connection in the cluster, False when it
         has others; a Refusal (nothing kept) otherwise."""
+        if draining():  # a socket opened before the node stopped listening: no new session here
+            return Refusal(DRAINING_REASON, CLOSE_RESTART)
         outcome = await client_authenticate(app_id=app_id, user_id=user_id, token=token, origin=origin)
         if not outcome.ok:
             return Refusal(outcome.reason, CLOSE_POLICY)

@@ -8,8 +8,8 @@ event:message              each publish, every message once and in channel order
 data:{"channel":"a","message":"…"}
 id:a:12,b:7                (extension) every channel's offset: Last-Event-ID on reconnect resumes them
 
-event:reconnect            one grace period before the stream's (dithered) lifetime ends
-data:{}
+event:reconnect            one grace period before the stream's (dithered) lifetime ends, and
+data:{}                    when the node drains (then the stream ends at once)
 
 event:missed               (extension) before a replay cut to the newest STREAM_REPLAY_MAX messages:
 data:{"channel":"a","missed":n,"offset":k}   n skipped; the replay starts after offset k
@@ -17,7 +17,7 @@ data:{"channel":"a","missed":n,"offset":k}   n skipped; the replay starts after 
 
 No `channels`: 400 `{"error":"'channels' query parameter required"}`; a malformed `lastEventId` or
 Last-Event-ID: 400; more streams than STREAM_MAX_PER_ADDRESS or STREAM_MAX_PER_APP: 429, with
-Retry-After. A plain ASGI application (not a Django view): it holds the response open for minutes, writes as publishes arrive, and needs the
+Retry-After; a draining node: 503, with Retry-After. A plain ASGI application (not a Django view): it holds the response open for minutes, writes as publishes arrive, and needs the
 node's channel hub and the socket's outgoing buffer. A reader that falls behind (what the node
 holds for it passes PUSH_MAX_BUFFER_BYTES, or its queue of publishes overflows) never slows a
 publisher or another reader: its stream is ended and counted, and it resumes with Last-Event-ID.
@@ -33,6 +33,7 @@ import time
 from django.conf import settings
 
 from foundation.daphne_adapter import OUTGOING_EXTENSION
+from foundation.draining import DRAINING_REASON, draining
 from foundation.transport.frames import dumps
 from messaging import metrics
 from messaging.asyncdb import run_db
@@ -66,6 +67,10 @@ class _Reader:
     def __init__(self) -> None:
         self.queue: asyncio.Queue = asyncio.Queue(maxsize=QUEUE_SIZE)
         self.behind = False
+        self.leave = asyncio.Event()  # the node drains: `reconnect`, then the stream ends
+
+    async def drain(self) -> None:
+        self.leave.set()
 
     def channel_event(self, key: ChannelKey, offset: int, content: str) -> None:
         try:
@@ -96,17 +101,24 @@ class SseStream:
         if scope["method"] not in ("GET", "HEAD"):
             await _respond(send, 405, {"error": "method_not_allowed", "detail": "use GET"})
             return
+        if draining():
+            await _respond(send, 503, {"error": "draining", "detail": DRAINING_REASON}, retry_after=True)
+            return
         try:
             slot = stream_slot_take(address=client_address(scope), transport="sse")
         except StreamRefused as exc:
             await _respond(send, exc.status, exc.body(), retry_after=True)
             return
+        reader = _Reader()
+        node = runtime()
+        node.drainable_add(reader, reader.drain)
         try:
-            await self._stream(scope, receive, send, slot)
+            await self._stream(scope, receive, send, slot, reader)
         finally:
             slot.release()
+            node.drainable_remove(reader)  # a drain waits for the stream's end
 
-    async def _stream(self, scope, receive, send, slot: StreamSlot) -> None:
+    async def _stream(self, scope, receive, send, slot: StreamSlot, reader: _Reader) -> None:
         params = query_params(scope.get("query_string", b""))
         try:
             identity = await run_db(stream_identity, params)
@@ -121,7 +133,6 @@ class SseStream:
         node = runtime()
         await node.ensure_started()
         metrics.TRANSPORT_CONNECTIONS.labels("sse").inc()
-        reader = _Reader()
         disconnected = asyncio.ensure_future(_wait_disconnect(receive))
 
         async def write(channel: str, offset: int, content: str) -> bool:
@@ -167,9 +178,17 @@ class SseStream:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _serve(self, reader: _Reader, cursor: ChannelCursor, send, disconnected: asyncio.Future) -> str:
-        grace = settings.PUSH_CLIENT_GRACE_SECONDS
         started = time.monotonic()
         lifetime = random.uniform(settings.PUSH_RECONNECT_DITHER_MIN_SECONDS, settings.PUSH_RECONNECT_DITHER_MAX_SECONDS)
+        leaving = asyncio.ensure_future(reader.leave.wait())
+        try:
+            return await self._loop(reader, cursor, send, disconnected, leaving, started, lifetime)
+        finally:
+            leaving.cancel()
+
+    async def _loop(self, reader: _Reader, cursor: ChannelCursor, send, disconnected: asyncio.Future,
+                    leaving: asyncio.Future, started: float, lifetime: float) -> str:
+        grace = settings.PUSH_CLIENT_GRACE_SECONDS
         reconnect_at, end_at = started + lifetime - grace, started + lifetime
         next_beat = started + settings.PUSH_HEARTBEAT_SECONDS
         told = False
@@ -187,12 +206,15 @@ class SseStream:
                 next_beat = now + settings.PUSH_HEARTBEAT_SECONDS
             wake = min(next_beat, end_at if told else reconnect_at)
             get = asyncio.ensure_future(reader.queue.get())
-            done, _ = await asyncio.wait({get, disconnected}, timeout=max(0.0, wake - time.monotonic()),
+            done, _ = await asyncio.wait({get, disconnected, leaving}, timeout=max(0.0, wake - time.monotonic()),
                                          return_when=asyncio.FIRST_COMPLETED)
             if not get.done():
                 get.cancel()
             if disconnected in done:
                 return "disconnected"
+            if leaving in done:
+                await send({"type": "http.response.body", "body": RECONNECT, "more_body": True})
+                return "drain"
             if get.done() and not get.cancelled():
                 kind, channel, offset, content = get.result()
                 if kind == "message":

@@ -6,6 +6,7 @@
   is an extension), every message once and in channel order;
 - the connection lives a random time between the reconnect dither bounds; one grace period
   before it ends, `{"event":"reconnect","data":{}}`; then the server closes (1000);
+- when the node drains (messaging.drain): `{"event":"reconnect","data":{}}`, then close (1012);
 - a client `{"event":"ping"}` gets `{"event":"pong","data":{}}`;
 - no `channels`: `{"error":"'channels' query parameter required"}`, then close (1008); any other
   refusal likewise (a malformed `since` is one), except more streams than STREAM_MAX_PER_ADDRESS
@@ -27,7 +28,8 @@ import time
 from django.conf import settings
 
 from foundation.daphne_adapter import OUTGOING_EXTENSION, OutgoingBuffer
-from foundation.transport.frames import CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_AGAIN, dumps
+from foundation.draining import DRAINING_REASON, draining
+from foundation.transport.frames import CLOSE_NORMAL, CLOSE_POLICY, CLOSE_RESTART, CLOSE_TRY_AGAIN, dumps
 from messaging import metrics
 from messaging.asyncdb import run_db
 from messaging.channels.cursor import ChannelCursor
@@ -58,6 +60,10 @@ class PushStreamConsumer(ChannelReaderConsumer):
         self.bucket = TokenBucket(FRAMES_PER_SECOND, FRAMES_BURST)
         self.outgoing = (self.scope.get("extensions") or {}).get(OUTGOING_EXTENSION)
         await self.accept()
+        if draining():  # on a connection accepted before the node stopped listening
+            await self._drain()
+            return
+        runtime().drainable_add(self.channel_name, self._drain)
         params = query_params(self.scope.get("query_string", b""))
         try:
             self.slot = stream_slot_take(address=client_address(self.scope), transport="ws_stream")
@@ -124,6 +130,14 @@ class PushStreamConsumer(ChannelReaderConsumer):
         metrics.STREAM_CLOSED.labels("ws_stream", "lifetime").inc()
         await self.close(code=CLOSE_NORMAL, reason="connection lifetime ended; reconnect")
 
+    async def _drain(self) -> None:
+        """The node drains: `reconnect`, then the socket closes (1012)."""
+        for timer in self.timers:
+            timer.cancel()
+        metrics.STREAM_CLOSED.labels("ws_stream", "drain").inc()
+        await self.send(text_data=RECONNECT)
+        await self.close(code=CLOSE_RESTART, reason=DRAINING_REASON)
+
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         if self.bucket.take(1):
             return  # beyond the budget: not answered
@@ -146,5 +160,8 @@ class PushStreamConsumer(ChannelReaderConsumer):
             self.slot.release()
         if self.counted:
             metrics.TRANSPORT_CONNECTIONS.labels("ws_stream").dec()
-        if self.channels is not None:
-            await self.channels.leave_all()
+        try:
+            if self.channels is not None:
+                await self.channels.leave_all()
+        finally:
+            runtime().drainable_remove(self.channel_name)  # a drain waits for the stream's end

@@ -1,4 +1,5 @@
-"""Liveness and readiness: /healthz says the process serves, /readyz that its services answer.
+"""Liveness and readiness: /healthz says the process serves, /readyz that its services answer and
+that it is not draining (foundation.draining: told to stop, it answers 503 from the first moment).
 
 /readyz is public (load balancers and orchestrators ask it without credentials), so a failure names
 only the part that fails ("database", "redis"); the error itself, which may carry host names, ports,
@@ -14,8 +15,11 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
+from foundation.draining import draining
+
 log = logging.getLogger(__name__)
 
+DRAINING = "draining"
 DATABASE = "database"
 REDIS = "redis"
 
@@ -47,6 +51,10 @@ def _redis_answers() -> bool:
 
 
 def readyz(request: HttpRequest) -> JsonResponse:
+    if draining():  # SIGTERM: a load balancer must stop sending new connections here at once
+        response = JsonResponse({"status": "draining", "failing": [DRAINING], "node": settings.NODE_ID}, status=503)
+        response._has_been_logged = True  # expected while draining: not Django's "Service Unavailable" error line
+        return response
     failing = [name for name, answers in ((DATABASE, _database_answers), (REDIS, _redis_answers)) if not answers()]
     if failing:
         return JsonResponse({"status": "unavailable", "failing": failing}, status=503)

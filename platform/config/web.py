@@ -12,6 +12,10 @@ Before daphne starts, the installed daphne, Twisted and autobahn are checked aga
 foundation.daphne_adapter was tested with: on others the node stops at once, with a message saying
 which and how to override (DAPHNE_ALLOW_UNTESTED_VERSIONS), instead of failing inside daphne's
 import of config.asgi with a traceback.
+
+SIGTERM (or SIGINT) drains the node before it exits (foundation.drain_server, messaging.drain):
+/readyz 503, no new sockets, clients closed with 1012 spread over DRAIN_SECONDS, everything batched
+flushed, the Node deregistered. A second signal stops it at once.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import django
 from daphne.cli import CommandLineInterface
 
 from foundation.daphne_adapter import UntestedVersions, check_versions
+from foundation.drain_server import DrainingServer
 
 
 def main(argv: list[str]) -> None:
@@ -40,11 +45,16 @@ def main(argv: list[str]) -> None:
     except UntestedVersions as exc:
         sys.exit(f"web node not started: {exc}")
 
-    CommandLineInterface().run([
+    from messaging.drain import node_drain  # imports models: only once django.setup() has run
+
+    cli = CommandLineInterface()
+    cli.server_class = DrainingServer.draining_with(node_drain)
+    cli.run([
         "-b", known.bind, "-p", str(known.port), "--proxy-headers",
         "--websocket-max-message-size", frame_limit, "--websocket-max-frame-size", frame_limit,
         *extra, "config.asgi:application",
     ])
+    sys.exit(cli.server.exit_code)
 
 
 if __name__ == "__main__":

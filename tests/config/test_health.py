@@ -47,3 +47,18 @@ def test_readyz_names_the_database_when_it_does_not_answer_but_not_its_address(c
     assert response.json() == {"status": "unavailable", "failing": ["database"]}
     assert real["HOST"].encode() not in response.content and b"port" not in response.content.lower()
     assert "the database does not answer" in caplog.text
+
+
+@pytest.mark.django_db
+def test_readyz_says_draining_from_the_moment_the_node_drains_while_healthz_still_answers(client, monkeypatch):
+    import threading
+
+    from foundation import draining
+
+    monkeypatch.setattr(draining, "_draining", threading.Event())
+    assert client.get("/readyz").status_code == 200
+    draining.drain_begin()
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["status"] == "draining" and response.json()["failing"] == ["draining"]
+    assert client.get("/healthz").status_code == 200

@@ -279,6 +279,11 @@ WS_MAX_QUEUED_FRAMES = env_int("WS_MAX_QUEUED_FRAMES", 500)
 WS_MAX_QUEUED_BYTES = env_int("WS_MAX_QUEUED_BYTES", 4 * 1024 * 1024)  # the same, in bytes received (close 4003)
 WS_ACK_WINDOW = env_int("WS_ACK_WINDOW", 1000)
 WS_MAX_CHANNELS = env_int("WS_MAX_CHANNELS", 100)  # channels one connection may read
+# SIGTERM drains a web node (foundation.drain_server, messaging.drain): /readyz 503, no new sockets,
+# each socket closed (1012) or stream told to reconnect at a random moment within DRAIN_SECONDS, so
+# its clients reconnect elsewhere spread out; whatever is left DRAIN_GRACE_SECONDS after that is cut.
+DRAIN_SECONDS = env_float("DRAIN_SECONDS", 10.0)
+DRAIN_GRACE_SECONDS = env_float("DRAIN_GRACE_SECONDS", 5.0)
 # --- push-compatible channel streams (the push seed's settings and defaults) ---------------------
 PUSH_HEARTBEAT_SECONDS = env_float("PUSH_HEARTBEAT_SECONDS", 30.0)  # heartbeat (SSE) / ping (WS) interval
 PUSH_CLIENT_GRACE_SECONDS = env_float("PUSH_CLIENT_GRACE_SECONDS", 4.0)  # pong deadline; reconnect notice lead

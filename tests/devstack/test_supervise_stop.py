@@ -1,0 +1,10 @@
+"""`make run` gives its web node the time to drain before it kills it."""
+
+from __future__ import annotations
+
+from devstack.rolling import web_stop_timeout as web_stop_seconds
+
+
+def test_the_web_node_may_drain_its_whole_window_and_grace_before_it_is_killed():
+    assert web_stop_seconds({}) > 10 + 5
+    assert web_stop_seconds({"DRAIN_SECONDS": "30", "DRAIN_GRACE_SECONDS": "2"}) > 30 + 2

@@ -1,0 +1,88 @@
+"""A Batcher's `flushed()`: what a draining node waits on before it leaves (messaging.drain)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from messaging.batching import Batcher
+
+
+class HeldFlush:
+    """A flush function that holds every batch until released; records what it flushed."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.gate = threading.Event()
+        self.started = threading.Event()
+        self.batches: list[list] = []
+        self.fail = fail
+
+    def __call__(self, items: list) -> None:
+        self.started.set()
+        self.gate.wait(10)
+        if self.fail:
+            raise RuntimeError("the database is away")
+        self.batches.append(list(items))
+
+
+async def _wait_for(event: threading.Event) -> None:
+    await asyncio.get_running_loop().run_in_executor(None, event.wait, 10)
+
+
+def test_flushed_waits_for_the_running_flush_and_for_items_added_while_it_ran():
+    async def scenario() -> tuple[bool, bool, list[list], bool]:
+        flush = HeldFlush()
+        batcher = Batcher("test", flush, linger=0)
+        batcher.bind(asyncio.get_running_loop())
+        batcher.add([1, 2])
+        await _wait_for(flush.started)  # the first batch is in its flush, held
+        batcher.add([3])
+        waiter = asyncio.ensure_future(batcher.flushed())
+        await asyncio.sleep(0)
+        waiting_while_held = not waiter.done()
+        flush.gate.set()
+        await waiter
+        return waiting_while_held, batcher.busy, flush.batches, waiter.done()
+
+    waiting_while_held, busy, batches, done = asyncio.run(scenario())
+    assert waiting_while_held
+    assert done and not busy
+    assert sorted(item for batch in batches for item in batch) == [1, 2, 3]
+
+
+def test_flushed_returns_at_once_when_nothing_was_added():
+    async def scenario() -> bool:
+        batcher = Batcher("test", HeldFlush(), linger=0)
+        batcher.bind(asyncio.get_running_loop())
+        await asyncio.wait_for(batcher.flushed(), 5)
+        return batcher.busy
+
+    assert asyncio.run(scenario()) is False
+
+
+def test_flushed_waits_for_items_handed_over_from_another_thread():
+    async def scenario() -> list[list]:
+        flush = HeldFlush()
+        flush.gate.set()
+        batcher = Batcher("test", flush, linger=0)
+        batcher.bind(asyncio.get_running_loop())
+        thread = threading.Thread(target=batcher.add_threadsafe, args=([7, 8],))  # an on_commit in a DB thread
+        thread.start()
+        thread.join()
+        await batcher.flushed()
+        return flush.batches
+
+    assert asyncio.run(scenario()) == [[7, 8]]
+
+
+def test_a_failed_flush_does_not_leave_flushed_waiting():
+    async def scenario() -> bool:
+        flush = HeldFlush(fail=True)
+        flush.gate.set()
+        batcher = Batcher("test", flush, linger=0)
+        batcher.bind(asyncio.get_running_loop())
+        batcher.add([1])
+        await asyncio.wait_for(batcher.flushed(), 5)
+        return batcher.busy
+
+    assert asyncio.run(scenario()) is False
