@@ -161,7 +161,7 @@ def selftest_begin(*, app_name: str | None = None, webhook_url: str | None = Non
     app_snapshots_clear()
     grant = None
     if app.token_secret:
-        grant = channel_grant_sign(secret=app.token_secret, channels=[channel],
+        grant = channel_grant_sign(secret=app.token_secret, channels=[channel], app_id=app.app_id,
                                    ttl_seconds=min(TOKEN_SECONDS, app.max_token_lifetime_seconds))
     return SelftestGrant(
         name=name, app_name=app.app_name, app_id=app.app_id, app_created=not app_name, api_key=raw_key,

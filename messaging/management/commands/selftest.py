@@ -4,6 +4,7 @@ operator key comes from SWITCHBOARD_OPERATOR_KEY (preferred: not in the shell's 
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -46,6 +47,7 @@ class Command(BaseCommand):
         listen = host_port(options["webhook_listen"]) if options["webhook_listen"] else None
         run = Options(url=options["url"], key=key, app=options["app"], timeout=options["timeout"],
                       webhook_listen=listen, webhook_url=options["webhook_url"])
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per check, not one per request
         try:
             status = selftest_run(run, self.stdout)
         except KeyboardInterrupt:
