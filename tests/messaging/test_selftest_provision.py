@@ -63,3 +63,13 @@ def test_an_auth_url_app_or_an_unknown_one_is_refused():
     with pytest.raises(SelftestRefused) as unknown:
         selftest_begin(app_name="NOPE")
     assert unknown.value.status == 404
+
+
+def test_the_console_ends_a_run_its_client_left_behind(operator, settings):
+    make_domain(settings.DOMAIN_NAME)
+    grant = selftest_begin()
+    run = SelftestRun.objects.get(name=grant.name)
+    assert grant.name in operator.get("/admin/apps_registry/selftestrun/").content.decode()
+    operator.post("/admin/apps_registry/selftestrun/", {"action": "end", "_selected_action": [run.pk]})
+    assert not SelftestRun.objects.exists()
+    assert not ClientApp.objects.filter(app_name=grant.app_name).exists()
