@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TextIO
 
 import httpx
@@ -103,7 +103,7 @@ def selftest_run(options: Options, out: TextIO) -> int:
     webhook_url = options.webhook_url
     if hooks is not None and not webhook_url:
         webhook_url = "http://{}:{}/selftest-hook".format(*hooks.address)
-    options = Options(**{**options.__dict__, "webhook_url": webhook_url})
+    options = replace(options, webhook_url=webhook_url)
     operator = httpx.Client(base_url=base, timeout=options.timeout,
                             headers={"Authorization": f"Bearer {options.key}"})
     grant: dict = {}
