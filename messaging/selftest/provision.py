@@ -19,11 +19,13 @@ An app in auth-URL mode cannot be tested on: only its own auth service can log i
 
 from __future__ import annotations
 
+import logging
 import secrets
+import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from apps_registry.models import ApiKey, AuthMode, ClientApp, Domain, SelftestRun, UserDistribution
 from apps_registry.selectors import app_snapshots_clear, user_id_parse
@@ -32,12 +34,15 @@ from messaging.authentication import token_sign
 from messaging.channels.models import Channel, Subscription
 from messaging.channels.names import channel_grant_sign
 from messaging.models import Delivery, IdempotencyKey, Mailbox, Message
+from messaging.webhooks.models import WebhookEndpoint
 from messaging.webhooks.services import webhook_endpoint_create, webhook_endpoint_delete
 from presence.models import Session
 
 THROWAWAY_USERS = 3
 TOKEN_SECONDS = 3600
 WEBHOOK_EVENTS = ["user.connected", "user.disconnected"]
+END_ATTEMPTS = 3
+log = logging.getLogger(__name__)
 
 
 class SelftestRefused(Exception):
@@ -172,7 +177,32 @@ def selftest_begin(*, app_name: str | None = None, webhook_url: str | None = Non
 
 
 def selftest_end(*, name: str) -> bool:
-    """Remove what run `name` was given (see the module's docstring); False if there is no such run."""
+    """Remove what run `name` was given (see the module's docstring); False if there is no such run.
+
+    The run's last connections have just closed, so their disconnect events may still be being
+    recorded (a webhook delivery, a confirmation) as the rows they point at are deleted: a row
+    inserted between the delete's cascade and its commit fails the commit's foreign-key check. The
+    run's webhook endpoints are switched off first (committed: recording joins enabled endpoints
+    only), and a delete that lost such a race is made again, picking up the late rows."""
+    run = SelftestRun.objects.filter(name=name).first()
+    if run is None:
+        return False
+    endpoints = WebhookEndpoint.objects.filter(app_id=run.app_id)
+    if not run.app_created:
+        endpoints = endpoints.filter(pk=run.webhook_endpoint_id)
+    endpoints.update(enabled=False)
+    for attempt in range(1, END_ATTEMPTS + 1):
+        try:
+            return _end(name)
+        except IntegrityError:
+            if attempt == END_ATTEMPTS:
+                raise
+            log.info("selftest run %s: a row recorded during its cleanup; removing again", name)
+            time.sleep(0.2 * attempt)
+    return False
+
+
+def _end(name: str) -> bool:
     with transaction.atomic():
         run = SelftestRun.objects.select_for_update().filter(name=name).select_related("app").first()
         if run is None:
