@@ -14,9 +14,9 @@ from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils.html import escape, format_html
 
-from .models import OPEN_APP_MEANING, ApiKey, ClientApp, Domain, DomainLink, UserDistribution, UserRange
+from .models import OPEN_APP_MEANING, ApiKey, ClientApp, Domain, DomainLink, OperatorKey, UserDistribution, UserRange
 from .routing import DomainGraph, route_for_user
-from .services import api_key_create, api_key_revoke, distribution_validate
+from .services import api_key_create, api_key_revoke, distribution_validate, operator_key_revoke
 
 
 class DistributionForm(forms.ModelForm):
@@ -205,6 +205,30 @@ class ApiKeyAdmin(admin.ModelAdmin):
         for key in queryset:
             api_key_revoke(api_key=key)
         self.message_user(request, f"Revoked {queryset.count()} key(s).")
+
+
+@admin.register(OperatorKey)
+class OperatorKeyAdmin(admin.ModelAdmin):
+    """Listed and revocable here; created only with `manage.py operator_key create NAME` (a key that
+    reaches every app is not handed out by a web form)."""
+
+    list_display = ["prefix", "name", "created_at", "last_used_at", "state"]
+    search_fields = ["prefix", "name"]
+    fields = readonly_fields = ["name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    actions = ["revoke"]
+
+    def has_add_permission(self, request):
+        return False
+
+    @admin.display(description="state")
+    def state(self, obj: OperatorKey) -> str:
+        return "active" if obj.is_active else "revoked"
+
+    @admin.action(description="Revoke selected operator keys", permissions=["change"])
+    def revoke(self, request, queryset):
+        for key in queryset:
+            operator_key_revoke(operator_key=key)
+        self.message_user(request, f"Revoked {queryset.count()} operator key(s).")
 
 
 class DomainLinkForm(forms.ModelForm):

@@ -274,3 +274,53 @@ class UserDistribution(models.Model):
     @property
     def user_range(self) -> UserRange:
         return UserRange(self.range_from, self.range_to)
+
+
+class OperatorKey(models.Model):
+    """An operator's credential for the operator API (`/api/v1/operator/…`, e.g. the selftest). It
+    reaches every app, so it is created only from the shell (`manage.py operator_key create NAME`),
+    shown once, and stored like an ApiKey: a unique shown prefix and a SHA-256 digest of the rest.
+    App API keys and operator keys are separate tables with separate prefixes (`sb_` / `sbop_`):
+    neither is ever accepted where the other is expected."""
+
+    name = models.CharField(max_length=100)
+    # Lookup goes by prefix (indexed, unique), then a constant-time digest compare.
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    key_hash = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "operator key"
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class SelftestRun(models.Model):
+    """What one `manage.py selftest` run was given, so that ending it removes exactly that: a
+    throwaway app it created (`app_created`, the whole app goes), or, on an operator's existing app,
+    the temporary API key, the throwaway users' traffic, the test channel and webhook endpoint.
+    A run whose client died without ending it stays listed in the admin until ended there."""
+
+    name = models.CharField(max_length=64, unique=True)
+    app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="+")
+    app_created = models.BooleanField()
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    users = models.JSONField(default=list, help_text="The throwaway user ids this run logs in.")
+    channel = models.CharField(max_length=128)
+    webhook_endpoint_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "selftest run"
+
+    def __str__(self) -> str:
+        return f"{self.name} on {self.app_id}"

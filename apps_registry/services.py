@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from .models import ApiKey, AuthMode, ClientApp, Domain, UserDistribution
+from .models import ApiKey, AuthMode, ClientApp, Domain, OperatorKey, UserDistribution
 from .selectors import distribution_overlaps
 
 API_KEY_PREFIX_LEN = 10
@@ -56,6 +56,40 @@ def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])
     return api_key
+
+
+OPERATOR_KEY_PREFIX = "sbop_"
+
+
+def operator_key_create(*, name: str) -> tuple[OperatorKey, str]:
+    """Create an operator key; returns the row and the only copy of the raw key there will ever be."""
+    prefix = OPERATOR_KEY_PREFIX + secrets.token_hex(6)[:11]  # 16 characters, the column's width
+    raw_key = f"{prefix}.{secrets.token_urlsafe(32)}"
+    key = OperatorKey.objects.create(name=name, prefix=prefix, key_hash=_digest(raw_key))
+    return key, raw_key
+
+
+def operator_key_authenticate(*, raw_key: str) -> OperatorKey | None:
+    """The active operator key matching `raw_key`, or None (an app's API key never matches: its
+    prefix is not in this table). Records when it was last used."""
+    prefix, _, _ = (raw_key or "").partition(".")
+    if not prefix.startswith(OPERATOR_KEY_PREFIX):
+        return None
+    key = OperatorKey.objects.filter(prefix=prefix, revoked_at__isnull=True).first()
+    if key is None or not hmac.compare_digest(key.key_hash, _digest(raw_key)):
+        return None
+    now = timezone.now()
+    if key.last_used_at is None or now - key.last_used_at > API_KEY_TOUCH_EVERY:
+        OperatorKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        key.last_used_at = now
+    return key
+
+
+def operator_key_revoke(*, operator_key: OperatorKey) -> OperatorKey:
+    if operator_key.revoked_at is None:
+        operator_key.revoked_at = timezone.now()
+        operator_key.save(update_fields=["revoked_at"])
+    return operator_key
 
 
 def distribution_validate(

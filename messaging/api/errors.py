@@ -98,7 +98,9 @@ def _answer(status_code: int, code: str, detail: str, headers: dict[str, str] | 
 def api_exception_handler(exc: Exception, context: dict) -> Response:
     """REST_FRAMEWORK's EXCEPTION_HANDLER: whatever a view raised, in the API's error shape."""
     if isinstance(exc, ApiError):
-        headers = {"Retry-After": str(exc.extra["retry_after"])} if "retry_after" in exc.extra else None
+        headers = {"Retry-After": str(exc.extra["retry_after"])} if "retry_after" in exc.extra else {}
+        if exc.status_code == status.HTTP_401_UNAUTHORIZED:  # a 401 names its scheme (the operator API's keys)
+            headers["WWW-Authenticate"] = 'Bearer realm="api"'
         extra = {k: v for k, v in exc.extra.items() if k != "retry_after"}
         return _answer(exc.status_code, exc.error_code, str(exc.detail), headers, **extra)
     if isinstance(exc, SendRefused):

@@ -16,7 +16,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse
 from django.urls import path, re_path
 
-from messaging.api import views
+from messaging.api import operator, views
 from messaging.api.errors import not_found
 from messaging.asyncdb import run_db
 
@@ -60,5 +60,7 @@ urlpatterns = [
     _endpoint("dead-letters", views.DeadLettersView, "api-dead-letters"),
     _endpoint("dead-letters/requeue", views.DeadLettersRequeueView, "api-dead-letters-requeue"),
     _endpoint("dead-letters/discard", views.DeadLettersDiscardView, "api-dead-letters-discard"),
+    path("operator/selftest", pooled(operator.SelftestView.as_view()), name="api-operator-selftest"),
+    path("operator/selftest/<str:name>", pooled(operator.SelftestRunView.as_view()), name="api-operator-selftest-run"),
     re_path(r"^.*$", not_found, name="api-not-found"),
 ]

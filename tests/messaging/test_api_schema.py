@@ -24,10 +24,13 @@ def test_the_schema_documents_every_endpoint_with_the_bearer_scheme(anonymous_ht
         "/api/v1/users/{user_id}/follows/{target_id}", "/api/v1/users/{user_id}/presence",
         "/api/v1/users/{user_id}/disconnect", "/api/v1/dead-letters", "/api/v1/dead-letters/requeue",
         "/api/v1/dead-letters/discard", "/messages",
+        "/api/v1/operator/selftest", "/api/v1/operator/selftest/{name}",
     }
     assert schema["components"]["securitySchemes"]["ApiKey"] == {
         "type": "http", "scheme": "bearer", "description": schema["components"]["securitySchemes"]["ApiKey"][
             "description"]}
+    operator = schema["paths"]["/api/v1/operator/selftest"]["post"]
+    assert operator["security"] == [{"OperatorKey": []}] and {"201", "401"} <= set(operator["responses"])
     sends = [schema["paths"]["/api/v1/messages"]["post"], schema["paths"]["/messages"]["post"],
              schema["paths"]["/api/v1/channels/{channel}/messages"]["post"]]
     for operation in sends:
