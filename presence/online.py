@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from foundation.transport.redis_clients import async_client, sync_client
 
-from .cache import APP_ONLINE_KEY
+from .cache import APP_ONLINE_KEY, user_key
 
 
 def app_online_key(app_name: str) -> str:
@@ -26,6 +26,12 @@ def app_online_key(app_name: str) -> str:
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+async def user_is_online(user_id: str) -> bool:
+    """Whether the user holds a connection anywhere in the cluster now (its hash, which the index
+    follows)."""
+    return bool(await async_client().exists(user_key(user_id)))
 
 
 async def app_online_users(app_name: str) -> list[str]:

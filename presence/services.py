@@ -87,7 +87,8 @@ async def master_notify(*, master_user_id: str, event_type: str, user_id: str) -
     if user_id == master_user_id:
         return
     conns = await cache.connections_of(master_user_id)
-    event = sockets.presence_event(presence_frame(event_type, user_id))
+    event = sockets.presence_event(presence_frame(event_type, user_id), user_id=user_id,
+                                   online=event_type == "USER_CONNECTED")
     await sockets.send_many((c.channel_name, event) for c in conns)
 
 
@@ -95,7 +96,8 @@ def master_notify_sync(*, master_user_id: str, event_type: str, user_id: str) ->
     if user_id == master_user_id:
         return
     conns = cache.connections_of_many([master_user_id])[master_user_id]
-    event = sockets.presence_event(presence_frame(event_type, user_id))
+    event = sockets.presence_event(presence_frame(event_type, user_id), user_id=user_id,
+                                   online=event_type == "USER_CONNECTED")
     sockets.send_many_sync((c.channel_name, event) for c in conns)
 
 
