@@ -41,6 +41,7 @@ from messaging.connection.ledger import DeliveryLedger
 from messaging.connection.life import ConnectionLife
 from messaging.limits import TokenBucket
 from messaging.protocol import Frame, FrameError, invalid, parse_frame
+from presence.online import user_is_online
 
 log = logging.getLogger(__name__)
 CONTROL_TYPES = {"PING", "PONG", "ACK"}  # cheap: they draw on the frame budget alone
@@ -225,7 +226,22 @@ class ClientConsumer(ChannelReaderConsumer):
         await self.write(event["frame"])
 
     async def presence_event(self, event: sockets.PresenceEvent) -> None:
+        # Announcements about one user can arrive out of the order their changes were made in (two
+        # nodes announce, or a restarted node's cleanup announces its dead connections while their
+        # users are already back on another node): each is written only if it is still true now,
+        # so the last frame the master gets about a user tells where that user stands.
+        user_id = event.get("user_id")
+        if user_id is not None and await self._stale(user_id, event["online"]):
+            metrics.PRESENCE_STALE.inc()
+            return
         await self.write(event["frame"])
+
+    async def _stale(self, user_id: str, online: bool) -> bool:
+        try:
+            return await user_is_online(user_id) != online
+        except Exception:  # Redis away for a moment: the announcement as it came, rather than none
+            log.warning("checking the presence of %s failed; announcement written unchecked", user_id)
+            return False
 
     async def connection_close(self, event: sockets.ConnectionCloseEvent) -> None:
         await self.close_with(event["code"], event["reason"])

@@ -44,6 +44,9 @@ INTAKE_REFUSED = Counter("switchboard_intake_refused_total",
                          registry=REGISTRY)
 LIMITED = Counter("switchboard_ws_limited_total", "Frames refused by a rate or work limit, by limit", ["limit"],
                   registry=REGISTRY)
+PRESENCE_STALE = Counter("switchboard_presence_stale_total",
+                         "Presence announcements not written to a master: no longer true when they arrived",
+                         registry=REGISTRY)
 
 
 TRANSPORT_CONNECTIONS = Gauge("switchboard_connections", "Open connections on this node, by transport", ["transport"],

@@ -104,9 +104,10 @@ class NodeRuntime:
         log.info("node %s joined domain %s", self.node_id, settings.DOMAIN_NAME)
 
     async def _join(self) -> None:
-        await cache.node_revive(node_id=self.node_id)
+        gone = await cache.node_revive(node_id=self.node_id)
         await run_db(node_register, node_id=self.node_id, domain=settings.DOMAIN_NAME)
         await cache.node_heartbeat(node_id=self.node_id, ttl=settings.PRESENCE_NODE_TIMEOUT, held=[])
+        await self._announce_offline(gone)
 
     def connection_add(self, channel_name: str, conn: LocalConnection) -> None:
         self.connections[channel_name] = conn
@@ -162,7 +163,11 @@ class NodeRuntime:
         if not alive:
             await self.declared_dead()
             return
-        for user_id in gone:
+        await self._announce_offline(gone)
+
+    async def _announce_offline(self, users: list[str]) -> None:
+        """USER_DISCONNECTED for users whose last connection was a stale entry the cache just dropped."""
+        for user_id in users:
             parsed = user_id_parse(user_id)
             app = await run_db(app_snapshot, parsed.app_name) if parsed else None
             if app:

@@ -9,6 +9,13 @@ Keys:
 - `sb:n:<node>:suspect`: channels the last heartbeat found in the cache but not on the node.
 - `sb:n:<node>:regs`: other hashes in which the node holds a field named after itself (the channel
   registry of messaging.channels, say); when the node is declared dead its field goes from each.
+- `sb:a:<appName>:online`: sorted set (every score 0, so ordered by user id, byte-wise) of the app's
+  users that hold at least one connection: the app's index, what a master's snapshot and the REST
+  list of online users read. The scripts below keep it in the same step as the user hashes (a user
+  enters it with its hash's first field and leaves it with the last), so it is exact whenever they
+  are; the app name is the user id's part before its last '-' (`<appName>-<digits>`). The
+  heartbeat re-adds every user it re-asserts, so an index that is missing users (a cluster upgraded
+  while users were connected, an emptied Redis) is whole again within one heartbeat of every node.
 
 Adding and removing a connection are Lua scripts, so "was this the user's first / last connection
 in the cluster?" is answered atomically: two nodes connecting (or a node and the reaper
@@ -40,29 +47,54 @@ NODE_ALIVE_KEY = "sb:n:{node_id}:alive"
 NODE_DEAD_KEY = "sb:n:{node_id}:dead"
 NODE_SUSPECT_KEY = "sb:n:{node_id}:suspect"
 NODE_REGS_KEY = "sb:n:{node_id}:regs"
+APP_ONLINE_KEY = "sb:a:{app_name}:online"
 TOMBSTONE_SECONDS = 24 * 3600
+
+# The app index's key of a user id, computed in the scripts (like the user hashes: fine on a single
+# Redis, a Redis Cluster would need hash tags). nil for an id that is no `<appName>-<digits>`.
+_INDEX = """
+local function app_index(user)
+  local app = string.match(user, '^(.+)%-%d+$')
+  if app then return 'sb:a:' .. app .. ':online' end
+  return nil
+end
+local function index_add(user)
+  local key = app_index(user)
+  if key then redis.call('ZADD', key, 0, user) end
+end
+local function index_remove_if_gone(user)
+  if redis.call('EXISTS', 'sb:u:' .. user) == 0 then
+    local key = app_index(user)
+    if key then redis.call('ZREM', key, user) end
+  end
+end
+"""
 
 # KEYS: user hash, node hash, tombstone. ARGV: channel, value, user, limit.
 # -> {added, count}, {-1} (node declared dead) or {-2, count} (the user has `limit` connections).
-_CONNECT = """
+_CONNECT = _INDEX + """
 if redis.call('EXISTS', KEYS[3]) == 1 then return {-1, 0} end
 local count = redis.call('HLEN', KEYS[1])
 if count >= tonumber(ARGV[4]) and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return {-2, count} end
 local added = redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+index_add(ARGV[3])
 return {added, redis.call('HLEN', KEYS[1])}
 """
 # KEYS: user hash, node hash. ARGV: channel. -> {removed, count}
-_DISCONNECT = """
+# The user's id is the user hash's key past 'sb:u:' (the Python signature stays as it was).
+_DISCONNECT = _INDEX + """
 local removed = redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
-return {removed, redis.call('HLEN', KEYS[1])}
+local count = redis.call('HLEN', KEYS[1])
+if count == 0 then index_remove_if_gone(string.sub(KEYS[1], 6)) end
+return {removed, count}
 """
 # KEYS: node hash, alive key, tombstone, suspect set. ARGV: ttl, node id, then triples channel,
 # user, acks. -> {-1} when the node was declared dead, else {1, user whose last connection went, ...}.
 # User hashes are computed keys: fine on a single Redis (the deployment this project supports);
 # a Redis Cluster would need hash tags.
-_HEARTBEAT = """
+_HEARTBEAT = _INDEX + """
 if redis.call('EXISTS', KEYS[3]) == 1 then return {-1} end
 redis.call('SET', KEYS[2], '1', 'EX', tonumber(ARGV[1]))
 local node = ARGV[2]
@@ -79,6 +111,7 @@ for i = 1, #stored, 2 do
       local removed = redis.call('HDEL', ukey, channel)
       redis.call('HDEL', KEYS[1], channel)
       if removed == 1 and redis.call('HLEN', ukey) == 0 then table.insert(gone, user) end
+      index_remove_if_gone(user)
     else
       table.insert(suspects, channel)
     end
@@ -89,12 +122,13 @@ for _, channel in ipairs(suspects) do redis.call('SADD', KEYS[4], channel) end
 for i = 3, #ARGV, 3 do
   redis.call('HSET', 'sb:u:' .. ARGV[i + 1], ARGV[i], node .. '|' .. ARGV[i + 2])
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  index_add(ARGV[i + 1])
 end
 return gone
 """
 # KEYS: node hash, tombstone, alive key, registrations set. ARGV: tombstone ttl, node id
 # -> flat list channel, user, was-last (0/1).
-_FORGET_NODE = """
+_FORGET_NODE = _INDEX + """
 redis.call('SET', KEYS[2], '1', 'EX', tonumber(ARGV[1]))
 redis.call('DEL', KEYS[3])
 for _, key in ipairs(redis.call('SMEMBERS', KEYS[4])) do redis.call('HDEL', key, ARGV[2]) end
@@ -107,10 +141,28 @@ for i = 1, #stored, 2 do
   local removed = redis.call('HDEL', ukey, channel)
   local last = 0
   if removed == 1 and redis.call('HLEN', ukey) == 0 then last = 1 end
+  index_remove_if_gone(user)
   table.insert(out, channel); table.insert(out, user); table.insert(out, last)
 end
 redis.call('DEL', KEYS[1])
 return out
+"""
+
+# KEYS: node hash, tombstone, suspect set, registrations set. ARGV: node id
+# -> users whose last connection in the cluster was one of the node's earlier life.
+_REVIVE = _INDEX + """
+for _, key in ipairs(redis.call('SMEMBERS', KEYS[4])) do redis.call('HDEL', key, ARGV[1]) end
+local gone = {}
+local stored = redis.call('HGETALL', KEYS[1])
+for i = 1, #stored, 2 do
+  local ukey = 'sb:u:' .. stored[i + 1]
+  if redis.call('HDEL', ukey, stored[i]) == 1 and redis.call('HLEN', ukey) == 0 then
+    table.insert(gone, stored[i + 1])
+  end
+  index_remove_if_gone(stored[i + 1])
+end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+return gone
 """
 
 
@@ -227,13 +279,17 @@ async def node_heartbeat(*, node_id: str, ttl: int, held: Iterable[HeldConnectio
     return [_text(u) for u in result[1:]]
 
 
-async def node_revive(*, node_id: str) -> None:
-    """A node starting afresh under its id: no tombstone, no connections from an earlier life."""
+async def node_revive(*, node_id: str) -> list[str]:
+    """A node starting afresh under its id: no tombstone, no connections from an earlier life.
+
+    Connections the earlier life left in the cache (it died between registering a connection and
+    opening its session row, so the restart's cleanup found no session to end) leave the users'
+    hashes and the app index too; returns the users whose last connection that was.
+    """
     conns, _, dead = _node_keys(node_id)
-    client = async_client()
-    for key in await client.smembers(node_registrations_key(node_id)):
-        await client.hdel(key, node_id)
-    await client.delete(dead, conns, _suspect_key(node_id), node_registrations_key(node_id))
+    gone = await async_client().eval(_REVIVE, 4, conns, dead, _suspect_key(node_id), node_registrations_key(node_id),
+                                     node_id)
+    return [_text(u) for u in gone]
 
 
 # --- sync (workers, maintenance, admin) ----------------------------------------------------------

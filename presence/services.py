@@ -11,7 +11,7 @@ from django.utils import timezone
 from foundation.transport import sockets
 from foundation.transport.frames import CLOSE_NORMAL, encode
 
-from . import cache
+from . import cache, online
 from .events import presence_event_record
 from .models import Node, PresenceEventKind, Session
 
@@ -64,12 +64,31 @@ def presence_frame(event_type: str, user_id: str) -> str:
     return encode(event_type, {"userId": user_id})
 
 
+def online_users_frames(users: list[str], *, page_size: int) -> list[str]:
+    """ONLINE_USERS frames listing `users`, `page_size` to a frame; one (empty) frame for none."""
+    pages = max(1, -(-len(users) // page_size))
+    return [encode("ONLINE_USERS", {"users": users[i * page_size:(i + 1) * page_size], "page": i + 1, "pages": pages,
+                                    "count": len(users)}) for i in range(pages)]
+
+
+async def master_snapshot(*, app_name: str, master_user_id: str) -> list[str]:
+    """Who is online in the app now, as ONLINE_USERS frames for its master user (itself left out,
+    as master_notify leaves it out of announcements).
+
+    The caller registers the master's connection in presence first, so every announcement made
+    after this read is sent to it as well; one read of the index, so one point in time.
+    """
+    users = [u for u in await online.app_online_users(app_name) if u != master_user_id]
+    return online_users_frames(users, page_size=settings.PRESENCE_SNAPSHOT_PAGE)
+
+
 async def master_notify(*, master_user_id: str, event_type: str, user_id: str) -> None:
     """USER_CONNECTED / USER_DISCONNECTED to the app's master user, wherever it is connected."""
     if user_id == master_user_id:
         return
     conns = await cache.connections_of(master_user_id)
-    event = sockets.presence_event(presence_frame(event_type, user_id))
+    event = sockets.presence_event(presence_frame(event_type, user_id), user_id=user_id,
+                                   online=event_type == "USER_CONNECTED")
     await sockets.send_many((c.channel_name, event) for c in conns)
 
 
@@ -77,7 +96,8 @@ def master_notify_sync(*, master_user_id: str, event_type: str, user_id: str) ->
     if user_id == master_user_id:
         return
     conns = cache.connections_of_many([master_user_id])[master_user_id]
-    event = sockets.presence_event(presence_frame(event_type, user_id))
+    event = sockets.presence_event(presence_frame(event_type, user_id), user_id=user_id,
+                                   online=event_type == "USER_CONNECTED")
     sockets.send_many_sync((c.channel_name, event) for c in conns)
 
 

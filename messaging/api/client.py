@@ -234,6 +234,13 @@ class SwitchboardClient:
             members.extend(page["results"])
         return readers, members
 
+    def online_users(self, *, limit: int = 1000) -> list[str]:
+        """The app's users connected now, in user id order (each page a point-in-time view)."""
+        users: list[str] = []
+        for page in self.pages("/api/v1/presence/online", {"limit": limit}):
+            users.extend(page["results"])
+        return users
+
     def disconnect(self, user_id: str) -> int:
         return int(self.request("POST", f"/api/v1/users/{_segment(user_id)}/disconnect")["closed"])
 

@@ -4,8 +4,11 @@ repeated rows, unlike page numbers); `limit` picks the page size (1 to 1000, def
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from typing import Any
+from urllib.parse import quote
 
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
@@ -14,6 +17,7 @@ from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps_registry.selectors import user_id_parse
 from messaging.api.errors import ApiError
 from messaging.protocol import plain_int
 
@@ -89,3 +93,27 @@ def query_int(request: Request, name: str, default: int, low: int, high: int) ->
     if number is None or number < low:
         raise ApiError(400, "invalid_request", f"'{name}' must be an integer from {low} to {high}")
     return number
+
+
+def user_cursor_encode(user_id: str) -> str:
+    """A cursor for pages ordered by user id (the Redis index of online users, say): the last user
+    id of the page, opaque to clients, URL-quoted."""
+    return quote(base64.b64encode(user_id.encode()).decode(), safe="")
+
+
+def user_cursor_decode(request: Request, app_name: str) -> str | None:
+    """The user id a `cursor` from user_cursor_encode names; None without one. Anything else (not
+    base64, not a user id of the app) is a 400."""
+    encoded = request.query_params.get("cursor")
+    if encoded is None:
+        return None
+    user_id = None
+    if CURSOR_TEXT.fullmatch(encoded):
+        try:
+            user_id = base64.b64decode(encoded, validate=True).decode("ascii")
+        except (binascii.Error, UnicodeDecodeError):
+            user_id = None
+    parsed = user_id_parse(user_id) if user_id is not None else None
+    if parsed is None or parsed.app_name != app_name:
+        raise ApiError(400, "invalid_request", "'cursor' must be a page's `next` cursor, unchanged")
+    return user_id

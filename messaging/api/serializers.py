@@ -254,3 +254,9 @@ ChannelMembersPageSerializer = page_of(
     readers=serializers.IntegerField(help_text="Live readers of the channel in the cluster (any transport, durable "
                                                "or not)."))
 HistoryPageSerializer = page_of("HistoryPage", HistoryItemSerializer, channel=serializers.CharField())
+OnlineUsersPageSerializer = type("OnlineUsersPage", (serializers.Serializer,), {
+    "count": serializers.IntegerField(help_text="Users of the app online when this page was read."),
+    "results": serializers.ListField(child=serializers.CharField(), help_text="User ids, in byte-wise order."),
+    "next": serializers.URLField(allow_null=True, help_text="The next page; null on the last."),
+    "previous": serializers.URLField(allow_null=True, help_text="Always null: pages go forward only."),
+})

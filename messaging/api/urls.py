@@ -55,6 +55,7 @@ urlpatterns = [
     _endpoint("channels/<str:channel>/members", views.ChannelMembersView, "api-channel-members"),
     _endpoint("users/<str:user_id>/subscriptions", views.UserSubscriptionsView, "api-user-subscriptions"),
     _endpoint("users/<str:user_id>/follows/<str:target_id>", views.UserFollowView, "api-user-follow"),
+    _endpoint("presence/online", views.OnlineUsersView, "api-presence-online"),
     _endpoint("users/<str:user_id>/presence", views.UserPresenceView, "api-user-presence"),
     _endpoint("users/<str:user_id>/disconnect", views.UserDisconnectView, "api-user-disconnect"),
     _endpoint("dead-letters", views.DeadLettersView, "api-dead-letters"),

@@ -28,7 +28,14 @@ from messaging.api.base import (
 )
 from messaging.api.errors import ApiError
 from messaging.api.idempotency import Answer
-from messaging.api.pagination import PAGE_SIZE, PAGE_SIZE_MAX, ApiCursorPagination, query_int
+from messaging.api.pagination import (
+    PAGE_SIZE,
+    PAGE_SIZE_MAX,
+    ApiCursorPagination,
+    query_int,
+    user_cursor_decode,
+    user_cursor_encode,
+)
 from messaging.channels.names import user_channel
 from messaging.channels.registry import readers_count
 from messaging.channels.services import channel_history, subscription_add, subscription_remove
@@ -43,6 +50,7 @@ from messaging.selectors import (
     user_presence,
 )
 from messaging.server_sends import server_channel_publish, server_message_send
+from presence.online import app_online_page
 from presence.services import user_disconnect_everywhere_sync
 
 # --- sends ---------------------------------------------------------------------------------------
@@ -290,6 +298,27 @@ class UserPresenceView(ApiView):
         presence = user_presence(app=self.app, user_id=self.user(user_id), this_domain=settings.DOMAIN_NAME)
         return Response({"user_id": presence.user_id, "domain": presence.domain, "online": presence.online,
                          "connections": presence.connections})
+
+
+class OnlineUsersView(ApiView):
+    @extend_schema(
+        operation_id="users_online", tags=["presence"], summary="The app's users who are connected now",
+        description="In user id order (byte-wise: `ANZ-10` before `ANZ-9`). Each page, and its `count`, is one "
+                    "point-in-time view of the cluster's presence; a walk through the pages is not: a user "
+                    "connected throughout it is listed exactly once, one who connected or left meanwhile may or "
+                    "may not be. To follow changes as they happen, connect as the master user (ONLINE_USERS, then "
+                    "USER_CONNECTED / USER_DISCONNECTED).",
+        parameters=[CURSOR, LIMIT], responses={200: s.OnlineUsersPageSerializer, **errors(400, 401, 429)},
+    )
+    def get(self, request: Request) -> Response:
+        after = user_cursor_decode(request, self.app.app_name)
+        limit = query_int(request, "limit", PAGE_SIZE, 1, PAGE_SIZE_MAX)
+        page = app_online_page(self.app.app_name, after=after, limit=limit)
+        following = None
+        if page.more:
+            following = request.build_absolute_uri(
+                f"{request.path}?cursor={user_cursor_encode(page.users[-1])}&limit={limit}")
+        return Response({"count": page.count, "results": page.users, "next": following, "previous": None})
 
 
 class ChannelMembersView(ApiView):

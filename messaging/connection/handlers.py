@@ -14,7 +14,7 @@ from django.conf import settings
 
 from apps_registry.selectors import AppSnapshot, user_id_parse
 from foundation.logs import loggable
-from foundation.transport.frames import encode
+from foundation.transport.frames import CLOSE_TRY_AGAIN, encode
 from messaging import metrics
 from messaging.accept import USER_ID_MAX, SendRefused, content_require, recipients_require, user_require
 from messaging.asyncdb import run_db
@@ -42,7 +42,7 @@ from messaging.protocol import (
     require_str,
 )
 from messaging.store import OutgoingMessage
-from presence.services import user_disconnect_everywhere
+from presence.services import master_snapshot, user_disconnect_everywhere
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,8 @@ async def on_auth_client(conn: Connection, frame: Frame) -> None:
     metrics.AUTH.labels("admitted").inc()
     await conn.write(encode("AUTH_CLIENT_REPLY", {"appId": app_id, "userId": user_id, "isAuthenticated": True}))
     app = life.app
+    if user_id == app.master_user_id and not await _master_catch_up(conn, app):
+        return
     if admitted:
         await user_presence_announce(app=app, user_id=user_id, connected=True)
     if life.acks:
@@ -105,6 +107,28 @@ async def on_auth_client(conn: Connection, frame: Frame) -> None:
     conn.durable.update(await run_db(subscriptions_of, app_id=app.pk, user_id=user_id))
     for name in sorted(conn.durable):
         await conn.channels.join(name)
+
+
+async def _master_catch_up(conn: Connection, app: AppSnapshot) -> bool:
+    """The master user's snapshot of who is online, written before any announcement.
+
+    admit registered this connection in presence, so every USER_CONNECTED / USER_DISCONNECTED made
+    from then on is queued for it on the channel layer; the snapshot is read after that, and the
+    consumer handles one event at a time (messaging.connection.inbox: channels' await_many_dispatch
+    dispatches a channel-layer event only once this frame's handler returns), so the snapshot
+    frames go out before any of them. An announcement made before the read that arrives after it
+    agrees with the snapshot: the client applies the snapshot, then the events in order. Without
+    a snapshot the master's view could not be trusted: the connection closes with 1013 instead.
+    """
+    try:
+        frames = await master_snapshot(app_name=app.app_name, master_user_id=app.master_user_id)
+    except Exception:
+        log.exception("reading the online users of %s for its master failed", app.app_name)
+        await conn.close_with(CLOSE_TRY_AGAIN, "presence unavailable; reconnect later")
+        return False
+    for frame in frames:
+        await conn.write(frame)
+    return True
 
 
 async def on_reauth(conn: Connection, frame: Frame) -> None:

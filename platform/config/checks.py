@@ -109,4 +109,7 @@ def check_node_identity(app_configs, **kwargs):
         errors.append(Error("NODE_ID is empty.", id="switchboard.E007"))
     if not 1 <= settings.PORT <= 65535:
         errors.append(Error(f"PORT={settings.PORT} is out of range.", id="switchboard.E008"))
+    if settings.PRESENCE_SNAPSHOT_PAGE < 1:
+        errors.append(Error(f"PRESENCE_SNAPSHOT_PAGE={settings.PRESENCE_SNAPSHOT_PAGE} lists no users per frame.",
+                            hint="1 or more (default 1000).", id="switchboard.E010"))
     return errors

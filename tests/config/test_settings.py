@@ -46,6 +46,11 @@ def test_an_invalid_domain_name_is_reported_with_its_check_id():
     assert "switchboard.E006" in result.stderr
 
 
+def test_a_master_snapshot_page_of_no_users_is_reported_with_its_check_id():
+    result = _check({"PRESENCE_SNAPSHOT_PAGE": "0"})
+    assert result.returncode != 0 and "switchboard.E010" in result.stderr
+
+
 def test_secrets_can_come_from_files(tmp_path, monkeypatch):
     secret = tmp_path / "secret"
     secret.write_text("from-a-file\n")

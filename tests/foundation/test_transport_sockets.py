@@ -14,7 +14,7 @@ from foundation.transport import sockets
     sockets.message_deliver_event([{"delivery_id": 1, "message_id": 2, "frame": '{"type":"MESSAGE"}',
                                     "stored_at": 1.5, "claim": 9}]),
     sockets.message_fast_event('{"type":"MESSAGE"}'),
-    sockets.presence_event('{"type":"USER_CONNECTED","data":{"userId":"ANZ-1"}}'),
+    sockets.presence_event('{"type":"USER_CONNECTED","data":{"userId":"ANZ-1"}}', user_id="ANZ-1", online=True),
     sockets.connection_close_event(1000, "bye"),
 ])
 def test_each_event_type_travels_through_the_redis_channel_layer(event):

@@ -70,6 +70,8 @@ const failure = (message, extra) => Object.assign(new Error(message), extra);
  * - `confirmation` {reference, id, seq}; `accepted` {id, clientMessageId, recipients, duplicate}
  * - `channelMessage` {channel, content, offset}; `subscribed` {channel, offset}; `unsubscribed` {channel}
  * - `userConnected` / `userDisconnected` {userId} (the app's master user only)
+ * - `onlineUsers` {users, page, pages, count} (the master user only, after each authentication: who
+ *   was online then, in `pages` events; apply them, then the userConnected / userDisconnected after)
  * - `synced` {}: a fetch ended with nothing left missing; `error` (Error with reason, data, ...)
  * In ACK mode a message is acknowledged once every `message` handler returned (or its promise
  * resolved); a handler that throws leaves it unacknowledged, and it comes again later.
@@ -348,6 +350,8 @@ export class Switchboard {
       }
       case "USER_CONNECTED": return this._emit("userConnected", { userId: data.userId });
       case "USER_DISCONNECTED": return this._emit("userDisconnected", { userId: data.userId });
+      case "ONLINE_USERS":
+        return this._emit("onlineUsers", { users: data.users, page: data.page, pages: data.pages, count: data.count });
       case "INVALID_MESSAGE": case "GENERAL_ERROR": return this._refused(frame.type, data);
       case "PING": this._write({ type: "PONG", data: {} }); return undefined;
       default: return undefined; // PONG, AUTH_REQUIRED, and whatever a newer server adds

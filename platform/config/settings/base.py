@@ -307,6 +307,8 @@ API_IDEMPOTENCY_HOURS = env_int("API_IDEMPOTENCY_HOURS", 24)
 # --- presence ----------------------------------------------------------------------------------
 PRESENCE_HEARTBEAT_SECONDS = env_int("PRESENCE_HEARTBEAT_SECONDS", 5)
 PRESENCE_NODE_TIMEOUT = env_int("PRESENCE_NODE_TIMEOUT", 20)  # no heartbeat for this long = dead node
+# Users per ONLINE_USERS frame of the snapshot a master user gets on authenticating.
+PRESENCE_SNAPSHOT_PAGE = env_int("PRESENCE_SNAPSHOT_PAGE", 1000)
 
 # --- analytics ---------------------------------------------------------------------------------
 ANALYTICS_LAKE = env_str("ANALYTICS_LAKE", str(VAR_DIR / "lake"))  # a folder, or any URI pyarrow and Spark read

@@ -54,6 +54,8 @@ class MessageFastEvent(TypedDict):
 class PresenceEvent(TypedDict):
     type: Literal["presence.event"]
     frame: str
+    user_id: str  # whom the frame is about,
+    online: bool  # and what it says: the master's connection writes it only while it is still true
 
 
 class ConnectionCloseEvent(TypedDict):
@@ -80,8 +82,8 @@ def message_fast_event(frame: str) -> MessageFastEvent:
     return {"type": "message.fast", "frame": frame}
 
 
-def presence_event(frame: str) -> PresenceEvent:
-    return {"type": "presence.event", "frame": frame}
+def presence_event(frame: str, *, user_id: str, online: bool) -> PresenceEvent:
+    return {"type": "presence.event", "frame": frame, "user_id": user_id, "online": online}
 
 
 def connection_close_event(code: int, reason: str) -> ConnectionCloseEvent:

@@ -412,13 +412,16 @@ test("a server PING is answered with PONG, and master notices become events", as
   const seen = [];
   sb.on("userConnected", (e) => seen.push(`+${e.userId}`));
   sb.on("userDisconnected", (e) => seen.push(`-${e.userId}`));
+  sb.on("onlineUsers", (e) => seen.push(`${e.page}/${e.pages}:${e.users.join(",")}`));
   sb.connect();
   const ws = await authenticated(sb);
+  ws.receive("ONLINE_USERS", { users: ["ANZ-1", "ANZ-2"], page: 1, pages: 2, count: 3 });
+  ws.receive("ONLINE_USERS", { users: ["ANZ-3"], page: 2, pages: 2, count: 3 });
   ws.receive("PING");
   ws.receive("USER_CONNECTED", { userId: "ANZ-5" });
   ws.receive("USER_DISCONNECTED", { userId: "ANZ-5" });
   assert.equal(ws.sentOf("PONG").length, 1);
-  assert.deepEqual(seen, ["+ANZ-5", "-ANZ-5"]);
+  assert.deepEqual(seen, ["1/2:ANZ-1,ANZ-2", "2/2:ANZ-3", "+ANZ-5", "-ANZ-5"]);
 });
 
 test("reconnect() while a retry waits opens one socket, not two", async () => {
