@@ -147,7 +147,7 @@ def rest_send_and_status(run: Run) -> None:
         if states == ["delivered"]:
             return
         if time.monotonic() > deadline:
-            raise CheckFailed(f"timed out after {run.timeout:g} s waiting for status 'delivered' (is {states})")
+            raise CheckFailed(f"timed out after {run.timeout:g} s waiting for status \"delivered\" (is {states})")
         time.sleep(0.1)
 
 
