@@ -29,7 +29,7 @@ import jwt
 from django.conf import settings
 
 from apps_registry.models import AuthMode
-from apps_registry.selectors import AppSnapshot, app_snapshot, user_id_parse
+from apps_registry.selectors import AppSnapshot, app_snapshot, app_snapshot_known, user_id_parse
 from foundation.outgoing import OutgoingError, outgoing_client, outgoing_post
 from messaging.asyncdb import run_db
 from messaging.channels.names import token_is_login
@@ -52,7 +52,9 @@ async def client_authenticate(*, app_id: str, user_id: str, token: str, origin: 
     parsed = user_id_parse(user_id)
     if parsed is None:
         return _refuse("userId must be <appName>-<digits> (ASCII digits, no leading zero)")
-    app = await run_db(app_snapshot, parsed.app_name)
+    known, app = app_snapshot_known(parsed.app_name)
+    if not known:
+        app = await run_db(app_snapshot, parsed.app_name)
     if app is None or app.app_id != app_id:
         return _refuse("unknown app or appId does not match the user-id prefix")
     if origin is not None and app.allowed_origins and origin not in app.allowed_origins:

@@ -29,8 +29,11 @@ connect script refuses the next one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from redis.exceptions import NoScriptError
 
 from foundation.transport.redis_clients import async_client, sync_client
 
@@ -195,6 +198,86 @@ async def connection_remove(*, user_id: str, channel_name: str, node_id: str) ->
     conns, _, _ = _node_keys(node_id)
     removed, count = await async_client().eval(_DISCONNECT, 2, user_key(user_id), conns, channel_name)
     return bool(removed) and int(count) == 0
+
+
+@dataclass(frozen=True)
+class ConnectionEntry:
+    """One connection to add or remove in a batch (connections_add / connections_remove)."""
+
+    user_id: str
+    channel_name: str
+    node_id: str
+    acks: bool = False
+    limit: int = 0  # adding: the app's max_connections_per_user
+
+
+def _sha(script: str) -> str:
+    return hashlib.sha1(script.encode()).hexdigest()
+
+
+async def _evalsha_many(script: str, calls: Sequence[tuple[int, list]]) -> list:
+    """Run `script` once per (numkeys, keys + args) call, all in one pipeline (one round trip);
+    each call's result or exception, in order. The script is loaded once where Redis lacks it
+    (first use, or a Redis restarted empty)."""
+    client, sha = async_client(), _sha(script)
+    results: list = [None] * len(calls)
+    todo = list(range(len(calls)))
+    for attempt in range(2):
+        pipe = client.pipeline(transaction=False)
+        for i in todo:
+            numkeys, keys_and_args = calls[i]
+            pipe.evalsha(sha, numkeys, *keys_and_args)
+        answers = await pipe.execute(raise_on_error=False)
+        missing = []
+        for i, answer in zip(todo, answers, strict=True):
+            if isinstance(answer, NoScriptError) and attempt == 0:
+                missing.append(i)
+            else:
+                results[i] = answer
+        if not missing:
+            break
+        await client.script_load(script)
+        todo = missing
+    return results
+
+
+async def connections_add(*, entries: Sequence[ConnectionEntry]) -> list[bool | Exception]:
+    """connection_add for many connections in one round trip (the same script, run once per entry,
+    so each entry's first-connection answer is as atomic as connection_add's). Per entry: True when
+    it is the user's first connection in the cluster, else False, or the exception connection_add
+    would have raised (TooManyConnections, NodeDeclaredDead, a Redis error)."""
+    calls = []
+    for e in entries:
+        conns, _, dead = _node_keys(e.node_id)
+        calls.append((3, [user_key(e.user_id), conns, dead, e.channel_name, _value(e.node_id, e.acks), e.user_id,
+                          e.limit]))
+    out: list[bool | Exception] = []
+    for e, answer in zip(entries, await _evalsha_many(_CONNECT, calls), strict=True):
+        if isinstance(answer, Exception):
+            out.append(answer)
+            continue
+        added, count = answer
+        if int(added) == -1:
+            out.append(NodeDeclaredDead(e.node_id))
+        elif int(added) == -2:
+            out.append(TooManyConnections(e.user_id, e.limit))
+        else:
+            out.append(bool(added) and int(count) == 1)
+    return out
+
+
+async def connections_remove(*, entries: Sequence[ConnectionEntry]) -> list[bool | Exception]:
+    """connection_remove for many connections in one round trip. Per entry: True when it was the
+    user's last connection in the cluster, else False, or the Redis error."""
+    calls = [(2, [user_key(e.user_id), _node_keys(e.node_id)[0], e.channel_name]) for e in entries]
+    out: list[bool | Exception] = []
+    for answer in await _evalsha_many(_DISCONNECT, calls):
+        if isinstance(answer, Exception):
+            out.append(answer)
+        else:
+            removed, count = answer
+            out.append(bool(removed) and int(count) == 0)
+    return out
 
 
 async def connections_of(user_id: str) -> list[LiveConnection]:

@@ -7,6 +7,8 @@ with a clean close 1009 before it is read into memory (foundation.daphne_adapter
 default, dropping the TCP connection, into a close frame). Proxy headers are parsed, but believed
 only from TRUSTED_PROXIES, the client being the rightmost X-Forwarded-For hop that is not a trusted
 proxy (foundation.forwarded, applied by foundation.daphne_adapter to both HTTP and WebSocket).
+The socket listens with a backlog of WEB_LISTEN_BACKLOG: a reconnect storm's handshakes wait in the
+kernel's queue, not in TCP retransmits.
 
 Before daphne starts, the installed daphne, Twisted and autobahn are checked against the versions
 foundation.daphne_adapter was tested with: on others the node stops at once, with a message saying
@@ -22,6 +24,7 @@ import sys
 
 import django
 from daphne.cli import CommandLineInterface
+from django.conf import settings
 
 from foundation.daphne_adapter import UntestedVersions, check_versions
 
@@ -40,8 +43,10 @@ def main(argv: list[str]) -> None:
     except UntestedVersions as exc:
         sys.exit(f"web node not started: {exc}")
 
+    interface = known.bind.strip("[]").replace(":", r"\:")
     CommandLineInterface().run([
-        "-b", known.bind, "-p", str(known.port), "--proxy-headers",
+        "-e", f"tcp:port={int(known.port)}:interface={interface}:backlog={settings.WEB_LISTEN_BACKLOG}",
+        "--proxy-headers",
         "--websocket-max-message-size", frame_limit, "--websocket-max-frame-size", frame_limit,
         *extra, "config.asgi:application",
     ])

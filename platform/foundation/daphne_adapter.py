@@ -49,6 +49,7 @@ from collections.abc import Callable
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from foundation import autobahn_debug
 from foundation.forwarded import client_from_headers, trusted_networks
 from foundation.metrics import CONNECTIONS_CLOSED
 from foundation.transport.frames import CLOSE_FRAME_FLOOD, CLOSE_SLOW_READER
@@ -215,6 +216,7 @@ def install() -> None:
 
     if getattr(WebSocketProtocol, "_switchboard_patched", False):
         return
+    autobahn_debug.install()  # debug-line arguments built only when debug logging is on
     max_frames = _setting("WS_MAX_QUEUED_FRAMES", 500)
     max_queued_bytes = _setting("WS_MAX_QUEUED_BYTES", 4 * 1024 * 1024)
     max_outgoing = _setting("WS_MAX_OUTGOING_BYTES", 8 * 1024 * 1024)
