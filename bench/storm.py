@@ -127,6 +127,7 @@ def run_platform(root: Path, args: argparse.Namespace, progress) -> dict:
             warm = Clients(logins(running.urls, secret, WARMUP_CLIENTS * args.web_nodes, 0.5, first=900_000), 1)
             warm.connect()
             warm.close()
+            progress(f"{root.name}: warmed up with {WARMUP_CLIENTS * args.web_nodes} clients")
             time.sleep(1)
             clients = Clients(logins(running.urls, secret, args.clients, args.acks_share), args.client_procs)
             rss_before = rss(running.web_pids)

@@ -17,6 +17,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 from channels.utils import await_many_dispatch
 
+from foundation.slim_queue import SlimQueue
 from messaging.channels.cursor import ChannelCursor
 from messaging.channels.hub import ChannelKey
 
@@ -29,7 +30,7 @@ class ChannelReaderConsumer(AsyncWebsocketConsumer):
 
     async def __call__(self, scope, receive, send) -> None:
         self.ended = False
-        self.inbox: asyncio.Queue = asyncio.Queue(maxsize=INBOX_SIZE)
+        self.inbox = SlimQueue(maxsize=INBOX_SIZE)  # one reader: the dispatch loop
         self.scope = scope
         self.base_send = send
         try:

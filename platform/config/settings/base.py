@@ -202,7 +202,7 @@ def channel_layer_settings(redis_url: str) -> dict:
         return {"BACKEND": "channels_redis.core.RedisChannelLayer",
                 "CONFIG": {"hosts": [host], "prefix": "sb-asgi", "capacity": 5000, "expiry": 30}}
     host["socket_timeout"] = None  # the subscriber connection blocks while nothing is published
-    return {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+    return {"BACKEND": "foundation.transport.pubsub_layer.SlimPubSubChannelLayer",  # channels-redis pub/sub, slimmer
             "CONFIG": {"hosts": [host], "prefix": "sb-asgi"}}
 
 
