@@ -44,8 +44,9 @@ def deferring(fn: Callable[..., Any]) -> Callable[..., Deferred]:
 
 def install() -> None:
     """Swap the formatting helpers autobahn's WebSocket modules call for deferring ones (once)."""
+    # Here, not at the top: autobahn's Twisted module is imported only where daphne is patched.
     from autobahn.twisted import websocket as twisted_websocket
-    from autobahn.websocket import protocol
+    from autobahn.websocket import protocol  # likewise
 
     for module in (protocol, twisted_websocket):
         for name in ("pformat", "hltype", "hlval"):
