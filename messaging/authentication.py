@@ -19,6 +19,7 @@ service busy"), so a slow auth service delays its own app's logins only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -132,10 +133,33 @@ async def _auth_url_decide(app: AppSnapshot, user_id: str, token: str) -> AuthOu
     return _refuse("auth service refused", app)
 
 
+# A reconnect storm brings every client back with the token it logged in with minutes ago: its
+# signature was checked then, with the same secret. Tokens that passed are remembered (per secret, a
+# bounded number, oldest forgotten first) and only their time limits are checked again: PyJWT's
+# decode was a twentieth of a node's CPU per AUTH_CLIENT (issue 17). A changed secret misses.
+VERIFIED_TOKENS_MAX = 20_000
+_verified: dict[tuple[str, str], dict] = {}
+
+
+def _decode_token(secret: str, token: str) -> dict:
+    key = (secret, token)
+    claims = _verified.get(key)
+    if claims is not None:
+        if claims["exp"] <= time.time():
+            raise jwt.ExpiredSignatureError("Signature has expired")
+        return claims
+    claims = jwt.decode(token, secret, algorithms=["HS256"], options={"require": ["exp", "sub"]})
+    if isinstance(claims.get("exp"), int | float):
+        if len(_verified) >= VERIFIED_TOKENS_MAX:
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                del _verified[next(iter(_verified))]
+        _verified[key] = claims
+    return claims
+
+
 def _verify_token(app: AppSnapshot, user_id: str, token: str) -> AuthOutcome:
     try:
-        claims = jwt.decode(token or "", app.token_secret, algorithms=["HS256"],
-                            options={"require": ["exp", "sub"]})
+        claims = _decode_token(app.token_secret, token or "")
     except jwt.ExpiredSignatureError:
         return _refuse("token expired", app)
     except jwt.PyJWTError:

@@ -248,6 +248,10 @@ WEB_DB_THREADS = env_int("WEB_DB_THREADS", 8)
 # overflowed in a reconnect storm: the handshakes beyond it waited for TCP's retransmits (1, 3, 7,
 # 15 s ...), which was most of a storm's wall time (issue 17).
 WEB_LISTEN_BACKLOG = env_int("WEB_LISTEN_BACKLOG", 4096)
+# Seconds a WebSocket opening handshake may take once its TCP connection is accepted (daphne's 5 s
+# default dropped the late handshakes of a storm a busy node had accepted, and each came back as
+# one more reconnect). As long as the time an unauthenticated socket may stay.
+WS_HANDSHAKE_TIMEOUT = env_int("WS_HANDSHAKE_TIMEOUT", WS_AUTH_TIMEOUT)
 # A pushed message not confirmed (written or ACKed) within this many seconds is retried.
 DELIVERY_ACK_TIMEOUT = env_int("DELIVERY_ACK_TIMEOUT", 30)
 RETRY_BASE_SECONDS = env_int("RETRY_BASE_SECONDS", 2)
