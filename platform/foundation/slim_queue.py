@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable
 from typing import Any
 
 
@@ -26,6 +27,9 @@ class SlimQueue:
         self.maxsize = maxsize
         self._items: collections.deque | None = None
         self._waiter: asyncio.Future | None = None
+        # Called after each put: lets one reader wait on several queues with a single future
+        # (messaging.connection.inbox), instead of a task blocked in get() per queue.
+        self.on_put: Callable[[], None] | None = None
 
     def qsize(self) -> int:
         return len(self._items) if self._items else 0
@@ -51,6 +55,8 @@ class SlimQueue:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        if self.on_put is not None:
+            self.on_put()
 
     def get_nowait(self) -> Any:
         if not self._items:

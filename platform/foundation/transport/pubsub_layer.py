@@ -4,6 +4,10 @@ The layer keeps an asyncio.Queue per consumer channel of its process; a WebSocke
 such channel, read by its consumer alone, so foundation.slim_queue's one-reader queue serves and a
 held connection costs about 2.5 KB less (issue 17). Nothing else changes: same Redis channels, same
 messages, so processes on this layer and on channels-redis's own talk to each other.
+
+A consumer may also read its channel's queue directly (`channel_queue`, `channel_discard`): the
+/ws consumer waits on its three queues with one future instead of three tasks
+(messaging.connection.inbox).
 """
 
 from __future__ import annotations
@@ -20,6 +24,16 @@ class SlimPubSubLoopLayer(RedisPubSubLoopLayer):
     async def _subscribe_to_channel(self, channel):
         self.channels[channel] = SlimQueue()
         await self._get_shard(channel).subscribe(channel)
+
+    def channel_queue(self, channel: str) -> SlimQueue:
+        """The queue of a channel of this process (new_channel's): its reader may take from it
+        directly, deserializing what it takes, instead of calling receive(); it must then
+        channel_discard() the channel when done, which receive() would have done on cancellation."""
+        return self.channels[channel]
+
+    async def channel_discard(self, channel: str) -> None:
+        if self.channels.pop(channel, None) is not None:
+            await self._get_shard(channel).unsubscribe(channel)
 
 
 class SlimPubSubChannelLayer(RedisPubSubChannelLayer):
