@@ -5,6 +5,9 @@ They run as in production (DEBUG off) on a database of their own, created on the
 (analytics.bench_sandbox), and on a Redis server of their own started here: the load test's
 messages, sessions and queued tasks never mix with an operator's, and a platform running from the
 same checkout keeps its data, its queues and its channel layer to itself.
+
+BENCH_WEB_WRAPPER, when set, is a Python script (and its arguments) that runs the web nodes
+instead of `-m config.web`, with the same arguments after it: a profiler that wraps config.web.
 """
 
 from __future__ import annotations
@@ -103,8 +106,9 @@ def _processes(env: dict[str, str], ports: tuple[int, ...], log_dir: Path, worke
                        stdout=subprocess.DEVNULL)
     procs = []
     try:
-        commands = [(f"web-{p}" if len(ports) > 1 else "web", f"bench-{p}",
-                     [sys.executable, *(os.environ["BENCH_WEB_WRAPPER"].split() if os.environ.get("BENCH_WEB_WRAPPER") else ["-m", "config.web"]), "--port", str(p)]) for p in ports]
+        web = os.environ["BENCH_WEB_WRAPPER"].split() if os.environ.get("BENCH_WEB_WRAPPER") else ["-m", "config.web"]
+        commands = [(f"web-{p}" if len(ports) > 1 else "web", f"bench-{p}", [sys.executable, *web, "--port", str(p)])
+                    for p in ports]
         commands.append(("worker", f"bench-{ports[0]}",
                          [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "WARNING", "-Q",
                           "celery,routing", "-c", str(worker_concurrency), "-n", f"bench-{ports[0]}@%h"]))
