@@ -17,7 +17,9 @@ Reported per platform:
   `--settle` seconds for the closes' tails), minus an idle baseline measured over a window of the
   same length with the clients held;
 - RSS per held connection on the web nodes: their RSS holding every client minus before, over the
-  count (after a warm-up of a few connections, so the node's own start-up is not counted).
+  count (after a warm-up of a few connections, so the node's own start-up is not counted);
+- what bounds the wall time on a small machine: the client processes' own CPU per admission and how
+  busy the whole machine was (every core, every process, other users' too) during the storm.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import statistics
 import subprocess
 import sys
@@ -107,12 +110,14 @@ def _groups(running: RunningPlatform) -> dict[str, list[int]]:
 
 
 def _window(groups: dict[str, list[int]], body) -> tuple[dict[str, float], float, object]:
+    """CPU seconds per group over `body`; the "machine" entry is every core's busy time together."""
     probe = CpuProbe(groups)
     probe.start()
     started = time.monotonic()
     result = body()
     window = probe.stop()
-    return {k: window.seconds(k) or 0.0 for k in groups}, time.monotonic() - started, result
+    return ({k: window.seconds(k) or 0.0 for k in groups} | {"machine": window.machine_busy_seconds or 0.0},
+            time.monotonic() - started, result)
 
 
 def run_platform(root: Path, args: argparse.Namespace, progress) -> dict:
@@ -143,17 +148,27 @@ def run_platform(root: Path, args: argparse.Namespace, progress) -> dict:
                     time.sleep(args.settle)
                     return got, (last - dropped_at) if last else None
 
-                busy, wall, (got, to_all) = _window(groups, storm)
-                idle, _, _ = _window(groups, lambda w=wall: time.sleep(w))
+                # The client processes are measured too (not counted as server CPU): on a small
+                # machine they compete with the servers for the same cores.
+                measured = {**groups, "harness": [proc.pid for proc in clients.procs]}
+                busy, wall, (got, to_all) = _window(measured, storm)
+                idle, _, _ = _window(measured, lambda w=wall: time.sleep(w))
                 admitted = got.get("admitted", 0)
                 net = {k: max(0.0, busy[k] - idle[k]) for k in groups}
                 per_auth = {k: 1000 * net[k] / max(1, admitted) for k in groups}
                 rounds.append({"outcomes": got, "to_all_back_s": to_all, "window_s": wall, "busy_cpu_s": busy,
                                "idle_cpu_s": idle, "cpu_ms_per_auth": per_auth,
-                               "cpu_ms_per_auth_total": sum(per_auth.values())})
+                               "cpu_ms_per_auth_total": sum(per_auth.values()),
+                               "harness_cpu_ms_per_auth": 1000 * busy["harness"] / max(1, admitted),
+                               "machine_busy_share": busy["machine"] / (wall * (os.cpu_count() or 1)),
+                               # held again after the storm: what the storm left behind, per client
+                               "rss_kb_per_connection_after": (rss(running.web_pids) - rss_before) / 1024 / args.clients})
                 progress(f"{root.name} round {r + 1}/{args.rounds}: {got} all back in "
                          f"{to_all if to_all is None else round(to_all, 2)} s, "
-                         f"{sum(per_auth.values()):.2f} ms CPU/auth ({', '.join(f'{k} {v:.2f}' for k, v in per_auth.items())})")
+                         f"{sum(per_auth.values()):.2f} ms CPU/auth ({', '.join(f'{k} {v:.2f}' for k, v in per_auth.items())}); "
+                         f"harness {rounds[-1]['harness_cpu_ms_per_auth']:.2f} ms/auth, machine "
+                         f"{100 * rounds[-1]['machine_busy_share']:.0f}% busy; web RSS now "
+                         f"+{rounds[-1]['rss_kb_per_connection_after']:.1f} KB per client")
             clients.close()
     return {"root": str(root), "clients": args.clients, "web_nodes": args.web_nodes,
             "rss_kb_per_connection": (rss_held - rss_before) / 1024 / args.clients, "held": outcomes,
@@ -168,17 +183,20 @@ def summary(rounds: list[dict]) -> dict:
     return {"to_all_back_s_median": med(r["to_all_back_s"] for r in rounds),
             "to_all_back_s_worst": max((r["to_all_back_s"] or float("inf") for r in rounds), default=None),
             "cpu_ms_per_auth_median": med(r["cpu_ms_per_auth_total"] for r in rounds),
-            "cpu_ms_per_auth_by_kind": {k: med(r["cpu_ms_per_auth"][k] for r in rounds) for k in KINDS}}
+            "cpu_ms_per_auth_by_kind": {k: med(r["cpu_ms_per_auth"][k] for r in rounds) for k in KINDS},
+            "harness_cpu_ms_per_auth_median": med(r["harness_cpu_ms_per_auth"] for r in rounds),
+            "machine_busy_share_median": med(r["machine_busy_share"] for r in rounds)}
 
 
 def render(results: list[dict]) -> str:
     lines = ["| platform | clients | web nodes | all back (s, median / worst) | CPU ms/auth | web | worker | postgres "
-             "| redis | KB per held connection |", "|" + "---|" * 10]
+             "| redis | KB per held connection | harness CPU ms/auth | machine busy |", "|" + "---|" * 12]
     for res in results:
         kinds = res["cpu_ms_per_auth_by_kind"]
         lines.append(f"| {res['root']} | {res['clients']} | {res['web_nodes']} | {res['to_all_back_s_median']} / "
                      f"{round(res['to_all_back_s_worst'], 3)} | {res['cpu_ms_per_auth_median']} | "
-                     + " | ".join(str(kinds[k]) for k in KINDS) + f" | {res['rss_kb_per_connection']:.1f} |")
+                     + " | ".join(str(kinds[k]) for k in KINDS) + f" | {res['rss_kb_per_connection']:.1f} | "
+                     f"{res['harness_cpu_ms_per_auth_median']} | {100 * res['machine_busy_share_median']:.0f}% |")
     if len(results) == 2:
         a, b = results
         lines.append("")
