@@ -244,13 +244,9 @@ WS_MAX_FRAME_BYTES = env_int("WS_MAX_FRAME_BYTES", 1024 * 1024)  # larger frames
 # anonymous client cannot make the node hold or parse large frames. Larger closes with 1009.
 WS_PREAUTH_MAX_FRAME_BYTES = env_int("WS_PREAUTH_MAX_FRAME_BYTES", 4096)
 WEB_DB_THREADS = env_int("WEB_DB_THREADS", 8)
-# The web node's listen backlog (the kernel caps it at net.core.somaxconn). Twisted's default of 50
-# overflowed in a reconnect storm: the handshakes beyond it waited for TCP's retransmits (1, 3, 7,
-# 15 s ...), which was most of a storm's wall time (issue 17).
+# Listen backlog (capped by net.core.somaxconn) and seconds a WebSocket handshake may take once
+# accepted: Twisted's 50 and daphne's 5 s sent a reconnect storm into TCP retransmits (issue 17).
 WEB_LISTEN_BACKLOG = env_int("WEB_LISTEN_BACKLOG", 4096)
-# Seconds a WebSocket opening handshake may take once its TCP connection is accepted (daphne's 5 s
-# default dropped the late handshakes of a storm a busy node had accepted, and each came back as
-# one more reconnect). As long as the time an unauthenticated socket may stay.
 WS_HANDSHAKE_TIMEOUT = env_int("WS_HANDSHAKE_TIMEOUT", WS_AUTH_TIMEOUT)
 # A pushed message not confirmed (written or ACKed) within this many seconds is retried.
 DELIVERY_ACK_TIMEOUT = env_int("DELIVERY_ACK_TIMEOUT", 30)
