@@ -148,6 +148,17 @@ def _cached(key: tuple[str, str], load) -> AppSnapshot | None:
     return snapshot
 
 
+def app_snapshot_known(app_name: str) -> tuple[bool, AppSnapshot | None]:
+    """(True, the app or None) when the cache holds a fresh answer for `app_name`; (False, None)
+    when only app_snapshot's query can tell. No I/O: safe on an event loop, so a web node's
+    AUTH_CLIENT needs no thread hop for an app it has seen in the last SNAPSHOT_TTL seconds."""
+    with _snapshots_lock:
+        cached = _snapshots.get(("name", app_name))
+    if cached is None or time.monotonic() - cached[0] >= SNAPSHOT_TTL:
+        return False, None
+    return True, cached[1]
+
+
 def app_snapshot(app_name: str) -> AppSnapshot | None:
     """The app whose name (user-id prefix) is `app_name`."""
     return _cached(("name", app_name), lambda: _snapshot_load(ClientApp.objects.filter(app_name=app_name).first()))

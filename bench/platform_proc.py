@@ -5,6 +5,9 @@ They run as in production (DEBUG off) on a database of their own, created on the
 (analytics.bench_sandbox), and on a Redis server of their own started here: the load test's
 messages, sessions and queued tasks never mix with an operator's, and a platform running from the
 same checkout keeps its data, its queues and its channel layer to itself.
+
+BENCH_WEB_WRAPPER, when set, is a Python script (and its arguments) that runs the web nodes
+instead of `-m config.web`, with the same arguments after it: a profiler that wraps config.web.
 """
 
 from __future__ import annotations
@@ -28,23 +31,25 @@ from devstack.supervise import wait_ready
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def platform_env() -> dict[str, str]:
+def platform_env(root: Path = REPO_ROOT) -> dict[str, str]:
+    """The environment of a platform run from the checkout at `root` (another commit's worktree, for a
+    before/after comparison, or this one)."""
     env = dict(os.environ)
     env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
     env["DEBUG"] = "false"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT / "platform"), str(REPO_ROOT),
-                                                      env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root / "platform"), str(root), env.get("PYTHONPATH")]))
     urls_hand_over(env)
     return env
 
 
 @dataclass(frozen=True)
 class RunningPlatform:
-    url: str  # the web node's WebSocket URL
+    url: str  # the (first) web node's WebSocket URL
     web_pids: list[int]  # the daphne processes (config.web runs daphne in-process)
     worker_pids: list[int]  # Celery main processes; their prefork children are found under them
     database_url: str  # the run's own database, dropped after it
     redis_url: str  # the run's own Redis server, stopped after it
+    urls: tuple[str, ...] = ()  # every web node's WebSocket URL, in the order of their ports
 
 
 @contextmanager
@@ -79,37 +84,43 @@ def _redis_answers(url: str) -> bool:
 
 
 @contextmanager
-def platform_processes(port: int, log_dir: Path, worker_concurrency: int = 4) -> Iterator[RunningPlatform]:
-    """A fresh web node on `port` plus one worker, on a database and a Redis of their own, for the
-    duration of the block."""
-    env = platform_env()
+def platform_processes(port: int, log_dir: Path, worker_concurrency: int = 4, *, more_ports: tuple[int, ...] = (),
+                       root: Path = REPO_ROOT) -> Iterator[RunningPlatform]:
+    """A fresh web node on `port` (and one more on each of `more_ports`) plus one worker, run from the
+    checkout at `root`, on a database and a Redis of their own, for the duration of the block."""
+    env = platform_env(root)
+    ports = (port, *more_ports)
     with bench_database(env["DATABASE_URL"]) as database_url, private_redis(log_dir) as redis_url:
         env.update(DATABASE_URL=database_url, REDIS_URL=redis_url)
-        with _processes(env, port, log_dir, worker_concurrency) as (web_pid, worker_pid):
-            yield RunningPlatform(f"ws://127.0.0.1:{port}/ws", web_pids=[web_pid], worker_pids=[worker_pid],
-                                  database_url=database_url, redis_url=redis_url)
+        with _processes(env, ports, log_dir, worker_concurrency, root) as (web_pids, worker_pid):
+            urls = tuple(f"ws://127.0.0.1:{p}/ws" for p in ports)
+            yield RunningPlatform(urls[0], web_pids=web_pids, worker_pids=[worker_pid], database_url=database_url,
+                                  redis_url=redis_url, urls=urls)
 
 
 @contextmanager
-def _processes(env: dict[str, str], port: int, log_dir: Path, worker_concurrency: int) -> Iterator[tuple[int, int]]:
+def _processes(env: dict[str, str], ports: tuple[int, ...], log_dir: Path, worker_concurrency: int,
+               root: Path) -> Iterator[tuple[list[int], int]]:
     for args in (["migrate", "--noinput", "-v", "0"], ["bootstrap"]):
-        subprocess.run([sys.executable, "manage.py", *args], cwd=REPO_ROOT, env=env, check=True,
+        subprocess.run([sys.executable, "manage.py", *args], cwd=root, env=env, check=True,
                        stdout=subprocess.DEVNULL)
     procs = []
     try:
-        for name, argv in (
-            ("web", [sys.executable, "-m", "config.web", "--port", str(port)]),
-            ("worker", [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "WARNING", "-Q",
-                        "celery,routing", "-c", str(worker_concurrency),
-                        "-n", f"bench-{port}@%h"]),
-        ):
+        web = os.environ["BENCH_WEB_WRAPPER"].split() if os.environ.get("BENCH_WEB_WRAPPER") else ["-m", "config.web"]
+        commands = [(f"web-{p}" if len(ports) > 1 else "web", f"bench-{p}", [sys.executable, *web, "--port", str(p)])
+                    for p in ports]
+        commands.append(("worker", f"bench-{ports[0]}",
+                         [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "WARNING", "-Q",
+                          "celery,routing", "-c", str(worker_concurrency), "-n", f"bench-{ports[0]}@%h"]))
+        for name, node_id, argv in commands:
             log = open(log_dir / f"platform-{name}.log", "w")
-            procs.append(subprocess.Popen(argv, cwd=REPO_ROOT, env={**env, "NODE_ID": f"bench-{port}"},
+            procs.append(subprocess.Popen(argv, cwd=root, env={**env, "NODE_ID": node_id},
                                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        if not wait_ready(f"http://127.0.0.1:{port}/readyz", procs[0]):
-            raise SystemExit(f"the web node on port {port} did not become ready (log in {log_dir})")
+        for p, proc in zip(ports, procs, strict=False):
+            if not wait_ready(f"http://127.0.0.1:{p}/readyz", proc):
+                raise SystemExit(f"the web node on port {p} did not become ready (log in {log_dir})")
         time.sleep(3)  # the worker connects to the broker
-        yield procs[0].pid, procs[1].pid
+        yield [proc.pid for proc in procs[:-1]], procs[-1].pid
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -19,6 +19,7 @@ service busy"), so a slow auth service delays its own app's logins only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -29,7 +30,7 @@ import jwt
 from django.conf import settings
 
 from apps_registry.models import AuthMode
-from apps_registry.selectors import AppSnapshot, app_snapshot, user_id_parse
+from apps_registry.selectors import AppSnapshot, app_snapshot, app_snapshot_known, user_id_parse
 from foundation.outgoing import OutgoingError, outgoing_client, outgoing_post
 from messaging.asyncdb import run_db
 from messaging.channels.names import token_is_login
@@ -52,7 +53,9 @@ async def client_authenticate(*, app_id: str, user_id: str, token: str, origin: 
     parsed = user_id_parse(user_id)
     if parsed is None:
         return _refuse("userId must be <appName>-<digits> (ASCII digits, no leading zero)")
-    app = await run_db(app_snapshot, parsed.app_name)
+    known, app = app_snapshot_known(parsed.app_name)
+    if not known:
+        app = await run_db(app_snapshot, parsed.app_name)
     if app is None or app.app_id != app_id:
         return _refuse("unknown app or appId does not match the user-id prefix")
     if origin is not None and app.allowed_origins and origin not in app.allowed_origins:
@@ -130,10 +133,33 @@ async def _auth_url_decide(app: AppSnapshot, user_id: str, token: str) -> AuthOu
     return _refuse("auth service refused", app)
 
 
+# A reconnect storm brings every client back with the token it logged in with minutes ago: its
+# signature was checked then, with the same secret. Tokens that passed are remembered (per secret, a
+# bounded number, oldest forgotten first) and only their time limits are checked again: PyJWT's
+# decode was a twentieth of a node's CPU per AUTH_CLIENT (issue 17). A changed secret misses.
+VERIFIED_TOKENS_MAX = 20_000
+_verified: dict[tuple[str, str], dict] = {}
+
+
+def _decode_token(secret: str, token: str) -> dict:
+    key = (secret, token)
+    claims = _verified.get(key)
+    if claims is not None:
+        if claims["exp"] <= time.time():
+            raise jwt.ExpiredSignatureError("Signature has expired")
+        return claims
+    claims = jwt.decode(token, secret, algorithms=["HS256"], options={"require": ["exp", "sub"]})
+    if isinstance(claims.get("exp"), int | float):
+        if len(_verified) >= VERIFIED_TOKENS_MAX:
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                del _verified[next(iter(_verified))]
+        _verified[key] = claims
+    return claims
+
+
 def _verify_token(app: AppSnapshot, user_id: str, token: str) -> AuthOutcome:
     try:
-        claims = jwt.decode(token or "", app.token_secret, algorithms=["HS256"],
-                            options={"require": ["exp", "sub"]})
+        claims = _decode_token(app.token_secret, token or "")
     except jwt.ExpiredSignatureError:
         return _refuse("token expired", app)
     except jwt.PyJWTError:

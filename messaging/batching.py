@@ -23,7 +23,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from messaging.asyncdb import run_db
@@ -138,3 +138,50 @@ class Batcher:
             for index, (_, future) in enumerate(batch):
                 if future is not None and not future.done():
                     future.set_result(results[index] if results is not None else None)
+
+
+class LoopBatcher:
+    """The same adaptive batching for work done on the event loop itself (a Redis pipeline): the
+    first item starts a flush on the next turn of the loop, items arriving while a flush is in
+    flight go together in the next one. `flush` is a coroutine function returning one result per
+    item, in order; a result that is an exception is raised to that item's caller alone, and a flush
+    that raises refuses every item of its batch. Every item is waited for (`submit`): nothing is
+    left in it that a drain would have to flush.
+    """
+
+    def __init__(self, name: str, flush: Callable[[list], Awaitable[Sequence[Any]]], *, max_size: int = 500):
+        self.name = name
+        self._flush = flush
+        self.max_size = max_size
+        self._items: list[tuple[Any, asyncio.Future]] = []
+        self._running: asyncio.Task | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._items)
+
+    async def submit(self, item: Any) -> Any:
+        future = asyncio.get_running_loop().create_future()
+        self._items.append((item, future))
+        if self._running is None or self._running.done():
+            self._running = asyncio.ensure_future(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        await asyncio.sleep(0)  # whatever else this turn of the loop queues comes along
+        while self._items:
+            batch, self._items = self._items[: self.max_size], self._items[self.max_size:]
+            try:
+                results = await self._flush([item for item, _ in batch])
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), result in zip(batch, results, strict=True):
+                if future.done():
+                    continue  # its caller was cancelled
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)

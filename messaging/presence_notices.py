@@ -17,7 +17,7 @@ from django.conf import settings
 from apps_registry.selectors import AppSnapshot
 from messaging.models import WebhookEvent
 from messaging.webhooks.services import WebhookNotice, webhooks_record_async
-from presence.services import master_notify
+from presence.services import ConnectionsLookup, master_notify
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +27,15 @@ def user_presence_notice(*, app_id: int, user_id: str, connected: bool) -> Webho
     return WebhookNotice(app_id=app_id, event=event.value, data={"userId": user_id, "domain": settings.DOMAIN_NAME})
 
 
-async def user_presence_announce(*, app: AppSnapshot, user_id: str, connected: bool) -> None:
+async def user_presence_announce(*, app: AppSnapshot, user_id: str, connected: bool,
+                                 lookup: ConnectionsLookup | None = None) -> None:
     """The master's notice (errors propagate, as before), then the webhooks (best effort: a
     failure to record them is logged, never raised into the connection). The master user's own
-    connection is announced to the webhooks too; only the master itself is never told about itself."""
+    connection is announced to the webhooks too; only the master itself is never told about itself.
+    `lookup` finds the master's connections (a web node's batched lookup; else one Redis read)."""
     await master_notify(master_user_id=app.master_user_id,
-                        event_type="USER_CONNECTED" if connected else "USER_DISCONNECTED", user_id=user_id)
+                        event_type="USER_CONNECTED" if connected else "USER_DISCONNECTED", user_id=user_id,
+                        lookup=lookup)
     try:
         await webhooks_record_async(notices=[user_presence_notice(app_id=app.pk, user_id=user_id,
                                                                   connected=connected)])

@@ -8,7 +8,10 @@
 - owns the micro-batchers: the intake (group commit of what senders send, messaging.intake),
   "route these committed deliveries" (gathered into one task, handed over by messaging.handoff),
   "these deliveries reached their sockets" and "these claims go back to the mailbox". The routing
-  batcher is given, as `route`, to everything the node stores or confirms with;
+  batcher is given, as `route`, to everything the node stores or confirms with. Every one of them is
+  in `batchers` (what a drain flushes). Beside them, a connection's once-per-life work is batched
+  too (messaging.connection.admission): session rows and first reads in `batchers`, and, on the
+  event loop, presence entries and the master's lookups in `loop_batchers`;
 - knows the connections this process holds, and the per-user delivery budgets;
 - knows what a drain must end (`drainable`): every /ws socket from its connect on (authenticated
   or not) and every channel stream, each with the coroutine that ends it asking its client to
@@ -28,9 +31,17 @@ from apps_registry.selectors import app_snapshot, user_id_parse
 from foundation.transport.frames import CLOSE_RESTART
 from messaging import metrics
 from messaging.asyncdb import run_db
-from messaging.batching import Batcher
+from messaging.batching import Batcher, LoopBatcher
 from messaging.channels.hub import ChannelHub
 from messaging.channels.services import channel_occupancy_record
+from messaging.connection.admission import (
+    connections_lookup_batch,
+    first_reads,
+    presence_add_batch,
+    presence_remove_batch,
+    sessions_close_batch,
+    sessions_open_batch,
+)
 from messaging.delivery.claims import deliveries_release
 from messaging.delivery.dead_nodes import dead_nodes_settle
 from messaging.delivery.delivered import deliveries_mark_delivered
@@ -72,8 +83,16 @@ class NodeRuntime:
         self.intake = Intake(route=self.route)
         self.delivered = Batcher("delivered", self._mark_delivered, linger=settings.DELIVERED_LINGER_SECONDS)
         self.released = Batcher("released", _release, linger=settings.DELIVERED_LINGER_SECONDS)
+        self.sessions_opened = Batcher("sessions opened", sessions_open_batch)
+        self.sessions_closed = Batcher("sessions closed", sessions_close_batch)
+        self.first_reads = Batcher("first reads", first_reads)
         # Every batcher of the node: bound to the loop at start, flushed by a drain before the node leaves.
-        self.batchers: list[Batcher] = [self.intake.batcher, self.routing, self.delivered, self.released]
+        self.batchers: list[Batcher] = [self.intake.batcher, self.routing, self.delivered, self.released,
+                                        self.sessions_opened, self.sessions_closed, self.first_reads]
+        self.presence_adds = LoopBatcher("presence adds", presence_add_batch)
+        self.presence_removes = LoopBatcher("presence removes", presence_remove_batch)
+        self.master_lookups = LoopBatcher("master lookups", connections_lookup_batch)
+        self.loop_batchers: list[LoopBatcher] = [self.presence_adds, self.presence_removes, self.master_lookups]
         self.drainable: dict[object, Callable[[], Awaitable[None]]] = {}
         self.work_limits = UserWorkLimits()
         self.hub = ChannelHub(self.node_id, on_occupancy=_occupancy_changed)

@@ -36,10 +36,15 @@ connect script refuses the next one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from redis.exceptions import NoScriptError
+
 from foundation.transport.redis_clients import async_client, sync_client
+
+from . import scripts
 
 USER_KEY = "sb:u:{user_id}"
 NODE_CONNS_KEY = "sb:n:{node_id}:conns"
@@ -49,122 +54,6 @@ NODE_SUSPECT_KEY = "sb:n:{node_id}:suspect"
 NODE_REGS_KEY = "sb:n:{node_id}:regs"
 APP_ONLINE_KEY = "sb:a:{app_name}:online"
 TOMBSTONE_SECONDS = 24 * 3600
-
-# The app index's key of a user id, computed in the scripts (like the user hashes: fine on a single
-# Redis, a Redis Cluster would need hash tags). nil for an id that is no `<appName>-<digits>`.
-_INDEX = """
-local function app_index(user)
-  local app = string.match(user, '^(.+)%-%d+$')
-  if app then return 'sb:a:' .. app .. ':online' end
-  return nil
-end
-local function index_add(user)
-  local key = app_index(user)
-  if key then redis.call('ZADD', key, 0, user) end
-end
-local function index_remove_if_gone(user)
-  if redis.call('EXISTS', 'sb:u:' .. user) == 0 then
-    local key = app_index(user)
-    if key then redis.call('ZREM', key, user) end
-  end
-end
-"""
-
-# KEYS: user hash, node hash, tombstone. ARGV: channel, value, user, limit.
-# -> {added, count}, {-1} (node declared dead) or {-2, count} (the user has `limit` connections).
-_CONNECT = _INDEX + """
-if redis.call('EXISTS', KEYS[3]) == 1 then return {-1, 0} end
-local count = redis.call('HLEN', KEYS[1])
-if count >= tonumber(ARGV[4]) and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return {-2, count} end
-local added = redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-index_add(ARGV[3])
-return {added, redis.call('HLEN', KEYS[1])}
-"""
-# KEYS: user hash, node hash. ARGV: channel. -> {removed, count}
-# The user's id is the user hash's key past 'sb:u:' (the Python signature stays as it was).
-_DISCONNECT = _INDEX + """
-local removed = redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-local count = redis.call('HLEN', KEYS[1])
-if count == 0 then index_remove_if_gone(string.sub(KEYS[1], 6)) end
-return {removed, count}
-"""
-# KEYS: node hash, alive key, tombstone, suspect set. ARGV: ttl, node id, then triples channel,
-# user, acks. -> {-1} when the node was declared dead, else {1, user whose last connection went, ...}.
-# User hashes are computed keys: fine on a single Redis (the deployment this project supports);
-# a Redis Cluster would need hash tags.
-_HEARTBEAT = _INDEX + """
-if redis.call('EXISTS', KEYS[3]) == 1 then return {-1} end
-redis.call('SET', KEYS[2], '1', 'EX', tonumber(ARGV[1]))
-local node = ARGV[2]
-local held = {}
-for i = 3, #ARGV, 3 do held[ARGV[i]] = true end
-local gone = {1}
-local suspects = {}
-local stored = redis.call('HGETALL', KEYS[1])
-for i = 1, #stored, 2 do
-  local channel, user = stored[i], stored[i + 1]
-  if not held[channel] then
-    if redis.call('SISMEMBER', KEYS[4], channel) == 1 then
-      local ukey = 'sb:u:' .. user
-      local removed = redis.call('HDEL', ukey, channel)
-      redis.call('HDEL', KEYS[1], channel)
-      if removed == 1 and redis.call('HLEN', ukey) == 0 then table.insert(gone, user) end
-      index_remove_if_gone(user)
-    else
-      table.insert(suspects, channel)
-    end
-  end
-end
-redis.call('DEL', KEYS[4])
-for _, channel in ipairs(suspects) do redis.call('SADD', KEYS[4], channel) end
-for i = 3, #ARGV, 3 do
-  redis.call('HSET', 'sb:u:' .. ARGV[i + 1], ARGV[i], node .. '|' .. ARGV[i + 2])
-  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
-  index_add(ARGV[i + 1])
-end
-return gone
-"""
-# KEYS: node hash, tombstone, alive key, registrations set. ARGV: tombstone ttl, node id
-# -> flat list channel, user, was-last (0/1).
-_FORGET_NODE = _INDEX + """
-redis.call('SET', KEYS[2], '1', 'EX', tonumber(ARGV[1]))
-redis.call('DEL', KEYS[3])
-for _, key in ipairs(redis.call('SMEMBERS', KEYS[4])) do redis.call('HDEL', key, ARGV[2]) end
-redis.call('DEL', KEYS[4])
-local out = {}
-local stored = redis.call('HGETALL', KEYS[1])
-for i = 1, #stored, 2 do
-  local channel, user = stored[i], stored[i + 1]
-  local ukey = 'sb:u:' .. user
-  local removed = redis.call('HDEL', ukey, channel)
-  local last = 0
-  if removed == 1 and redis.call('HLEN', ukey) == 0 then last = 1 end
-  index_remove_if_gone(user)
-  table.insert(out, channel); table.insert(out, user); table.insert(out, last)
-end
-redis.call('DEL', KEYS[1])
-return out
-"""
-
-# KEYS: node hash, tombstone, suspect set, registrations set. ARGV: node id
-# -> users whose last connection in the cluster was one of the node's earlier life.
-_REVIVE = _INDEX + """
-for _, key in ipairs(redis.call('SMEMBERS', KEYS[4])) do redis.call('HDEL', key, ARGV[1]) end
-local gone = {}
-local stored = redis.call('HGETALL', KEYS[1])
-for i = 1, #stored, 2 do
-  local ukey = 'sb:u:' .. stored[i + 1]
-  if redis.call('HDEL', ukey, stored[i]) == 1 and redis.call('HLEN', ukey) == 0 then
-    table.insert(gone, stored[i + 1])
-  end
-  index_remove_if_gone(stored[i + 1])
-end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
-return gone
-"""
-
 
 class NodeDeclaredDead(Exception):
     """The reaper declared this node dead while it was silent: its sockets must go."""
@@ -233,7 +122,7 @@ async def connection_add(*, user_id: str, channel_name: str, node_id: str, acks:
     when this node carries the reaper's tombstone.
     """
     conns, _, dead = _node_keys(node_id)
-    added, count = await async_client().eval(_CONNECT, 3, user_key(user_id), conns, dead, channel_name,
+    added, count = await async_client().eval(scripts.CONNECT, 3, user_key(user_id), conns, dead, channel_name,
                                              _value(node_id, acks), user_id, limit)
     if int(added) == -1:
         raise NodeDeclaredDead(node_id)
@@ -245,8 +134,88 @@ async def connection_add(*, user_id: str, channel_name: str, node_id: str, acks:
 async def connection_remove(*, user_id: str, channel_name: str, node_id: str) -> bool:
     """Forget a connection; True when it was the user's last one in the cluster."""
     conns, _, _ = _node_keys(node_id)
-    removed, count = await async_client().eval(_DISCONNECT, 2, user_key(user_id), conns, channel_name)
+    removed, count = await async_client().eval(scripts.DISCONNECT, 2, user_key(user_id), conns, channel_name)
     return bool(removed) and int(count) == 0
+
+
+@dataclass(frozen=True)
+class ConnectionEntry:
+    """One connection to add or remove in a batch (connections_add / connections_remove)."""
+
+    user_id: str
+    channel_name: str
+    node_id: str
+    acks: bool = False
+    limit: int = 0  # adding: the app's max_connections_per_user
+
+
+def _sha(script: str) -> str:
+    return hashlib.sha1(script.encode()).hexdigest()
+
+
+async def _evalsha_many(script: str, calls: Sequence[tuple[int, list]]) -> list:
+    """Run `script` once per (numkeys, keys + args) call, all in one pipeline (one round trip);
+    each call's result or exception, in order. The script is loaded once where Redis lacks it
+    (first use, or a Redis restarted empty)."""
+    client, sha = async_client(), _sha(script)
+    results: list = [None] * len(calls)
+    todo = list(range(len(calls)))
+    for attempt in range(2):
+        pipe = client.pipeline(transaction=False)
+        for i in todo:
+            numkeys, keys_and_args = calls[i]
+            pipe.evalsha(sha, numkeys, *keys_and_args)
+        answers = await pipe.execute(raise_on_error=False)
+        missing = []
+        for i, answer in zip(todo, answers, strict=True):
+            if isinstance(answer, NoScriptError) and attempt == 0:
+                missing.append(i)
+            else:
+                results[i] = answer
+        if not missing:
+            break
+        await client.script_load(script)
+        todo = missing
+    return results
+
+
+async def connections_add(*, entries: Sequence[ConnectionEntry]) -> list[bool | Exception]:
+    """connection_add for many connections in one round trip (the same script, run once per entry,
+    so each entry's first-connection answer is as atomic as connection_add's). Per entry: True when
+    it is the user's first connection in the cluster, else False, or the exception connection_add
+    would have raised (TooManyConnections, NodeDeclaredDead, a Redis error)."""
+    calls = []
+    for e in entries:
+        conns, _, dead = _node_keys(e.node_id)
+        calls.append((3, [user_key(e.user_id), conns, dead, e.channel_name, _value(e.node_id, e.acks), e.user_id,
+                          e.limit]))
+    out: list[bool | Exception] = []
+    for e, answer in zip(entries, await _evalsha_many(scripts.CONNECT, calls), strict=True):
+        if isinstance(answer, Exception):
+            out.append(answer)
+            continue
+        added, count = answer
+        if int(added) == -1:
+            out.append(NodeDeclaredDead(e.node_id))
+        elif int(added) == -2:
+            out.append(TooManyConnections(e.user_id, e.limit))
+        else:
+            out.append(bool(added) and int(count) == 1)
+    return out
+
+
+async def connections_remove(*, entries: Sequence[ConnectionEntry]) -> list[bool | Exception]:
+    """connection_remove for many connections in one round trip. Per entry: True when it was the
+    user's last connection in the cluster, else False, or the Redis error."""
+    calls = [(2, [user_key(e.user_id), _node_keys(e.node_id)[0], e.channel_name]) for e in entries]
+    out: list[bool | Exception] = []
+    for answer in await _evalsha_many(scripts.DISCONNECT, calls):
+        if isinstance(answer, Exception):
+            out.append(answer)
+        else:
+            removed, count = answer
+            out.append(bool(removed) and int(count) == 0)
+    return out
 
 
 async def connections_of(user_id: str) -> list[LiveConnection]:
@@ -273,7 +242,7 @@ async def node_heartbeat(*, node_id: str, ttl: int, held: Iterable[HeldConnectio
     args: list[str | int] = [ttl, node_id]
     for conn in held:
         args.extend((conn.channel_name, conn.user_id, 1 if conn.acks else 0))
-    result = await async_client().eval(_HEARTBEAT, 4, conns, alive, dead, _suspect_key(node_id), *args)
+    result = await async_client().eval(scripts.HEARTBEAT, 4, conns, alive, dead, _suspect_key(node_id), *args)
     if int(result[0]) == -1:
         raise NodeDeclaredDead(node_id)
     return [_text(u) for u in result[1:]]
@@ -287,7 +256,7 @@ async def node_revive(*, node_id: str) -> list[str]:
     hashes and the app index too; returns the users whose last connection that was.
     """
     conns, _, dead = _node_keys(node_id)
-    gone = await async_client().eval(_REVIVE, 4, conns, dead, _suspect_key(node_id), node_registrations_key(node_id),
+    gone = await async_client().eval(scripts.REVIVE, 4, conns, dead, _suspect_key(node_id), node_registrations_key(node_id),
                                      node_id)
     return [_text(u) for u in gone]
 
@@ -314,7 +283,7 @@ def node_forget(*, node_id: str) -> list[ForgottenConnection]:
     """The reaper's half in Redis: tombstone the node and drop every connection it held."""
     conns, alive, dead = _node_keys(node_id)
     sync_client().delete(_suspect_key(node_id))
-    flat = sync_client().eval(_FORGET_NODE, 4, conns, dead, alive, node_registrations_key(node_id),
+    flat = sync_client().eval(scripts.FORGET_NODE, 4, conns, dead, alive, node_registrations_key(node_id),
                               TOMBSTONE_SECONDS, node_id)
     return [ForgottenConnection(_text(flat[i]), _text(flat[i + 1]), int(flat[i + 2]) == 1)
             for i in range(0, len(flat), 3)]
@@ -322,7 +291,7 @@ def node_forget(*, node_id: str) -> list[ForgottenConnection]:
 
 def connection_remove_sync(*, user_id: str, channel_name: str, node_id: str) -> bool:
     conns, _, _ = _node_keys(node_id)
-    removed, count = sync_client().eval(_DISCONNECT, 2, user_key(user_id), conns, channel_name)
+    removed, count = sync_client().eval(scripts.DISCONNECT, 2, user_key(user_id), conns, channel_name)
     return bool(removed) and int(count) == 0
 
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from foundation.transport import sockets
@@ -60,6 +63,66 @@ def session_close(*, connection_id: uuid.UUID, close_reason: str = "") -> None:
         presence_event_record(kind=PresenceEventKind.DISCONNECT, connection_ids=[connection_id], close_reason=close_reason)
 
 
+@dataclass(frozen=True)
+class SessionOpening:
+    """A session a node opens; its id is made by the node, so the node knows it before the row exists."""
+
+    connection_id: uuid.UUID
+    app_id: int
+    user_id: str
+    node_id: str
+    channel_name: str
+    acks: bool
+    remote_addr: str
+    user_agent: str
+    connected_at: datetime
+
+
+@dataclass(frozen=True)
+class SessionClosing:
+    connection_id: uuid.UUID
+    close_reason: str
+
+
+def sessions_open(*, openings: Sequence[SessionOpening]) -> None:
+    """Open many sessions in one transaction (a node's group commit of a reconnect storm): one
+    multi-row INSERT of the rows and one of their connect events, so each session commits with its
+    event, all or none."""
+    if not openings:
+        return
+    columns = list(zip(*((o.connection_id, o.app_id, o.user_id, o.node_id, o.channel_name, o.acks, o.connected_at,
+                          o.remote_addr[:64], o.user_agent[:300]) for o in openings), strict=True))
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(
+            """
+            INSERT INTO presence_session (connection_id, app_id, user_id, node_id, channel_name, acks, connected_at,
+                                          last_seen_at, remote_addr, user_agent)
+            SELECT c, a, u, n, ch, k, t, t, r, ua
+              FROM unnest(%s::uuid[], %s::bigint[], %s::text[], %s::text[], %s::text[], %s::bool[],
+                          %s::timestamptz[], %s::text[], %s::text[]) AS x(c, a, u, n, ch, k, t, r, ua)
+            """,
+            [list(column) for column in columns],
+        )
+        presence_event_record(kind=PresenceEventKind.CONNECT, connection_ids=[o.connection_id for o in openings])
+
+
+def sessions_close(*, closings: Sequence[SessionClosing]) -> None:
+    """Close many sessions in one transaction: one UPDATE, and one disconnect-event INSERT per distinct
+    reason (a storm has few: "client closed (1006)" mostly). A session already closed is left as
+    it is and records nothing new."""
+    if not closings:
+        return
+    now = timezone.now()
+    by_reason: dict[str, list[uuid.UUID]] = {}
+    for closing in closings:
+        by_reason.setdefault(closing.close_reason, []).append(closing.connection_id)
+    with transaction.atomic():
+        Session.objects.filter(pk__in=[c.connection_id for c in closings], disconnected_at__isnull=True).update(
+            disconnected_at=now, last_seen_at=now)
+        for reason, ids in by_reason.items():
+            presence_event_record(kind=PresenceEventKind.DISCONNECT, connection_ids=ids, close_reason=reason)
+
+
 def presence_frame(event_type: str, user_id: str) -> str:
     return encode(event_type, {"userId": user_id})
 
@@ -82,11 +145,19 @@ async def master_snapshot(*, app_name: str, master_user_id: str) -> list[str]:
     return online_users_frames(users, page_size=settings.PRESENCE_SNAPSHOT_PAGE)
 
 
-async def master_notify(*, master_user_id: str, event_type: str, user_id: str) -> None:
-    """USER_CONNECTED / USER_DISCONNECTED to the app's master user, wherever it is connected."""
+ConnectionsLookup = Callable[[str], Awaitable[list[cache.LiveConnection]]]
+
+
+async def master_notify(*, master_user_id: str, event_type: str, user_id: str,
+                        lookup: ConnectionsLookup | None = None) -> None:
+    """USER_CONNECTED / USER_DISCONNECTED to the app's master user, wherever it is connected.
+    `lookup` finds the master's connections (a node passes its batched lookup: one Redis read for
+    every announcement of a storm's tick, messaging.runtime)."""
     if user_id == master_user_id:
         return
-    conns = await cache.connections_of(master_user_id)
+    conns = await (lookup or cache.connections_of)(master_user_id)
+    if not conns:
+        return
     event = sockets.presence_event(presence_frame(event_type, user_id), user_id=user_id,
                                    online=event_type == "USER_CONNECTED")
     await sockets.send_many((c.channel_name, event) for c in conns)

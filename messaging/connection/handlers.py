@@ -21,10 +21,10 @@ from messaging.asyncdb import run_db
 from messaging.batching import BatcherFull
 from messaging.channels.access import ChannelRefused, Grant, channel_name_require, channel_read_check
 from messaging.channels.cursor import ChannelCursor
-from messaging.channels.selectors import subscriptions_of
+from messaging.connection.admission import FirstReadsFor
 from messaging.connection.ledger import DeliveryLedger
 from messaging.connection.life import ConnectionLife, Refusal
-from messaging.delivery.claims import claim_token, deliveries_unacked_for
+from messaging.delivery.claims import claim_token
 from messaging.delivery.delivered import deliveries_mark_delivered
 from messaging.delivery.fetch import missing_fetch
 from messaging.fast import message_fast_send_async
@@ -93,18 +93,19 @@ async def on_auth_client(conn: Connection, frame: Frame) -> None:
     conn.admitted()
     metrics.AUTH.labels("admitted").inc()
     await conn.write(encode("AUTH_CLIENT_REPLY", {"appId": app_id, "userId": user_id, "isAuthenticated": True}))
-    app = life.app
+    app, node = life.app, life.node
     if user_id == app.master_user_id and not await _master_catch_up(conn, app):
         return
     if admitted:
-        await user_presence_announce(app=app, user_id=user_id, connected=True)
-    if life.acks:
-        # Left behind by a connection that could not give them back (its node crashed): they
-        # come again, with the same ids.
-        life.node.routing.add(await run_db(deliveries_unacked_for, app_id=app.pk, user_id=user_id))
+        await user_presence_announce(app=app, user_id=user_id, connected=True, lookup=node.master_lookups.submit)
+    # Read for a whole batch of connections at once (messaging.connection.admission).
+    reads = await node.first_reads.submit(FirstReadsFor(app_id=app.pk, user_id=user_id, acks=life.acks))
+    # ACK mode: left behind by a connection that could not give them back (its node crashed): they
+    # come again, with the same ids.
+    node.routing.add(reads.unacked)
     # The user's server-managed subscriptions: read live from now (SUBSCRIBE with `since` replays
     # what was missed).
-    conn.durable.update(await run_db(subscriptions_of, app_id=app.pk, user_id=user_id))
+    conn.durable.update(reads.channels)
     for name in sorted(conn.durable):
         await conn.channels.join(name)
 

@@ -5,6 +5,10 @@ Channels' AsyncConsumer waits on two sources (the client and the channel layer);
 needs a third, the node-local inbox the hub hands publishes to, so a fan-out to a thousand readers
 on a node costs no Redis round trip per reader. A reader whose inbox is full does not block the
 hub: it marks the channel and repairs it from the history once it catches up.
+
+On daphne with foundation's pub/sub layer (the default) the three sources are three SlimQueues read
+by one loop that waits on a single future (`_serve`); elsewhere (the core layer, a test transport)
+Channels' await_many_dispatch reads them, with a task per source.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 from channels.utils import await_many_dispatch
 
+from foundation.slim_queue import SlimQueue
 from messaging.channels.cursor import ChannelCursor
 from messaging.channels.hub import ChannelKey
 
@@ -29,19 +34,63 @@ class ChannelReaderConsumer(AsyncWebsocketConsumer):
 
     async def __call__(self, scope, receive, send) -> None:
         self.ended = False
-        self.inbox: asyncio.Queue = asyncio.Queue(maxsize=INBOX_SIZE)
+        served = False
+        self.inbox = SlimQueue(maxsize=INBOX_SIZE)  # one reader: the dispatch loop
         self.scope = scope
         self.base_send = send
         try:
             self.channel_layer = get_channel_layer(self.channel_layer_alias)
             self.channel_name = await self.channel_layer.new_channel()
-            self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
-            await await_many_dispatch([receive, self.channel_receive, self.inbox.get], self.dispatch)
+            client = getattr(receive, "__self__", None)  # daphne's input queue (foundation.daphne_adapter)
+            if isinstance(client, SlimQueue) and hasattr(self.channel_layer, "channel_queue"):
+                served = True
+                await self._serve(client, self.channel_layer.channel_queue(self.channel_name))
+            else:
+                self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
+                await await_many_dispatch([receive, self.channel_receive, self.inbox.get], self.dispatch)
         except StopConsumer:
             pass
         finally:
             # Runs on every way out: a clean disconnect, an exception in a handler, a cancellation.
-            await asyncio.shield(self.end())
+            await asyncio.shield(self._finish(served))
+
+    async def _finish(self, served: bool) -> None:
+        await self.end()
+        if served:
+            await self.channel_layer.channel_discard(self.channel_name)
+
+    async def _serve(self, client: SlimQueue, channel: SlimQueue) -> None:
+        """Channels' await_many_dispatch without its three tasks: the client's frames, the channel
+        layer's events and the hub's publishes are taken in turn, one at a time, and while all three
+        queues are empty the connection waits on one future that a put into any of them wakes."""
+        loop = asyncio.get_running_loop()
+        deserialize = self.channel_layer.deserialize
+        sources = (client, channel, self.inbox)
+        wake: asyncio.Future | None = None
+
+        def woken() -> None:
+            if wake is not None and not wake.done():
+                wake.set_result(None)
+
+        for queue in sources:
+            queue.on_put = woken
+        turn = 0
+        try:
+            while True:
+                for step in range(3):
+                    queue = sources[(turn + step) % 3]
+                    if queue.qsize():
+                        turn = (turn + step + 1) % 3  # the next look starts at the next source
+                        item = queue.get_nowait()
+                        await self.dispatch(deserialize(item) if isinstance(item, bytes) else item)
+                        break
+                else:
+                    wake = loop.create_future()
+                    await wake
+                    wake = None
+        finally:
+            for queue in sources:
+                queue.on_put = None
 
     async def end(self) -> None:
         """Release what the connection holds, once, on whichever way out comes first (the client's

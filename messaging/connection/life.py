@@ -7,6 +7,12 @@ dead), the session row. `end` runs once on every way out (a clean close, a crash
 cancellation) and settles, in order: the node's list, the user's delivery budget, the channels read,
 what the connection held but its client never got (back to the mailbox), presence (and the master's
 USER_DISCONNECTED where it was the user's last connection), the session row.
+
+The presence entry and the session row go through the node's batchers (messaging.connection.admission:
+one Redis pipeline, one transaction per batch of connections), each step still waited for, so the
+order and the give-backs above hold exactly as they would one connection at a time. The session's
+id is made here, so its row is written in the same batch as its neighbours' without a round trip
+for the id.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+
+from django.utils import timezone
 
 from apps_registry.selectors import AppSnapshot, app_snapshot
 from foundation.draining import DRAINING_REASON, draining
@@ -28,7 +36,7 @@ from messaging.limits import ConnectionLimits, TokenBucket
 from messaging.presence_notices import user_presence_announce
 from messaging.runtime import LocalConnection, NodeRuntime, runtime
 from presence import cache
-from presence.services import session_close, session_open
+from presence.services import SessionClosing, SessionOpening
 
 log = logging.getLogger(__name__)
 APP_REFRESH_SECONDS = 5.0
@@ -68,9 +76,10 @@ class ConnectionLife:
         await node.ensure_started()
         node.connection_add(self.channel_name, LocalConnection(user_id=user_id, app_id=app.pk, acks=acks,
                                                                close=self.close))
+        entry = cache.ConnectionEntry(user_id=user_id, channel_name=self.channel_name, node_id=node.node_id,
+                                      acks=acks, limit=app.max_connections_per_user)
         try:
-            first = await cache.connection_add(user_id=user_id, channel_name=self.channel_name, node_id=node.node_id,
-                                               acks=acks, limit=app.max_connections_per_user)
+            first = await node.presence_adds.submit(entry)
         except cache.TooManyConnections as exc:
             node.connection_remove(self.channel_name)
             return Refusal(f"too many connections for this user (limit {exc.limit})", CLOSE_POLICY)
@@ -81,16 +90,18 @@ class ConnectionLife:
             node.connection_remove(self.channel_name)
             log.exception("registering %s in presence failed", user_id)
             return Refusal("service unavailable; reconnect later", CLOSE_TRY_AGAIN)
+        session_id = uuid.uuid4()
         try:
-            self.session_id = await run_db(
-                session_open, app_id=app.pk, user_id=user_id, node_id=node.node_id, channel_name=self.channel_name,
-                acks=acks, remote_addr=remote_addr, user_agent=user_agent,
-            )
+            await node.sessions_opened.submit(SessionOpening(
+                connection_id=session_id, app_id=app.pk, user_id=user_id, node_id=node.node_id,
+                channel_name=self.channel_name, acks=acks, remote_addr=remote_addr, user_agent=user_agent,
+                connected_at=timezone.now()))
         except Exception:
             log.exception("opening the session row of %s failed", user_id)
             node.connection_remove(self.channel_name)
-            await cache.connection_remove(user_id=user_id, channel_name=self.channel_name, node_id=node.node_id)
+            await node.presence_removes.submit(entry)
             return Refusal("service unavailable; reconnect later", CLOSE_TRY_AGAIN)
+        self.session_id = session_id
         self.app, self.user_id, self.acks, self._app_loaded_at = app, user_id, acks, time.monotonic()
         self.authenticated = True
         self.limits = ConnectionLimits.for_app(app.rate_limit_per_second, app.rate_limit_burst)
@@ -120,17 +131,18 @@ class ConnectionLife:
         if ledger is not None:
             self.settle(ledger.close(position))
         try:
-            last = await cache.connection_remove(user_id=self.user_id, channel_name=self.channel_name,
-                                                 node_id=node.node_id)
+            last = await node.presence_removes.submit(cache.ConnectionEntry(
+                user_id=self.user_id, channel_name=self.channel_name, node_id=node.node_id))
             if last:
-                await user_presence_announce(app=self.app, user_id=self.user_id, connected=False)
+                await user_presence_announce(app=self.app, user_id=self.user_id, connected=False,
+                                             lookup=node.master_lookups.submit)
         except Exception:
             # Redis is away: this node's heartbeat removes the stale entry (and announces) later.
             log.exception("presence update on disconnect of %s failed", self.user_id)
         if self.session_id is not None:
             try:
-                await run_db(session_close, connection_id=self.session_id,
-                             close_reason=self.close_note or "connection failed")
+                await node.sessions_closed.submit(SessionClosing(
+                    connection_id=self.session_id, close_reason=self.close_note or "connection failed"))
             except Exception:
                 log.exception("closing session row of %s failed", self.user_id)
 

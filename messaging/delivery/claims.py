@@ -16,6 +16,7 @@ No attempt is counted for a claim: only a failure counts.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -100,6 +101,35 @@ def deliveries_park(*, claims: list[tuple[int, int]]) -> list[int]:
     """(delivery id, claim token) pairs whose recipient is offline: back to the mailbox, parked
     (no timer) until a fetch. Being offline is not a failed attempt."""
     return claimed_update(f"state = {PENDING}, next_attempt_at = NULL, claim = NULL", claims)
+
+
+def deliveries_unacked_for_many(*, users: Sequence[tuple[int, str]]) -> dict[tuple[int, str], list[int]]:
+    """deliveries_unacked_for for many (app id, user id) pairs in one statement (a node's reconnect
+    storm); a user with nothing unacked is absent. The rows are locked in id order, as every batch
+    transition locks them."""
+    found: dict[tuple[int, str], list[int]] = {}
+    if not users:
+        return found
+    apps, recipients = zip(*set(users), strict=True)
+    with hot_cursor() as cur:
+        cur.execute(
+            f"""
+            WITH locked AS MATERIALIZED (
+                SELECT d.id FROM messaging_delivery d
+                  JOIN unnest(%s::bigint[], %s::text[]) AS w(app_id, recipient)
+                    ON d.app_id = w.app_id AND d.recipient = w.recipient
+                 WHERE d.state IN ({SENT}, {RETRYING})
+                 ORDER BY d.id FOR UPDATE OF d
+            )
+            UPDATE messaging_delivery d SET state = {RETRYING}, next_attempt_at = now(), claim = NULL
+              FROM locked l WHERE d.id = l.id AND d.state IN ({SENT}, {RETRYING})
+            RETURNING d.id, d.app_id, d.recipient
+            """,
+            [list(apps), list(recipients)],
+        )
+        for delivery_id, app_id, recipient in sorted(cur.fetchall()):
+            found.setdefault((app_id, recipient), []).append(delivery_id)
+    return found
 
 
 def deliveries_release(*, claims: list[tuple[int, int]], park: bool = True) -> list[int]:

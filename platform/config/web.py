@@ -7,6 +7,9 @@ with a clean close 1009 before it is read into memory (foundation.daphne_adapter
 default, dropping the TCP connection, into a close frame). Proxy headers are parsed, but believed
 only from TRUSTED_PROXIES, the client being the rightmost X-Forwarded-For hop that is not a trusted
 proxy (foundation.forwarded, applied by foundation.daphne_adapter to both HTTP and WebSocket).
+The socket listens with a backlog of WEB_LISTEN_BACKLOG, and a WebSocket handshake may take
+WS_HANDSHAKE_TIMEOUT seconds: a reconnect storm's handshakes wait in the kernel's queue and the
+node's, not in TCP retransmits or in another reconnect (issue 17).
 
 Before daphne starts, the installed daphne, Twisted and autobahn are checked against the versions
 foundation.daphne_adapter was tested with: on others the node stops at once, with a message saying
@@ -26,6 +29,7 @@ import sys
 
 import django
 from daphne.cli import CommandLineInterface
+from django.conf import settings
 
 from foundation.daphne_adapter import UntestedVersions, check_versions
 from foundation.drain_server import DrainingServer
@@ -47,10 +51,12 @@ def main(argv: list[str]) -> None:
 
     from messaging.drain import node_drain  # imports models: only once django.setup() has run
 
+    interface = known.bind.strip("[]").replace(":", r"\:")
     cli = CommandLineInterface()
     cli.server_class = DrainingServer.draining_with(node_drain)
     cli.run([
-        "-b", known.bind, "-p", str(known.port), "--proxy-headers",
+        "-e", f"tcp:port={int(known.port)}:interface={interface}:backlog={settings.WEB_LISTEN_BACKLOG}",
+        "--proxy-headers", "--websocket_connect_timeout", str(settings.WS_HANDSHAKE_TIMEOUT),
         "--websocket-max-message-size", frame_limit, "--websocket-max-frame-size", frame_limit,
         *extra, "config.asgi:application",
     ])

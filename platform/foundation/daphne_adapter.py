@@ -39,6 +39,7 @@ the same check before it starts daphne, so a web node stops with that message an
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import functools
 import importlib.metadata
@@ -49,8 +50,10 @@ from collections.abc import Callable
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from foundation import autobahn_debug
 from foundation.forwarded import client_from_headers, trusted_networks
 from foundation.metrics import CONNECTIONS_CLOSED
+from foundation.slim_queue import SlimQueue
 from foundation.transport.frames import CLOSE_FRAME_FLOOD, CLOSE_SLOW_READER
 
 log = logging.getLogger(__name__)
@@ -206,6 +209,21 @@ class IncomingBytes:
         queue._put, queue._get = put, get
 
 
+def _create_with_slim_queue(server, protocol, scope):
+    """daphne's Server.create_application (4.2.3), with a SlimQueue as the socket's input queue: a
+    WebSocket's queue has one reader, and asyncio.Queue's 2.5 KB were a good part of what a held
+    connection costs (foundation.slim_queue)."""
+    assert "application_instance" not in server.connections[protocol]
+    input_queue = SlimQueue()
+    scope.setdefault("asgi", {"version": "3.0"})
+    application_instance = server.application(scope=scope, receive=input_queue.get,
+                                              send=functools.partial(server.handle_reply, protocol))
+    if protocol not in server.connections:
+        return None
+    server.connections[protocol]["application_instance"] = asyncio.ensure_future(application_instance)
+    return input_queue
+
+
 def install() -> None:
     check_versions()
     # Here, not at the top: only patching needs daphne (whose server module installs Twisted's reactor
@@ -215,6 +233,7 @@ def install() -> None:
 
     if getattr(WebSocketProtocol, "_switchboard_patched", False):
         return
+    autobahn_debug.install()  # debug-line arguments built only when debug logging is on
     max_frames = _setting("WS_MAX_QUEUED_FRAMES", 500)
     max_queued_bytes = _setting("WS_MAX_QUEUED_BYTES", 4 * 1024 * 1024)
     max_outgoing = _setting("WS_MAX_OUTGOING_BYTES", 8 * 1024 * 1024)
@@ -305,7 +324,10 @@ def install() -> None:
                 buffer = getattr(transport, "_switchboard_outgoing", None) or OutgoingBuffer(transport)
                 transport._switchboard_outgoing = buffer
                 scope.setdefault("extensions", {})[OUTGOING_EXTENSION] = buffer
-        queue = original_create(self, protocol, scope)
+        if isinstance(protocol, WebSocketProtocol):
+            queue = _create_with_slim_queue(self, protocol, scope)
+        else:
+            queue = original_create(self, protocol, scope)
         if isinstance(protocol, WebSocketProtocol) and queue is not None:
             protocol._switchboard_incoming = IncomingBytes(queue)
         return queue

@@ -81,3 +81,19 @@ def test_a_new_app_admits_nobody_without_a_token_signed_with_its_secret():
     app.distributions.create(domain=make_domain(settings.DOMAIN_NAME), range_from=0)
     assert not _auth("KIWI-5", token="t", app_id="kiwi-app").ok
     assert _auth("KIWI-5", token=token_sign(secret=app.token_secret, user_id="KIWI-5"), app_id="kiwi-app").ok
+
+
+def test_a_token_admitted_before_is_admitted_again_until_it_expires_and_never_under_another_secret(monkeypatch):
+    app = make_app(auth_mode="signed_token", token_secret=SECRET)
+    token = token_sign(secret=SECRET, user_id="ANZ-5", ttl_seconds=60)
+    assert _auth(token=token).ok
+    assert _auth(token=token).ok  # a reconnect: remembered, not decoded again
+
+    later = time.time() + 120
+    monkeypatch.setattr(authentication.time, "time", lambda: later)
+    assert _auth(token=token).reason == "token expired"
+    monkeypatch.undo()
+
+    ClientApp.objects.filter(pk=app.pk).update(token_secret="another-secret-of-at-least-32-bytes!!")
+    app_snapshots_clear()
+    assert _auth(token=token).reason == "invalid token"

@@ -202,7 +202,7 @@ def channel_layer_settings(redis_url: str) -> dict:
         return {"BACKEND": "channels_redis.core.RedisChannelLayer",
                 "CONFIG": {"hosts": [host], "prefix": "sb-asgi", "capacity": 5000, "expiry": 30}}
     host["socket_timeout"] = None  # the subscriber connection blocks while nothing is published
-    return {"BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+    return {"BACKEND": "foundation.transport.pubsub_layer.SlimPubSubChannelLayer",  # channels-redis pub/sub, slimmer
             "CONFIG": {"hosts": [host], "prefix": "sb-asgi"}}
 
 
@@ -244,6 +244,10 @@ WS_MAX_FRAME_BYTES = env_int("WS_MAX_FRAME_BYTES", 1024 * 1024)  # larger frames
 # anonymous client cannot make the node hold or parse large frames. Larger closes with 1009.
 WS_PREAUTH_MAX_FRAME_BYTES = env_int("WS_PREAUTH_MAX_FRAME_BYTES", 4096)
 WEB_DB_THREADS = env_int("WEB_DB_THREADS", 8)
+# Listen backlog (capped by net.core.somaxconn) and seconds a WebSocket handshake may take once
+# accepted: Twisted's 50 and daphne's 5 s sent a reconnect storm into TCP retransmits (issue 17).
+WEB_LISTEN_BACKLOG = env_int("WEB_LISTEN_BACKLOG", 4096)
+WS_HANDSHAKE_TIMEOUT = env_int("WS_HANDSHAKE_TIMEOUT", WS_AUTH_TIMEOUT)
 # A pushed message not confirmed (written or ACKed) within this many seconds is retried.
 DELIVERY_ACK_TIMEOUT = env_int("DELIVERY_ACK_TIMEOUT", 30)
 RETRY_BASE_SECONDS = env_int("RETRY_BASE_SECONDS", 2)
@@ -279,9 +283,8 @@ WS_MAX_QUEUED_FRAMES = env_int("WS_MAX_QUEUED_FRAMES", 500)
 WS_MAX_QUEUED_BYTES = env_int("WS_MAX_QUEUED_BYTES", 4 * 1024 * 1024)  # the same, in bytes received (close 4003)
 WS_ACK_WINDOW = env_int("WS_ACK_WINDOW", 1000)
 WS_MAX_CHANNELS = env_int("WS_MAX_CHANNELS", 100)  # channels one connection may read
-# SIGTERM drains a web node (foundation.drain_server, messaging.drain): /readyz 503, no new sockets,
-# each socket closed (1012) or stream told to reconnect at a random moment within DRAIN_SECONDS, so
-# its clients reconnect elsewhere spread out; whatever is left DRAIN_GRACE_SECONDS after that is cut.
+# SIGTERM drains a web node (messaging.drain): /readyz 503, no new sockets, each closed (1012) at a
+# random moment within DRAIN_SECONDS; whatever is left DRAIN_GRACE_SECONDS after that is cut.
 DRAIN_SECONDS = env_float("DRAIN_SECONDS", 10.0)
 DRAIN_GRACE_SECONDS = env_float("DRAIN_GRACE_SECONDS", 5.0)
 # --- push-compatible channel streams (the push seed's settings and defaults) ---------------------
@@ -290,12 +293,10 @@ PUSH_CLIENT_GRACE_SECONDS = env_float("PUSH_CLIENT_GRACE_SECONDS", 4.0)  # pong 
 PUSH_RECONNECT_DITHER_MIN_SECONDS = env_float("PUSH_RECONNECT_DITHER_MIN_SECONDS", 120.0)  # connection lifetime
 PUSH_RECONNECT_DITHER_MAX_SECONDS = env_float("PUSH_RECONNECT_DITHER_MAX_SECONDS", 180.0)
 PUSH_MAX_CHANNELS = env_int("PUSH_MAX_CHANNELS", 50)  # channels one stream may read
-# A stream whose reader lets this much pile up on the node is closed (and counted); it resumes
-# with Last-Event-ID.
+# A stream whose reader lets this much pile up on the node is closed (counted); it resumes with Last-Event-ID.
 PUSH_MAX_BUFFER_BYTES = env_int("PUSH_MAX_BUFFER_BYTES", 1024 * 1024)
-# Channel streams (SSE and stream sockets) one web node holds at once per client address and per app;
-# beyond them a stream is refused (SSE 429, stream socket close 1013). A replay (Last-Event-ID,
-# `since`, SUBSCRIBE's since) sends at most the newest STREAM_REPLAY_MAX messages of a channel.
+# Channel streams (SSE, stream sockets) per node per client address and per app, beyond which a stream
+# is refused (SSE 429, socket 1013); a replay sends at most the newest STREAM_REPLAY_MAX of a channel.
 STREAM_MAX_PER_ADDRESS = env_int("STREAM_MAX_PER_ADDRESS", 50)
 STREAM_MAX_PER_APP = env_int("STREAM_MAX_PER_APP", 10_000)
 STREAM_REPLAY_MAX = env_int("STREAM_REPLAY_MAX", 1000)
@@ -307,8 +308,7 @@ API_IDEMPOTENCY_HOURS = env_int("API_IDEMPOTENCY_HOURS", 24)
 # --- presence ----------------------------------------------------------------------------------
 PRESENCE_HEARTBEAT_SECONDS = env_int("PRESENCE_HEARTBEAT_SECONDS", 5)
 PRESENCE_NODE_TIMEOUT = env_int("PRESENCE_NODE_TIMEOUT", 20)  # no heartbeat for this long = dead node
-# Users per ONLINE_USERS frame of the snapshot a master user gets on authenticating.
-PRESENCE_SNAPSHOT_PAGE = env_int("PRESENCE_SNAPSHOT_PAGE", 1000)
+PRESENCE_SNAPSHOT_PAGE = env_int("PRESENCE_SNAPSHOT_PAGE", 1000)  # users per ONLINE_USERS frame (master)
 
 # --- analytics ---------------------------------------------------------------------------------
 ANALYTICS_LAKE = env_str("ANALYTICS_LAKE", str(VAR_DIR / "lake"))  # a folder, or any URI pyarrow and Spark read
