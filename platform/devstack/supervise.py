@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -77,17 +78,41 @@ class ServiceWatch:
         self.next_check = time.monotonic() + min(2 ** (self.failures - 1), 30)
 
 
-def _web_nodes(env: dict[str, str], host: str, port: int, count: int) -> list[Child]:
-    """One node on PORT as before, or `count` behind HAProxy, each with its NODE_ID and port."""
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as Twisted listens
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def side_ports(port: int, count: int) -> list[int]:
+    """PORT+1 .. PORT+count: the nodes' ports behind HAProxy, then its stats page's. One that is
+    taken (another program, another make run) is replaced by a free one, and said, rather than left
+    to stop a node at start."""
+    ports = []
+    for wanted in range(port + 1, port + count + 1):
+        if _bindable(wanted) and wanted not in ports:
+            ports.append(wanted)
+        else:
+            ports.append(embedded.free_port())
+            say("run", f"port {wanted} is taken; using {ports[-1]} instead")
+    return ports
+
+
+def _web_nodes(env: dict[str, str], host: str, port: int, ports: list[int]) -> list[Child]:
+    """One node on PORT as before, or one per port of `ports` behind HAProxy, each with its NODE_ID."""
     web = [sys.executable, "-m", "config.web"]
-    if count == 1:
+    if not ports:
         url = f"http://{_local(host)}:{port}/readyz"
         return [Child("web", [*web, "--bind", host, "--port", str(port)], ready_url=url)]
     trusted = ",".join(dict.fromkeys([*filter(None, env.get("TRUSTED_PROXIES", "").split(",")), "127.0.0.1"]))
-    return [Child(f"web-{i}", [*web, "--bind", "127.0.0.1", "--port", str(port + i)],
-                  env={"NODE_ID": f"web-{i}", "PORT": str(port + i), "TRUSTED_PROXIES": trusted},
-                  ready_url=f"http://127.0.0.1:{port + i}/readyz")
-            for i in range(1, count + 1)]
+    return [Child(f"web-{i}", [*web, "--bind", "127.0.0.1", "--port", str(node_port)],
+                  env={"NODE_ID": f"web-{i}", "PORT": str(node_port), "TRUSTED_PROXIES": trusted},
+                  ready_url=f"http://127.0.0.1:{node_port}/readyz")
+            for i, node_port in enumerate(ports, 1)]
 
 
 def _workers(port: int, count: int) -> list[Child]:
@@ -142,13 +167,14 @@ def main() -> int:
     _manage(env, "bootstrap")
 
     celery = str(Path(sys.executable).parent / "celery")
-    nodes = _web_nodes(env, host, port, web_count)
+    ports = side_ports(port, web_count + 1) if web_count > 1 else []  # the nodes', then the stats page's
+    nodes = _web_nodes(env, host, port, ports[:-1])
     workers = [*_workers(port, worker_count),
                Child("hooks", [celery, "-A", "config", "worker", "-l", "INFO", "-n", f"webhooks-{port}@%h",
                                "-Q", "webhooks"])]
     beat = Child("beat", [celery, "-A", "config", "beat", "-l", "INFO",
                           "-s", str(embedded.var_dir() / "celerybeat-schedule")])
-    stats_port = port + web_count + 1 if web_count > 1 else None
+    stats_port = ports[-1] if ports else None
     lb = [_balancer(host, port, nodes, stats_port)] if stats_port else []
     children = [*nodes, *workers, beat, *lb]
     name_width([c.name for c in children] + ["run"])

@@ -4,6 +4,7 @@ how `make run` lays out its web nodes and workers (devstack.supervise)."""
 from __future__ import annotations
 
 import re
+import socket
 
 import pytest
 
@@ -96,13 +97,13 @@ def test_compose_and_make_run_share_every_rule_but_the_servers(config):
 
 
 def test_one_web_node_keeps_the_plain_shape_on_the_port_itself():
-    [web] = supervise._web_nodes({}, "127.0.0.1", 8000, 1)
+    [web] = supervise._web_nodes({}, "127.0.0.1", 8000, [])
     assert web.name == "web" and web.env == {}  # its NODE_ID: the host name and port, as always
     assert web.argv[-4:] == ["--bind", "127.0.0.1", "--port", "8000"]
 
 
 def test_three_web_nodes_get_their_own_node_id_and_port_and_trust_haproxy():
-    nodes = supervise._web_nodes({"TRUSTED_PROXIES": "10.0.0.1"}, "0.0.0.0", 8000, 3)
+    nodes = supervise._web_nodes({"TRUSTED_PROXIES": "10.0.0.1"}, "0.0.0.0", 8000, [8001, 8002, 8003])
     assert [(n.name, n.env["NODE_ID"], n.env["PORT"]) for n in nodes] == [
         ("web-1", "web-1", "8001"), ("web-2", "web-2", "8002"), ("web-3", "web-3", "8003")]
     assert all(n.argv[-4:-2] == ["--bind", "127.0.0.1"] for n in nodes)  # only HAProxy faces the network
@@ -120,3 +121,12 @@ def test_workers_are_numbered_when_there_are_several():
 def test_a_node_count_that_is_not_a_positive_number_stops_make_run(value):
     with pytest.raises(SystemExit, match="WEB_NODES must be a whole number"):
         supervise._count({"WEB_NODES": value}, "WEB_NODES")
+
+
+def test_a_taken_port_beside_port_is_replaced_by_a_free_one_rather_than_stopping_a_node():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1] - 2  # the second node's port is taken
+        ports = supervise.side_ports(port, 3)
+    assert ports[1] != port + 2 and len(set(ports)) == 3  # web-2 elsewhere, no port given twice

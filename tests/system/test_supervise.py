@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -44,8 +45,25 @@ def test_make_run_brings_up_web_worker_and_beat_and_sigterm_stops_them_all(proce
     assert time.monotonic() - started < 120
 
 
+def _web_nodes(proc) -> dict[str, psutil.Process]:
+    """The supervisor's web node processes by NODE_ID."""
+    return {c.environ()["NODE_ID"]: c for c in _children_named(proc, "config.web")}
+
+
+def _port(node: psutil.Process) -> str:
+    argv = node.cmdline()
+    return argv[argv.index("--port") + 1]
+
+
 def _children_named(proc, text: str) -> list[psutil.Process]:
-    return [c for c in psutil.Process(proc.popen.pid).children(recursive=True) if text in " ".join(c.cmdline())]
+    found = []
+    for child in psutil.Process(proc.popen.pid).children(recursive=True):
+        try:
+            if text in " ".join(child.cmdline()):
+                found.append(child)
+        except (psutil.Error, OSError):  # a short-lived helper process that ended meanwhile
+            continue
+    return found
 
 
 def test_make_run_with_three_web_nodes_serves_behind_haproxy_and_restarts_them_one_at_a_time(processes, tmp_path):
@@ -57,9 +75,9 @@ def test_make_run_with_three_web_nodes_serves_behind_haproxy_and_restarts_them_o
     wait_for(lambda: "Ctrl-C stops everything" in proc.output(), timeout=30)
     assert "HAProxy in front of web-1, web-2, web-3" in proc.output()
     assert len(_children_named(proc, "-Q celery,routing")) == 2  # WORKERS=2
-    nodes = {i: _children_named(proc, f"--port {port + i}") for i in (1, 2, 3)}
-    assert all(len(found) == 1 for found in nodes.values())
-    stats_port = port + 4
+    nodes = {name: (node.pid, _port(node)) for name, node in _web_nodes(proc).items()}
+    assert sorted(nodes) == ["web-1", "web-2", "web-3"]
+    stats_port = int(re.search(r"its stats: http://localhost:(\d+)/", proc.output()).group(1))
     assert balancer.server_states(stats_port) == {"web-1": "UP", "web-2": "UP", "web-3": "UP"}
 
     with WsClient(f"ws://127.0.0.1:{port}/ws") as before:
@@ -76,7 +94,9 @@ def test_make_run_with_three_web_nodes_serves_behind_haproxy_and_restarts_them_o
         before.wait_closed(timeout=10)  # its node was restarted: it was disconnected (1012 once nodes drain)
 
     # new processes on the same ports, under the same names; clients are served through HAProxy again
-    assert all(_children_named(proc, f"--port {port + i}")[0].pid != nodes[i][0].pid for i in (1, 2, 3))
+    again = _web_nodes(proc)
+    assert {name: (node.pid != nodes[name][0], _port(node)) for name, node in again.items()} == {
+        name: (True, port) for name, (_, port) in nodes.items()}
     assert balancer.server_states(stats_port) == {"web-1": "UP", "web-2": "UP", "web-3": "UP"}
     with WsClient(f"ws://127.0.0.1:{port}/ws") as after:
         assert after.auth("ANZ-17201")["data"]["isAuthenticated"] is True
