@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from tests.wsclient import WsClient
 
@@ -57,6 +57,8 @@ class Record:
     close_codes: list[int] = field(default_factory=list)  # every close this client did not ask for
     problems: list[dict] = field(default_factory=list)  # INVALID_MESSAGE, GENERAL_ERROR, refusals
     left_missing: int | None = None  # the last FETCH_MISSING_MESSAGES_COMPLETE's count
+    sessions: int = 0  # connections authenticated
+    connected_at: list[float] = field(default_factory=list)
 
 
 class Peer(threading.Thread):
@@ -105,11 +107,18 @@ class Peer(threading.Thread):
     # --- the client ----------------------------------------------------------------------------
 
     def run(self) -> None:
+        try:
+            self._run()
+        except Exception as exc:  # a bug of this client, or a frame it cannot read: the test fails on it
+            self._problem({"crashed": repr(exc)})
+            raise
+
+    def _run(self) -> None:
         attempt = 0
         while not self._leave.is_set():
             try:
                 client = WsClient(self.url)
-            except (OSError, TimeoutError) as exc:
+            except (OSError, TimeoutError, InvalidHandshake) as exc:  # InvalidStatus: HAProxy's 503
                 self._problem({"connect": repr(exc)})
                 attempt += 1
                 time.sleep(reconnect_pause(self.rng, attempt))
@@ -138,6 +147,8 @@ class Peer(threading.Thread):
 
     def _session(self, client: WsClient) -> None:
         self.connected.set()
+        self.record.sessions += 1
+        self.record.connected_at.append(time.monotonic())
         client.send("FETCH_MISSING_MESSAGES_REQUEST", {"count": FETCH_COUNT})
         for cmid in self.unaccepted():  # sent on a connection that closed before MESSAGE_ACCEPTED
             sent = self.record.sent[cmid]
@@ -211,6 +222,8 @@ class Master(threading.Thread):
         self.log: list[tuple[float, frozenset[str]]] = []
         self.close_codes: list[int] = []
         self.snapshots = 0
+        self.problems: list[str] = []
+        self.notices: list[tuple[float, str, str | None]] = []  # (when, type, user) as they came
         self._done = threading.Event()
 
     def view(self) -> set[str]:
@@ -226,14 +239,19 @@ class Master(threading.Thread):
         while not self._done.is_set():
             try:
                 with WsClient(self.url) as client:
-                    assert client.auth(self.user)["data"]["isAuthenticated"] is True
-                    attempt = 0
-                    self._follow(client)
-                    return
+                    reply = client.auth(self.user)
+                    if reply["data"]["isAuthenticated"] is True:
+                        attempt = 0
+                        self._follow(client)
+                        return
+                    self.problems.append(f"refused: {reply}")
             except ConnectionClosed as exc:
                 self.close_codes.append(close_code(exc))
-            except (OSError, TimeoutError):
-                pass
+            except (OSError, TimeoutError, InvalidHandshake) as exc:
+                self.problems.append(repr(exc))
+            except Exception as exc:
+                self.problems.append(f"crashed: {exc!r}")
+                raise
             attempt += 1
             time.sleep(reconnect_pause(self.rng, attempt))
 
@@ -241,7 +259,8 @@ class Master(threading.Thread):
         pages = [client.recv()]
         while pages[-1]["type"] == "ONLINE_USERS" and pages[-1]["data"]["page"] < pages[-1]["data"]["pages"]:
             pages.append(client.recv())
-        assert {p["type"] for p in pages} == {"ONLINE_USERS"}, pages
+        if {p["type"] for p in pages} != {"ONLINE_USERS"}:
+            raise AssertionError(f"no snapshot after AUTH_CLIENT_REPLY: {pages}")
         self._apply(set().union(*(p["data"]["users"] for p in pages)))
         self.snapshots += 1
         while not self._done.is_set():
@@ -250,6 +269,7 @@ class Master(threading.Thread):
             except TimeoutError:
                 continue
             user = frame.get("data", {}).get("userId")
+            self.notices.append((time.monotonic(), frame["type"], user))
             if frame["type"] == "USER_CONNECTED":
                 self._apply(self.view() | {user})
             elif frame["type"] == "USER_DISCONNECTED":
