@@ -237,7 +237,7 @@ def test_a_node_killed_under_load_loses_nothing_and_the_master_converges(cluster
         time.sleep(2.0)
         cluster.stop("web-2", signal.SIGKILL)
         time.sleep(1.0)  # its clients reconnect to the others meanwhile
-        cluster.start("web-2")  # its first act: clean up what its last life left
+        cluster.start("web-2")  # same NODE_ID and port; its last life is ended by the reaper or its first connection
         load.leave_from_another_node_than_the_masters()
         time.sleep(2.0)
         load.stop_sending_and_settle()
