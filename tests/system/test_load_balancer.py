@@ -19,9 +19,10 @@ NODES = ("web-1", "web-2", "web-3")
 
 
 class Cluster:
-    def __init__(self, factory, directory):
-        self.nodes = {name: factory.web(name, NODE_ID=name, TRUSTED_PROXIES="127.0.0.1") for name in NODES}
-        factory.worker("worker")
+    def __init__(self, factory, directory, workers: int = 1, **env: str):
+        self.nodes = {name: factory.web(name, NODE_ID=name, TRUSTED_PROXIES="127.0.0.1", **env) for name in NODES}
+        for i in range(workers):
+            factory.worker(f"worker-{i + 1}" if workers > 1 else "worker", **env)
         self.port, self.stats_port = free_port(), free_port()
         servers = [balancer.Server(name, proc.port) for name, proc in self.nodes.items()]
         config = balancer.write_config(directory / "haproxy.cfg", balancer.haproxy_config(
