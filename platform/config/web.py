@@ -9,8 +9,7 @@ only from TRUSTED_PROXIES, the client being the rightmost X-Forwarded-For hop th
 proxy (foundation.forwarded, applied by foundation.daphne_adapter to both HTTP and WebSocket).
 The socket listens with a backlog of WEB_LISTEN_BACKLOG, and a WebSocket handshake may take
 WS_HANDSHAKE_TIMEOUT seconds: a reconnect storm's handshakes wait in the kernel's queue and the
-node's, not in TCP retransmits or in another reconnect (issue 17). Once the reactor runs, the
-garbage collector is set for a process holding thousands of sockets (foundation.gc_tuning).
+node's, not in TCP retransmits or in another reconnect (issue 17).
 
 Before daphne starts, the installed daphne, Twisted and autobahn are checked against the versions
 foundation.daphne_adapter was tested with: on others the node stops at once, with a message saying
@@ -31,9 +30,7 @@ import sys
 import django
 from daphne.cli import CommandLineInterface
 from django.conf import settings
-from twisted.internet import reactor  # daphne.cli has installed daphne's asyncio reactor
 
-from foundation import gc_tuning
 from foundation.daphne_adapter import UntestedVersions, check_versions
 from foundation.drain_server import DrainingServer
 
@@ -57,7 +54,6 @@ def main(argv: list[str]) -> None:
     interface = known.bind.strip("[]").replace(":", r"\:")
     cli = CommandLineInterface()
     cli.server_class = DrainingServer.draining_with(node_drain)
-    reactor.callWhenRunning(gc_tuning.tune)  # config.asgi and the application are loaded by then
     cli.run([
         "-e", f"tcp:port={int(known.port)}:interface={interface}:backlog={settings.WEB_LISTEN_BACKLOG}",
         "--proxy-headers", "--websocket_connect_timeout", str(settings.WS_HANDSHAKE_TIMEOUT),
