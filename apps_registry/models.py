@@ -183,12 +183,11 @@ class ClientApp(models.Model):
         return self.auth_mode == AuthMode.NONE
 
 
-class ApiKey(models.Model):
-    """A server-side credential of one app. The key itself is shown once and never stored."""
+class HashedKey(models.Model):
+    """A credential shown once and never stored: a unique shown prefix (the lookup, indexed) and a
+    SHA-256 digest of the whole key (compared in constant time)."""
 
-    app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="api_keys")
     name = models.CharField(max_length=100)
-    # Lookup goes by prefix (indexed, unique), then a constant-time digest compare.
     prefix = models.CharField(max_length=16, unique=True, editable=False)
     key_hash = models.CharField(max_length=64, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -196,8 +195,8 @@ class ApiKey(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
+        abstract = True
         ordering = ["-created_at"]
-        verbose_name = "API key"
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name})"
@@ -205,6 +204,15 @@ class ApiKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class ApiKey(HashedKey):
+    """A server-side credential of one app."""
+
+    app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="api_keys")
+
+    class Meta(HashedKey.Meta):
+        verbose_name = "API key"
 
 
 class Domain(models.Model):
@@ -276,31 +284,15 @@ class UserDistribution(models.Model):
         return UserRange(self.range_from, self.range_to)
 
 
-class OperatorKey(models.Model):
+class OperatorKey(HashedKey):
     """An operator's credential for the operator API (`/api/v1/operator/…`, e.g. the selftest). It
     reaches every app, so it is created only from the shell (`manage.py operator_key create NAME`),
     shown once, and stored like an ApiKey: a unique shown prefix and a SHA-256 digest of the rest.
     App API keys and operator keys are separate tables with separate prefixes (`sb_` / `sbop_`):
     neither is ever accepted where the other is expected."""
 
-    name = models.CharField(max_length=100)
-    # Lookup goes by prefix (indexed, unique), then a constant-time digest compare.
-    prefix = models.CharField(max_length=16, unique=True, editable=False)
-    key_hash = models.CharField(max_length=64, editable=False)
-    created_at = models.DateTimeField(auto_now_add=True)
-    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
-    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
-
-    class Meta:
-        ordering = ["-created_at"]
+    class Meta(HashedKey.Meta):
         verbose_name = "operator key"
-
-    def __str__(self) -> str:
-        return f"{self.prefix}… ({self.name})"
-
-    @property
-    def is_active(self) -> bool:
-        return self.revoked_at is None
 
 
 class SelftestRun(models.Model):

@@ -6,20 +6,23 @@ import hashlib
 import hmac
 import secrets
 from datetime import timedelta
+from typing import TypeVar
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
-from .models import ApiKey, AuthMode, ClientApp, Domain, OperatorKey, UserDistribution
+from .models import ApiKey, AuthMode, ClientApp, Domain, HashedKey, OperatorKey, UserDistribution
 from .selectors import distribution_overlaps
 
 API_KEY_PREFIX_LEN = 10
 # last_used_at is written at most this often per key: a busy key must not turn every API call
 # into an UPDATE.
 API_KEY_TOUCH_EVERY = timedelta(seconds=60)
+K = TypeVar("K", bound=HashedKey)
 
 
 def _digest(raw_key: str) -> str:
@@ -41,21 +44,31 @@ def api_key_authenticate(*, raw_key: str) -> ApiKey | None:
     prefix, _, _ = (raw_key or "").partition(".")
     if not prefix:
         return None
-    key = ApiKey.objects.select_related("app").filter(prefix=prefix, revoked_at__isnull=True).first()
+    return _key_match(ApiKey.objects.select_related("app"), prefix, raw_key)
+
+
+def _key_match(keys: QuerySet[K], prefix: str, raw_key: str) -> K | None:
+    """The active key of `keys` with `prefix` whose digest matches `raw_key` (constant-time), its
+    use recorded at most once per API_KEY_TOUCH_EVERY; None otherwise."""
+    key = keys.filter(prefix=prefix, revoked_at__isnull=True).first()
     if key is None or not hmac.compare_digest(key.key_hash, _digest(raw_key)):
         return None
     now = timezone.now()
     if key.last_used_at is None or now - key.last_used_at > API_KEY_TOUCH_EVERY:
-        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        type(key).objects.filter(pk=key.pk).update(last_used_at=now)
         key.last_used_at = now
     return key
 
 
+def _key_revoke(key: K) -> K:
+    if key.revoked_at is None:
+        key.revoked_at = timezone.now()
+        key.save(update_fields=["revoked_at"])
+    return key
+
+
 def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
-    if api_key.revoked_at is None:
-        api_key.revoked_at = timezone.now()
-        api_key.save(update_fields=["revoked_at"])
-    return api_key
+    return _key_revoke(api_key)
 
 
 OPERATOR_KEY_PREFIX = "sbop_"
@@ -75,21 +88,11 @@ def operator_key_authenticate(*, raw_key: str) -> OperatorKey | None:
     prefix, _, _ = (raw_key or "").partition(".")
     if not prefix.startswith(OPERATOR_KEY_PREFIX):
         return None
-    key = OperatorKey.objects.filter(prefix=prefix, revoked_at__isnull=True).first()
-    if key is None or not hmac.compare_digest(key.key_hash, _digest(raw_key)):
-        return None
-    now = timezone.now()
-    if key.last_used_at is None or now - key.last_used_at > API_KEY_TOUCH_EVERY:
-        OperatorKey.objects.filter(pk=key.pk).update(last_used_at=now)
-        key.last_used_at = now
-    return key
+    return _key_match(OperatorKey.objects.all(), prefix, raw_key)
 
 
 def operator_key_revoke(*, operator_key: OperatorKey) -> OperatorKey:
-    if operator_key.revoked_at is None:
-        operator_key.revoked_at = timezone.now()
-        operator_key.save(update_fields=["revoked_at"])
-    return operator_key
+    return _key_revoke(operator_key)
 
 
 def distribution_validate(
