@@ -205,6 +205,13 @@ class HashedKey(models.Model):
     def is_active(self) -> bool:
         return self.revoked_at is None
 
+    @property
+    def usage(self) -> str:
+        """Its state and last use, as the key commands list them."""
+        state = "active" if self.is_active else f"revoked {self.revoked_at:%Y-%m-%d %H:%M}"
+        used = f"{self.last_used_at:%Y-%m-%d %H:%M}" if self.last_used_at else "never"
+        return f"{state:24} last used {used}"
+
 
 class ApiKey(HashedKey):
     """A server-side credential of one app."""

@@ -32,9 +32,7 @@ class Command(BaseCommand):
             if options["app_name"]:
                 keys = keys.filter(app__app_name=options["app_name"])
             for key in keys:
-                state = "active" if key.is_active else f"revoked {key.revoked_at:%Y-%m-%d %H:%M}"
-                used = f"{key.last_used_at:%Y-%m-%d %H:%M}" if key.last_used_at else "never"
-                self.stdout.write(f"{key.prefix}  {key.app.app_name:12} {key.name:20} {state:24} last used {used}")
+                self.stdout.write(f"{key.prefix}  {key.app.app_name:12} {key.name:20} {key.usage}")
         else:
             key = ApiKey.objects.filter(prefix=options["prefix"]).first()
             if key is None:

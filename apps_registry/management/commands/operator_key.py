@@ -28,9 +28,7 @@ class Command(BaseCommand):
             self.stdout.write(raw)
         elif action == "list":
             for key in OperatorKey.objects.order_by("-created_at"):
-                state = "active" if key.is_active else f"revoked {key.revoked_at:%Y-%m-%d %H:%M}"
-                used = f"{key.last_used_at:%Y-%m-%d %H:%M}" if key.last_used_at else "never"
-                self.stdout.write(f"{key.prefix}  {key.name:20} {state:24} last used {used}")
+                self.stdout.write(f"{key.prefix}  {key.name:20} {key.usage}")
         else:
             key = OperatorKey.objects.filter(prefix=options["prefix"]).first()
             if key is None:
