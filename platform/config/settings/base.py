@@ -12,6 +12,7 @@ from pathlib import Path
 from celery.schedules import crontab
 
 from .env import database_from_url, env_bool, env_float, env_int, env_list, env_str
+from .network import *  # noqa: F403  (the domain network's settings, and NETWORK_BEAT_SCHEDULE)
 
 BASE_DIR = Path(__file__).resolve().parents[3]
 VAR_DIR = Path(env_str("SWITCHBOARD_VAR_DIR", str(BASE_DIR / "var")))
@@ -95,10 +96,8 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
-LANGUAGE_CODE = "en-us"
-TIME_ZONE = "UTC"
-USE_I18N = True
-USE_TZ = True
+LANGUAGE_CODE, TIME_ZONE = "en-us", "UTC"
+USE_I18N = USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
@@ -378,13 +377,13 @@ CELERY_BEAT_SCHEDULE = {
     "expire-idempotency-keys": {"task": "messaging.tasks.expire_idempotency_keys", "schedule": 3600.0},
     # Channel history past each app's retention_days (messaging.channels.retention).
     "expire-channel-history": {"task": "messaging.tasks.expire_channel_history", "schedule": 3600.0},
+    **NETWORK_BEAT_SCHEDULE,  # noqa: F405
 }
-# Celery's Django fix-up closes the DB connection after every task unless told otherwise: a new
-# Postgres connection per routing task. Reuse it (it is recycled every 2 x this many tasks).
+# Celery's Django fix-up closes the DB connection after every task unless told otherwise: reuse it
+# (it is recycled every 2 x this many tasks).
 CELERY_DB_REUSE_MAX = env_int("CELERY_DB_REUSE_MAX", 1000)
-# Threads, not prefork: routing waits on Postgres and Redis, and a pool of threads spares every task
-# the pickling and pipes between the main process and a pool process (about a fifth of the worker's
-# CPU per message). `WORKER_POOL=prefork` for CPU-bound work of your own.
+# Threads, not prefork: routing waits on Postgres and Redis, and threads spare every task the pickling
+# and pipes to a pool process (a fifth of the worker's CPU per message). `WORKER_POOL=prefork` for CPU-bound work.
 CELERY_WORKER_POOL = env_str("WORKER_POOL", "threads")
 CELERY_WORKER_CONCURRENCY = env_int("WORKER_CONCURRENCY", 4)
 # Webhook calls wait on tenants' receivers: their own queue, served by their own worker (`-Q webhooks`),

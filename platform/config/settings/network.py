@@ -1,0 +1,39 @@
+"""Settings of the domain network (issue 18): forwarding between domains, link health, the meta role.
+
+Read from the environment here and only here; base.py imports the names and merges
+NETWORK_BEAT_SCHEDULE into the beat schedule.
+"""
+
+from __future__ import annotations
+
+from .env import env_float, env_int, env_str
+
+# --- forwarding between domains (messaging.network) ---------------------------------------------
+# A forwarding call (the next hop stores before it answers) must answer within this many seconds.
+FORWARD_TIMEOUT_SECONDS = env_float("FORWARD_TIMEOUT_SECONDS", 5.0)
+# A signed internal call whose timestamp is further than this from the receiver's clock is refused;
+# its nonce is remembered (Redis) at least this long, so a replay inside the window is refused too.
+FORWARD_MAX_SKEW_SECONDS = env_int("FORWARD_MAX_SKEW_SECONDS", 300)
+# How many domains a message may pass through after its origin before it is refused (and dead-lettered).
+FORWARD_HOP_LIMIT = env_int("FORWARD_HOP_LIMIT", 10)
+# Deliveries (or channel publishes) per forwarding call.
+FORWARD_BATCH_SIZE = env_int("FORWARD_BATCH_SIZE", 500)
+# A link's failed call is retried after base x 2^(failures-1) s, capped, with jitter.
+FORWARD_RETRY_BASE_SECONDS = env_float("FORWARD_RETRY_BASE_SECONDS", 1.0)
+FORWARD_RETRY_MAX_SECONDS = env_float("FORWARD_RETRY_MAX_SECONDS", 60.0)
+# Beat: forwarding queues whose retry is due are sent again (and a lost task is made up for).
+FORWARD_SWEEP_SECONDS = env_float("FORWARD_SWEEP_SECONDS", 2.0)
+# A neighbour that has not answered for longer than this is routed around where another path exists.
+LINK_DOWN_AFTER_SECONDS = env_float("LINK_DOWN_AFTER_SECONDS", 15.0)
+# Beat: every neighbour is probed this often (a signed ping), so a link's state is live without traffic.
+LINK_PROBE_SECONDS = env_float("LINK_PROBE_SECONDS", 5.0)
+
+# --- the meta role (apps_registry.meta) ---------------------------------------------------------
+# Set on a domain that takes its configuration from another domain's signed export endpoint: that
+# domain's base URL (http://host:port). Empty: this domain's own admin is its configuration.
+META_URL = env_str("META_URL", "")
+# The secret every domain of the network shares with its meta domain (signs the pull and the export).
+META_SECRET = env_str("META_SECRET", "")
+META_PULL_SECONDS = env_float("META_PULL_SECONDS", 30.0)
+
+NETWORK_BEAT_SCHEDULE: dict[str, dict] = {}
