@@ -28,6 +28,8 @@ urlpatterns = [
     # The server API: the push seed's publish, /api/v1/, its OpenAPI schema and browsable docs.
     path("messages", pooled(PushMessagesView.as_view()), name="push-messages"),
     path("api/v1/", include("messaging.api.urls")),
+    # Signed calls between domains (messaging.network): forwarding, channel floods, link probes.
+    path("internal/v1/", include("messaging.network.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     re_path(r"^api/", api_not_found, name="api-not-found-root"),
