@@ -17,8 +17,9 @@ kept on purpose and named in the meta state's notice (the admin shows it on the 
   deletes a domain's message history; an operator deletes it here once that history may go;
 - this domain itself, and a domain a kept app's distributions still name, are kept.
 
-An unchanged configuration (same SHA-256 digest of the YAML as the last one applied) changes
-nothing and writes nothing but the time of the check. After a change, this process's app snapshots
+An unchanged configuration (the meta's YAML has the SHA-256 digest of the last one applied, and
+this domain's own export the digest it had right after) changes nothing and writes nothing but the
+time of the check; a local edit made since (despite the admin's warning) is undone by the next pull. After a change, this process's app snapshots
 are dropped at commit; every other process (web nodes, workers) reads the change within
 selectors.SNAPSHOT_TTL, as with an edit in the admin.
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import secrets
 from dataclasses import dataclass
 
 import httpx
@@ -131,9 +133,9 @@ def meta_state_line() -> str | None:
 
 
 def _fetch(base_url: str, secret: str) -> bytes:
-    path = EXPORT_PATH
-    headers = signed_headers(secret=secret, sender=settings.DOMAIN_NAME, method="GET", path=path, body=b"")
-    nonce = headers[SIGNATURE_HEADER].split(",")[1].removeprefix("n=")
+    path, nonce = EXPORT_PATH, secrets.token_hex(16)
+    headers = signed_headers(secret=secret, sender=settings.DOMAIN_NAME, method="GET", path=path, body=b"",
+                             nonce=nonce)
     url = base_url.rstrip("/") + path
     try:
         with httpx.Client(timeout=settings.FORWARD_TIMEOUT_SECONDS * 2, follow_redirects=False) as client:
@@ -179,7 +181,7 @@ def _apply(base_url: str, body: bytes) -> PullOutcome:
         meta_state()
         state = MetaState.objects.select_for_update().get(pk=1)  # two pulls at once: the second sees the first
         now = timezone.now()
-        if state.digest == digest and state.meta_url == base_url:
+        if state.digest == digest and state.meta_url == base_url and state.local_digest == _local_digest():
             MetaState.objects.filter(pk=1).update(checked_at=now, last_error="")
             return PullOutcome(changed=False, digest=digest)
         try:
@@ -189,11 +191,15 @@ def _apply(base_url: str, body: bytes) -> PullOutcome:
         except (ConfigError, UnicodeDecodeError, yaml.YAMLError) as exc:
             raise MetaPullError(f"the meta's configuration cannot be applied: {exc}") from None
         state.meta_url, state.digest, state.applied_at, state.checked_at = base_url, digest, now, now
-        state.last_error, state.notice = "", notice
+        state.last_error, state.notice, state.local_digest = "", notice, _local_digest()
         state.save()
         transaction.on_commit(app_snapshots_clear)
     log.info("meta pull from %s applied digest %s: %s %s", base_url, digest[:12], summary, notice)
     return PullOutcome(changed=True, digest=digest, summary=str(summary), notice=notice)
+
+
+def _local_digest() -> str:
+    return hashlib.sha256(config_export(include_secrets=True).encode()).hexdigest()
 
 
 def _app_has_stored_data(app: ClientApp) -> bool:

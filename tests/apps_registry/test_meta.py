@@ -150,10 +150,20 @@ def test_a_pull_applies_the_metas_configuration_and_records_it(fake_meta):
 def test_an_unchanged_configuration_changes_nothing(fake_meta, django_assert_max_num_queries):
     first = meta_pull()
     applied_at = MetaState.objects.get().applied_at
-    with django_assert_max_num_queries(6):  # the state row, read and touched; no config table
+    with django_assert_max_num_queries(12):  # the state row, and this domain's export read once; nothing written
         again = meta_pull()
     assert not again.changed and again.digest == first.digest
     assert MetaState.objects.get().applied_at == applied_at
+
+
+def test_a_local_edit_is_undone_by_the_next_pull_even_when_the_meta_did_not_change(fake_meta):
+    meta_pull()
+    DomainLink.objects.filter(n1__name="domain-01", n2__name="domain-02").update(enabled=False, weight=9)
+    outcome = meta_pull()
+    assert outcome.changed
+    link = DomainLink.objects.get(n1__name="domain-01", n2__name="domain-02")
+    assert (link.enabled, link.weight) == (True, 1)
+    assert not meta_pull().changed
 
 
 def test_the_mirror_removes_what_the_meta_no_longer_lists(fake_meta):
