@@ -10,12 +10,11 @@ from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpRequest
-from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils.html import escape, format_html
 
-from .admin_guards import MetaManagedAdmin, homes_kept
+from .admin_guards import HomesKeptAdmin, MetaManagedAdmin
 from .meta import meta_state_line
 from .models import OPEN_APP_MEANING, ApiKey, ClientApp, Domain, DomainLink, OperatorKey, UserDistribution, UserRange
 from .routing import DomainGraph, route_for_user
@@ -24,8 +23,6 @@ from .services import (
     api_key_revoke,
     distribution_coverage_check,
     distribution_validate,
-    distributions_delete,
-    distributions_delete_refusal,
     operator_key_revoke,
 )
 
@@ -180,34 +177,13 @@ def _client_app_clean(original):
 
 
 @admin.register(UserDistribution)
-class UserDistributionAdmin(MetaManagedAdmin):
+class UserDistributionAdmin(HomesKeptAdmin):
     """Deleting is refused, one row or a bulk selection, where it would leave a user without a home."""
 
     form = DistributionForm
     list_display = ["app", "domain", "range_from", "range_to"]
     list_filter = ["domain", "app"]
     list_select_related = ["app", "domain"]
-
-    def delete_view(self, request, object_id, extra_context=None):
-        obj = self.get_object(request, object_id)
-        refusal = obj and distributions_delete_refusal(distribution_ids=[obj.pk])
-        if refusal:
-            self.message_user(request, f"Not deleted: {refusal}", messages.ERROR)
-            return redirect("admin:apps_registry_userdistribution_change", obj.pk)
-        return super().delete_view(request, object_id, extra_context)
-
-    def delete_model(self, request, obj):
-        distributions_delete(distribution_ids=[obj.pk])
-
-    def delete_queryset(self, request, queryset):
-        distributions_delete(distribution_ids=list(queryset.values_list("pk", flat=True)))
-
-    def get_actions(self, request):
-        actions = super().get_actions(request)
-        if "delete_selected" in actions:
-            func, name, description = actions["delete_selected"]
-            actions["delete_selected"] = (homes_kept(func), name, description)
-        return actions
 
 
 class ApiKeyCreateForm(forms.ModelForm):

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.contrib import admin, messages
+from django.shortcuts import redirect
 
-from .services import distributions_delete_refusal
+from .services import distributions_delete, distributions_delete_refusal
 
 META_MANAGED_WARNING = (
     "This domain takes its configuration from the meta domain ({url}): domains, links, apps and distributions "
@@ -42,3 +43,29 @@ def homes_kept(delete_selected):
         return delete_selected(modeladmin, request, queryset)
 
     return action
+
+
+class HomesKeptAdmin(MetaManagedAdmin):
+    """The distributions' admin: deleting is refused, one row or a bulk selection, where it would
+    leave a user without a home domain."""
+
+    def delete_view(self, request, object_id, extra_context=None):
+        obj = self.get_object(request, object_id)
+        refusal = obj and distributions_delete_refusal(distribution_ids=[obj.pk])
+        if refusal:
+            self.message_user(request, f"Not deleted: {refusal}", messages.ERROR)
+            return redirect("admin:apps_registry_userdistribution_change", obj.pk)
+        return super().delete_view(request, object_id, extra_context)
+
+    def delete_model(self, request, obj):
+        distributions_delete(distribution_ids=[obj.pk])
+
+    def delete_queryset(self, request, queryset):
+        distributions_delete(distribution_ids=list(queryset.values_list("pk", flat=True)))
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        if "delete_selected" in actions:
+            func, name, description = actions["delete_selected"]
+            actions["delete_selected"] = (homes_kept(func), name, description)
+        return actions

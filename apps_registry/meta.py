@@ -205,9 +205,12 @@ def _local_digest() -> str:
 def _app_has_stored_data(app: ClientApp) -> bool:
     """Whether any row of a higher layer (messages, sessions, channels, webhooks...) belongs to
     `app`: found through the foreign keys to ClientApp, so this layer imports none of them."""
-    for relation in ClientApp._meta.related_objects:
+    # include_hidden: several tables point here with related_name "+" (messaging's mailboxes, channels).
+    for relation in ClientApp._meta.get_fields(include_hidden=True):
+        if not (relation.auto_created and not relation.concrete and (relation.one_to_many or relation.one_to_one)):
+            continue
         model = relation.related_model
-        if model._meta.app_label == ClientApp._meta.app_label or not relation.field.concrete:
+        if model._meta.app_label == ClientApp._meta.app_label:
             continue
         if model._base_manager.filter(**{relation.field.name: app}).exists():
             return True

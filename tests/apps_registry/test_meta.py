@@ -263,3 +263,12 @@ def test_a_domain_without_meta_url_shows_no_meta_line(operator, settings):
     settings.META_URL = ""
     page = operator.get("/admin/apps_registry/domain/").content.decode()
     assert "Configuration pulled from" not in page and "edited on the meta domain" not in page
+
+
+def test_a_domain_told_to_pull_without_the_secret_is_warned(settings):
+    from apps_registry.checks import check_meta_role
+
+    settings.META_URL, settings.META_SECRET = "http://meta.example:8001", ""
+    assert [w.id for w in check_meta_role(None)] == ["switchboard.W013"]
+    settings.META_SECRET = SECRET
+    assert check_meta_role(None) == []
