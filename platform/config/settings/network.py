@@ -37,3 +37,7 @@ META_SECRET = env_str("META_SECRET", "")
 META_PULL_SECONDS = env_float("META_PULL_SECONDS", 30.0)
 
 NETWORK_BEAT_SCHEDULE: dict[str, dict] = {}
+if META_URL:
+    # A pull that waited longer than its period is worthless: the next one is already due.
+    NETWORK_BEAT_SCHEDULE["meta-pull"] = {"task": "apps_registry.tasks.meta_pull", "schedule": META_PULL_SECONDS,
+                                          "options": {"expires": META_PULL_SECONDS}}
