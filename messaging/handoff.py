@@ -27,6 +27,11 @@ WEBHOOK_TASK = "messaging.tasks.webhook_deliver"
 # Webhook calls wait on tenants' receivers: a queue of their own, served by a worker of their own
 # (`-Q webhooks`), so a slow receiver never holds a thread that routing needs.
 WEBHOOK_QUEUE = "webhooks"
+# The domain network (messaging.network): each link's senders, on a queue of their own, because they
+# wait on neighbours (up to FORWARD_TIMEOUT_SECONDS a call) and must not hold routing's threads.
+FORWARDING_QUEUE = "forwarding"
+FLOOD_TASK = "messaging.tasks.flood_link"  # a link's queue of channel publishes
+FORWARD_TASK = "messaging.tasks.forward_link"  # a link's queue of deliveries (the forwarding helper's)
 
 
 def routing_enqueue(delivery_ids: Sequence[int]) -> None:
@@ -40,3 +45,16 @@ def webhook_calls_enqueue(delivery_ids: Sequence, claim: int) -> None:
     """One task per recorded webhook call (each waits on a different receiver), under `claim`."""
     for delivery_id in delivery_ids:
         current_app.send_task(WEBHOOK_TASK, args=[str(delivery_id), claim], queue=WEBHOOK_QUEUE)
+
+
+def flood_links_enqueue(peers: Sequence[str]) -> None:
+    """Wake the channel-publish sender of each link to `peers` (one runs per link at a time; a
+    wake-up that finds it busy is a no-op, and the flood sweep makes up for one that is lost)."""
+    for peer in peers:
+        current_app.send_task(FLOOD_TASK, args=[peer], queue=FORWARDING_QUEUE)
+
+
+def link_recovered_enqueue(peer: str) -> None:
+    """A link answers again after being down: its queues are sent now, not at their next retry."""
+    current_app.send_task(FORWARD_TASK, args=[peer], queue=FORWARDING_QUEUE)
+    current_app.send_task(FLOOD_TASK, args=[peer], queue=FORWARDING_QUEUE)

@@ -39,6 +39,13 @@ def graph() -> DomainGraph:
     return _graph_cache[1]
 
 
+def graph_cache_clear() -> None:
+    """Forget the cached graph (tests that change links; the admin after a change is at most
+    GRAPH_CACHE_SECONDS behind anyway)."""
+    global _graph_cache
+    _graph_cache = None
+
+
 def neighbours() -> list[str]:
     """The domains linked to this one over enabled links."""
     return sorted(n for n, _ in graph().adjacency.get(settings.DOMAIN_NAME, []))
