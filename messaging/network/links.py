@@ -114,3 +114,8 @@ def link_received(*, peer: str, count: int) -> None:
     """`count` items came in from `peer` (its calls also prove the link works)."""
     if count and not LinkHealth.objects.filter(peer=peer).update(forwarded_in=F("forwarded_in") + count):
         LinkHealth.objects.get_or_create(peer=peer, defaults={"forwarded_in": count})
+
+
+def link_health_rows_ensure(peers: Iterable[str]) -> None:
+    """A health record for each of `peers` (the admin lists every neighbour, called yet or not)."""
+    LinkHealth.objects.bulk_create([LinkHealth(peer=p) for p in peers], ignore_conflicts=True)

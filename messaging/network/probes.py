@@ -45,8 +45,9 @@ def _ping(call: PeerCall) -> str:
 
 
 def links_probe(*, peers: list[str] | None = None) -> list[ProbeResult]:
-    """Ping `peers` (default: every neighbour over an enabled link) and record each link's health."""
-    targets = neighbours() if peers is None else sorted(peers)
+    """Ping every neighbour over an enabled link (or those of them among `peers`) and record each
+    link's health. A disabled link is never probed: its failure would say nothing about the peer."""
+    targets = neighbours() if peers is None else sorted(set(peers) & set(neighbours()))
     was_down = set(LinkHealth.objects.filter(peer__in=targets, up=False).values_list("peer", flat=True))
     errors: dict[str, str] = {}
     calls: list[PeerCall] = []
