@@ -17,7 +17,7 @@ from messaging.channels.retention import channel_history_expire
 from messaging.delivery.dead_nodes import dead_nodes_settle
 from messaging.delivery.expiry import deliveries_expire
 from messaging.delivery.retry import deliveries_sweep
-from messaging.handoff import flood_links_enqueue, routing_enqueue, webhook_calls_enqueue
+from messaging.handoff import flood_link_woken, flood_links_enqueue, routing_enqueue, webhook_calls_enqueue
 from messaging.network.flood_sender import flood_link_send, flood_links_due
 from messaging.network.probes import links_probe
 from messaging.router import deliveries_route
@@ -127,6 +127,7 @@ def flood_link(peer: str) -> dict:
     and at once: one sender per link (the second finds it busy); its retry policy is the rows'
     own (attempts, dead after the app's max_delivery_attempts), and flood_sweep makes up for a
     wake-up that is lost."""
+    flood_link_woken(peer)
     outcome = flood_link_send(peer=peer)
     return {"sent": outcome.sent, "refused": outcome.refused, "failed": outcome.failed, "dead": outcome.dead,
             "skipped": outcome.skipped, "error": outcome.error}
