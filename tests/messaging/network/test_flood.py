@@ -229,12 +229,14 @@ def test_one_sender_per_link_at_a_time(ring, network):
 
     with as_domain("domain-01"):
         channel_publish(app_id=app_snapshot("ANZ").pk, channel="news", content="m0")
-        other = connections.create_connection("default")
-        with other.cursor() as cur:
-            cur.execute("SELECT pg_advisory_lock(%s, %s)", [flood_sender.FLOOD_LOCK_NAMESPACE,
-                                                            flood_sender._lock_key("domain-02")])
+        key = [flood_sender.FLOOD_LOCK_NAMESPACE, flood_sender._lock_key("domain-02")]
+        other = connections.create_connection("default")  # another worker's sender, at work on the link
         try:
+            with other.cursor() as cur:
+                cur.execute("SELECT pg_advisory_lock(%s, %s)", key)
             assert flood_link_send(peer="domain-02").skipped == "busy"
+            with other.cursor() as cur:
+                cur.execute("SELECT pg_advisory_unlock(%s, %s)", key)
         finally:
             other.close()
         assert flood_link_send(peer="domain-02").sent == 1
