@@ -249,3 +249,24 @@ def test_a_subscriber_resuming_with_since_gets_exactly_what_it_missed_from_its_d
             item(f"m{n}", offset=n, path=("domain-01",)) for n in range(1, 6)]})
         assert [(h.offset, h.content) for h in channel_history(app_id=app.pk, channel="news", after=3)] == \
             [(4, "m4"), (5, "m5")]
+
+
+def test_history_past_retention_takes_its_waiting_and_dead_flood_rows_with_it(ring):
+    from datetime import timedelta
+
+    from django.db import transaction
+    from django.utils import timezone
+
+    from messaging.channels.retention import channel_history_expire
+
+    with as_domain("domain-01"):
+        for n in range(3):
+            channel_publish(app_id=app_snapshot("ANZ").pk, channel="news", content=f"m{n}")
+    ChannelForward.objects.filter(peer="domain-04").update(dead_at=timezone.now(), last_error="gone")
+    ChannelMessage.objects.filter(offset__lt=3).update(created_at=timezone.now() - timedelta(days=400))
+    with transaction.atomic():  # the foreign key is checked at commit: a savepoint would not show it
+        assert channel_history_expire() == 2
+        with transaction.get_connection().cursor() as cur:
+            cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    assert queue("domain-02") == [("m2", "domain-01")]
+    assert list(ChannelForward.objects.filter(peer="domain-04").values_list("publish__content", flat=True)) == ["m2"]
