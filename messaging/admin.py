@@ -16,6 +16,7 @@ from foundation.admin_readonly import ACT, ReadOnlyAdminMixin
 
 from .delivery.dead_letters import dead_letters_discard, dead_letters_requeue
 from .models import DeadLetter, Delivery, DeliveryState, Message
+from .network import admin as network_admin  # noqa: F401  (registers the links' console)
 from .selftest import admin as selftest_admin  # noqa: F401  (registers the selftest runs' console)
 from .webhooks import admin as webhooks_admin  # noqa: F401  (registers the webhook console)
 

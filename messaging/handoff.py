@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 
 from celery import current_app
 
+from foundation.transport.redis_clients import sync_client
+
 Route = Callable[[Sequence[int]], None]  # takes committed delivery ids on their way to routing
 
 ROUTE_TASK = "messaging.tasks.route_deliveries"
@@ -27,6 +29,16 @@ WEBHOOK_TASK = "messaging.tasks.webhook_deliver"
 # Webhook calls wait on tenants' receivers: a queue of their own, served by a worker of their own
 # (`-Q webhooks`), so a slow receiver never holds a thread that routing needs.
 WEBHOOK_QUEUE = "webhooks"
+# The domain network (messaging.network): each link's senders, on a queue of their own, because they
+# wait on neighbours (up to FORWARD_TIMEOUT_SECONDS a call) and must not hold routing's threads.
+FORWARDING_QUEUE = "forwarding"
+FLOOD_TASK = "messaging.tasks.flood_link"  # a link's queue of channel publishes
+FORWARD_TASK = "messaging.tasks.forward_link"  # a link's queue of deliveries (the forwarding helper's)
+# "A wake-up of this link's flood sender is on its way": publishes made before the sender starts need
+# no wake-up of their own (it sends the whole queue). Expires, so a wake-up lost with a worker (or a
+# "forwarding" queue nobody serves) costs one task per link per this many seconds, not one per publish.
+FLOOD_WAKE_KEY = "sb:flood:wake:{peer}"
+FLOOD_WAKE_SECONDS = 10
 
 
 def routing_enqueue(delivery_ids: Sequence[int]) -> None:
@@ -40,3 +52,27 @@ def webhook_calls_enqueue(delivery_ids: Sequence, claim: int) -> None:
     """One task per recorded webhook call (each waits on a different receiver), under `claim`."""
     for delivery_id in delivery_ids:
         current_app.send_task(WEBHOOK_TASK, args=[str(delivery_id), claim], queue=WEBHOOK_QUEUE)
+
+
+def flood_links_enqueue(peers: Sequence[str]) -> None:
+    """Wake the channel-publish sender of each link to `peers`, unless a wake-up is already on its
+    way (one sender runs per link at a time; the flood sweep makes up for a wake-up that is lost)."""
+    if not peers:
+        return
+    pipe = sync_client().pipeline(transaction=False)
+    for peer in peers:
+        pipe.set(FLOOD_WAKE_KEY.format(peer=peer), b"1", nx=True, ex=FLOOD_WAKE_SECONDS)
+    for peer, first in zip(peers, pipe.execute(), strict=True):
+        if first:
+            current_app.send_task(FLOOD_TASK, args=[peer], queue=FORWARDING_QUEUE)
+
+
+def flood_link_woken(peer: str) -> None:
+    """The link's sender starts: a publish from now on needs a wake-up of its own again."""
+    sync_client().delete(FLOOD_WAKE_KEY.format(peer=peer))
+
+
+def link_recovered_enqueue(peer: str) -> None:
+    """A link answers again after being down: its queues are sent now, not at their next retry."""
+    current_app.send_task(FORWARD_TASK, args=[peer], queue=FORWARDING_QUEUE)
+    current_app.send_task(FLOOD_TASK, args=[peer], queue=FORWARDING_QUEUE)

@@ -17,7 +17,9 @@ from messaging.channels.retention import channel_history_expire
 from messaging.delivery.dead_nodes import dead_nodes_settle
 from messaging.delivery.expiry import deliveries_expire
 from messaging.delivery.retry import deliveries_sweep
-from messaging.handoff import routing_enqueue, webhook_calls_enqueue
+from messaging.handoff import flood_link_woken, flood_links_enqueue, routing_enqueue, webhook_calls_enqueue
+from messaging.network.flood_sender import flood_link_send, flood_links_due
+from messaging.network.probes import links_probe
 from messaging.router import deliveries_route
 from messaging.webhooks.delivery import webhook_attempt, webhook_deliveries_purge, webhooks_sweep
 from presence.dead_nodes import nodes_reap
@@ -107,3 +109,33 @@ def expire_idempotency_keys() -> int:
 def expire_channel_history() -> int:
     """Beat: channel history past its app's retention goes, oldest first, in bounded batches."""
     return channel_history_expire()
+
+
+# --- the domain network (messaging.network) ------------------------------------------------------
+
+
+@shared_task(acks_late=True)
+def probe_links() -> dict:
+    """Beat: ping every neighbour over an enabled link and record each link's state."""
+    results = links_probe()
+    return {r.peer: "up" if r.ok else r.error for r in results}
+
+
+@shared_task(acks_late=True)
+def flood_link(peer: str) -> dict:
+    """Send the channel publishes waiting on the link to `peer` (queue "forwarding"). Safe twice
+    and at once: one sender per link (the second finds it busy); its retry policy is the rows'
+    own (attempts, dead after the app's max_delivery_attempts), and flood_sweep makes up for a
+    wake-up that is lost."""
+    flood_link_woken(peer)
+    outcome = flood_link_send(peer=peer)
+    return {"sent": outcome.sent, "refused": outcome.refused, "failed": outcome.failed, "dead": outcome.dead,
+            "skipped": outcome.skipped, "error": outcome.error}
+
+
+@shared_task(acks_late=True)
+def flood_sweep() -> list[str]:
+    """Beat: wake the senders of links with channel publishes waiting and their retry due."""
+    peers = flood_links_due()
+    flood_links_enqueue(peers)
+    return peers

@@ -39,6 +39,13 @@ def graph() -> DomainGraph:
     return _graph_cache[1]
 
 
+def graph_cache_clear() -> None:
+    """Forget the cached graph (tests that change links; the admin after a change is at most
+    GRAPH_CACHE_SECONDS behind anyway)."""
+    global _graph_cache
+    _graph_cache = None
+
+
 def neighbours() -> list[str]:
     """The domains linked to this one over enabled links."""
     return sorted(n for n, _ in graph().adjacency.get(settings.DOMAIN_NAME, []))
@@ -107,3 +114,8 @@ def link_received(*, peer: str, count: int) -> None:
     """`count` items came in from `peer` (its calls also prove the link works)."""
     if count and not LinkHealth.objects.filter(peer=peer).update(forwarded_in=F("forwarded_in") + count):
         LinkHealth.objects.get_or_create(peer=peer, defaults={"forwarded_in": count})
+
+
+def link_health_rows_ensure(peers: Iterable[str]) -> None:
+    """A health record for each of `peers` (the admin lists every neighbour, called yet or not)."""
+    LinkHealth.objects.bulk_create([LinkHealth(peer=p) for p in peers], ignore_conflicts=True)

@@ -41,6 +41,9 @@ class ChannelForward(models.Model):
 
     publish = models.ForeignKey(ChannelMessage, on_delete=models.CASCADE, related_name="+")
     peer = models.CharField(max_length=64)
+    # The domains the publish passed through, origin first, ending with this one ("domain-01,domain-02"):
+    # the next hop's hop count, and the domains it must not be sent back to (messaging.network.flood).
+    path = models.CharField(max_length=800, blank=True, default="", db_default="")
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.CharField(max_length=500, blank=True, default="")
     created_at = models.DateTimeField()

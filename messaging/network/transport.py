@@ -80,8 +80,19 @@ def _client() -> httpx.Client:
     return client
 
 
-def peer_call(*, peer: str, path: str, payload: dict) -> dict:
-    """POST `payload` to `peer`'s internal `path`, signed; its JSON answer, or PeerError."""
+@dataclass(frozen=True)
+class PeerCall:
+    """A signed call to a neighbour, ready to send: made where the database is at hand, sent from
+    any thread (the probes send theirs in parallel, without a database connection per thread)."""
+
+    peer: str
+    url: str
+    body: bytes
+    headers: dict[str, str]
+
+
+def peer_call_prepare(*, peer: str, path: str, payload: dict) -> PeerCall:
+    """The signed call of `payload` to `peer`'s internal `path`; PeerError when there is no way to it."""
     here = settings.DOMAIN_NAME
     link = link_between(here, peer)
     if link is None:
@@ -95,22 +106,34 @@ def peer_call(*, peer: str, path: str, payload: dict) -> dict:
     body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
     headers = signed_calls.signed_headers(secret=link.shared_secret, sender=here, method="POST", path=path, body=body)
     headers["Content-Type"] = "application/json"
+    return PeerCall(peer=peer, url=base + path, body=body, headers=headers)
+
+
+def peer_call_send(call: PeerCall, *, timeout: float | None = None) -> dict:
+    """Send a prepared call (no database access): the neighbour's JSON answer, or PeerError."""
+    peer = call.peer
+    timeout = settings.FORWARD_TIMEOUT_SECONDS if timeout is None else timeout
     try:
-        answer = _client().post(base + path, content=body, headers=headers)
+        answer = _client().post(call.url, content=call.body, headers=call.headers, timeout=timeout)
     except httpx.TimeoutException:
-        raise PeerError(f"{peer}: no answer within {settings.FORWARD_TIMEOUT_SECONDS:g} s") from None
+        raise PeerError(f"{peer}: no answer within {timeout:g} s") from None
     except httpx.HTTPError as exc:
         raise PeerError(f"{peer}: {_network_reason(exc)}") from None
     if answer.status_code // 100 != 2:
         try:
             detail = answer.json().get("error", "")
-        except ValueError:
+        except (ValueError, AttributeError):
             detail = answer.text[:200]
         raise PeerError(f"{peer} answered {answer.status_code}: {detail}", status=answer.status_code)
     try:
         return answer.json()
     except ValueError:
         raise PeerError(f"{peer} answered {answer.status_code} with a body that is not JSON") from None
+
+
+def peer_call(*, peer: str, path: str, payload: dict) -> dict:
+    """POST `payload` to `peer`'s internal `path`, signed; its JSON answer, or PeerError."""
+    return peer_call_send(peer_call_prepare(peer=peer, path=path, payload=payload))
 
 
 def _network_reason(exc: httpx.HTTPError) -> str:
