@@ -27,6 +27,13 @@ WEBHOOK_TASK = "messaging.tasks.webhook_deliver"
 # Webhook calls wait on tenants' receivers: a queue of their own, served by a worker of their own
 # (`-Q webhooks`), so a slow receiver never holds a thread that routing needs.
 WEBHOOK_QUEUE = "webhooks"
+# The domain network (messaging.network): a link's sender, and receipts on their way to the origin.
+# A queue of their own: a forwarding call waits on a neighbour (up to FORWARD_TIMEOUT_SECONDS), and a
+# link that is down must never hold a thread that routing needs. Served by make run's worker
+# (`-Q celery,routing,forwarding`).
+FORWARD_LINK_TASK = "messaging.tasks.forward_link"
+FORWARD_RECEIPTS_TASK = "messaging.tasks.forward_receipts"
+FORWARDING_QUEUE = "forwarding"
 
 
 def routing_enqueue(delivery_ids: Sequence[int]) -> None:
@@ -40,3 +47,18 @@ def webhook_calls_enqueue(delivery_ids: Sequence, claim: int) -> None:
     """One task per recorded webhook call (each waits on a different receiver), under `claim`."""
     for delivery_id in delivery_ids:
         current_app.send_task(WEBHOOK_TASK, args=[str(delivery_id), claim], queue=WEBHOOK_QUEUE)
+
+
+def forward_links_kick(peers: Sequence[str]) -> None:
+    """Wake the sender of each link (one task per neighbour; a sender already running makes the
+    extra task a no-op, messaging.network.outbox)."""
+    for peer in sorted(set(peers)):
+        current_app.send_task(FORWARD_LINK_TASK, args=[peer], queue=FORWARDING_QUEUE)
+
+
+def receipts_enqueue(*, delivery_ids: Sequence[int] = (), receipts: Sequence[dict] = ()) -> None:
+    """Receipts for the origin domains of these deliveries (delivered or dead here), or receipts
+    passing through on their way (messaging.network.receipts)."""
+    if delivery_ids or receipts:
+        current_app.send_task(FORWARD_RECEIPTS_TASK, kwargs={"delivery_ids": list(delivery_ids),
+                                                             "receipts": list(receipts)}, queue=FORWARDING_QUEUE)

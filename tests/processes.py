@@ -18,12 +18,12 @@ from django.conf import settings
 from django.db import connection
 
 from devstack.embedded import _redis_bin
-from messaging.handoff import ROUTING_QUEUE, WEBHOOK_QUEUE
+from messaging.handoff import FORWARDING_QUEUE, ROUTING_QUEUE, WEBHOOK_QUEUE
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 LOG_DIR = ROOT / "var" / "test-logs"
-ROUTING_WORKER_QUEUES = f"celery,{ROUTING_QUEUE}"  # what make run's worker serves (devstack.supervise)
+ROUTING_WORKER_QUEUES = f"celery,{ROUTING_QUEUE},{FORWARDING_QUEUE}"  # what make run's worker serves (devstack.supervise)
 
 
 def free_port() -> int:

@@ -36,4 +36,13 @@ META_URL = env_str("META_URL", "")
 META_SECRET = env_str("META_SECRET", "")
 META_PULL_SECONDS = env_float("META_PULL_SECONDS", 30.0)
 
-NETWORK_BEAT_SCHEDULE: dict[str, dict] = {}
+NETWORK_BEAT_SCHEDULE: dict[str, dict] = {
+    # Links whose retry is due are sent again, a lost sender task is made up for, and the queues of
+    # links that are down move to another path where one exists (messaging.network.queue).
+    "forward-sweep": {"task": "messaging.tasks.forward_sweep", "schedule": FORWARD_SWEEP_SECONDS},
+}
+# Forwarding calls wait on neighbours: a queue of their own (messaging.handoff.FORWARDING_QUEUE).
+NETWORK_TASK_ROUTES: dict[str, dict] = {
+    "messaging.tasks.forward_link": {"queue": "forwarding"},
+    "messaging.tasks.forward_receipts": {"queue": "forwarding"},
+}
