@@ -9,7 +9,7 @@ reaches counts a failed attempt ("no route to domain-05"): retried with the app'
 ordinary retry sweep, dead after the app's max attempts.
 
 `forward_sweep` (beat, every FORWARD_SWEEP_SECONDS) moves the queues of links that have been down
-for longer than LINK_DOWN_AFTER_SECONDS to another path where one exists, and wakes every link
+for longer than LINK_DOWN_AFTER_SECONDS, or were disabled, to another path where one exists, and wakes every link
 with waiting rows whose retry is due (a sender task lost with its worker is made up for here).
 """
 
@@ -30,7 +30,7 @@ from messaging.delivery.sql import SENT, states_sql
 from messaging.handoff import forward_links_kick
 from messaging.models import DeliveryState
 from messaging.network import outbox
-from messaging.network.links import links_down, next_hop
+from messaging.network.links import links_down, neighbours, next_hop
 from messaging.network.models import LinkHealth
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,9 @@ def forward_sweep() -> dict:
     """Beat: re-route the queues of links that are down, then wake every link with waiting rows
     whose retry is due. Returns what it did (for the task's result)."""
     waiting = links_waiting()
-    down = links_down()
+    # Down for longer than LINK_DOWN_AFTER_SECONDS, or no longer an enabled link at all (disabled by
+    # an operator, removed by a configuration pull): their queues move where another path exists.
+    down = links_down() | (set(waiting) - set(neighbours()))
     rerouted: dict[str, int] = {}
     for peer in waiting:
         if peer in down:

@@ -9,6 +9,8 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
+from apps_registry.models import DomainLink
+from messaging.api.serializers import DeliverySerializer
 from messaging.delivery.retry import deliveries_fail
 from messaging.models import Delivery, Message
 from messaging.network.intake import forward_accept
@@ -217,3 +219,30 @@ def test_the_queue_peek_names_the_origin_and_path_of_a_message_stored_here_first
     assert {k: sent_payload[k] for k in ("origin_domain", "origin_message_id", "path", "confirmation_requested")} == {
         "origin_domain": "domain-01", "origin_message_id": sent, "path": ["domain-01"], "confirmation_requested": True}
     assert queue_peek(peer="domain-02", limit=10) == []
+
+
+def test_the_queue_of_a_disabled_link_moves_to_another_path_at_the_next_sweep(net):
+    link("domain-01", "domain-04")
+    link("domain-04", "domain-03")
+    net.down.add("domain-02")
+    sent = net.send(ALICE, NEAR)
+    net.pump()
+    net.down.clear()
+    DomainLink.objects.filter(n1__name="domain-01", n2__name="domain-02").update(enabled=False)
+    assert forward_sweep()["rerouted"] == {"domain-04": 1}
+    LinkHealth.objects.update(retry_at=None)
+    net.pump()
+    assert net.copy("domain-02", sent).forward_path == "domain-01,domain-04,domain-03"
+
+
+def test_the_origin_shows_where_a_message_is_in_the_admin_and_the_rest_api(net, operator):
+    sent = net.send(ALICE, FAR)
+    net.pump()
+    waiting = DeliverySerializer(row(sent, FAR)).data
+    assert (waiting["state"], waiting["forwarded_to"], waiting["where"]) == (
+        "forwarded", "domain-02", "forwarded to domain-02, not yet delivered in domain-03")
+    net.deliver(FAR, at="domain-03")
+    net.pump()
+    page = operator.get(f"/admin/messaging/message/{sent}/change/").content.decode()
+    assert "forwarded to domain-02, delivered in domain-03" in page
+    assert DeliverySerializer(row(sent, FAR)).data["where"] == "forwarded to domain-02, delivered in domain-03"
