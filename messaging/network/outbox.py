@@ -219,10 +219,11 @@ def _drain(peer: str, totals: dict[str, int]) -> bool:
         if not rows:
             return True
         # A message that already made FORWARD_HOP_LIMIT hops after its origin goes no further.
-        over = [r.delivery_id for r in rows if len(r.message["path"]) > hop_limit]
+        over = {r.delivery_id for r in rows if len(r.message["path"]) > hop_limit}
         if over:
-            totals["dead"] += len(_rows_fail(peer=peer, ids=over, error=f"hop limit ({hop_limit}) reached", kill=True))
-            rows = [r for r in rows if r.delivery_id not in set(over)]
+            totals["dead"] += len(_rows_fail(peer=peer, ids=list(over), error=f"hop limit ({hop_limit}) reached",
+                                             kill=True))
+            rows = [r for r in rows if r.delivery_id not in over]
             if not rows:
                 continue
         ids = [r.delivery_id for r in rows]

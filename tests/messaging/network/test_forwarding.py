@@ -246,3 +246,18 @@ def test_the_origin_shows_where_a_message_is_in_the_admin_and_the_rest_api(net, 
     page = operator.get(f"/admin/messaging/message/{sent}/change/").content.decode()
     assert "forwarded to domain-02, delivered in domain-03" in page
     assert DeliverySerializer(row(sent, FAR)).data["where"] == "forwarded to domain-02, delivered in domain-03"
+
+
+def test_a_message_that_dies_on_the_way_is_reported_dead_at_the_origin_with_the_hop_that_failed(net):
+    net.down.add("domain-03")
+    sent = net.send(ALICE, FAR)
+    net.pump()
+    for _ in range(3):
+        LinkHealth.objects.update(retry_at=None)
+        with net.at("domain-02"):
+            LinkHealth.objects.update(retry_at=None)
+            link_forward(peer="domain-03")
+        net.pump()
+    origin_row = row(sent, FAR)
+    assert (origin_row.state, origin_row.last_error) == (
+        "dead", "dead at domain-02: forwarding to domain-03 failed: connection refused")
