@@ -29,11 +29,14 @@ WEBHOOK_TASK = "messaging.tasks.webhook_deliver"
 # Webhook calls wait on tenants' receivers: a queue of their own, served by a worker of their own
 # (`-Q webhooks`), so a slow receiver never holds a thread that routing needs.
 WEBHOOK_QUEUE = "webhooks"
-# The domain network (messaging.network): each link's senders, on a queue of their own, because they
-# wait on neighbours (up to FORWARD_TIMEOUT_SECONDS a call) and must not hold routing's threads.
+# The domain network (messaging.network): a link's sender, and receipts on their way to the origin.
+# A queue of their own: a forwarding call waits on a neighbour (up to FORWARD_TIMEOUT_SECONDS), and a
+# link that is down must never hold a thread that routing needs. Served by make run's worker
+# (`-Q celery,routing,forwarding`).
+FORWARD_LINK_TASK = "messaging.tasks.forward_link"
+FORWARD_RECEIPTS_TASK = "messaging.tasks.forward_receipts"
 FORWARDING_QUEUE = "forwarding"
 FLOOD_TASK = "messaging.tasks.flood_link"  # a link's queue of channel publishes
-FORWARD_TASK = "messaging.tasks.forward_link"  # a link's queue of deliveries (the forwarding helper's)
 # "A wake-up of this link's flood sender is on its way": publishes made before the sender starts need
 # no wake-up of their own (it sends the whole queue). Expires, so a wake-up lost with a worker (or a
 # "forwarding" queue nobody serves) costs one task per link per this many seconds, not one per publish.
@@ -74,5 +77,20 @@ def flood_link_woken(peer: str) -> None:
 
 def link_recovered_enqueue(peer: str) -> None:
     """A link answers again after being down: its queues are sent now, not at their next retry."""
-    current_app.send_task(FORWARD_TASK, args=[peer], queue=FORWARDING_QUEUE)
+    current_app.send_task(FORWARD_LINK_TASK, args=[peer], queue=FORWARDING_QUEUE)
     current_app.send_task(FLOOD_TASK, args=[peer], queue=FORWARDING_QUEUE)
+
+
+def forward_links_kick(peers: Sequence[str]) -> None:
+    """Wake the sender of each link (one task per neighbour; a sender already running makes the
+    extra task a no-op, messaging.network.outbox)."""
+    for peer in sorted(set(peers)):
+        current_app.send_task(FORWARD_LINK_TASK, args=[peer], queue=FORWARDING_QUEUE)
+
+
+def receipts_enqueue(*, delivery_ids: Sequence[int] = (), receipts: Sequence[dict] = ()) -> None:
+    """Receipts for the origin domains of these deliveries (delivered or dead here), or receipts
+    passing through on their way (messaging.network.receipts)."""
+    if delivery_ids or receipts:
+        current_app.send_task(FORWARD_RECEIPTS_TASK, kwargs={"delivery_ids": list(delivery_ids),
+                                                             "receipts": list(receipts)}, queue=FORWARDING_QUEUE)

@@ -19,7 +19,11 @@ from messaging.delivery.expiry import deliveries_expire
 from messaging.delivery.retry import deliveries_sweep
 from messaging.handoff import flood_link_woken, flood_links_enqueue, routing_enqueue, webhook_calls_enqueue
 from messaging.network.flood_sender import flood_link_send, flood_links_due
+from messaging.network.outbox import link_forward
 from messaging.network.probes import links_probe
+from messaging.network.queue import forward_sweep as network_forward_sweep
+from messaging.network.receipts import receipts_of, receipts_send
+from messaging.network.transport import PeerError
 from messaging.router import deliveries_route
 from messaging.webhooks.delivery import webhook_attempt, webhook_deliveries_purge, webhooks_sweep
 from presence.dead_nodes import nodes_reap
@@ -139,3 +143,32 @@ def flood_sweep() -> list[str]:
     peers = flood_links_due()
     flood_links_enqueue(peers)
     return peers
+
+
+@shared_task(acks_late=True)
+def forward_link(peer: str) -> dict:
+    """Send what waits on the link to `peer` (messaging.network.outbox). Safe twice: one sender per
+    link at a time (an advisory lock); a second run returns at once. Its retry policy is the
+    link's own backoff (LinkHealth.retry_at) and the rows' attempts, not Celery's: the beat's
+    forward_sweep wakes the link again when its retry is due, and makes up for a lost task."""
+    return link_forward(peer=peer)
+
+
+@shared_task(acks_late=True)
+def forward_sweep() -> dict:
+    """Beat: move the queues of links that are down to other paths, and wake every link whose
+    retry is due (messaging.network.queue)."""
+    return network_forward_sweep()
+
+
+@shared_task(
+    bind=True, acks_late=True, autoretry_for=(PeerError, DatabaseError, RedisError, OSError), retry_backoff=2,
+    retry_backoff_max=120, retry_jitter=True, max_retries=12,
+)
+def forward_receipts(self, delivery_ids: list[int] | None = None, receipts: list[dict] | None = None) -> dict:
+    """Receipts one step towards their origin domains: those of deliveries here (delivered or dead;
+    the task skips messages stored here first), and those passing through. Bounded retries (about
+    half an hour): a receipt lost after them costs only the origin's display (messaging.network.
+    receipts). Receipts are data, not rows: the ones passing through travel as arguments."""
+    batch = [*receipts_of(list(delivery_ids or ())), *(receipts or ())]
+    return receipts_send(receipts=batch) if batch else {}

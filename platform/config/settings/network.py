@@ -43,6 +43,9 @@ NETWORK_BEAT_SCHEDULE: dict[str, dict] = {
     "probe-links": {"task": "messaging.tasks.probe_links", "schedule": LINK_PROBE_SECONDS},
     # Links with channel publishes waiting and their retry due get their sender woken (the flood).
     "flood-sweep": {"task": "messaging.tasks.flood_sweep", "schedule": FORWARD_SWEEP_SECONDS},
+    # Links whose retry is due are sent again, a lost sender task is made up for, and the queues of
+    # links that are down move to another path where one exists (messaging.network.queue).
+    "forward-sweep": {"task": "messaging.tasks.forward_sweep", "schedule": FORWARD_SWEEP_SECONDS},
 }
 if META_URL:
     # A pull that waited longer than its period is worthless: the next one is already due.
@@ -52,4 +55,6 @@ if META_URL:
 # (messaging.handoff.FORWARDING_QUEUE), which a worker must serve (`-Q celery,routing,forwarding`).
 NETWORK_TASK_ROUTES: dict[str, dict] = {
     "messaging.tasks.flood_link": {"queue": "forwarding"},
+    "messaging.tasks.forward_link": {"queue": "forwarding"},
+    "messaging.tasks.forward_receipts": {"queue": "forwarding"},
 }

@@ -11,7 +11,7 @@ from apps_registry.models import DomainLink
 from messaging.network import probes
 from messaging.network.links import link_failed, link_received, link_succeeded
 from messaging.network.models import LinkHealth
-from tests.messaging.network.conftest import as_domain, link
+from tests.messaging.network.one_db_ring import as_domain, link
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,7 @@ from apps_registry.models import DomainLink
 from foundation import signed_calls
 from messaging.channels.models import ChannelMessage
 from messaging.network.transport import PING_PATH, PUBLISH_PATH
-from tests.messaging.network.conftest import as_domain, link
+from tests.messaging.network.one_db_ring import as_domain, link
 
 pytestmark = pytest.mark.django_db
 

@@ -15,7 +15,7 @@ from messaging.network.flood_sender import flood_link_send, flood_links_due
 from messaging.network.models import ChannelForward, LinkHealth
 from messaging.network.transport import PeerError, PeerRefused
 from messaging.server_sends import server_channel_publish
-from tests.messaging.network.conftest import as_domain, link
+from tests.messaging.network.one_db_ring import as_domain, link
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,7 @@ from messaging.network import probes
 from messaging.network.links import link_failed, link_received, link_succeeded, links_down, next_hop
 from messaging.network.models import LinkHealth
 from messaging.network.transport import PeerError
-from tests.messaging.network.conftest import as_domain, link
+from tests.messaging.network.one_db_ring import as_domain, link
 
 pytestmark = pytest.mark.django_db
 
