@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP_TOOLS := pip-tools==7.6.2
 
-.PHONY: install lock sysdeps run restart-web network network-stop network-start network-status test stop lint bench clean
+.PHONY: install lock sysdeps run restart-web network network-stop network-start network-status network-reset test stop lint bench clean
 
 install: $(STAMP)
 
@@ -57,6 +57,10 @@ network-start: install
 
 network-status: install
 	$(BIN)/python -m devstack.network status
+
+# The ring forgotten: its four databases dropped, its Redis databases emptied, var/network/ deleted.
+network-reset: install
+	$(BIN)/python -m devstack.network reset
 
 # What the tests need from the operating system (Chromium, a Java runtime for Spark): installed
 # with apt-get when missing and we are root, else a one-line instruction and a stop.

@@ -4,6 +4,8 @@
     make network-stop DOMAIN=02     # python -m devstack.network stop domain-02 (or 02, or 2)
     make network-start DOMAIN=02    # python -m devstack.network start domain-02
     make network-status             # python -m devstack.network status
+    make network-reset              # python -m devstack.network reset: its databases, Redis databases
+                                    # and var/network/ deleted (not while it runs)
 
 domain-01 .. domain-04, linked 01-02, 02-03, 03-04 and 01-04; domain-0N serves
 ws://127.0.0.1:800N/ws and its admin on http://127.0.0.1:800N/admin/ (NETWORK_BASE_PORT=8000 moves
@@ -22,6 +24,7 @@ processes keep crashing is stopped, and said so.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -159,6 +162,25 @@ def run() -> int:
     return exit_code
 
 
+def reset() -> int:
+    """Forget the ring: drop its four databases, empty its Redis databases, delete var/network/."""
+    try:
+        control_ask(control_path(), "status", lambda line: None)
+    except OSError:
+        pass
+    else:
+        print("make network is running: stop it (Ctrl-C) first", file=sys.stderr)
+        return 1
+    env = dict(os.environ)
+    embedded.urls_hand_over(env)
+    ring = network_ring(env)
+    ring.reset()
+    shutil.rmtree(network_dir())
+    print(f"dropped {', '.join(plan.database for plan in ring.plans)}; emptied Redis databases "
+          f"{', '.join(plan.redis_url.rsplit('/', 1)[1] for plan in ring.plans)}; deleted {network_dir()}")
+    return 0
+
+
 def command(argv: list[str]) -> int:
     """`status`, `stop DOMAIN` or `start DOMAIN`, said to the running `make network`."""
     if argv[0] not in COMMANDS or (argv[0] != "status") != (len(argv) == 2) or len(argv) > 2:
@@ -174,6 +196,8 @@ def command(argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["reset"]:
+        return reset()
     return command(argv) if argv else run()
 
 
