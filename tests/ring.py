@@ -129,3 +129,4 @@ def ring(request, tmp_path_factory):
     finally:
         the_ring.stop()
         the_ring.reset()
+        the_ring.sink.close()

@@ -32,9 +32,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
+import django
 import psycopg
 import redis
+from django.core.management import call_command
 from psycopg import sql
 
 from devstack.children import ROOT, Child, say, stop_together, wait_ready
@@ -68,17 +71,23 @@ class FileSink:
     def __init__(self, log_dir: Path):
         self.dir = log_dir
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.files: dict[str, object] = {}
+        self.files: dict[str, TextIO] = {}
         self.lock = threading.Lock()
 
     def path(self, name: str) -> Path:
         return self.dir / f"{'ring' if name == 'run' else name.replace('/', '-')}.log"
 
+    def close(self) -> None:
+        with self.lock:
+            for fh in self.files.values():
+                fh.close()
+            self.files.clear()
+
     def __call__(self, name: str, line: str) -> None:
         with self.lock:
             fh = self.files.get(name)
             if fh is None:
-                fh = self.files[name] = open(self.path(name), "a", buffering=1)  # noqa: SIM115 (kept open)
+                fh = self.files[name] = open(self.path(name), "a", buffering=1)  # kept open until close()
             fh.write(f"{time.strftime('%H:%M:%S')} {line}\n")
 
 
@@ -322,11 +331,7 @@ class Ring:
 
 def _setup_domain(config_path: str) -> int:
     """One domain's preparation, in one process (a Django start-up costs seconds on two cores)."""
-    import django
-
     django.setup()
-    from django.core.management import call_command
-
     call_command("migrate", interactive=False, verbosity=0)
     call_command("import_config", config_path)
     call_command("bootstrap")

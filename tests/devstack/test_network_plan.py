@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from apps_registry.config_io import config_import
+from apps_registry.models import ClientApp, DomainLink
+from apps_registry.selectors import user_home_domain
 from devstack import network
 from devstack.ring_plan import WORKER_QUEUES, domain_number, ring_config_write
 
@@ -94,10 +97,6 @@ def test_the_ring_file_keeps_its_secrets_and_its_edits_and_follows_new_ports(rin
 
 @pytest.mark.django_db
 def test_the_ring_file_imports_with_anz_users_homed_as_in_the_seed(ring):
-    from apps_registry.config_io import config_import
-    from apps_registry.models import ClientApp, DomainLink
-    from apps_registry.selectors import user_home_domain
-
     summary = config_import(text=ring_config_write(ring.config_path, ring.ports).read_text())
     assert summary.open_apps == ["domain1", "domain2", "domain3", "domain4", "ANZ"]
     assert DomainLink.objects.count() == 4 and ClientApp.objects.count() == 5
