@@ -274,7 +274,7 @@ class Ring:
             web, *rest = self.children[n]
             for child in self.children[n]:
                 self._due.pop(child.name, None)
-            stop_together([web], web_stop_timeout(self.plan(n).env))
+            stop_together([web], web_stop_timeout({**self.env, **self.plan(n).env}))
             stop_together(rest, WORKER_STOP_SECONDS)
 
     def stop(self) -> None:
@@ -282,7 +282,7 @@ class Ring:
         with self.lock:
             self.stopped.update(self.children)
             webs = [children[0] for children in self.children.values()]
-            drain = max(web_stop_timeout(plan.env) for plan in self.plans)
+            drain = max(web_stop_timeout({**self.env, **plan.env}) for plan in self.plans)
             stop_together(webs, drain)
             roles = [c for children in self.children.values() for c in children[1:]]
             stop_together([c for c in roles if c.name.endswith("/worker")], WORKER_STOP_SECONDS)
