@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP_TOOLS := pip-tools==7.6.2
 
-.PHONY: install lock sysdeps run restart-web test stop lint bench clean
+.PHONY: install lock sysdeps run restart-web network network-stop network-start network-status network-reset test stop lint bench clean
 
 install: $(STAMP)
 
@@ -42,6 +42,25 @@ run: install
 # The web nodes of the running `make run` (same PORT), restarted one at a time, each drained first.
 restart-web: install
 	$(BIN)/python -m devstack.rolling
+
+# The four-domain ring of the linker seed's meta example: domain-0N on ws://127.0.0.1:800N/ws, each
+# with its own database, Redis database, web node, worker and beat (devstack.network). While it runs,
+# one domain stops and starts alone: make network-stop DOMAIN=02, make network-start DOMAIN=02.
+network: install
+	$(BIN)/python -m devstack.network
+
+network-stop: install
+	$(BIN)/python -m devstack.network stop $(DOMAIN)
+
+network-start: install
+	$(BIN)/python -m devstack.network start $(DOMAIN)
+
+network-status: install
+	$(BIN)/python -m devstack.network status
+
+# The ring forgotten: its four databases dropped, its Redis databases emptied, var/network/ deleted.
+network-reset: install
+	$(BIN)/python -m devstack.network reset
 
 # What the tests need from the operating system (Chromium, a Java runtime for Spark): installed
 # with apt-get when missing and we are root, else a one-line instruction and a stop.

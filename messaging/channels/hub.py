@@ -23,7 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from foundation.transport.redis_clients import async_client
+from foundation.transport.redis_clients import async_client, pubsub_namespace
 from messaging.channels import registry
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class ChannelHub:
 
     @property
     def control_channel(self) -> str:
-        return f"sb:hub:{self.node_id}"
+        return f"{pubsub_namespace()}sb:hub:{self.node_id}"
 
     async def start(self) -> None:
         self._pubsub = async_client().pubsub()
@@ -123,10 +123,9 @@ class ChannelHub:
                 if not future.done():
                     future.set_result(None)
             return
-        if message["type"] != "message" or not name.startswith("sb:ch:"):
+        key = registry.fanout_parse(name) if message["type"] == "message" else None
+        if key is None:
             return
-        _, _, app_id, channel = name.split(":", 3)
-        key = (int(app_id), channel)
         try:
             payload = json.loads(message["data"])
             offset, content = int(payload["o"]), payload["c"]

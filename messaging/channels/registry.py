@@ -12,11 +12,11 @@ cluster's last reader): a channel nobody reads leaves nothing behind, whatever n
 
 from __future__ import annotations
 
-from foundation.transport.redis_clients import async_client, sync_client
+from foundation.transport.redis_clients import async_client, pubsub_namespace, sync_client
 from presence.cache import node_registrations_key
 
 KEY = "sb:cs:{app_id}:{channel}"
-FANOUT = "sb:ch:{app_id}:{channel}"  # the pub/sub channel a publish goes out on
+FANOUT = "sb:ch:{app_id}:{channel}"  # the pub/sub channel a publish goes out on (after pubsub_namespace())
 
 # KEYS: registry hash, node registrations set. ARGV: node, count. -> {total before, total after}
 _SET = """
@@ -40,7 +40,17 @@ def registry_key(app_id: int, channel: str) -> str:
 
 
 def fanout_key(app_id: int, channel: str) -> str:
-    return FANOUT.format(app_id=app_id, channel=channel)
+    # App ids are database ids: two domains on one Redis server (make network) have the same ones.
+    return pubsub_namespace() + FANOUT.format(app_id=app_id, channel=channel)
+
+
+def fanout_parse(name: str) -> tuple[int, str] | None:
+    """(app id, channel) of a fanout_key name; None for any other pub/sub channel."""
+    name = name.removeprefix(pubsub_namespace())
+    if not name.startswith("sb:ch:"):
+        return None
+    _, _, app_id, channel = name.split(":", 3)
+    return int(app_id), channel
 
 
 async def readers_set(*, app_id: int, channel: str, node_id: str, count: int) -> tuple[int, int]:

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +34,8 @@ def name_width(names: Sequence[str]) -> None:
 
 
 def say(name: str, line: str) -> None:
-    colour = COLOURS.get(name.split("-")[0], "") if sys.stdout.isatty() else ""
+    # "web-2", and "02/web" (make network: domain, then role) take the role's colour.
+    colour = COLOURS.get(name.split("/")[-1].split("-")[0], "") if sys.stdout.isatty() else ""
     end = RESET if colour else ""
     with _print_lock:
         sys.stdout.write(f"{colour}{name:<{_name_width[0]}} |{end} {line}\n")
@@ -47,6 +48,7 @@ class Child:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)  # on top of the supervisor's environment
     ready_url: str | None = None  # a web node's /readyz
+    sink: Callable[[str, str], None] | None = None  # where its output lines go (name, line); say() by default
     proc: subprocess.Popen | None = None
     restarts: list[float] = field(default_factory=list)
     held: bool = False
@@ -58,12 +60,13 @@ class Child:
             text=True, bufsize=1, start_new_session=True,
         )
         threading.Thread(target=self._pump, args=(self.proc,), daemon=True).start()
-        say("run", f"started {self.name} (pid {self.proc.pid}): {' '.join(self.argv[1:4])} …")
+        (self.sink or say)("run", f"started {self.name} (pid {self.proc.pid}): {' '.join(self.argv[1:4])} …")
 
     def _pump(self, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
+        sink = self.sink or say
         for line in proc.stdout:
-            say(self.name, line.rstrip())
+            sink(self.name, line.rstrip())
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -107,25 +107,24 @@ def restart_all(nodes: Sequence[Child], env: dict[str, str], *, stats_port: int 
     return True
 
 
-class ControlServer:
-    """The supervisor's end of the socket: one connection at a time, one rolling restart at a time."""
+class ControlSocket:
+    """A supervisor's Unix socket: one connection at a time, each saying one command line; `handle`
+    runs it and reports progress lines back (and to the log, after `label`)."""
 
-    def __init__(self, path: Path, nodes: Sequence[Child], env: dict[str, str], *, stats_port: int | None,
-                 stopping: threading.Event):
-        self.path, self.nodes, self.env = path, nodes, env
-        self.stats_port, self.stopping = stats_port, stopping
+    def __init__(self, path: Path, handle: Callable[[str, Report], None], *, label: str):
+        self.path, self.handle, self.label = path, handle, label
         self.sock: socket.socket | None = None
 
     def start(self) -> bool:
         """Listen; False (and a note why) when another supervisor holds the path or it is too long."""
         if len(os.fsencode(self.path)) > UNIX_PATH_MAX:
-            say("run", f"no rolling restarts: the control socket path is too long ({self.path})")
+            say("run", f"no {self.label}: the control socket path is too long ({self.path})")
             return False
         if self.path.exists():
             try:
                 with socket.socket(socket.AF_UNIX) as probe:
                     probe.connect(str(self.path))
-                say("run", f"no rolling restarts: another supervisor answers on {self.path}")
+                say("run", f"no {self.label}: another supervisor answers on {self.path}")
                 return False
             except OSError:
                 self.path.unlink(missing_ok=True)  # left by a supervisor that was killed
@@ -158,12 +157,25 @@ class ControlServer:
             return
 
         def report(line: str) -> None:
-            say("run", f"rolling restart: {line}")
+            say("run", f"{self.label}: {line}")
             try:
                 conn.sendall(f"{line}\n".encode())
             except OSError:
-                pass  # the command went away; the restart goes on
+                pass  # the command went away; what it started goes on
 
+        self.handle(command, report)
+
+
+class ControlServer(ControlSocket):
+    """`make run`'s end of the socket: one rolling restart at a time."""
+
+    def __init__(self, path: Path, nodes: Sequence[Child], env: dict[str, str], *, stats_port: int | None,
+                 stopping: threading.Event):
+        super().__init__(path, self._restart, label="rolling restart")
+        self.nodes, self.env = nodes, env
+        self.stats_port, self.stopping = stats_port, stopping
+
+    def _restart(self, command: str, report: Report) -> None:
         if command != COMMAND:
             report(f"{FAILED}: unknown command {command!r} (known: {COMMAND})")
             return
@@ -171,17 +183,24 @@ class ControlServer:
         report(DONE if ok else f"{FAILED}: see the log above")
 
 
+def control_ask(path: Path, command: str, out: Callable[[str], None]) -> str:
+    """Say `command` on a supervisor's socket and pass each line it answers to `out`; the last line
+    (OSError when nobody answers)."""
+    last = ""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(path))
+        sock.sendall(f"{command}\n".encode())
+        for line in sock.makefile("r"):
+            last = line.rstrip("\n")
+            out(last)
+    return last
+
+
 def main(argv: list[str]) -> int:
     port = argv[0] if argv else os.environ.get("PORT", "8000")
     path = socket_path(port)
     try:
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.connect(str(path))
-            sock.sendall(f"{COMMAND}\n".encode())
-            last = ""
-            for line in sock.makefile("r"):
-                last = line.rstrip("\n")
-                print(last, flush=True)
+        last = control_ask(path, COMMAND, lambda line: print(line, flush=True))
     except OSError as exc:
         print(f"no make run answers on {path} ({exc.strerror or exc}); is it running, with this PORT?",
               file=sys.stderr)

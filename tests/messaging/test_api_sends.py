@@ -8,6 +8,7 @@ import pytest
 
 from apps_registry.selectors import app_snapshots_clear
 from messaging.api.client import ApiError
+from messaging.channels import registry
 from messaging.models import ChannelMessage, Delivery, Message
 from messaging.protocol import fast_frame
 from tests.messaging.api_fixtures import received
@@ -115,7 +116,7 @@ def test_a_channel_publish_takes_the_next_offset_and_answers_the_live_readers(ap
 
 def test_a_publish_fans_out_only_once_committed(api, anz, redis_client, django_capture_on_commit_callbacks):
     pubsub = redis_client.pubsub()
-    pubsub.subscribe(f"sb:ch:{anz.pk}:news")
+    pubsub.subscribe(registry.fanout_key(anz.pk, "news"))
     pubsub.get_message(timeout=1)  # the subscription's confirmation
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         api.publish("news", "later")

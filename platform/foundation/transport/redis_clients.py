@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 _async_clients: dict[int, aioredis.Redis] = {}
+_pubsub_namespace: tuple[str, str] | None = None
 _sync_client: tuple[int, redis.Redis] | None = None
 
 
@@ -45,3 +46,15 @@ def lock_acquire(name: str, ttl: int) -> redis.lock.Lock | None:
     """A cluster-wide lock (non-blocking): None when someone else holds it."""
     lock = sync_client().lock(f"sb:lock:{name}", timeout=ttl, blocking=False)
     return lock if lock.acquire() else None
+
+
+def pubsub_namespace() -> str:
+    """What names this Redis database among the server's: Redis pub/sub ignores the database number
+    (a PUBLISH on db 2 reaches a subscriber on db 3), so processes of different domains sharing one
+    server (`make network`, the test ring beside the suite) prefix their own pub/sub channel names
+    with it, as kombu does for Celery's. Keys need no prefix: they live in the database."""
+    global _pubsub_namespace
+    if _pubsub_namespace is None or _pubsub_namespace[0] != settings.REDIS_URL:
+        db = redis.connection.parse_url(settings.REDIS_URL).get("db", 0)
+        _pubsub_namespace = (settings.REDIS_URL, f"/{db}.")
+    return _pubsub_namespace[1]
