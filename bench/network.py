@@ -1,0 +1,216 @@
+"""Cross-domain latency and throughput: the same messages to a user of the sender's own domain, one
+hop away and two hops away, side by side in one run, on the four-domain ring of `make network`.
+
+    python -m bench.network [--pairs 20] [--rate 40] [--duration 20] [--burst 100] [--rounds 2] [--json FILE]
+
+The ring (devstack.ring) runs on databases of its own (`switchboard_bench_ring_*`, on the Postgres
+server `make run` uses, dropped after) and a Redis server of its own: an operator's data and
+`make network`'s are never touched. Senders are ANZ users homed on domain-01; receivers are homed on
+domain-01 (same domain), domain-02 (one hop: 01 -> 02) and domain-03 (two hops: 01 -> 02 -> 03).
+
+Per target, per round (the targets take turns, so drift on this shared machine spreads over all):
+- latency: `--pairs` sender/receiver pairs, `--rate` messages per second in all, for `--duration`
+  seconds; the time from just before the send to the receipt (RELIABLE, no confirmation);
+- throughput: every sender sends `--burst` messages back to back; messages per second from the
+  first send to the last receipt;
+- server CPU per message over the throughput window: every process of every domain (web, worker,
+  beat), the Postgres server and the Redis server (bench/cpu.py), over the messages delivered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import websockets
+
+from bench.compare import find_postgres, find_redis, free_port
+from bench.cpu import CpuProbe
+from bench.platform_proc import platform_env, private_redis
+from devstack.ring import Ring
+
+APP_ID = "app-id-343"
+TARGETS = {"same domain": (1, 500_000), "one hop": (2, 1_500_000), "two hops": (3, 3_500_000)}
+SENDER_BASE = 100
+
+
+async def _login(url: str, user: str):
+    ws = await websockets.connect(url, max_size=None, open_timeout=30)
+    await ws.send(json.dumps({"type": "AUTH_CLIENT", "data": {"appId": APP_ID, "userId": user, "token": "t"}}))
+    while True:
+        frame = json.loads(await asyncio.wait_for(ws.recv(), 30))
+        if frame["type"] == "AUTH_CLIENT_REPLY":
+            if not frame["data"].get("isAuthenticated"):
+                raise SystemExit(f"{user} refused on {url}: {frame}")
+            return ws
+
+
+async def _receive(ws, latencies: list[float], got: dict[str, int], marker: str) -> None:
+    async for raw in ws:
+        frame = json.loads(raw)
+        if frame.get("type") != "MESSAGE":
+            continue
+        body = json.loads(frame["data"]["content"])
+        if body.get("m") != marker:
+            continue
+        latencies.append(time.time() - body["t"])
+        got["n"] += 1
+
+
+async def _scenario(ring: Ring, target: str, args, round_no: int, probe_groups: dict[str, list[int]]) -> dict:
+    domain, receiver_base = TARGETS[target]
+    senders = [await _login(ring.ws_url(1), f"ANZ-{SENDER_BASE + i}") for i in range(args.pairs)]
+    receivers = [await _login(ring.ws_url(domain), f"ANZ-{receiver_base + i}") for i in range(args.pairs)]
+    result: dict = {"target": target, "round": round_no}
+    try:
+        # Latency at a modest steady rate.
+        latencies: list[float] = []
+        got = {"n": 0}
+        marker = f"lat-{target}-{round_no}"
+        readers = [asyncio.create_task(_receive(ws, latencies, got, marker)) for ws in receivers]
+        interval = args.pairs / args.rate
+        sent = 0
+
+        async def steady(i: int) -> None:
+            nonlocal sent
+            await asyncio.sleep(interval * i / args.pairs)
+            deadline = time.monotonic() + args.duration
+            while time.monotonic() < deadline:
+                body = json.dumps({"m": marker, "t": time.time()})
+                await senders[i].send(json.dumps({"type": "MESSAGE", "data": {"to": f"ANZ-{receiver_base + i}",
+                                                                               "content": body}}))
+                sent += 1
+                await asyncio.sleep(interval)
+
+        await asyncio.gather(*(steady(i) for i in range(args.pairs)))
+        end = time.monotonic() + 30
+        while got["n"] < sent and time.monotonic() < end:
+            await asyncio.sleep(0.1)
+        ms = sorted(x * 1000 for x in latencies)
+        result["latency"] = {"sent": sent, "received": got["n"], "p50_ms": _pct(ms, 50), "p95_ms": _pct(ms, 95),
+                             "p99_ms": _pct(ms, 99), "mean_ms": round(statistics.fmean(ms), 1) if ms else None}
+        for task in readers:
+            task.cancel()
+
+        # Throughput: a burst from every sender, with the servers' CPU over it.
+        latencies.clear()
+        got["n"] = 0
+        marker = f"burst-{target}-{round_no}"
+        readers = [asyncio.create_task(_receive(ws, latencies, got, marker)) for ws in receivers]
+        total = args.pairs * args.burst
+        probe = CpuProbe(probe_groups)
+        probe.start()
+        began = time.monotonic()
+
+        async def burst(i: int) -> None:
+            for _ in range(args.burst):
+                body = json.dumps({"m": marker, "t": time.time()})
+                await senders[i].send(json.dumps({"type": "MESSAGE", "data": {"to": f"ANZ-{receiver_base + i}",
+                                                                               "content": body}}))
+
+        await asyncio.gather(*(burst(i) for i in range(args.pairs)))
+        end = time.monotonic() + 120
+        while got["n"] < total and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        wall = time.monotonic() - began
+        await asyncio.sleep(1.0)  # the receipts' and sweeps' tails
+        window = probe.stop()
+        for task in readers:
+            task.cancel()
+        cpu = {name: window.seconds(name) or 0.0 for name in probe_groups}
+        delivered = got["n"]
+        result["throughput"] = {"sent": total, "received": delivered, "seconds": round(wall, 2),
+                                "per_second": round(delivered / wall, 1) if wall else None,
+                                "cpu_ms_per_message": round(sum(cpu.values()) * 1000 / max(delivered, 1), 2),
+                                "cpu_seconds": {k: round(v, 2) for k, v in cpu.items()}}
+    finally:
+        for ws in (*senders, *receivers):
+            await ws.close()
+    return result
+
+
+def _pct(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    return round(values[min(len(values) - 1, int(len(values) * p / 100))], 1)
+
+
+def _groups(ring: Ring, postgres_url: str, redis_url: str) -> dict[str, list[int]]:
+    groups = {f"domain-0{n}": [c.proc.pid for c in ring.children[n] if c.proc is not None] for n in ring.domains()}
+    groups["postgres"] = find_postgres(postgres_url)  # the whole server: other databases' work counts too
+    groups["redis"] = find_redis(redis_url)
+    return groups
+
+
+def _table(results: list[dict]) -> str:
+    lines = ["| target | latency p50 / p95 / p99 (ms) | throughput (msg/s) | server CPU per message (ms) |",
+             "|---|---|---|---|"]
+    base = {}
+    for target in TARGETS:
+        rows = [r for r in results if r["target"] == target]
+        p50 = statistics.median(r["latency"]["p50_ms"] for r in rows)
+        p95 = statistics.median(r["latency"]["p95_ms"] for r in rows)
+        p99 = statistics.median(r["latency"]["p99_ms"] for r in rows)
+        tput = statistics.median(r["throughput"]["per_second"] for r in rows)
+        cpu = statistics.median(r["throughput"]["cpu_ms_per_message"] for r in rows)
+        base.setdefault("tput", tput)
+        base.setdefault("cpu", cpu)
+        lines.append(f"| {target} | {p50} / {p95} / {p99} | {tput:.0f} ({tput / base['tput']:.2f}x) "
+                     f"| {cpu:.2f} ({cpu / base['cpu']:.2f}x) |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=20)
+    parser.add_argument("--rate", type=float, default=40.0, help="messages per second in all, latency phase")
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--burst", type=int, default=100, help="messages per sender, throughput phase")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+
+    env = platform_env()
+    postgres_url = env["DATABASE_URL"]
+    with tempfile.TemporaryDirectory(prefix="bench-ring-") as tmp, private_redis(Path(tmp)) as redis_url:
+        ports = []
+        while len(ports) < 4:
+            port = free_port()
+            if port not in ports and not 8000 <= port < 8010:
+                ports.append(port)
+        ring = Ring(Path(tmp) / "ring", postgres_url, redis_url, ports=ports, database_prefix="switchboard_bench_ring_",
+                    env_overrides={"DEBUG": "false", "DRAIN_SECONDS": "1"}, log_dir=Path(tmp) / "logs",
+                    base_env=env)
+        try:
+            print(f"starting the ring on ports {ports} ...", flush=True)
+            ring.start()
+            groups = _groups(ring, postgres_url, redis_url)
+            results = []
+            for round_no in range(1, args.rounds + 1):
+                order = list(TARGETS) if round_no % 2 else list(reversed(TARGETS))
+                for target in order:
+                    result = asyncio.run(_scenario(ring, target, args, round_no, groups))
+                    print(json.dumps(result), flush=True)
+                    results.append(result)
+        finally:
+            ring.stop()
+            ring.reset()
+    table = _table(results)
+    print(table)
+    if args.json:
+        args.json.write_text(json.dumps({
+            "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()},
+            "args": vars(args) | {"json": str(args.json)}, "results": results, "table": table}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
