@@ -14,9 +14,17 @@ from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils.html import escape, format_html
 
+from .admin_guards import HomesKeptAdmin, MetaManagedAdmin
+from .meta import meta_state_line
 from .models import OPEN_APP_MEANING, ApiKey, ClientApp, Domain, DomainLink, OperatorKey, UserDistribution, UserRange
 from .routing import DomainGraph, route_for_user
-from .services import api_key_create, api_key_revoke, distribution_validate, operator_key_revoke
+from .services import (
+    api_key_create,
+    api_key_revoke,
+    distribution_coverage_check,
+    distribution_validate,
+    operator_key_revoke,
+)
 
 
 class DistributionForm(forms.ModelForm):
@@ -31,6 +39,14 @@ class DistributionForm(forms.ModelForm):
             distribution_validate(
                 app=app, range_from=data["range_from"], range_to=data.get("range_to"), exclude_id=self.instance.pk
             )
+            # No user who has a home now may lose it: the app's other rows plus this one must cover
+            # what they covered (and an app this row leaves must keep covering its users without it).
+            others = [d.user_range for d in app.distributions.exclude(pk=self.instance.pk)]
+            distribution_coverage_check(app=app, after=[*others, UserRange(data["range_from"], data.get("range_to"))])
+            old_app = self.instance.app if self.instance.pk else None
+            if old_app is not None and old_app.pk != app.pk:
+                distribution_coverage_check(
+                    app=old_app, after=[d.user_range for d in old_app.distributions.exclude(pk=self.instance.pk)])
         return data
 
     _skip_db_check = False
@@ -61,6 +77,11 @@ class DistributionFormSet(BaseInlineFormSet):
                         f"{other.low}…{upper}; a user can live in one domain only."
                     )
             rows.append(current)
+        if self.instance.pk is not None:  # a new app's first distributions are free
+            # Rows the page did not submit stay as they are.
+            shown = [form.instance.pk for form in self.forms if form.instance.pk is not None]
+            kept = [d.user_range for d in self.instance.distributions.exclude(pk__in=shown)]
+            distribution_coverage_check(app=self.instance, after=[*kept, *rows])
 
 
 class UserDistributionInline(admin.TabularInline):
@@ -102,7 +123,7 @@ class ClientAppForm(forms.ModelForm):
 
 
 @admin.register(ClientApp)
-class ClientAppAdmin(admin.ModelAdmin):
+class ClientAppAdmin(MetaManagedAdmin):
     form = ClientAppForm
     list_display = ["app_name", "app_id", "master_user_id", "auth_mode", "retention_days", "max_delivery_attempts"]
     search_fields = ["app_name", "app_id", "master_user_id"]
@@ -124,6 +145,19 @@ class ClientAppAdmin(admin.ModelAdmin):
         form.clean = _client_app_clean(form.clean)
         return form
 
+    def save_formset(self, request, form, formset, change):
+        if formset.model is not UserDistribution:
+            return super().save_formset(request, form, formset, change)
+        # Rows removed go first: a neighbour widened over a removed row in the same save would
+        # otherwise meet it in the overlap trigger (migration 0002).
+        instances = formset.save(commit=False)
+        for obj in formset.deleted_objects:
+            obj.delete()
+        for obj in instances:
+            obj.save()
+        formset.save_m2m()
+        return None
+
     def save_model(self, request, obj, form, change):
         super().save_model(request, obj, form, change)
         if obj.admits_anyone:
@@ -143,7 +177,9 @@ def _client_app_clean(original):
 
 
 @admin.register(UserDistribution)
-class UserDistributionAdmin(admin.ModelAdmin):
+class UserDistributionAdmin(HomesKeptAdmin):
+    """Deleting is refused, one row or a bulk selection, where it would leave a user without a home."""
+
     form = DistributionForm
     list_display = ["app", "domain", "range_from", "range_to"]
     list_filter = ["domain", "app"]
@@ -260,7 +296,7 @@ class DomainLinkForm(forms.ModelForm):
 
 
 @admin.register(DomainLink)
-class DomainLinkAdmin(admin.ModelAdmin):
+class DomainLinkAdmin(MetaManagedAdmin):
     form = DomainLinkForm
     list_display = ["__str__", "weight", "enabled"]
     list_editable = ["weight", "enabled"]
@@ -268,10 +304,13 @@ class DomainLinkAdmin(admin.ModelAdmin):
 
 
 @admin.register(Domain)
-class DomainAdmin(admin.ModelAdmin):
+class DomainAdmin(MetaManagedAdmin):
     list_display = ["name", "url_list", "this_node"]
     search_fields = ["name"]
     change_list_template = "admin/apps_registry/domain/change_list.html"
+
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, {**(extra_context or {}), "meta_state": meta_state_line()})
 
     @admin.display(description="urls")
     def url_list(self, obj: Domain) -> str:

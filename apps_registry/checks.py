@@ -3,6 +3,7 @@ to is named before a node goes on the internet. Only under --deploy: they read t
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.checks import Tags, register
 from django.core.checks import Warning as CheckWarning
 from django.db import DatabaseError
@@ -35,3 +36,13 @@ def check_open_apps(app_configs, **kwargs):
         for name in refusing_apps
     ]
     return warnings
+
+
+@register()
+def check_meta_role(app_configs, **kwargs):
+    """A domain told to pull its configuration without the secret that signs the pull: every pull fails."""
+    if settings.META_URL and not settings.META_SECRET:
+        return [CheckWarning(
+            f"META_URL is set ({settings.META_URL}) but META_SECRET is empty: every configuration pull fails.",
+            hint="Set META_SECRET to the secret the meta domain has, or unset META_URL.", id="switchboard.W013")]
+    return []

@@ -4,8 +4,14 @@ Import is all-or-nothing (one transaction; the first bad entry is named and noth
 and idempotent (natural keys: domain name, link pair, app name). What a file names, it owns:
 an app's distributions are replaced by the file's list. What it does not name is left alone.
 
-Extension keys beyond the linker format: `weight` and `enabled` on links; `tokenSecret`,
-`authMode`, `publicChannels`, `clientSubscriptions` on apps.
+Extension keys beyond the linker format: `weight`, `enabled` and `sharedSecret` on links;
+`tokenSecret`, `authMode`, `publicChannels`, `clientSubscriptions` on apps.
+
+No user is left without a home: a file that gives an app's distributions a smaller coverage than
+the app has here is refused, naming the app and the first users who would lose their home domain
+(`ANZ users 1000000-2999999 would have no home domain`). An app's first distributions are free.
+The meta role's pull (apps_registry.meta, `mirror=True`) is the one exception: the meta domain
+refused such a change where it was made, and a mirror converges on what the meta holds.
 
 Auth modes: an entry's `authMode` wins; else `authEnabled: true` means the auth URL, a `tokenSecret`
 means signed tokens, then the importer's `default_auth_mode` applies (`import_config --auth-mode`);
@@ -15,9 +21,11 @@ did there, and the import names every such app (`ImportSummary.open_apps`; `chec
 W010 about each). An entry that says nothing gets signed tokens (with the app's secret, or a
 generated one the operator replaces). Exports write `authMode: none` for an open app.
 
-Secrets stay out of exports unless asked for (`include_secrets`): a file that travels to a
-repository or a ticket must not carry an app's token secret. Importing a file without
-`tokenSecret` keeps the secret an existing app already has.
+Secrets stay out of exports unless asked for (`include_secrets`, which the meta role's signed
+export uses): a file that travels to a repository or a ticket must not carry an app's token secret
+nor a link's shared secret (it signs the calls between the two domains). Importing a file without
+`tokenSecret` keeps the secret an existing app already has, and one without `sharedSecret` keeps
+an existing link's secret (a new link gets a random one).
 """
 
 from __future__ import annotations
@@ -33,9 +41,18 @@ from django.db.models import Q
 
 from foundation.names import domain_name_valid
 
-from .models import APP_NAME_RE, AuthMode, ClientApp, Domain, DomainLink, UserDistribution, new_token_secret
+from .models import (
+    APP_NAME_RE,
+    AuthMode,
+    ClientApp,
+    Domain,
+    DomainLink,
+    UserDistribution,
+    UserRange,
+    new_token_secret,
+)
 from .selectors import user_id_parse
-from .services import distribution_validate
+from .services import coverage_gap, distribution_validate, homeless_message
 
 
 class ConfigError(Exception):
@@ -76,8 +93,9 @@ def _validation_text(exc: ValidationError) -> str:
     return " ".join(exc.messages)
 
 
-def config_import(*, text: str, default_auth_mode: str | None = None) -> ImportSummary:
-    """Import a linker file; `default_auth_mode` is for apps whose entry implies no mode (see above)."""
+def config_import(*, text: str, default_auth_mode: str | None = None, mirror: bool = False) -> ImportSummary:
+    """Import a linker file; `default_auth_mode` is for apps whose entry implies no mode (see above).
+    `mirror` (the meta role's pull) skips the no-user-without-a-home rule: see the module doc."""
     if default_auth_mode is not None and default_auth_mode not in AuthMode.values:
         raise ConfigError(f"the default auth mode must be one of {', '.join(AuthMode.values)}")
     try:
@@ -90,7 +108,7 @@ def config_import(*, text: str, default_auth_mode: str | None = None) -> ImportS
     with transaction.atomic():
         domains = _import_domains(doc.get("domains") or [], summary)
         _import_links(doc.get("domainLinks") or [], domains, summary)
-        _import_apps(doc.get("clientApps") or [], summary, default_auth_mode)
+        _import_apps(doc.get("clientApps") or [], summary, default_auth_mode, mirror)
     return summary
 
 
@@ -130,14 +148,18 @@ def _import_links(entries: list, domains: dict[str, Domain], summary: ImportSumm
         if weight < 1:
             raise ConfigError(f"{where}: weight must be 1 or more")
         enabled = bool(entry.get("enabled", True))
+        secret = entry.get("sharedSecret") or None
+        if secret is not None and (not isinstance(secret, str) or len(secret) > 128):
+            raise ConfigError(f"{where}: sharedSecret must be a string of at most 128 characters")
         a, b = domains[n1], domains[n2]
         link = DomainLink.objects.filter(Q(n1=a, n2=b) | Q(n1=b, n2=a)).first()
         if link is None:
-            DomainLink.objects.create(n1=a, n2=b, weight=weight, enabled=enabled)
+            DomainLink.objects.create(n1=a, n2=b, weight=weight, enabled=enabled,
+                                      **({"shared_secret": secret} if secret else {}))
             summary.created["links"] += 1
-        elif (link.weight, link.enabled) != (weight, enabled):
-            link.weight, link.enabled = weight, enabled
-            link.save(update_fields=["weight", "enabled"])
+        elif (link.weight, link.enabled, link.shared_secret) != (weight, enabled, secret or link.shared_secret):
+            link.weight, link.enabled, link.shared_secret = weight, enabled, secret or link.shared_secret
+            link.save(update_fields=["weight", "enabled", "shared_secret"])
             summary.updated["links"] += 1
 
 
@@ -193,7 +215,7 @@ def _app_fields(entry: dict, where: str, default_auth_mode: str | None) -> dict[
     }
 
 
-def _import_apps(entries: list, summary: ImportSummary, default_auth_mode: str | None) -> None:
+def _import_apps(entries: list, summary: ImportSummary, default_auth_mode: str | None, mirror: bool) -> None:
     seen_ids: dict[str, str] = {}
     for i, entry in enumerate(entries):
         where = f"clientApps[{i}]"
@@ -216,10 +238,10 @@ def _import_apps(entries: list, summary: ImportSummary, default_auth_mode: str |
             summary.updated["apps"] += 1
         if app.auth_mode == AuthMode.NONE:
             summary.open_apps.append(app.app_name)
-        _import_distributions(app, entry.get("userDistributions") or [], where, summary)
+        _import_distributions(app, entry.get("userDistributions") or [], where, summary, mirror)
 
 
-def _import_distributions(app: ClientApp, entries: list, where: str, summary: ImportSummary) -> None:
+def _import_distributions(app: ClientApp, entries: list, where: str, summary: ImportSummary, mirror: bool) -> None:
     wanted = []
     for j, dist in enumerate(entries):
         dwhere = f"{where} userDistributions[{j}]"
@@ -233,6 +255,12 @@ def _import_distributions(app: ClientApp, entries: list, where: str, summary: Im
     current = sorted(app.distributions.values_list("domain_id", "range_from", "range_to"))
     if current == sorted(w[:3] for w in wanted):
         return
+    if not mirror:
+        gap = coverage_gap(before=[UserRange(low, high) for _, low, high in current],
+                           after=[UserRange(low, high) for _, low, high, _, _ in wanted])
+        if gap is not None:
+            raise ConfigError(f"{where}: {homeless_message(app.app_name, gap)} (the file's userDistributions "
+                              "must cover every user the app's distributions cover here)")
     app.distributions.all().delete()
     for _, range_from, range_to, domain, dwhere in wanted:
         try:
@@ -255,6 +283,8 @@ def config_export(*, include_secrets: bool = False) -> str:
             item["weight"] = link.weight
         if not link.enabled:
             item["enabled"] = False
+        if include_secrets:
+            item["sharedSecret"] = link.shared_secret
         doc["domainLinks"].append(item)
     apps = ClientApp.objects.prefetch_related("distributions__domain").order_by("app_name")
     for app in apps:

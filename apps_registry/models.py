@@ -323,3 +323,25 @@ class SelftestRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} on {self.app_id}"
+
+
+class MetaState(models.Model):
+    """The meta role on a domain that pulls its configuration (settings.META_URL): one row, what the
+    last pull applied and what went wrong since. The digests are of exported YAML, so an unchanged
+    configuration (here and on the meta) is recognised before anything is parsed, and changes nothing."""
+
+    meta_url = models.CharField(max_length=500, blank=True)
+    digest = models.CharField(max_length=64, blank=True, help_text="SHA-256 of the configuration last applied.")
+    # SHA-256 of this domain's own export right after that: a local edit since then changes it, and
+    # the next pull puts the meta's configuration back even though the meta's has not changed.
+    local_digest = models.CharField(max_length=64, blank=True)
+    applied_at = models.DateTimeField(null=True, blank=True)
+    checked_at = models.DateTimeField(null=True, blank=True, help_text="The last pull, whatever its outcome.")
+    last_error = models.TextField(blank=True)
+    notice = models.TextField(blank=True, help_text="What the last applied pull kept on purpose (see README).")
+
+    class Meta:
+        verbose_name = "meta state"
+
+    def __str__(self) -> str:
+        return f"pulled from {self.meta_url or '-'}"

@@ -66,6 +66,11 @@ def user_home_domain(user_id: str) -> Domain | None:
     return distribution.domain if distribution else None
 
 
+def domain_ws_url(urls: list | None) -> str | None:
+    """A domain's WebSocket URL: the first ws:// or wss:// entry of its urls (None: it lists none)."""
+    return next((u for u in urls or () if isinstance(u, str) and u.lower().startswith(("ws://", "wss://"))), None)
+
+
 def distribution_overlaps(
     *, app: ClientApp, range_from: int, range_to: int | None, exclude_id: int | None = None
 ) -> UserDistribution | None:
@@ -116,12 +121,18 @@ class AppSnapshot:
     api_rate_limit_burst: int
     public_channel_patterns: tuple[str, ...]
     distributions: tuple[tuple[UserRange, str], ...]  # (range, domain name)
+    # The WebSocket URL of each domain the distributions name (the first ws:// or wss:// of its urls),
+    # for the AUTH_CLIENT refusal that redirects a user to its home domain.
+    domain_ws_urls: tuple[tuple[str, str], ...] = ()
 
     def home_domain(self, number: int) -> str | None:
         for user_range, domain in self.distributions:
             if user_range.contains(number):
                 return domain
         return None
+
+    def ws_url_of(self, domain: str | None) -> str | None:
+        return next((url for name, url in self.domain_ws_urls if name == domain), None)
 
     @property
     def uses_auth_url(self) -> bool:
@@ -172,11 +183,10 @@ def app_snapshot_by_app_id(app_id: str) -> AppSnapshot | None:
 def _snapshot_load(app: ClientApp | None) -> AppSnapshot | None:
     snapshot = None
     if app is not None:
-        dists = tuple(
-            (UserRange(low, high), domain)
-            for low, high, domain in UserDistribution.objects.filter(app=app).order_by("range_from").values_list(
-                "range_from", "range_to", "domain__name")
-        )
+        rows = list(UserDistribution.objects.filter(app=app).order_by("range_from").values_list(
+            "range_from", "range_to", "domain__name", "domain__urls"))
+        dists = tuple((UserRange(low, high), domain) for low, high, domain, _ in rows)
+        ws_urls = {domain: domain_ws_url(urls) for _, _, domain, urls in rows}
         snapshot = AppSnapshot(
             pk=app.pk, app_name=app.app_name, app_id=app.app_id, master_user_id=app.master_user_id,
             auth_mode=app.auth_mode, auth_url=app.auth_url, auth_enabled=app.auth_enabled,
@@ -192,6 +202,7 @@ def _snapshot_load(app: ClientApp | None) -> AppSnapshot | None:
             max_token_lifetime_seconds=app.max_token_lifetime_seconds,
             api_rate_limit_per_second=app.api_rate_limit_per_second, api_rate_limit_burst=app.api_rate_limit_burst,
             public_channel_patterns=tuple(app.public_channel_patterns or ()), distributions=dists,
+            domain_ws_urls=tuple((domain, url) for domain, url in ws_urls.items() if url),
         )
     return snapshot
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import TypeVar
 
@@ -15,7 +16,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from .models import ApiKey, AuthMode, ClientApp, Domain, HashedKey, OperatorKey, UserDistribution
+from .models import ApiKey, AuthMode, ClientApp, Domain, HashedKey, OperatorKey, UserDistribution, UserRange
 from .selectors import distribution_overlaps
 
 API_KEY_PREFIX_LEN = 10
@@ -117,6 +118,76 @@ def distribution_create(*, app: ClientApp, domain: Domain, range_from: int, rang
         ClientApp.objects.select_for_update().filter(pk=app.pk).first()  # serialise per app
         distribution_validate(app=app, range_from=range_from, range_to=range_to)
         return UserDistribution.objects.create(app=app, domain=domain, range_from=range_from, range_to=range_to)
+
+
+def coverage_gap(*, before: Iterable[UserRange], after: Iterable[UserRange]) -> UserRange | None:
+    """The first users (lowest numbers first) `before` gives a home and `after` does not; None when
+    `after` covers everything `before` did."""
+    after = sorted(after, key=lambda r: r.low)
+    for wanted in sorted(before, key=lambda r: r.low):
+        cursor = wanted.low
+        for have in after:
+            if have.high is not None and have.high < cursor:
+                continue
+            if have.low > cursor:
+                break  # the users from cursor up to have.low - 1 have no home
+            if have.high is None:
+                cursor = None
+                break
+            cursor = have.high + 1
+            if wanted.high is not None and cursor > wanted.high:
+                break
+        if cursor is None or (wanted.high is not None and cursor > wanted.high):
+            continue
+        nxt = next((have.low for have in after if have.low > cursor), None)
+        ends = [x for x in (wanted.high, None if nxt is None else nxt - 1) if x is not None]
+        return UserRange(cursor, min(ends) if ends else None)
+    return None
+
+
+def homeless_message(app_name: str, gap: UserRange) -> str:
+    users = f"{gap.low} and up" if gap.high is None else f"{gap.low}-{gap.high}"
+    return f"{app_name} users {users} would have no home domain"
+
+
+def distribution_coverage_check(*, app: ClientApp, after: Iterable[UserRange]) -> None:
+    """Refuse (ValidationError naming the app and the first range) a change after which a user of
+    `app` who has a home domain now would have none. An app's first distributions are free: nothing
+    was covered before them. Moving users to another domain is no loss of coverage."""
+    before = [d.user_range for d in app.distributions.all()]
+    gap = coverage_gap(before=before, after=after)
+    if gap is not None:
+        raise ValidationError(homeless_message(app.app_name, gap) + "; move them to another domain instead "
+                              "(change the distribution's domain), or widen a neighbouring distribution in the "
+                              "same save on the app's page.")
+
+
+def distributions_delete_refusal(*, distribution_ids: Iterable[int]) -> str | None:
+    """Why deleting these distributions must be refused (a user would be left without a home
+    domain), or None."""
+    ids = set(distribution_ids)
+    app_ids = set(UserDistribution.objects.filter(pk__in=ids).values_list("app_id", flat=True))
+    for app in ClientApp.objects.filter(pk__in=app_ids).order_by("app_name"):
+        try:
+            distribution_coverage_check(app=app, after=[d.user_range for d in app.distributions.exclude(pk__in=ids)])
+        except ValidationError as exc:
+            return exc.messages[0]
+    return None
+
+
+def distributions_delete(*, distribution_ids: Iterable[int]) -> int:
+    """Delete distributions (the admin's delete and bulk delete), refused with a ValidationError when
+    a user would be left without a home domain; the apps' rows are locked, as for creation, so two
+    operators deleting the two halves of a coverage at once cannot both win."""
+    ids = set(distribution_ids)
+    with transaction.atomic():
+        app_ids = set(UserDistribution.objects.filter(pk__in=ids).values_list("app_id", flat=True))
+        list(ClientApp.objects.select_for_update().filter(pk__in=app_ids).order_by("pk"))
+        refusal = distributions_delete_refusal(distribution_ids=ids)
+        if refusal is not None:
+            raise ValidationError(refusal)
+        deleted, _ = UserDistribution.objects.filter(pk__in=ids).delete()
+    return deleted
 
 
 # Open by choice (auth mode none, as in the linker seed): the README's examples log in with any token.

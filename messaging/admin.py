@@ -16,17 +16,26 @@ from foundation.admin_readonly import ACT, ReadOnlyAdminMixin
 
 from .delivery.dead_letters import dead_letters_discard, dead_letters_requeue
 from .models import DeadLetter, Delivery, DeliveryState, Message
+from .network import admin as network_admin  # noqa: F401  (registers the links' console)
+from .network.whereabouts import delivery_where
 from .selftest import admin as selftest_admin  # noqa: F401  (registers the selftest runs' console)
 from .webhooks import admin as webhooks_admin  # noqa: F401  (registers the webhook console)
+
+
+@admin.display(description="where")
+def _where(obj: Delivery) -> str:
+    """For a recipient homed in another domain: "forwarded to domain-02, delivered in domain-03"."""
+    return delivery_where(obj)
 
 
 class DeliveryInline(admin.TabularInline):
     model = Delivery
     fields = ["recipient", "seq", "state", "attempts", "created_at", "sent_at", "delivered_at", "next_attempt_at",
-              "last_error"]
+              "forward_to", "where", "last_error"]
     readonly_fields = fields
     extra = 0
     can_delete = False
+    where = staticmethod(_where)
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -42,7 +51,8 @@ class MessageAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     ordering = ["-id"]
     inlines = [DeliveryInline]
     readonly_fields = ["app", "sender", "kind", "content", "reference", "confirmation_requested",
-                       "client_message_id", "origin_domain", "created_at"]
+                       "client_message_id", "origin_domain", "origin_message_id", "forward_path", "confirms_origin",
+                       "created_at"]
 
     @admin.display(description="content")
     def short_content(self, obj: Message) -> str:
@@ -52,13 +62,14 @@ class MessageAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 @admin.register(Delivery)
 class DeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["id", "message_id", "recipient", "seq", "state", "attempts", "created_at", "delivered_at",
-                    "next_attempt_at"]
+                    "next_attempt_at", "where"]
     list_filter = ["state"]
     list_select_related = ["message"]
     search_fields = ["recipient__exact"]
     show_full_result_count = False
     ordering = ["-id"]
     raw_id_fields = ["message"]
+    where = staticmethod(_where)
 
 
 @admin.register(DeadLetter)

@@ -43,10 +43,11 @@ class AuthOutcome:
     ok: bool
     app: AppSnapshot | None
     reason: str = ""
+    redirect: str | None = None  # the user's home domain's WebSocket URL, when it lives elsewhere
 
 
-def _refuse(reason: str, app: AppSnapshot | None = None) -> AuthOutcome:
-    return AuthOutcome(ok=False, app=app, reason=reason)
+def _refuse(reason: str, app: AppSnapshot | None = None, redirect: str | None = None) -> AuthOutcome:
+    return AuthOutcome(ok=False, app=app, reason=reason, redirect=redirect)
 
 
 async def client_authenticate(*, app_id: str, user_id: str, token: str, origin: str | None = None) -> AuthOutcome:
@@ -62,7 +63,7 @@ async def client_authenticate(*, app_id: str, user_id: str, token: str, origin: 
         return _refuse(f"origin {origin[:200]} is not allowed for this app", app)
     home = app.home_domain(parsed.number)
     if home != settings.DOMAIN_NAME:
-        return _refuse(f"user lives in {home or 'no domain'}; connect to that domain", app)
+        return _refuse(f"user lives in {home or 'no domain'}; connect to that domain", app, app.ws_url_of(home))
     if app.auth_mode == AuthMode.AUTH_URL:
         if not app.uses_auth_url:  # switched off: refused, never admitted (issue 16)
             return _refuse("the app's auth URL is switched off; no login is admitted until it is on", app)

@@ -16,9 +16,11 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from foundation.metrics import REGISTRY
 from messaging.models import DeliveryState, states_sql
+from messaging.network.selectors import LinkState, link_states
 from messaging.webhooks.selectors import webhook_backlog
 
 CONNECTIONS = Gauge("switchboard_ws_connections", "Authenticated WebSocket connections on this node",
@@ -78,6 +80,38 @@ WEBHOOK_BACKLOG = Gauge("switchboard_webhook_deliveries",
                         registry=REGISTRY)
 
 
+class _LinkCollector:
+    """Each link's state and what was forwarded over it, as this domain sees it. Read from LinkHealth
+    at scrape time (metrics_view): the counts are kept by the workers that send and the web nodes
+    that receive, in the table, so any web node of the domain reports the same figures."""
+
+    def __init__(self) -> None:
+        self.states: list[LinkState] = []
+
+    def _families(self) -> tuple[GaugeMetricFamily, CounterMetricFamily]:
+        return (GaugeMetricFamily("switchboard_link_up", "1 while the link to a neighbouring domain is enabled and "
+                                  "answers, 0 while it is down, disabled or not called yet", labels=["peer"]),
+                CounterMetricFamily("switchboard_link_forwarded", "Items forwarded over the link to a neighbouring "
+                                    "domain, by direction (out, in)", labels=["peer", "direction"]))
+
+    def describe(self):
+        return list(self._families())
+
+    def collect(self):
+        up, forwarded = self._families()
+        for state in self.states:
+            up.add_metric([state.peer], 1.0 if state.up else 0.0)
+            health = state.health
+            forwarded.add_metric([state.peer, "out"], health.forwarded_out if health else 0)
+            forwarded.add_metric([state.peer, "in"], health.forwarded_in if health else 0)
+        yield up
+        yield forwarded
+
+
+LINKS = _LinkCollector()
+REGISTRY.register(LINKS)
+
+
 def _scraper_allowed(request: HttpRequest) -> bool:
     if settings.DEBUG:
         return True
@@ -105,4 +139,5 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         DEAD_LETTERS.set(cur.fetchone()[0])
     for state, count in webhook_backlog().items():
         WEBHOOK_BACKLOG.labels(state).set(count)
+    LINKS.states = link_states()
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

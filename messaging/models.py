@@ -55,6 +55,11 @@ class DeliveryState(models.TextChoices):
     RETRYING = "retrying"
     DEAD = "dead"
     EXPIRED = "expired"
+    # A recipient homed in another domain (messaging.network): queued on the link to `forward_to`,
+    # then stored by that domain (which takes it on from there) until the home domain reports back
+    # delivered (or dead). Neither is in the mailbox: the recipient never connects here.
+    FORWARDING = "forwarding"
+    FORWARDED = "forwarded"
 
 
 # The mailbox: what FETCH_MISSING_MESSAGES returns and counts, and what may still move.
@@ -90,6 +95,13 @@ class Message(models.Model):
     # NULL, not "": the unique constraint must not treat "no id" as one shared id.
     client_message_id = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001
     origin_domain = models.CharField(max_length=64, blank=True, default="")
+    # A message that came from another domain (messaging.network): its id in its origin domain (NULL
+    # for one stored here first; message_forwarded_once makes an (origin domain, id) stored once), the
+    # domains it passed through, origin first ("domain-01,domain-02"), and, for a confirmation, the
+    # message it confirms as "<origin domain>:<id there>" where that message has no copy here.
+    origin_message_id = models.BigIntegerField(null=True, blank=True)
+    forward_path = models.CharField(max_length=800, blank=True, default="", db_default="")
+    confirms_origin = models.CharField(max_length=100, blank=True, default="", db_default="")
     # Set on MESSAGE_CONFIRMATIONs only: the message this one confirms (at most one confirmation per
     # message: message_confirmed_once, partial so that ordinary messages add no index entry).
     confirms = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="+",
@@ -106,6 +118,10 @@ class Message(models.Model):
             # Also what a confirmations' cascade looks its rows up by.
             models.UniqueConstraint(fields=["confirms"], condition=Q(confirms__isnull=False),
                                     name="message_confirmed_once"),
+            # A forwarded message is stored once per domain, however often a hop repeats the call.
+            # Also what receipts and confirmations find a domain's copy by.
+            models.UniqueConstraint(fields=["origin_domain", "origin_message_id"],
+                                    condition=Q(origin_message_id__isnull=False), name="message_forwarded_once"),
         ]
         indexes = [
             # The console's "messages of this sender" search, newest first.
@@ -141,6 +157,8 @@ class Delivery(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)  # the row's timer (see the module docstring)
     claim = models.BigIntegerField(null=True, blank=True)
     last_error = models.CharField(max_length=500, blank=True, default="")
+    # The neighbouring domain a forwarding/forwarded delivery was queued on (messaging.network).
+    forward_to = models.CharField(max_length=64, blank=True, default="", db_default="")
     created_at = models.DateTimeField()
     sent_at = models.DateTimeField(null=True, blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
@@ -170,6 +188,10 @@ class Delivery(models.Model):
             # a general (state, ...) index tempted the planner into scanning every undelivered
             # row for batch updates by id (see messaging.delivery.sql).
             models.Index(fields=["-dead_at"], name="delivery_dead_letters", condition=Q(state=DeliveryState.DEAD.value)),
+            # A link's forwarding queue, each recipient's rows in mailbox order (messaging.network):
+            # partial, so only what waits on a link is in it.
+            models.Index(fields=["forward_to", "app", "recipient", "seq"], name="delivery_link_queue",
+                         condition=Q(state=DeliveryState.FORWARDING.value)),
         ]
 
     def __str__(self) -> str:
@@ -219,6 +241,7 @@ class IdempotencyKey(models.Model):
 
 # The tables declared in messaging's rooms belong to this app: importing them registers them.
 from messaging.channels.models import Channel, ChannelMessage, Subscription  # noqa: E402
+from messaging.network.models import ChannelForward, LinkHealth  # noqa: E402
 from messaging.webhooks.models import (  # noqa: E402
     WEBHOOK_ALL_EVENTS,
     WEBHOOK_OPEN_STATES,
@@ -234,8 +257,8 @@ from messaging.webhooks.models import (  # noqa: E402
 
 __all__ = [
     "CLAIMABLE_STATES", "DELIVERABLE_STATES", "EXPIRABLE_STATES", "UNDELIVERED_STATES", "WEBHOOK_ALL_EVENTS",
-    "WEBHOOK_OPEN_STATES", "WEBHOOK_SUBSCRIBABLE_EVENTS", "Channel", "ChannelMessage", "DeadLetter", "Delivery",
-    "DeliveryState", "IdempotencyKey", "Mailbox", "Message", "MessageKind", "Subscription", "WebhookDelivery",
+    "WEBHOOK_OPEN_STATES", "WEBHOOK_SUBSCRIBABLE_EVENTS", "Channel", "ChannelForward", "ChannelMessage", "DeadLetter", "Delivery",
+    "DeliveryState", "IdempotencyKey", "LinkHealth", "Mailbox", "Message", "MessageKind", "Subscription", "WebhookDelivery",
     "WebhookEndpoint", "WebhookEvent", "WebhookState", "states_sql", "webhook_events_all", "webhook_secret_new",
     "webhook_states_sql",
 ]

@@ -16,8 +16,9 @@ the row stays `sent`, and the sweep counts a failed attempt if no confirmation c
 
 Where a claimed delivery goes is decided in one place, `destination`: this domain (pushed here) or
 the recipient's home domain elsewhere. A user homed elsewhere is never connected here
-(authentication sends it home), so its delivery is parked in its mailbox here, no attempt counted,
-until forwarding between domains takes it: the domain network plugs in at that decision.
+(authentication sends it home), so its delivery is queued on the link to the next hop towards its
+home (messaging.network.queue), or, where no enabled link leads there, counts a failed attempt
+("no route to domain-05").
 """
 
 from __future__ import annotations
@@ -26,13 +27,12 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
-from django.conf import settings
 from redis import RedisError
 
-from apps_registry.selectors import app_snapshot, user_id_parse
 from foundation.transport import sockets
 from messaging.delivery.claims import ClaimedRow, claim_token, deliveries_claim, deliveries_park, deliveries_release
 from messaging.delivery.retry import deliveries_fail
+from messaging.network.queue import deliveries_queue_on_links, destination
 from messaging.protocol import delivery_frame
 from presence import cache
 
@@ -45,29 +45,24 @@ class RouteOutcome:
     offline: int
     released: int
     failed: int
-    elsewhere: int = 0  # recipients homed in another domain: parked here until forwarding takes them
+    elsewhere: int = 0  # recipients homed in another domain: queued on a link (or no route: an attempt)
 
 
-def destination(recipient: str) -> str | None:
-    """Where a delivery to `recipient` goes from this domain: None, pushed here (its home is this
-    domain, or it has none any more); otherwise the name of its home domain."""
-    parsed = user_id_parse(recipient)
-    app = app_snapshot(parsed.app_name) if parsed else None
-    home = app.home_domain(parsed.number) if app else None
-    return None if home in (None, settings.DOMAIN_NAME) else home
+__all__ = ["RouteOutcome", "deliveries_route", "destination"]
 
 
 def deliveries_route(delivery_ids: list[int]) -> RouteOutcome:
     token = claim_token()
     claimed = deliveries_claim(delivery_ids=delivery_ids, token=token)
     here: list[ClaimedRow] = []
-    elsewhere: list[tuple[int, int]] = []
+    elsewhere: dict[int, str] = {}
     for row in claimed:
-        if destination(row.recipient) is None:
+        home = destination(row.recipient)
+        if home is None:
             here.append(row)
         else:
-            elsewhere.append((row.delivery_id, token))
-    deliveries_park(claims=elsewhere)
+            elsewhere[row.delivery_id] = home
+    deliveries_queue_on_links(homes=elsewhere, token=token)
     outcome = _push_here(here, token)
     return RouteOutcome(outcome.pushed, outcome.offline, outcome.released, outcome.failed, len(elsewhere))
 

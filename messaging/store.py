@@ -41,43 +41,49 @@ class SendResult:
     duplicate: bool  # the clientMessageId was seen before: nothing new was stored or routed
 
 
-def mailbox_append_sql(messages: str, recipients: str) -> str:
-    """CTEs that store the messages of relation `messages` and append a delivery per row of
-    `recipients` to each recipient's mailbox. Shared by sends and by confirmations.
+def messages_insert_sql(messages: str, *, forwarded: bool = False) -> str:
+    """CTEs that store the messages of relation `messages`, ending in `stored` (ord, id, app_id).
 
     `messages` has columns (ord, app_id, sender, kind, content, reference, confirm, cmid, origin,
-    confirms); `recipients` has (ord, recipient). The CTEs end in `stored` (ord, id, app_id) and
-    `new_deliveries` (id, message_id).
-
-    Guarantees:
-    - ids are drawn before the insert, so each input row knows its message id; a row that collides
-      with a stored one (the same clientMessageId from the same sender, or a second confirmation of
-      one message) inserts nothing and appends nothing;
-    - every mailbox is bumped once per statement, by the number of its new deliveries, in
-      (app, user) order: the upsert holds each mailbox row lock until commit, so sequences are
-      gap-free and increasing, and two statements locking overlapping mailboxes queue up in one
-      global order instead of deadlocking;
-    - within a statement, one recipient's new deliveries take its sequence numbers in input order.
+    confirms) and, when `forwarded` (a message that came from another domain, messaging.network),
+    also (origin_id, path, confirms_origin). Ids are drawn before the insert, so each input row
+    knows its message id; a row that collides with a stored one (the same clientMessageId from the
+    same sender, a second confirmation of one message, a forwarded message already stored here)
+    inserts nothing.
     """
-    pending = states_sql(DeliveryState.PENDING)
+    extra_cols = ", origin_message_id, forward_path, confirms_origin" if forwarded else ""
+    extra_vals = ", s.origin_id, s.path, s.confirms_origin" if forwarded else ""
     return f"""
     ids AS MATERIALIZED (
         SELECT ord, nextval('messaging_message_id_seq'::regclass) AS id FROM {messages}
     ), new_msgs AS (
         INSERT INTO messaging_message (id, app_id, sender, kind, content, reference, confirmation_requested,
-                                       client_message_id, origin_domain, confirms_id, created_at)
+                                       client_message_id, origin_domain, confirms_id, created_at{extra_cols})
         SELECT ids.id, s.app_id, s.sender, s.kind, s.content, s.reference, s.confirm, s.cmid, s.origin,
-               s.confirms, now()
+               s.confirms, now(){extra_vals}
           FROM {messages} s JOIN ids USING (ord) ORDER BY s.ord
         ON CONFLICT DO NOTHING
         RETURNING id, app_id
     ), stored AS MATERIALIZED (
         SELECT ids.ord, n.id, n.app_id FROM new_msgs n JOIN ids USING (id)
-    ), fan AS MATERIALIZED (
-        SELECT st.ord, st.id AS message_id, st.app_id, r.recipient FROM stored st JOIN {recipients} r USING (ord)
-    ), mb AS (
+    )"""
+
+
+def deliveries_append_sql(fan: str) -> str:
+    """CTEs that append a delivery per row of relation `fan` (ord, message_id, app_id, recipient) to
+    each recipient's mailbox, ending in `new_deliveries` (id, message_id).
+
+    - every mailbox is bumped once per statement, by the number of its new deliveries, in
+      (app, user) order: the upsert holds each mailbox row lock until commit, so sequences are
+      gap-free and increasing, and two statements locking overlapping mailboxes queue up in one
+      global order instead of deadlocking;
+    - within a statement, one recipient's new deliveries take its sequence numbers in `ord` order.
+    """
+    pending = states_sql(DeliveryState.PENDING)
+    return f"""
+    mb AS (
         INSERT INTO messaging_mailbox (app_id, user_id, last_seq)
-        SELECT app_id, recipient, count(*) FROM fan GROUP BY app_id, recipient ORDER BY app_id, recipient
+        SELECT app_id, recipient, count(*) FROM {fan} GROUP BY app_id, recipient ORDER BY app_id, recipient
         ON CONFLICT (app_id, user_id) DO UPDATE SET last_seq = messaging_mailbox.last_seq + EXCLUDED.last_seq
         RETURNING app_id, user_id, last_seq
     ), new_deliveries AS (
@@ -87,9 +93,20 @@ def mailbox_append_sql(messages: str, recipients: str) -> str:
                mb.last_seq - count(*) OVER (PARTITION BY f.app_id, f.recipient)
                            + row_number() OVER (PARTITION BY f.app_id, f.recipient ORDER BY f.ord),
                {pending}, 0, '', now(), now() + make_interval(secs => {float(settings.ROUTING_DEADLINE_SECONDS)})
-          FROM fan f JOIN mb ON mb.app_id = f.app_id AND mb.user_id = f.recipient
+          FROM {fan} f JOIN mb ON mb.app_id = f.app_id AND mb.user_id = f.recipient
         RETURNING id, message_id
     )"""
+
+
+def mailbox_append_sql(messages: str, recipients: str) -> str:
+    """CTEs that store the messages of relation `messages` (`messages_insert_sql`) and append a
+    delivery per row of `recipients` (ord, recipient) to each recipient's mailbox
+    (`deliveries_append_sql`). Shared by sends and by confirmations. The CTEs end in `stored`
+    (ord, id, app_id) and `new_deliveries` (id, message_id); a message that inserts nothing appends
+    nothing."""
+    return f"""{messages_insert_sql(messages)}, fan AS MATERIALIZED (
+        SELECT st.ord, st.id AS message_id, st.app_id, r.recipient FROM stored st JOIN {recipients} r USING (ord)
+    ), {deliveries_append_sql("fan")}"""
 
 
 _STORE_SQL = f"""

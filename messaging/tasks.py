@@ -17,7 +17,13 @@ from messaging.channels.retention import channel_history_expire
 from messaging.delivery.dead_nodes import dead_nodes_settle
 from messaging.delivery.expiry import deliveries_expire
 from messaging.delivery.retry import deliveries_sweep
-from messaging.handoff import routing_enqueue, webhook_calls_enqueue
+from messaging.handoff import flood_link_woken, flood_links_enqueue, routing_enqueue, webhook_calls_enqueue
+from messaging.network.flood_sender import flood_link_send, flood_links_due
+from messaging.network.outbox import link_forward
+from messaging.network.probes import links_probe
+from messaging.network.queue import forward_sweep as network_forward_sweep
+from messaging.network.receipts import receipts_of, receipts_send
+from messaging.network.transport import PeerError
 from messaging.router import deliveries_route
 from messaging.webhooks.delivery import webhook_attempt, webhook_deliveries_purge, webhooks_sweep
 from presence.dead_nodes import nodes_reap
@@ -107,3 +113,62 @@ def expire_idempotency_keys() -> int:
 def expire_channel_history() -> int:
     """Beat: channel history past its app's retention goes, oldest first, in bounded batches."""
     return channel_history_expire()
+
+
+# --- the domain network (messaging.network) ------------------------------------------------------
+
+
+@shared_task(acks_late=True)
+def probe_links() -> dict:
+    """Beat: ping every neighbour over an enabled link and record each link's state."""
+    results = links_probe()
+    return {r.peer: "up" if r.ok else r.error for r in results}
+
+
+@shared_task(acks_late=True)
+def flood_link(peer: str) -> dict:
+    """Send the channel publishes waiting on the link to `peer` (queue "forwarding"). Safe twice
+    and at once: one sender per link (the second finds it busy); its retry policy is the rows'
+    own (attempts, dead after the app's max_delivery_attempts), and flood_sweep makes up for a
+    wake-up that is lost."""
+    flood_link_woken(peer)
+    outcome = flood_link_send(peer=peer)
+    return {"sent": outcome.sent, "refused": outcome.refused, "failed": outcome.failed, "dead": outcome.dead,
+            "skipped": outcome.skipped, "error": outcome.error}
+
+
+@shared_task(acks_late=True)
+def flood_sweep() -> list[str]:
+    """Beat: wake the senders of links with channel publishes waiting and their retry due."""
+    peers = flood_links_due()
+    flood_links_enqueue(peers)
+    return peers
+
+
+@shared_task(acks_late=True)
+def forward_link(peer: str) -> dict:
+    """Send what waits on the link to `peer` (messaging.network.outbox). Safe twice: one sender per
+    link at a time (an advisory lock); a second run returns at once. Its retry policy is the
+    link's own backoff (LinkHealth.retry_at) and the rows' attempts, not Celery's: the beat's
+    forward_sweep wakes the link again when its retry is due, and makes up for a lost task."""
+    return link_forward(peer=peer)
+
+
+@shared_task(acks_late=True)
+def forward_sweep() -> dict:
+    """Beat: move the queues of links that are down to other paths, and wake every link whose
+    retry is due (messaging.network.queue)."""
+    return network_forward_sweep()
+
+
+@shared_task(
+    bind=True, acks_late=True, autoretry_for=(PeerError, DatabaseError, RedisError, OSError), retry_backoff=2,
+    retry_backoff_max=120, retry_jitter=True, max_retries=12,
+)
+def forward_receipts(self, delivery_ids: list[int] | None = None, receipts: list[dict] | None = None) -> dict:
+    """Receipts one step towards their origin domains: those of deliveries here (delivered or dead;
+    the task skips messages stored here first), and those passing through. Bounded retries (about
+    half an hour): a receipt lost after them costs only the origin's display (messaging.network.
+    receipts). Receipts are data, not rows: the ones passing through travel as arguments."""
+    batch = [*receipts_of(list(delivery_ids or ())), *(receipts or ())]
+    return receipts_send(receipts=batch) if batch else {}

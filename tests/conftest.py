@@ -79,6 +79,8 @@ def _fresh_app_snapshots():
     """Tests create and drop apps under the same names; a process keeps app snapshots for a few
     seconds (apps_registry.selectors), so each test starts without them."""
     from apps_registry.selectors import app_snapshots_clear
+    from messaging.network.links import graph_cache_clear
 
     app_snapshots_clear()
+    graph_cache_clear()  # the domain graph is cached for a second too (messaging.network.links)
     yield

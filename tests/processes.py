@@ -18,12 +18,12 @@ from django.conf import settings
 from django.db import connection
 
 from devstack.embedded import _redis_bin
-from messaging.handoff import ROUTING_QUEUE, WEBHOOK_QUEUE
+from messaging.handoff import FORWARDING_QUEUE, ROUTING_QUEUE, WEBHOOK_QUEUE
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 LOG_DIR = ROOT / "var" / "test-logs"
-ROUTING_WORKER_QUEUES = f"celery,{ROUTING_QUEUE}"  # what make run's worker serves (devstack.supervise)
+ROUTING_WORKER_QUEUES = f"celery,{ROUTING_QUEUE},{FORWARDING_QUEUE}"  # what make run's worker serves (devstack.supervise)
 
 
 def free_port() -> int:
@@ -177,7 +177,8 @@ def demo_network(django_db_setup, django_db_blocker):
     """The demo tenant, committed for the whole module (processes outlive single tests).
 
     ANZ (app-id-343, master ANZ-123223) homed here for users 0-8999999; users 9000000+ are homed
-    in domain-09 (another domain); BNZ is a second app (users 0-999999 only); LIM (app-id-lim) has
+    in domain-09 (another domain, linked to nothing: a message for them counts "no route to
+    domain-09" attempts and ends a dead letter); BNZ is a second app (users 0-999999 only); LIM (app-id-lim) has
     tight limits: 3 connections per user, 20 deliveries per second, origin https://good.example.
     """
     from apps_registry.models import ClientApp, Domain, UserDistribution

@@ -15,6 +15,8 @@ goes to var/test-logs/ring-<module>/ (02-web.log, 03-worker.log ...; ring.log fo
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +27,7 @@ import pytest
 from django.conf import settings
 
 from devstack.ring import Ring
-from tests.processes import FAST_FAILURE_ENV, LOG_DIR, database_url_for_tests, free_port
+from tests.processes import FAST_FAILURE_ENV, LOG_DIR, ROOT, database_url_for_tests, free_port
 from tests.wsclient import APP_ID, WsClient
 
 RING_REDIS_DB_BASE = 10  # domain-0N on Redis database 10 + N
@@ -101,6 +103,13 @@ class SystemRing(Ring):
         with psycopg.connect(self.database_url(n), autocommit=True, connect_timeout=10) as conn:
             cursor = conn.execute(statement, params)
             return cursor.fetchall() if cursor.description else []
+
+    def publish(self, n: int, channel: str, content: str, app: str = "ANZ") -> None:
+        """Publish on domain n as its operator would: `manage.py send --channel` with that domain's settings."""
+        result = subprocess.run([sys.executable, "manage.py", "send", "--app", app, "--channel", channel, content],
+                                cwd=ROOT, env={**self.env, **self.plan(n).env}, capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, f"publish on {self.plan(n).name} failed: {result.stderr or result.stdout}"
 
     def log(self, n: int, role: str) -> str:
         """What domain n's web, worker or beat has written so far."""

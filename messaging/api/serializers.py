@@ -10,6 +10,7 @@ from rest_framework import serializers
 
 from messaging.accept import USER_ID_MAX
 from messaging.models import DeliveryState, MessageKind
+from messaging.network.whereabouts import delivery_where
 from messaging.protocol import BIGINT_MAX, FEATURE_FAST, FEATURE_RELIABLE, REFERENCE_MAX
 
 RECIPIENTS_MAX = 10_000  # a shape bound only: the app's recipient limit applies after
@@ -156,6 +157,18 @@ class DeliverySerializer(serializers.Serializer):
     dead_at = serializers.DateTimeField(allow_null=True)
     expired_at = serializers.DateTimeField(allow_null=True)
     last_error = serializers.CharField(allow_blank=True)
+    forwarded_to = serializers.CharField(
+        source="forward_to", allow_blank=True,
+        help_text="For a recipient homed in another domain: the neighbouring domain the message was handed to "
+                  "(state `forwarding`: waiting on that link; `forwarded`: stored there, on its way; then "
+                  "`delivered` or `dead` once the recipient's home domain reports back). Empty otherwise.")
+    where = serializers.SerializerMethodField(
+        help_text='Where the message is, in words ("forwarded to domain-02, delivered in domain-03"); empty for a '
+                  "recipient of this domain.")
+
+    @extend_schema_field(serializers.CharField())
+    def get_where(self, obj) -> str:
+        return delivery_where(obj)
 
 
 class MessageStatusSerializer(serializers.Serializer):

@@ -34,12 +34,20 @@ class ChannelMessage(models.Model):
     offset = models.BigIntegerField()
     content = models.TextField()
     publisher = models.CharField(max_length=128, blank=True, default="")
+    # A publish that came from another domain (messaging.network): where it was first published and
+    # its offset there. Offsets are each domain's own; channel_publish_forwarded_once stores a
+    # publish once per domain however often the flood brings it.
+    origin_domain = models.CharField(max_length=64, blank=True, default="", db_default="")
+    origin_offset = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField()
 
     class Meta:
         constraints = [
             # Also serves history reads: a channel's messages after an offset, in order.
             models.UniqueConstraint(fields=["channel", "offset"], name="channel_message_offset_once"),
+            models.UniqueConstraint(fields=["channel", "origin_domain", "origin_offset"],
+                                    condition=models.Q(origin_offset__isnull=False),
+                                    name="channel_publish_forwarded_once"),
         ]
 
     def __str__(self) -> str:

@@ -69,14 +69,22 @@ def channel_history_expire(*, batch: int = HISTORY_EXPIRE_BATCH) -> int:
     total = 0
     for cuts in _batches(_expired(), batch):
         with connection.cursor() as cur:
-            # Served by the (channel, offset) unique index.
+            # Served by the (channel, offset) unique index. The flood's rows of those publishes
+            # (messaging.network: waiting on a link, or given up) go with them, in the same statement:
+            # the foreign key has no cascade in the database, and the publish is no more to be sent.
             cur.execute(
                 """
-                DELETE FROM messaging_channelmessage m
-                 USING unnest(%s::bigint[], %s::bigint[]) AS cut(channel_id, upto)
-                 WHERE m.channel_id = cut.channel_id AND m."offset" < cut.upto
+                WITH gone AS (
+                    DELETE FROM messaging_channelmessage m
+                     USING unnest(%s::bigint[], %s::bigint[]) AS cut(channel_id, upto)
+                     WHERE m.channel_id = cut.channel_id AND m."offset" < cut.upto
+                    RETURNING m.id
+                ), forwards AS (
+                    DELETE FROM messaging_channelforward f USING gone WHERE f.publish_id = gone.id
+                )
+                SELECT count(*) FROM gone
                 """,
                 [[c for c, _ in cuts], [u for _, u in cuts]],
             )
-            total += cur.rowcount
+            total += cur.fetchone()[0]
     return total

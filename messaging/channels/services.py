@@ -7,20 +7,28 @@ publishes `{offset, content}` on the channel's Redis pub/sub channel, which ever
 reader of the channel listens on (messaging.channels.hub); the answer is how many readers the
 cluster has. Readers deliver in offset order and repair any gap (a publish overtaken by a later
 one, a Redis hiccup) from the history, so a reader misses nothing and sees nothing twice.
+
+Across domains (messaging.network.flood) every domain keeps the whole history of every channel,
+each under its own offsets: a publish is queued to this domain's neighbours in the statement that
+stores it, and one flooded here from elsewhere takes this domain's next offset (stored once, however
+many neighbours bring it). A reader reads, and resumes from, the history of the domain it is on.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import connection, transaction
 
 from foundation.transport import sockets
 from foundation.transport.redis_clients import sync_client
-from messaging import metrics
+from messaging import handoff, metrics
 from messaging.channels import registry
 from messaging.channels.models import Subscription
+from messaging.network import links
 from messaging.webhooks.models import WebhookEvent
 from messaging.webhooks.services import WebhookNotice, webhooks_record
 from presence import cache
@@ -33,25 +41,101 @@ class Published:
     subscribers: int  # live readers the publish went out to (cluster-wide, at that moment)
 
 
+# The tail both publishes share: the history row, and (the flood, messaging.network.flood) one queue
+# row per neighbour the publish goes on to, in the same statement and so the same transaction.
+_STORE_AND_QUEUE = """
+    m AS (
+        INSERT INTO messaging_channelmessage (channel_id, "offset", content, publisher, origin_domain, origin_offset,
+                                              created_at)
+        SELECT id, last_offset, %(content)s, %(publisher)s, %(origin_domain)s, %(origin_offset)s, now() FROM ch
+        RETURNING id, "offset"
+    ),
+    f AS (
+        INSERT INTO messaging_channelforward (publish_id, peer, attempts, last_error, path, created_at)
+        SELECT m.id, p.peer, 0, '', %(path)s, now() FROM m CROSS JOIN unnest(%(peers)s::varchar[]) AS p(peer)
+    )
+    SELECT "offset" FROM m
+"""
+
+
 def channel_publish(*, app_id: int, channel: str, content: str, publisher: str = "") -> int:
     """Append `content` to the channel's history; returns its offset. Fan-out is the caller's
-    next step, after commit (channel_fanout)."""
+    next step, after commit (channel_fanout). Where this domain has neighbours, the publish is
+    queued to each of them in the same statement and their senders are woken once committed."""
+    peers = links.neighbours()
     with connection.cursor() as cur:
         cur.execute(
             """
             WITH ch AS (
                 INSERT INTO messaging_channel (app_id, name, last_offset, created_at)
-                VALUES (%s, %s, 1, now())
+                VALUES (%(app_id)s, %(channel)s, 1, now())
                 ON CONFLICT (app_id, name) DO UPDATE SET last_offset = messaging_channel.last_offset + 1
                 RETURNING id, last_offset
-            )
-            INSERT INTO messaging_channelmessage (channel_id, "offset", content, publisher, created_at)
-            SELECT id, last_offset, %s, %s, now() FROM ch
-            RETURNING "offset"
-            """,
-            [app_id, channel, content, publisher[:128]],
+            ),
+            """ + _STORE_AND_QUEUE,
+            {"app_id": app_id, "channel": channel, "content": content, "publisher": publisher[:128],
+             "origin_domain": "", "origin_offset": None, "path": settings.DOMAIN_NAME, "peers": peers},
         )
-        return cur.fetchone()[0]
+        offset = cur.fetchone()[0]
+    if peers:
+        transaction.on_commit(lambda: handoff.flood_links_enqueue(peers))
+    return offset
+
+
+def channels_lock(*, keys: Sequence[tuple[int, str]]) -> None:
+    """Take the row locks of channels (app id, name), creating those that do not exist yet, in one
+    fixed order (until the transaction ends): a transaction that publishes on several channels
+    takes them all first, so two such transactions never wait for each other in a cycle."""
+    keys = sorted(set(keys))
+    if not keys:
+        return
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            INSERT INTO messaging_channel (app_id, name, last_offset, created_at)
+            SELECT k.app_id, k.name, 0, now() FROM unnest(%s::bigint[], %s::varchar[]) AS k(app_id, name)
+             ORDER BY k.app_id, k.name
+            ON CONFLICT (app_id, name) DO UPDATE SET last_offset = messaging_channel.last_offset
+            """,
+            [[k[0] for k in keys], [k[1] for k in keys]],
+        )
+
+
+def channel_publish_forwarded(*, app_id: int, channel: str, content: str, publisher: str, origin_domain: str,
+                              origin_offset: int, path: str, forward_to: Sequence[str]) -> int | None:
+    """Store a publish another domain flooded here under this domain's next offset, queued on to
+    `forward_to` with `path` (the domains it passed, ending here); None if this domain has it
+    already (channel_publish_forwarded_once). The caller wakes the senders after commit.
+
+    Two statements, because a duplicate must not take an offset (offsets are gap-free): the
+    first takes the channel row's lock (creating the channel if need be), so the second, whose
+    snapshot is taken after the lock, sees a copy another call committed meanwhile."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            INSERT INTO messaging_channel (app_id, name, last_offset, created_at) VALUES (%s, %s, 0, now())
+            ON CONFLICT (app_id, name) DO UPDATE SET last_offset = messaging_channel.last_offset
+            RETURNING id
+            """,
+            [app_id, channel],
+        )
+        channel_id = cur.fetchone()[0]
+        cur.execute(
+            """
+            WITH ch AS (
+                UPDATE messaging_channel SET last_offset = last_offset + 1
+                 WHERE id = %(channel_id)s AND NOT EXISTS (
+                       SELECT 1 FROM messaging_channelmessage
+                        WHERE channel_id = %(channel_id)s AND origin_domain = %(origin_domain)s
+                          AND origin_offset = %(origin_offset)s)
+                RETURNING id, last_offset
+            ),
+            """ + _STORE_AND_QUEUE,
+            {"channel_id": channel_id, "content": content, "publisher": publisher[:128],
+             "origin_domain": origin_domain, "origin_offset": origin_offset, "path": path, "peers": list(forward_to)},
+        )
+        row = cur.fetchone()
+    return None if row is None else row[0]
 
 
 def _payload(offset: int, content: str) -> str:

@@ -84,10 +84,14 @@ async def on_auth_client(conn: Connection, frame: Frame) -> None:
         origin=headers.get(b"origin", b"").decode("latin-1") or None, remote_addr=str(client[0] or ""),
         user_agent=headers.get(b"user-agent", b"").decode(errors="replace"))
     if isinstance(admitted, Refusal):
-        # The linker reply, exactly (strict clients compare it); the reason travels in the close frame.
+        # The linker reply (strict clients compare it); the reason travels in the close frame. A user
+        # homed in another domain also gets that domain's WebSocket URL (the extension `redirect`).
         metrics.AUTH.labels("refused").inc()
         log.info("refused %s: %s", loggable(user_id), loggable(admitted.reason))  # client input: one line
-        await conn.write(encode("AUTH_CLIENT_REPLY", {"appId": app_id, "userId": user_id, "isAuthenticated": False}))
+        reply = {"appId": app_id, "userId": user_id, "isAuthenticated": False}
+        if admitted.redirect:
+            reply["redirect"] = admitted.redirect
+        await conn.write(encode("AUTH_CLIENT_REPLY", reply))
         await conn.close_with(admitted.code, admitted.reason)
         return
     conn.admitted()

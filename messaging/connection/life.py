@@ -46,6 +46,7 @@ APP_REFRESH_SECONDS = 5.0
 class Refusal:
     reason: str
     code: int  # the close code
+    redirect: str | None = None  # AUTH_CLIENT_REPLY's `redirect`: the user's home domain's WebSocket URL
 
 
 class ConnectionLife:
@@ -71,7 +72,7 @@ class ConnectionLife:
             return Refusal(DRAINING_REASON, CLOSE_RESTART)
         outcome = await client_authenticate(app_id=app_id, user_id=user_id, token=token, origin=origin)
         if not outcome.ok:
-            return Refusal(outcome.reason, CLOSE_POLICY)
+            return Refusal(outcome.reason, CLOSE_POLICY, outcome.redirect)
         node, app = self.node, outcome.app
         await node.ensure_started()
         node.connection_add(self.channel_name, LocalConnection(user_id=user_id, app_id=app.pk, acks=acks,

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from messaging.delivery.sql import DEAD, EXPIRED, PENDING
-from messaging.handoff import routing_enqueue
+from messaging.handoff import receipts_enqueue, routing_enqueue
 from messaging.models import WebhookEvent
 from messaging.webhooks.services import WebhookNotice, webhooks_record
 
@@ -25,12 +25,18 @@ from messaging.webhooks.services import WebhookNotice, webhooks_record
 DIES_AT = "{attempts} >= a.max_delivery_attempts"
 
 
-def dead_letters_announce(rows: list[tuple]) -> None:
+def dead_letters_announce(rows: list[tuple], *, receipts: bool = True) -> None:
     """`message.dead_lettered` for the apps' webhooks, recorded once the transition is committed,
     in one statement for the batch. A failure there is logged, never undoes the transition.
-    `rows` are messaging.delivery.sql.MOVED_COLUMNS of the deliveries that died."""
+    `rows` are messaging.delivery.sql.MOVED_COLUMNS of the deliveries that died.
+
+    With `receipts`, those of messages that came from another domain are reported to their origin
+    too (messaging.network.receipts: the task looks and skips the others)."""
     if not rows:
         return
+    if receipts:
+        dead_ids = [row[0] for row in rows]
+        transaction.on_commit(lambda: receipts_enqueue(delivery_ids=dead_ids), robust=True)
     notices = [WebhookNotice(app_id=app_id, event=WebhookEvent.MESSAGE_DEAD_LETTERED.value, data={
         "messageId": str(message_id), "deliveryId": str(delivery_id), "recipient": recipient,
         "attempts": attempts, "lastError": last_error,

@@ -11,7 +11,7 @@ from django.db import transaction
 
 from foundation.db import hot_cursor
 from messaging.delivery.sql import DELIVERABLE, DELIVERED, lock_sql
-from messaging.handoff import Route, routing_enqueue
+from messaging.handoff import Route, receipts_enqueue, routing_enqueue
 from messaging.models import MessageKind
 from messaging.store import mailbox_append_sql
 
@@ -58,12 +58,18 @@ def deliveries_mark_delivered(*, delivery_ids: list[int] | None = None, message_
             ), conf_rcpt AS (
                 SELECT ord, to_user AS recipient FROM conf
             ), {mailbox_append_sql("conf", "conf_rcpt")}
-            SELECT (SELECT count(*) FROM done), ARRAY(SELECT id FROM new_deliveries ORDER BY id)
+            SELECT (SELECT count(*) FROM done), ARRAY(SELECT id FROM new_deliveries ORDER BY id),
+                   ARRAY(SELECT done.id FROM done JOIN messaging_message m ON m.id = done.message_id
+                          WHERE m.origin_message_id IS NOT NULL)
             """,
             params,
         )
-        changed, confirmation_ids = cur.fetchone()
+        changed, confirmation_ids, forwarded_ids = cur.fetchone()
         if confirmation_ids:
             ids = list(confirmation_ids)
             transaction.on_commit(lambda: route(ids))
+        if forwarded_ids:
+            # Messages that came from another domain: their origin learns (messaging.network.receipts).
+            receipt_ids = list(forwarded_ids)
+            transaction.on_commit(lambda: receipts_enqueue(delivery_ids=receipt_ids), robust=True)
     return int(changed)

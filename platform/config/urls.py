@@ -5,6 +5,7 @@ from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from apps_registry.meta import EXPORT_PATH, config_export_view
 from config import health
 from config.admin_login import admin_login
 from messaging.api.errors import not_found as api_not_found
@@ -25,9 +26,13 @@ urlpatterns = [
     path("admin/login/", admin_login, name="admin_login_throttled"),
     path("admin/", admin.site.urls),
     path("demo/", demo_client, name="demo"),
+    # The meta role: this domain's configuration, to a caller signed with META_SECRET (apps_registry.meta).
+    path(EXPORT_PATH.lstrip("/"), config_export_view, name="meta-config-export"),
     # The server API: the push seed's publish, /api/v1/, its OpenAPI schema and browsable docs.
     path("messages", pooled(PushMessagesView.as_view()), name="push-messages"),
     path("api/v1/", include("messaging.api.urls")),
+    # Signed calls between domains (messaging.network): forwarding, channel floods, link probes.
+    path("internal/v1/", include("messaging.network.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     re_path(r"^api/", api_not_found, name="api-not-found-root"),

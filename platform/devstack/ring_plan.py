@@ -14,6 +14,8 @@ log in as any ANZ user with any token (import_config says so when it imports it)
 `tokenSecret`: an open app checks no token, so a secret would do nothing, and by the importer's
 rules a `tokenSecret` without `authMode` switches an app to signed tokens, against the seed's
 `authEnabled: false`. Whoever closes it does so in domain-01's admin (the meta), once for all.
+Beyond the seed, ANZ's `news.*` channels are public and open to client subscriptions, so a publish
+can be watched arriving on every domain.
 """
 
 from __future__ import annotations
@@ -114,8 +116,9 @@ def domain_plans(*, postgres_url: str, redis_url: str, ports: list[int], meta_se
         }
         if admin_password:
             env["ADMIN_PASSWORD"] = admin_password
+        env["META_SECRET"] = meta_secret  # the meta signs its export with it, the others their pulls
         if n != META_DOMAIN:
-            env.update({"META_URL": meta_url, "META_SECRET": meta_secret})
+            env["META_URL"] = meta_url
         env.update(env_overrides or {})
         plans.append(DomainPlan(number=n, port=port, database=database, database_url=database_url,
                                 redis_url=domain_redis, env=env))
@@ -157,7 +160,10 @@ def ring_config(ports: list[int], link_secrets: dict[tuple[str, str], str]) -> d
             entry["to"] = high
         distributions.append(entry)
     apps.append({"appName": "ANZ", "appId": "app-id-343", "masterUserId": "ANZ-123223",
-                 "authUrl": "http://localhost:4200/auth", "authEnabled": False, "userDistributions": distributions})
+                 "authUrl": "http://localhost:4200/auth", "authEnabled": False, "userDistributions": distributions,
+                 # Beyond the seed: `news.*` channels anyone may read, and /ws clients may SUBSCRIBE, so a
+                 # publish on one domain can be watched arriving on all four.
+                 "publicChannels": ["news.*"], "clientSubscriptions": True})
     return {"domains": domains, "domainLinks": links, "clientApps": apps}
 
 

@@ -119,7 +119,7 @@ def _workers(port: int, count: int) -> list[Child]:
     celery = str(Path(sys.executable).parent / "celery")
     names = ["worker"] if count == 1 else [f"worker-{i}" for i in range(1, count + 1)]
     return [Child(name, [celery, "-A", "config", "worker", "-l", "INFO", "-n", f"{name}-{port}@%h",
-                         "-Q", "celery,routing"]) for name in names]
+                         "-Q", "celery,routing,forwarding"]) for name in names]
 
 
 def _balancer(host: str, port: int, nodes: list[Child], stats_port: int) -> Child:

@@ -123,3 +123,30 @@ def test_the_page_reconnects_after_a_node_restart_and_gets_what_it_missed_exactl
     wait_for(lambda: _committed(django_db_blocker, stored) == 1, timeout=20)
     page.wait_for_selector("#log .sys:has-text('stored as message')")
     page.screenshot(path=str(tmp_path / "switchboard-after-restart.png"))
+
+
+def test_a_user_who_reached_the_wrong_domain_is_redirected_home_and_authenticated_there(
+        browser, processes, demo_network, django_db_blocker, tmp_path):
+    """Two web nodes as two domains on one database: domain-01 and domain-09, where the demo network
+    homes ANZ users 9000000 and up. ANZ-9000001 connects to domain-01 and ends on domain-09."""
+    from apps_registry.models import Domain
+    from presence.models import Session
+
+    def set_urls(urls: list[str]) -> None:
+        Domain.objects.filter(name="domain-09").update(urls=urls)
+
+    home = processes.web("web-domain-09", DOMAIN_NAME="domain-09")
+    wrong = processes.web("web-domain-01")
+    _committed(django_db_blocker, set_urls, urls=[f"{home.url}/", home.ws_url])
+    try:
+        page = browser.new_page()
+        page.goto(f"{wrong.url}/demo/?user=ANZ-9000001")
+        page.click("#connect")
+        page.wait_for_selector("#status:has-text('authenticated as ANZ-9000001')", timeout=30_000)
+        page.wait_for_selector(f"#log .sys:has-text('redirected to {home.ws_url}')")
+        nodes = _committed(django_db_blocker, lambda: list(
+            Session.objects.filter(user_id="ANZ-9000001").values_list("node_id", flat=True)))
+        assert nodes == [f"web-domain-09-{home.port}"]  # the session lives on domain-09's node only
+        page.screenshot(path=str(tmp_path / "switchboard-redirected.png"))
+    finally:
+        _committed(django_db_blocker, set_urls, urls=[])

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from apps_registry.models import ApiKey
 from apps_registry.services import api_key_create
-from messaging.models import Delivery, WebhookDelivery
+from messaging.models import Delivery, LinkHealth, WebhookDelivery
 from messaging.store import message_send
 from messaging.webhooks.services import WebhookNotice, webhook_endpoint_create, webhooks_record
 from presence.models import Node, Session
@@ -26,6 +26,7 @@ ACTIONS = [
     ("/admin/presence/session/", "disconnect", "session"),
     ("/admin/messaging/webhookendpoint/", "send_test_event", "webhookendpoint"),
     ("/admin/messaging/webhookdelivery/", "requeue", "webhookdelivery"),
+    ("/admin/messaging/linkhealth/", "probe_now", "linkhealth"),
 ]
 
 
@@ -51,6 +52,7 @@ def records():
     webhook_endpoint_create(app_id=app.pk, url="https://anz.example.com/hooks")
     webhooks_record(notices=[WebhookNotice(app.pk, "user.connected", {"userId": "ANZ-7"})])
     WebhookDelivery.objects.update(state="dead", attempts=8, dead_at=timezone.now())
+    LinkHealth.objects.create(peer="domain-02", up=False, down_since=now, last_failure_at=now, failures=1)
     return app
 
 
@@ -59,7 +61,7 @@ def state_of_everything() -> list:
             sorted(Delivery.objects.values_list("state", flat=True)),
             list(Session.objects.values_list("disconnected_at", flat=True)),
             sorted(WebhookDelivery.objects.values_list("state", flat=True)),
-            WebhookDelivery.objects.count()]
+            WebhookDelivery.objects.count(), list(LinkHealth.objects.values_list("up", "failures", "updated_at"))]
 
 
 def test_a_view_only_staff_user_sees_no_action_and_a_posted_one_changes_nothing(client, records):

@@ -114,7 +114,7 @@ def test_three_web_nodes_get_their_own_node_id_and_port_and_trust_haproxy():
 def test_workers_are_numbered_when_there_are_several():
     assert [w.name for w in supervise._workers(8000, 1)] == ["worker"]
     assert [w.name for w in supervise._workers(8000, 2)] == ["worker-1", "worker-2"]
-    assert all("celery,routing" in w.argv for w in supervise._workers(8000, 2))
+    assert all("celery,routing,forwarding" in w.argv for w in supervise._workers(8000, 2))
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "three"])

@@ -77,3 +77,16 @@ def test_webhook_calls_have_a_worker_of_their_own_in_make_run_compose_and_the_pr
 def test_every_task_the_door_names_is_one_the_workers_run():
     assert (tasks.route_deliveries.name, tasks.webhook_deliver.name) == (ROUTE_TASK, WEBHOOK_TASK)
     assert {ROUTE_TASK, WEBHOOK_TASK} <= set(app.tasks)
+
+
+def test_a_links_flood_sender_is_woken_once_however_many_publishes_wait_for_it(redis_client):
+    from messaging.handoff import FLOOD_TASK, FORWARDING_QUEUE, flood_link_woken, flood_links_enqueue
+
+    redis_client.delete(FORWARDING_QUEUE, "sb:flood:wake:domain-02", "sb:flood:wake:domain-04")
+    for _ in range(3):
+        flood_links_enqueue(["domain-02", "domain-04"])
+    assert _queued(redis_client, FORWARDING_QUEUE) == [(FLOOD_TASK, ["domain-02"]), (FLOOD_TASK, ["domain-04"])]
+    flood_link_woken("domain-02")  # the sender started: what is published from now on wakes it again
+    flood_links_enqueue(["domain-02", "domain-04"])
+    assert _queued(redis_client, FORWARDING_QUEUE)[2:] == [(FLOOD_TASK, ["domain-02"])]
+    redis_client.delete(FORWARDING_QUEUE, "sb:flood:wake:domain-02", "sb:flood:wake:domain-04")

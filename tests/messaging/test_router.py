@@ -8,10 +8,12 @@ import pytest
 from channels.layers import get_channel_layer
 from redis import RedisError
 
+from apps_registry.models import DomainLink
 from apps_registry.services import distribution_create
 from foundation.transport.sockets import run_async
 from messaging import router
 from messaging.models import Delivery
+from messaging.network import links
 from messaging.store import message_send
 from presence import cache
 from tests.factories import make_app, make_domain
@@ -20,8 +22,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
-def _empty_cache(redis_client):
+def _empty_cache(redis_client, monkeypatch):
     redis_client.flushdb()
+    monkeypatch.setattr(links, "_graph_cache", None)  # the domain graph of an earlier test
 
 
 @pytest.fixture
@@ -91,14 +94,29 @@ def test_a_second_routing_task_for_the_same_rows_does_nothing(anz):
     assert router.deliveries_route(list(sent.delivery_ids)) == router.RouteOutcome(0, 0, 0, 0)
 
 
-def test_a_message_to_a_user_homed_in_another_domain_is_parked_here_without_a_push(anz):
+def _homed_in_domain_02(anz) -> None:
     anz.distributions.filter(domain__name="domain-01").update(range_to=999_999)
     distribution_create(app=anz, domain=make_domain("domain-02"), range_from=1_000_000, range_to=None)
+
+
+def test_a_message_to_a_user_homed_in_another_domain_is_queued_on_the_link_without_a_push(anz):
+    _homed_in_domain_02(anz)
+    DomainLink.objects.create(n1=make_domain("domain-01"), n2=make_domain("domain-02"))
     channel = run_async(get_channel_layer().new_channel())
     _online("ANZ-1000005", channel)  # a stale entry: the router does not even look
     sent = _send(anz, to="ANZ-1000005")
     outcome = router.deliveries_route(list(sent.delivery_ids))
     row = _row(sent)
     assert (outcome.elsewhere, outcome.pushed, outcome.offline) == (1, 0, 0)
-    assert (row.state, row.attempts, row.next_attempt_at, row.claim) == ("pending", 0, None, None)
+    assert (row.state, row.forward_to, row.attempts, row.next_attempt_at, row.claim) == (
+        "forwarding", "domain-02", 0, None, None)
     assert router.destination("ANZ-1000005") == "domain-02" and router.destination("ANZ-2") is None
+
+
+def test_a_message_to_a_domain_no_link_reaches_counts_a_failed_attempt_no_route(anz):
+    _homed_in_domain_02(anz)
+    sent = _send(anz, to="ANZ-1000005")
+    router.deliveries_route(list(sent.delivery_ids))
+    row = _row(sent)
+    assert (row.state, row.attempts, row.last_error) == ("retrying", 1, "no route to domain-02")
+    assert row.next_attempt_at is not None  # retried with the app's backoff, dead after its attempts

@@ -74,7 +74,7 @@ def test_make_run_with_three_web_nodes_serves_behind_haproxy_and_restarts_them_o
     wait_http(f"http://127.0.0.1:{port}/readyz", proc, timeout=90)
     wait_for(lambda: "Ctrl-C stops everything" in proc.output(), timeout=30)
     assert "HAProxy in front of web-1, web-2, web-3" in proc.output()
-    assert len(_children_named(proc, "-Q celery,routing")) == 2  # WORKERS=2
+    assert len(_children_named(proc, "-Q celery,routing,forwarding")) == 2  # WORKERS=2
     nodes = {name: (node.pid, _port(node)) for name, node in _web_nodes(proc).items()}
     assert sorted(nodes) == ["web-1", "web-2", "web-3"]
     stats_port = int(re.search(r"its stats: http://localhost:(\d+)/", proc.output()).group(1))

@@ -1,6 +1,6 @@
 """One tenant's hostile webhook receiver never stalls anyone else's messages (issue 16).
 
-The processes `make run` starts: a web node, the routing worker (`-Q celery,routing`), the webhook
+The processes `make run` starts: a web node, the routing worker (`-Q celery,routing,forwarding`), the webhook
 worker (`-Q webhooks`) and beat. One app's four endpoints point at a receiver that answers its
 headers one byte every 0.25 s, for ever: every read arrives in time, so only a deadline for the
 whole call ends it. While those calls hang, RELIABLE messages between another app's users are all

@@ -12,7 +12,9 @@
  * by itself with backoff and jitter, fetches what was missed after every authentication, shows a
  * message id once, acknowledges in ACK mode once the app's handlers are done, keeps RELIABLE sends
  * in an outbox until MESSAGE_ACCEPTED (resent with the same clientMessageId after a reconnect), and
- * resumes each channel from its last offset.
+ * resumes each channel from its last offset. A user homed in another domain is refused with that
+ * domain's WebSocket URL (AUTH_CLIENT_REPLY `redirect`): the client goes there at once with the same
+ * credentials, and stays there (at most MAX_REDIRECTS in a row without an authentication).
  *
  * Answers are matched to what was sent by the server's echo of a refused frame's data (every
  * MESSAGE carries a clientMessageId) and by order: the server answers a connection's frames in
@@ -43,6 +45,7 @@ const OPEN = 1;
 const NO_RECONNECT = new Set([1000, 1008]); // a normal closure, or a policy the app must fix
 const PROMPT = new Set([1012, 4002]); // restart / slow reader: come back soon, nothing is wrong
 const ACK_MAX = 2000;
+const MAX_REDIRECTS = 3;
 const GENERAL_ERROR_TRIES = 5;
 
 /**
@@ -73,6 +76,7 @@ const failure = (message, extra) => Object.assign(new Error(message), extra);
  * - `onlineUsers` {users, page, pages, count} (the master user only, after each authentication: who
  *   was online then, in `pages` events; apply them, then the userConnected / userDisconnected after)
  * - `synced` {}: a fetch ended with nothing left missing; `error` (Error with reason, data, ...)
+ * - `redirect` {from, to, count}: the user lives in another domain; the client now connects to `to`
  * In ACK mode a message is acknowledged once every `message` handler returned (or its promise
  * resolved); a handler that throws leaves it unacknowledged, and it comes again later.
  */
@@ -94,6 +98,7 @@ export class Switchboard {
     this._ws = null;
     this._gen = 0; // bumped per socket: callbacks of an older socket are ignored
     this._attempt = 0;
+    this._redirects = 0; // redirects followed since the last authentication
     this._timers = {};
     this._outbox = []; // sends not settled yet, in order: {frame, cmid, group, awaits, state, ...}
     this._recent = []; // linker-mode sends already written: kept briefly to retry a rate-limited one
@@ -128,6 +133,7 @@ export class Switchboard {
     if (this.state === "idle" || this.state === "closed") {
       this._closing = false;
       this._attempt = 0;
+      this._redirects = 0;
       this._open();
     }
     return promise;
@@ -360,9 +366,11 @@ export class Switchboard {
 
   _authenticated(data) {
     if (!data.isAuthenticated) {
+      if (typeof data.redirect === "string" && data.redirect) return this._redirect(data.redirect);
       this._emit("error", failure("authentication refused", { reason: "authentication refused" }));
       return; // the server closes with the reason
     }
+    this._redirects = 0;
     this._clear("deadline");
     this._setState("connected");
     this._timer("stable", this.options.stableMs, () => { this._attempt = 0; });
@@ -372,6 +380,24 @@ export class Switchboard {
     for (const [name, entry] of this._channels) this._subscribeFrame(name, entry);
     this.fetchMissing();
     this._pump();
+  }
+
+  /** The user lives in another domain: go to its WebSocket URL now, with the same credentials (and
+   * reconnect there from now on); more than MAX_REDIRECTS in a row end the client. */
+  _redirect(url) {
+    const from = this.options.url;
+    const ws = this._ws;
+    this._detach();
+    if (ws) ws.close(1000, "redirected");
+    this._redirects += 1;
+    if (this._redirects > MAX_REDIRECTS) {
+      this._emit("error", failure(`too many redirects (${MAX_REDIRECTS} in a row, the last to ${url})`,
+        { reason: "too many redirects", redirect: url }));
+      return this._terminal(1008, "too many redirects");
+    }
+    this._emit("redirect", { from, to: url, count: this._redirects });
+    this.options.url = url;
+    return this._open();
   }
 
   /** PING once the server has been quiet for `pingIntervalMs`; no answer in time ends the socket. */

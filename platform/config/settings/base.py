@@ -387,9 +387,9 @@ CELERY_DB_REUSE_MAX = env_int("CELERY_DB_REUSE_MAX", 1000)
 CELERY_WORKER_POOL = env_str("WORKER_POOL", "threads")
 CELERY_WORKER_CONCURRENCY = env_int("WORKER_CONCURRENCY", 4)
 # Webhook calls wait on tenants' receivers: their own queue, served by their own worker (`-Q webhooks`),
-# never by the routing worker (`-Q celery,routing`). The names are messaging.handoff's.
+# never by the routing worker (`-Q celery,routing,forwarding`). The names are messaging.handoff's.
 CELERY_TASK_ROUTES = {"messaging.tasks.route_deliveries": {"queue": "routing"},
-                      "messaging.tasks.webhook_deliver": {"queue": "webhooks"}}
+                      "messaging.tasks.webhook_deliver": {"queue": "webhooks"}, **NETWORK_TASK_ROUTES}  # noqa: F405
 # Every task's time limit (soft: SoftTimeLimitExceeded inside the task; hard: the pool kills it). Only
 # the prefork pool enforces them: the threads pool (the default) ignores both, so a webhook call is
 # bounded by its own deadline (WEBHOOK_TIMEOUT_SECONDS), not by these. analytics.tasks set longer ones.

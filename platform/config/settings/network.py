@@ -27,6 +27,8 @@ FORWARD_SWEEP_SECONDS = env_float("FORWARD_SWEEP_SECONDS", 2.0)
 LINK_DOWN_AFTER_SECONDS = env_float("LINK_DOWN_AFTER_SECONDS", 15.0)
 # Beat: every neighbour is probed this often (a signed ping), so a link's state is live without traffic.
 LINK_PROBE_SECONDS = env_float("LINK_PROBE_SECONDS", 5.0)
+# A probe not answered within this many seconds counts as a failure (probes run in parallel).
+LINK_PROBE_TIMEOUT_SECONDS = env_float("LINK_PROBE_TIMEOUT_SECONDS", 3.0)
 
 # --- the meta role (apps_registry.meta) ---------------------------------------------------------
 # Set on a domain that takes its configuration from another domain's signed export endpoint: that
@@ -36,4 +38,23 @@ META_URL = env_str("META_URL", "")
 META_SECRET = env_str("META_SECRET", "")
 META_PULL_SECONDS = env_float("META_PULL_SECONDS", 30.0)
 
-NETWORK_BEAT_SCHEDULE: dict[str, dict] = {}
+NETWORK_BEAT_SCHEDULE: dict[str, dict] = {
+    # Every neighbour pinged: each link's state is live without traffic (messaging.network.probes).
+    "probe-links": {"task": "messaging.tasks.probe_links", "schedule": LINK_PROBE_SECONDS},
+    # Links with channel publishes waiting and their retry due get their sender woken (the flood).
+    "flood-sweep": {"task": "messaging.tasks.flood_sweep", "schedule": FORWARD_SWEEP_SECONDS},
+    # Links whose retry is due are sent again, a lost sender task is made up for, and the queues of
+    # links that are down move to another path where one exists (messaging.network.queue).
+    "forward-sweep": {"task": "messaging.tasks.forward_sweep", "schedule": FORWARD_SWEEP_SECONDS},
+}
+if META_URL:
+    # A pull that waited longer than its period is worthless: the next one is already due.
+    NETWORK_BEAT_SCHEDULE["meta-pull"] = {"task": "apps_registry.tasks.meta_pull", "schedule": META_PULL_SECONDS,
+                                          "options": {"expires": META_PULL_SECONDS}}
+# Merged into CELERY_TASK_ROUTES (base.py). The senders wait on neighbours: queue "forwarding"
+# (messaging.handoff.FORWARDING_QUEUE), which a worker must serve (`-Q celery,routing,forwarding`).
+NETWORK_TASK_ROUTES: dict[str, dict] = {
+    "messaging.tasks.flood_link": {"queue": "forwarding"},
+    "messaging.tasks.forward_link": {"queue": "forwarding"},
+    "messaging.tasks.forward_receipts": {"queue": "forwarding"},
+}

@@ -444,3 +444,59 @@ test("a URL the browser refuses to open ends the client instead of retrying", as
   await assert.rejects(sb.connect(), /cannot open/);
   assert.equal(sb.state, "closed");
 });
+
+test("a user homed in another domain is taken there with the same credentials, and stays there", async () => {
+  const sb = client({ token: "the-token" });
+  const redirects = [];
+  sb.on("redirect", (r) => redirects.push(r));
+  const connected = sb.connect();
+  const wrong = await nextSocket();
+  wrong.open();
+  wrong.receive("AUTH_CLIENT_REPLY", { appId: "app-id-343", userId: "ANZ-1001", isAuthenticated: false,
+    redirect: "ws://home/ws" });
+  const home = await nextSocket();
+  assert.equal(home.url, "ws://home/ws");
+  assert.equal(wrong.closedWith, 1000);
+  assert.deepEqual(redirects, [{ from: "ws://test/ws", to: "ws://home/ws", count: 1 }]);
+  home.open();
+  assert.deepEqual(home.sent[0], { type: "AUTH_CLIENT",
+    data: { appId: "app-id-343", userId: "ANZ-1001", token: "the-token" } });
+  home.receive("AUTH_CLIENT_REPLY", { isAuthenticated: true });
+  await connected;
+  assert.equal(sb.state, "connected");
+
+  home.drop(1006); // a later reconnect goes straight home
+  const again = await nextSocket();
+  assert.equal(again.url, "ws://home/ws");
+});
+
+test("more than three redirects in a row end the client with an error", async () => {
+  const sb = client();
+  const errors = [];
+  sb.on("error", (e) => errors.push(e.reason));
+  const connected = sb.connect();
+  for (let i = 0; i < 4; i++) {
+    const ws = await nextSocket();
+    ws.open();
+    ws.receive("AUTH_CLIENT_REPLY", { isAuthenticated: false, redirect: `ws://domain-${i}/ws` });
+  }
+  await assert.rejects(connected, /too many redirects/);
+  assert.equal(sb.state, "closed");
+  assert.deepEqual(errors, ["too many redirects"]);
+  assert.equal(FakeSocket.all.length, 4); // no fifth socket
+});
+
+test("a refusal without a redirect is no redirect", async () => {
+  const sb = client();
+  const redirects = [];
+  sb.on("redirect", (r) => redirects.push(r));
+  sb.connect();
+  const ws = await nextSocket();
+  ws.open();
+  ws.receive("AUTH_CLIENT_REPLY", { isAuthenticated: false });
+  ws.drop(1008, "refused");
+  await sleep(10);
+  assert.deepEqual(redirects, []);
+  assert.equal(sb.state, "closed");
+  assert.equal(FakeSocket.all.length, 1);
+});

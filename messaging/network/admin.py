@@ -1,0 +1,70 @@
+"""The console's page of this domain's links (Messaging › Link health): every neighbour over a
+configured link, with its live state (up; down since when, and whether it is routed around;
+disabled; not called yet), the last error, the last answer, what was forwarded each way, when its
+queues are retried, and the channel publishes waiting on it. Read-only; "probe now" pings the
+selected neighbours at once (needs the change permission)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib import admin
+from django.db.models import Count, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
+
+from apps_registry.models import DomainLink
+from foundation.admin_readonly import ACT, ReadOnlyAdminMixin
+from messaging.network.links import link_health_rows_ensure
+from messaging.network.models import ChannelForward, LinkHealth
+from messaging.network.probes import links_probe
+from messaging.network.selectors import configured_links, link_state_text
+
+
+def _count(**filters) -> Coalesce:
+    rows = (ChannelForward.objects.filter(peer=OuterRef("peer"), **filters).order_by().values("peer")
+            .annotate(n=Count("id")).values("n"))
+    return Coalesce(Subquery(rows), 0)
+
+
+@admin.register(LinkHealth)
+class LinkHealthAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ["peer", "state", "last_error", "last_ok_at", "forwarded_out", "forwarded_in", "retry_at",
+                    "publishes_waiting", "publishes_dead"]
+    fields = readonly_fields = ["peer", "state", "last_error", "last_ok_at", "last_failure_at", "failures",
+                                "retry_at", "forwarded_out", "forwarded_in", "publishes_waiting", "publishes_dead",
+                                "updated_at"]
+    ordering = ["peer"]
+    actions = ["probe_now"]
+
+    def changelist_view(self, request, extra_context=None):
+        # Every neighbour gets a row, so one never called yet is listed too ("not called yet").
+        link_health_rows_ensure(configured_links())
+        return super().changelist_view(request, extra_context)
+
+    def get_queryset(self, request):
+        here = settings.DOMAIN_NAME
+        link = DomainLink.objects.filter(Q(n1__name=here, n2__name=OuterRef("peer"))
+                                         | Q(n2__name=here, n1__name=OuterRef("peer")))
+        return super().get_queryset(request).annotate(
+            link_enabled=Subquery(link.values("enabled")[:1]),
+            waiting=_count(dead_at__isnull=True), dead=_count(dead_at__isnull=False))
+
+    @admin.display(description="state")
+    def state(self, obj: LinkHealth) -> str:
+        return link_state_text(obj, enabled=obj.link_enabled)
+
+    @admin.display(description="publishes waiting")
+    def publishes_waiting(self, obj: LinkHealth) -> int:
+        return obj.waiting
+
+    @admin.display(description="publishes dead")
+    def publishes_dead(self, obj: LinkHealth) -> int:
+        return obj.dead
+
+    @admin.action(description="Probe the selected links now", permissions=ACT)
+    def probe_now(self, request, queryset):
+        results = links_probe(peers=list(queryset.values_list("peer", flat=True)))
+        for r in results:
+            self.message_user(request, f"{r.peer}: up" if r.ok else f"{r.peer}: down ({r.error})")
+        skipped = queryset.count() - len(results)
+        if skipped:
+            self.message_user(request, f"{skipped} link(s) not probed: disabled or no longer configured.")

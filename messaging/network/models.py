@@ -1,0 +1,60 @@
+"""Tables of the domain network (registered through messaging.models)."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from messaging.channels.models import ChannelMessage
+
+
+class LinkHealth(models.Model):
+    """This domain's live view of its link to one neighbour: up, or down since when; the last error;
+    what was forwarded each way. Keyed by the neighbour's name, not the DomainLink row, so a config
+    pull that recreates links keeps the history. Written by calls and probes (messaging.network.links);
+    `retry_at` is when the link's queue may be tried again after a failure (backoff)."""
+
+    peer = models.CharField(max_length=64, unique=True)
+    up = models.BooleanField(default=True)
+    down_since = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+    last_ok_at = models.DateTimeField(null=True, blank=True)
+    last_failure_at = models.DateTimeField(null=True, blank=True)
+    failures = models.PositiveIntegerField(default=0)  # in a row; 0 once a call succeeds
+    retry_at = models.DateTimeField(null=True, blank=True)
+    forwarded_out = models.BigIntegerField(default=0)
+    forwarded_in = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "link health"
+        verbose_name_plural = "link health"
+
+    def __str__(self) -> str:
+        return f"link to {self.peer} ({'up' if self.up else 'down'})"
+
+
+class ChannelForward(models.Model):
+    """A channel publish on its way to one neighbour (the flood, messaging.network): one row per
+    (publish, neighbour), written in the transaction that stores the publish, gone once the neighbour
+    has stored it; a row that used its attempts stays with `dead_at` and the reason."""
+
+    publish = models.ForeignKey(ChannelMessage, on_delete=models.CASCADE, related_name="+")
+    peer = models.CharField(max_length=64)
+    # The domains the publish passed through, origin first, ending with this one ("domain-01,domain-02"):
+    # the next hop's hop count, and the domains it must not be sent back to (messaging.network.flood).
+    path = models.CharField(max_length=800, blank=True, default="", db_default="")
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+    created_at = models.DateTimeField()
+    dead_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["publish", "peer"], name="channel_forward_once_per_peer")]
+        indexes = [
+            # A link's flood queue in publish order.
+            models.Index(fields=["peer", "id"], name="channel_forward_queue", condition=Q(dead_at__isnull=True)),
+        ]
+
+    def __str__(self) -> str:
+        return f"publish {self.publish_id} -> {self.peer}"

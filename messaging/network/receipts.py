@@ -1,0 +1,173 @@
+"""Receipts: how a message's origin domain learns that a forwarded delivery was delivered (or died)
+at the recipient's home domain.
+
+When a delivery of a message that came from another domain becomes delivered (messaging.delivery.
+delivered) or dead (messaging.delivery.dead_letters) here, a receipt
+
+    {"origin_domain", "origin_message_id", "recipient", "state": "delivered" | "dead", "at",
+     "domain": where it happened, "error"}
+
+travels back towards the origin (next_hop(origin)), in the `receipts` list of the same signed
+/internal/v1/forward call messages use. Every domain on the way that holds the message (a copy, or
+the original) moves its `forwarding`/`forwarded` row for that recipient to delivered (delivered_at =
+`at`) or dead (last_error "dead at domain-03: ..."), and passes the receipt on until the origin.
+
+Lower stakes than messages: receipts have no table; they ride a Celery task
+(messaging.tasks.forward_receipts) with bounded retries. What is lost if a receipt is lost (its task
+used up its retries while a link was down, or was lost with its worker): only the display of the
+domains on the way back, the origin's above all: their row stays `forwarded` ("forwarded to
+domain-02") instead of delivered or dead. The message itself was delivered (or died) at its home
+regardless. Domains on the message's path that are not on the receipt's way back keep `forwarded`
+too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+
+from django.conf import settings
+from django.db import transaction
+from django.utils.dateparse import parse_datetime
+
+from foundation.db import hot_cursor
+from messaging.delivery.dead_letters import dead_letters_announce
+from messaging.delivery.sql import DEAD, DELIVERED, MOVED_COLUMNS, lock_sql, states_sql
+from messaging.handoff import receipts_enqueue
+from messaging.models import DeliveryState
+from messaging.network.links import next_hop
+from messaging.network.transport import FORWARD_PATH, PeerError, PeerRefused, peer_call
+
+log = logging.getLogger(__name__)
+
+WAITING = states_sql((DeliveryState.FORWARDING.value, DeliveryState.FORWARDED.value))
+RECEIPT_STATES = (DeliveryState.DELIVERED.value, DeliveryState.DEAD.value)
+
+
+def receipt_parse(ord_: int, item) -> dict:
+    """A receipt of a call, checked (PeerRefused 400 otherwise)."""
+    where = f"receipts[{ord_}]"
+    if not isinstance(item, dict):
+        raise PeerRefused(400, f"{where} must be an object")
+    for key, max_len in (("origin_domain", 64), ("recipient", 96), ("domain", 64), ("at", 64)):
+        if not isinstance(item.get(key), str) or not item[key] or len(item[key]) > max_len:
+            raise PeerRefused(400, f"{where}: {key} must be a non-empty string of at most {max_len} characters")
+    oid = item.get("origin_message_id")
+    if not isinstance(oid, int) or isinstance(oid, bool) or oid < 1:
+        raise PeerRefused(400, f"{where}: origin_message_id must be a positive whole number")
+    if item.get("state") not in RECEIPT_STATES:
+        raise PeerRefused(400, f"{where}: state must be delivered or dead")
+    if not isinstance(item.get("error", ""), str):
+        raise PeerRefused(400, f"{where}: error must be a string")
+    at = parse_datetime(item["at"])
+    if at is None or at.tzinfo is None:
+        raise PeerRefused(400, f"{where}: at must be an ISO 8601 time with its offset")
+    return {"origin_domain": item["origin_domain"], "origin_message_id": oid, "recipient": item["recipient"],
+            "state": item["state"], "at": item["at"], "domain": item["domain"], "error": item.get("error", "")[:400]}
+
+
+def receipts_of(delivery_ids: list[int]) -> list[dict]:
+    """The receipts of deliveries here (delivered or dead) whose message came from another domain."""
+    if not delivery_ids:
+        return []
+    here = settings.DOMAIN_NAME
+    with hot_cursor() as cur:
+        cur.execute(
+            f"""
+            SELECT m.origin_domain, m.origin_message_id, d.recipient, d.state,
+                   coalesce(d.delivered_at, d.dead_at, now()), d.last_error
+              FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id
+             WHERE d.id = ANY(%s::bigint[]) AND m.origin_message_id IS NOT NULL AND d.state IN ({DELIVERED}, {DEAD})
+            """,
+            [sorted(set(delivery_ids))],
+        )
+        rows = cur.fetchall()
+    return [{"origin_domain": origin, "origin_message_id": oid, "recipient": recipient, "state": state,
+             "at": at.isoformat(), "domain": here, "error": error if state == DeliveryState.DEAD.value else ""}
+            for origin, oid, recipient, state, at, error in rows]
+
+
+def receipts_apply(items: list[dict]) -> int:
+    """Apply receipts that reached this domain (inside the caller's transaction): the rows of the
+    message here for that recipient that still wait on a link move to delivered or dead (a dead one
+    to delivered too: a late ACK at the home domain counts there, so here as well); receipts
+    whose origin is elsewhere are passed on once committed. Returns the rows moved."""
+    if not items:
+        return 0
+    here = settings.DOMAIN_NAME
+    moved_rows: list[tuple] = []
+    with hot_cursor() as cur:
+        cur.execute(
+            f"""
+            WITH r AS (
+                SELECT * FROM unnest(%(origin)s::text[], %(oid)s::bigint[], %(recipient)s::text[], %(state)s::text[],
+                                     %(at)s::timestamptz[], %(error)s::text[])
+                       AS t(origin, oid, recipient, state, at, error)
+            ), target AS MATERIALIZED (
+                SELECT d.id, r.state, r.at, r.error FROM r
+                  JOIN messaging_message m
+                    ON (m.origin_domain = r.origin AND m.origin_message_id = r.oid)
+                    OR (r.origin = %(here)s AND m.id = r.oid AND m.origin_message_id IS NULL)
+                  JOIN messaging_delivery d ON d.message_id = m.id AND d.recipient = r.recipient
+                 WHERE d.state IN {WAITING} OR (r.state = {DELIVERED} AND d.state = {DEAD})
+            ), locked AS MATERIALIZED ({lock_sql("id IN (SELECT id FROM target)")})
+            UPDATE messaging_delivery d
+               SET state = t.state, next_attempt_at = NULL, claim = NULL,
+                   delivered_at = CASE WHEN t.state = {DELIVERED} THEN t.at ELSE d.delivered_at END,
+                   dead_at = CASE WHEN t.state = {DEAD} THEN now() ELSE d.dead_at END,
+                   last_error = CASE WHEN t.state = {DEAD} THEN left(t.error, 500) ELSE d.last_error END
+              FROM locked l, target t
+             WHERE d.id = l.id AND t.id = d.id AND (d.state IN {WAITING} OR (t.state = {DELIVERED} AND d.state = {DEAD}))
+            RETURNING {MOVED_COLUMNS}
+            """,
+            {"origin": [r["origin_domain"] for r in items], "oid": [r["origin_message_id"] for r in items],
+             "recipient": [r["recipient"] for r in items], "state": [r["state"] for r in items],
+             "at": [parse_datetime(r["at"]) for r in items],
+             "error": [f"dead at {r['domain']}: {r['error']}" if r["state"] == DeliveryState.DEAD.value else ""
+                       for r in items],
+             "here": here},
+        )
+        moved_rows = cur.fetchall()
+    # The sender's app hears of a dead letter where the sender is: at the origin.
+    dead_here = [r for r in moved_rows if r[1] == DeliveryState.DEAD.value]
+    if dead_here:
+        _announce_at_origin(dead_here, items)
+    onward = [r for r in items if r["origin_domain"] != here]
+    if onward:
+        transaction.on_commit(lambda: receipts_enqueue(receipts=onward))
+    return len(moved_rows)
+
+
+def _announce_at_origin(rows: list[tuple], items: list[dict]) -> None:
+    here = settings.DOMAIN_NAME
+    if any(r["origin_domain"] == here for r in items):
+        with hot_cursor() as cur:
+            cur.execute("SELECT id FROM messaging_message WHERE id = ANY(%s::bigint[]) AND origin_message_id IS NULL",
+                        [[r[3] for r in rows]])
+            local = {row[0] for row in cur.fetchall()}
+        dead_letters_announce([r for r in rows if r[3] in local], receipts=False)
+
+
+def receipts_send(*, receipts: list[dict]) -> dict[str, int]:
+    """Send receipts one step towards their origins, one call per next hop. Raises PeerError if a
+    call failed (the task retries; the receiver applies a receipt once, whatever the repeats)."""
+    per_hop: dict[str, list[dict]] = defaultdict(list)
+    for receipt in receipts:
+        origin = receipt["origin_domain"]
+        if origin == settings.DOMAIN_NAME:
+            continue
+        hop = next_hop(origin)
+        if hop is None:
+            log.warning("receipt for %s:%s dropped: no route to %s", origin, receipt["origin_message_id"], origin)
+            continue
+        per_hop[hop].append(receipt)
+    failures = []
+    for hop, batch in sorted(per_hop.items()):
+        try:
+            peer_call(peer=hop, path=FORWARD_PATH, payload={"receipts": batch})
+        except PeerError as error:
+            failures.append(error.reason)
+    if failures:
+        raise PeerError("; ".join(failures))
+    return {hop: len(batch) for hop, batch in per_hop.items()}
+

@@ -1,0 +1,12 @@
+from __future__ import annotations
+
+from django.urls import path
+
+from messaging.api.urls import pooled
+from messaging.network import views
+
+urlpatterns = [
+    path("forward", pooled(views.forward), name="network-forward"),
+    path("publishes", pooled(views.publishes), name="network-publishes"),
+    path("ping", pooled(views.ping), name="network-ping"),
+]

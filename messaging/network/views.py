@@ -1,0 +1,45 @@
+"""The internal endpoints neighbours call (signed, messaging.network.transport). Thin: check the
+call, hand the payload to one service, answer JSON. Refusals are 4xx with `{"error": reason}`."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from messaging.network import flood, intake
+from messaging.network.transport import PeerRefused, peer_request_check
+
+
+def _checked(request, service):
+    try:
+        sender, payload = peer_request_check(request)
+    except PeerRefused as refused:
+        return JsonResponse({"error": refused.reason}, status=refused.status)
+    try:
+        answer = service(sender=sender, payload=payload)
+    except PeerRefused as refused:
+        return JsonResponse({"error": refused.reason}, status=refused.status)
+    return JsonResponse(answer)
+
+
+@csrf_exempt
+@require_POST
+def forward(request):
+    """Deliveries, confirmations and receipts from a neighbour: stored before the answer."""
+    return _checked(request, intake.forward_accept)
+
+
+@csrf_exempt
+@require_POST
+def publishes(request):
+    """Channel publishes from a neighbour (the flood): stored and fanned out here, passed on."""
+    return _checked(request, flood.publishes_accept)
+
+
+@csrf_exempt
+@require_POST
+def ping(request):
+    """A neighbour's link probe: the answer proves the link works both ways."""
+    return _checked(request, lambda *, sender, payload: {"domain": settings.DOMAIN_NAME})

@@ -1,0 +1,274 @@
+"""The meta role: the signed export every domain serves, and the pull that mirrors it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from io import StringIO
+
+import pytest
+import yaml
+from django.core.management import CommandError, call_command
+
+from apps_registry.config_io import config_export, config_import
+from apps_registry.meta import EXPORT_PATH, MetaPullError, meta_pull
+from apps_registry.models import ClientApp, Domain, DomainLink, MetaState
+from foundation.signed_calls import ANSWER_METHOD, SIGNATURE_HEADER, signature_refusal, signed_headers
+from tests.apps_registry.test_routing import EXAMPLE
+from tests.factories import make_app, make_domain
+
+pytestmark = pytest.mark.django_db
+SECRET = "the-network-secret"
+
+
+@pytest.fixture
+def meta_settings(settings):
+    settings.META_SECRET = SECRET
+    settings.DOMAIN_NAME = "domain-02"
+    return settings
+
+
+def _signed_get(client, path: str = EXPORT_PATH, secret: str = SECRET, **kwargs):
+    headers = signed_headers(secret=secret, sender="domain-02", method="GET", path=path, body=b"", **kwargs)
+    return client.get(path, headers=headers), headers
+
+
+# --- the export ----------------------------------------------------------------------------------
+
+
+def test_a_signed_caller_gets_the_configuration_with_secrets_in_a_signed_answer(client, meta_settings):
+    config_import(text=EXAMPLE.read_text())
+    response, sent = _signed_get(client)
+    assert response.status_code == 200
+    assert response.content.decode() == config_export(include_secrets=True)
+    doc = yaml.safe_load(response.content)
+    assert all(link["sharedSecret"] for link in doc["domainLinks"])  # the links' secrets travel to the mirror
+    nonce = sent[SIGNATURE_HEADER].split(",")[1][2:]
+    reason, signature = signature_refusal(secret=SECRET, header=response[SIGNATURE_HEADER], method=ANSWER_METHOD,
+                                          path=EXPORT_PATH, body=response.content, max_skew=60)
+    assert reason is None and signature.nonce == nonce  # the answer is signed for this very request
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("forged", "bad signature"),
+    ("stale", "timestamp outside"),
+    ("unsigned", "missing or malformed signature"),
+])
+def test_a_forged_stale_or_unsigned_call_is_refused(client, meta_settings, case, expected):
+    if case == "unsigned":
+        response = client.get(EXPORT_PATH)
+    else:
+        response, _ = _signed_get(client, secret="not-the-secret" if case == "forged" else SECRET,
+                                  **({"timestamp": int(time.time()) - 3600} if case == "stale" else {}))
+    assert response.status_code == 403
+    assert expected in response.json()["error"]
+    assert "tokenSecret" not in response.content.decode()
+
+
+def test_a_replayed_call_is_refused(client, meta_settings):
+    first, headers = _signed_get(client)
+    assert first.status_code == 200
+    again = client.get(EXPORT_PATH, headers=headers)
+    assert again.status_code == 403
+    assert again.json() == {"error": "refused: nonce already used (a replayed call)"}
+
+
+def test_a_domain_without_meta_secret_exports_nothing(client, settings):
+    settings.META_SECRET = ""
+    response, _ = _signed_get(client, secret="anything")
+    assert response.status_code == 403
+    assert "no META_SECRET" in response.json()["error"]
+
+
+# --- the pull ------------------------------------------------------------------------------------
+
+
+class FakeMeta:
+    """A meta domain on a real socket, serving `document` signed as the export endpoint signs it
+    (or signed wrongly, to see the pull refuse it)."""
+
+    def __init__(self):
+        self.document = ""
+        self.answer_secret = SECRET
+        self.answer_nonce: str | None = None  # None: the request's nonce, as the real endpoint answers
+        self.unsigned = False
+        self.requests: list[str | None] = []
+        meta = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                meta.requests.append(self.headers.get(SIGNATURE_HEADER))
+                reason, signature = signature_refusal(secret=SECRET, header=self.headers.get(SIGNATURE_HEADER),
+                                                      method="GET", path=self.path, body=b"", max_skew=60)
+                if reason is not None:
+                    self.send_response(403)
+                    self.end_headers()
+                    return
+                body = meta.document.encode()
+                self.send_response(200)
+                if not meta.unsigned:
+                    answer = signed_headers(secret=meta.answer_secret, sender="domain-01", method=ANSWER_METHOD,
+                                            path=self.path, body=body, nonce=meta.answer_nonce or signature.nonce)
+                    for name, value in answer.items():
+                        self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_meta(meta_settings):
+    meta = FakeMeta()
+    meta_settings.META_URL = meta.url
+    meta.document = EXAMPLE.read_text()
+    yield meta
+    meta.close()
+
+
+def test_a_pull_applies_the_metas_configuration_and_records_it(fake_meta):
+    outcome = meta_pull()
+    assert outcome.changed
+    assert list(Domain.objects.values_list("name", flat=True)) == ["domain-01", "domain-02", "domain-03", "domain-04"]
+    assert ClientApp.objects.count() == 5 and DomainLink.objects.count() == 4
+    state = MetaState.objects.get()
+    assert (state.meta_url, state.digest, state.last_error) == (fake_meta.url, outcome.digest, "")
+    assert state.applied_at is not None
+
+
+def test_an_unchanged_configuration_changes_nothing(fake_meta, django_assert_max_num_queries):
+    first = meta_pull()
+    applied_at = MetaState.objects.get().applied_at
+    with django_assert_max_num_queries(12):  # the state row, and this domain's export read once; nothing written
+        again = meta_pull()
+    assert not again.changed and again.digest == first.digest
+    assert MetaState.objects.get().applied_at == applied_at
+
+
+def test_a_local_edit_is_undone_by_the_next_pull_even_when_the_meta_did_not_change(fake_meta):
+    meta_pull()
+    DomainLink.objects.filter(n1__name="domain-01", n2__name="domain-02").update(enabled=False, weight=9)
+    outcome = meta_pull()
+    assert outcome.changed
+    link = DomainLink.objects.get(n1__name="domain-01", n2__name="domain-02")
+    assert (link.enabled, link.weight) == (True, 1)
+    assert not meta_pull().changed
+
+
+def test_the_mirror_removes_what_the_meta_no_longer_lists(fake_meta):
+    make_app("LOCAL", app_id="local-app", master="LOCAL-1", domain=make_domain("domain-77"))
+    meta_pull()
+    assert not ClientApp.objects.filter(app_name="LOCAL").exists()
+    assert not Domain.objects.filter(name="domain-77").exists()
+
+    doc = yaml.safe_load(fake_meta.document)
+    doc["domainLinks"] = [link for link in doc["domainLinks"] if {link["n1"], link["n2"]} != {"domain-01", "domain-02"}]
+    doc["clientApps"] = [app for app in doc["clientApps"] if app["appName"] != "domain3"]
+    fake_meta.document = yaml.safe_dump(doc)
+    meta_pull()
+    assert not DomainLink.objects.filter(n1__name="domain-01", n2__name="domain-02").exists()
+    assert DomainLink.objects.count() == 3
+    assert not ClientApp.objects.filter(app_name="domain3").exists()
+
+
+def test_the_mirror_keeps_an_app_whose_messages_are_stored_here_and_says_so(fake_meta):
+    from messaging.store import message_send
+
+    app = make_app("KEEP", app_id="keep-app", master="KEEP-1", domain=make_domain("domain-02"))
+    message_send(app_id=app.pk, sender="KEEP-1", recipients=["KEEP-2"], content="history")
+    outcome = meta_pull()
+    assert ClientApp.objects.filter(app_name="KEEP").exists() and app.distributions.count() == 1
+    assert "app KEEP" in outcome.notice and "app KEEP" in MetaState.objects.get().notice
+
+
+def test_a_pull_never_applies_an_answer_it_cannot_verify(fake_meta):
+    fake_meta.answer_secret = "forged"
+    with pytest.raises(MetaPullError, match="bad signature"):
+        meta_pull()
+    fake_meta.answer_secret, fake_meta.unsigned = SECRET, True
+    with pytest.raises(MetaPullError, match="missing or malformed signature"):
+        meta_pull()
+    fake_meta.unsigned, fake_meta.answer_nonce = False, "recorded0earlier0answer"
+    with pytest.raises(MetaPullError, match="signed for another request"):
+        meta_pull()
+    assert not Domain.objects.exists() and not ClientApp.objects.exists()
+    state = MetaState.objects.get()
+    assert "signed for another request" in state.last_error and state.applied_at is None
+
+
+def test_the_command_pulls_now_and_fails_with_exit_code_1_and_a_message(fake_meta, meta_settings):
+    out = StringIO()
+    call_command("meta_pull", stdout=out)
+    assert "configuration applied" in out.getvalue()
+    meta_settings.META_URL = "http://127.0.0.1:9"  # nothing listens there
+    with pytest.raises(CommandError, match="meta pull failed: .*unreachable") as failure:
+        call_command("meta_pull")
+    assert failure.value.returncode == 1
+    assert "unreachable" in MetaState.objects.get().last_error
+
+
+def test_the_beat_task_pulls_and_is_safe_to_run_twice(fake_meta):
+    from apps_registry.tasks import meta_pull as task
+
+    assert task.apply().get().startswith("configuration applied")
+    assert task.apply().get().startswith("configuration unchanged")
+    assert ClientApp.objects.count() == 5
+
+
+def test_the_beat_schedules_the_pull_only_where_meta_url_is_set(monkeypatch):
+    import importlib
+
+    import config.settings.network as network
+
+    monkeypatch.setenv("META_URL", "http://meta.example:8001")
+    monkeypatch.setenv("META_PULL_SECONDS", "7")
+    try:
+        entry = importlib.reload(network).NETWORK_BEAT_SCHEDULE["meta-pull"]
+        assert (entry["task"], entry["schedule"]) == ("apps_registry.tasks.meta_pull", 7.0)
+        monkeypatch.delenv("META_URL")
+        assert "meta-pull" not in importlib.reload(network).NETWORK_BEAT_SCHEDULE
+    finally:
+        monkeypatch.undo()
+        importlib.reload(network)
+
+
+def test_the_worker_finds_the_task():
+    from config.celery import app
+
+    app.loader.import_default_modules()
+    assert "apps_registry.tasks.meta_pull" in app.tasks
+
+
+def test_the_admin_shows_where_the_configuration_comes_from_and_warns_against_local_edits(fake_meta, operator):
+    meta_pull()
+    page = operator.get("/admin/apps_registry/domain/").content.decode()
+    assert f"Configuration pulled from {fake_meta.url} at " in page and "last error: none" in page
+    for model in ("domain", "domainlink", "clientapp", "userdistribution"):
+        page = operator.get(f"/admin/apps_registry/{model}/").content.decode()
+        assert "edited on the meta domain; local edits are overwritten" in page
+
+
+def test_a_domain_without_meta_url_shows_no_meta_line(operator, settings):
+    settings.META_URL = ""
+    page = operator.get("/admin/apps_registry/domain/").content.decode()
+    assert "Configuration pulled from" not in page and "edited on the meta domain" not in page
+
+
+def test_a_domain_told_to_pull_without_the_secret_is_warned(settings):
+    from apps_registry.checks import check_meta_role
+
+    settings.META_URL, settings.META_SECRET = "http://meta.example:8001", ""
+    assert [w.id for w in check_meta_role(None)] == ["switchboard.W013"]
+    settings.META_SECRET = SECRET
+    assert check_meta_role(None) == []
