@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import httpx
+import psycopg
 import pytest
 from django.conf import settings
 
@@ -96,6 +97,12 @@ class SystemRing(Ring):
             return httpx.get(f"{self.http_url(n)}/readyz", timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
+
+    def query(self, n: int, statement: str, params: tuple | list = ()) -> list[tuple]:
+        """Rows of a SQL statement on domain n's database (what its admin would show, read directly)."""
+        with psycopg.connect(self.database_url(n), autocommit=True, connect_timeout=10) as conn:
+            cursor = conn.execute(statement, params)
+            return cursor.fetchall() if cursor.description else []
 
     def publish(self, n: int, channel: str, content: str, app: str = "ANZ") -> None:
         """Publish on domain n as its operator would: `manage.py send --channel` with that domain's settings."""

@@ -14,6 +14,8 @@ log in as any ANZ user with any token (import_config says so when it imports it)
 `tokenSecret`: an open app checks no token, so a secret would do nothing, and by the importer's
 rules a `tokenSecret` without `authMode` switches an app to signed tokens, against the seed's
 `authEnabled: false`. Whoever closes it does so in domain-01's admin (the meta), once for all.
+Beyond the seed, ANZ's `news.*` channels are public and open to client subscriptions, so a publish
+can be watched arriving on every domain.
 """
 
 from __future__ import annotations

@@ -46,5 +46,6 @@ def test_a_stopped_domain_leaves_the_others_serving_and_comes_back_with_the_same
         ring.start_domain(2)
     assert ring.ready(2)
     assert _admin_lists(ring, 2) == (DOMAINS, LINKS)
+    assert ring.query(2, "select count(*) from apps_registry_userdistribution") == [(4,)]
     with ring.client(2, "ANZ-1500000"):
         pass
