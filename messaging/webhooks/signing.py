@@ -13,6 +13,8 @@ import hashlib
 import hmac
 import time
 
+from foundation.signed_calls import header_parts
+
 SIGNATURE_HEADER = "Switchboard-Signature"
 EVENT_HEADER = "Switchboard-Event"
 DELIVERY_HEADER = "Switchboard-Delivery"
@@ -33,11 +35,7 @@ def signature_header(*, secret: str, body: bytes, timestamp: int | None = None) 
 def signature_verify(*, secret: str, header: str, body: bytes, tolerance: int = DEFAULT_TOLERANCE_SECONDS,
                      now: float | None = None) -> bool:
     """True when `header` signs `body` with `secret` and its timestamp is within `tolerance` seconds."""
-    parts: dict[str, list[str]] = {}
-    for item in (header or "").split(","):
-        key, sep, value = item.strip().partition("=")
-        if sep:
-            parts.setdefault(key, []).append(value)
+    parts = header_parts(header)
     try:
         timestamp = int(parts["t"][0])
     except (KeyError, ValueError):

@@ -49,12 +49,19 @@ class Signature:
     values: tuple[str, ...]
 
 
-def signature_parse(header: str | None) -> Signature | None:
+def header_parts(header: str | None) -> dict[str, list[str]]:
+    """`k=v,k=v` signature header items by key (a key may repeat: two `v1` while a secret rotates).
+    Also the webhooks' `Switchboard-Signature` (messaging.webhooks.signing)."""
     parts: dict[str, list[str]] = {}
     for item in (header or "").split(","):
         key, sep, value = item.strip().partition("=")
         if sep:
             parts.setdefault(key, []).append(value)
+    return parts
+
+
+def signature_parse(header: str | None) -> Signature | None:
+    parts = header_parts(header)
     try:
         timestamp = int(parts["t"][0]) if parts["t"][0].isascii() else None
         nonce = parts["n"][0]
