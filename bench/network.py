@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psycopg
 import websockets
 
 from bench.compare import find_postgres, find_redis, free_port
@@ -137,6 +138,55 @@ async def _scenario(ring: Ring, target: str, args, round_no: int, probe_groups: 
     return result
 
 
+STAGES_SQL = """
+SELECT m.content, extract(epoch from m.created_at)::float8, extract(epoch from d.sent_at)::float8
+  FROM messaging_message m JOIN messaging_delivery d ON d.message_id = m.id WHERE m.content LIKE %s
+"""
+
+
+async def _stages(ring: Ring, args) -> dict:
+    """Where the time of a two-hop message goes: one sender, one receiver on domain-03, `--rate`
+    messages per second; each domain's own timestamps (stored: the storing transaction's start;
+    forwarded: after the neighbour answered), read from the three databases."""
+    sender = await _login(ring.ws_url(1), f"ANZ-{SENDER_BASE}")
+    receiver = await _login(ring.ws_url(3), "ANZ-3500000")
+    received: dict[str, float] = {}
+
+    async def receive() -> None:
+        async for raw in receiver:
+            frame = json.loads(raw)
+            if frame.get("type") == "MESSAGE":
+                received[frame["data"]["content"]] = time.time()
+
+    reader = asyncio.create_task(receive())
+    sent: dict[str, float] = {}
+    for i in range(int(args.rate * args.duration)):
+        content = f"stage-{i}"
+        sent[content] = time.time()
+        await sender.send(json.dumps({"type": "MESSAGE", "data": {"to": "ANZ-3500000", "content": content}}))
+        await asyncio.sleep(1 / args.rate)
+    await asyncio.sleep(3)
+    reader.cancel()
+    await sender.close()
+    await receiver.close()
+    rows = {}
+    for n in (1, 2, 3):
+        with psycopg.connect(ring.database_url(n)) as conn:
+            rows[n] = {r[0]: r[1:] for r in conn.execute(STAGES_SQL, ["stage-%"]).fetchall()}
+    names = ["sent -> stored on 01", "stored on 01 -> 02 answered", "stored on 02 -> 03 answered",
+             "stored on 03 -> received", "total"]
+    stages: dict[str, list[float]] = {name: [] for name in names}
+    for content, t0 in sent.items():
+        if content not in received or content not in rows[3]:
+            continue
+        (s1, f1), (s2, f2), (s3, _) = rows[1][content], rows[2][content], rows[3][content]
+        for name, value in zip(names, [s1 - t0, f1 - s1, f2 - s2, received[content] - s3, received[content] - t0],
+                               strict=True):
+            stages[name].append(value * 1000)
+    return {name: {"p50_ms": _pct(sorted(v), 50), "p90_ms": _pct(sorted(v), 90), "n": len(v)}
+            for name, v in stages.items()}
+
+
 def _pct(values: list[float], p: float) -> float | None:
     if not values:
         return None
@@ -156,6 +206,8 @@ def _table(results: list[dict]) -> str:
     base = {}
     for target in TARGETS:
         rows = [r for r in results if r["target"] == target]
+        if not rows:
+            continue
         p50 = statistics.median(r["latency"]["p50_ms"] for r in rows)
         p95 = statistics.median(r["latency"]["p95_ms"] for r in rows)
         p99 = statistics.median(r["latency"]["p99_ms"] for r in rows)
@@ -176,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst", type=int, default=100, help="messages per sender, throughput phase")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--log-dir", type=Path, help="keep every process's log here (default: thrown away)")
+    parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting for every domain's processes (repeat it), e.g. WORKER_CONCURRENCY=4")
+    parser.add_argument("--stages", action="store_true",
+                        help="instead: where a two-hop message's time goes, stage by stage (--rate, --duration)")
+    parser.add_argument("--targets", default=",".join(TARGETS), help="a comma-separated subset of: " + ", ".join(TARGETS))
     args = parser.parse_args(argv)
 
     env = platform_env()
@@ -187,15 +245,25 @@ def main(argv: list[str] | None = None) -> int:
             if port not in ports and not 8000 <= port < 8010:
                 ports.append(port)
         ring = Ring(Path(tmp) / "ring", postgres_url, redis_url, ports=ports, database_prefix="switchboard_bench_ring_",
-                    env_overrides={"DEBUG": "false", "DRAIN_SECONDS": "1"}, log_dir=Path(tmp) / "logs",
+                    env_overrides={"DEBUG": "false", "DRAIN_SECONDS": "1",
+                                   **dict(item.split("=", 1) for item in args.env)}, log_dir=args.log_dir or Path(tmp) / "logs",
                     base_env=env)
         try:
             print(f"starting the ring on ports {ports} ...", flush=True)
             ring.start()
+            if args.stages:
+                stages = asyncio.run(_stages(ring, args))
+                for name, figures in stages.items():
+                    print(f"{name:30s} p50 {figures['p50_ms']:7.1f} ms  p90 {figures['p90_ms']:7.1f} ms  ({figures['n']})")
+                if args.json:
+                    args.json.write_text(json.dumps({"stages": stages, "args": vars(args) | {"json": str(args.json)}},
+                                                    indent=2, default=str))
+                return 0
             groups = _groups(ring, postgres_url, redis_url)
             results = []
             for round_no in range(1, args.rounds + 1):
-                order = list(TARGETS) if round_no % 2 else list(reversed(TARGETS))
+                chosen = [t for t in TARGETS if t in args.targets.split(",")]
+                order = chosen if round_no % 2 else list(reversed(chosen))
                 for target in order:
                     result = asyncio.run(_scenario(ring, target, args, round_no, groups))
                     print(json.dumps(result), flush=True)
