@@ -15,6 +15,7 @@ from django.contrib import admin
 from foundation.admin_readonly import ACT, ReadOnlyAdminMixin
 
 from .delivery.dead_letters import dead_letters_discard, dead_letters_requeue
+from .exchange import admin as exchange_admin  # noqa: F401  (registers the event exchange's console)
 from .models import DeadLetter, Delivery, DeliveryState, Message
 from .network import admin as network_admin  # noqa: F401  (registers the links' console)
 from .network.whereabouts import delivery_where

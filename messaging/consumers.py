@@ -233,6 +233,11 @@ class ClientConsumer(ChannelReaderConsumer):
     async def message_fast(self, event: sockets.MessageFastEvent) -> None:
         await self.write(event["frame"])
 
+    async def exchange_events(self, event: sockets.ExchangeEventsEvent) -> None:
+        for frame in event["frames"]:
+            if not await self.write(frame):
+                return  # the socket took nothing (closed, or cut off as a slow reader): the rest neither
+
     async def presence_event(self, event: sockets.PresenceEvent) -> None:
         # Announcements about one user can arrive out of the order their changes were made in (two
         # nodes announce, or a restarted node's cleanup announces its dead connections while their

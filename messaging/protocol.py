@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from foundation.transport.frames import encode
 
@@ -188,3 +188,14 @@ def accepted_frame(*, message_id: int, client_message_id: str | None, reference:
     if duplicate:
         data["duplicate"] = True
     return encode("MESSAGE_ACCEPTED", data, reference)
+
+
+# An EVENT frame's data: one event of the app's ordered event exchange (messaging.exchange). The
+# functional form because `from` is a keyword; `from` and `to` are null where the kind has none.
+EventData = TypedDict("EventData", {"seq": int, "kind": str, "from": int | None, "to": int | None})
+
+
+def event_frame(*, seq: int, kind: str, sender: int | None, to: int | None) -> str:
+    """EVENT: `{"type": "EVENT", "data": {"seq": 43, "kind": "P", "from": 32, "to": 56}}`."""
+    data: EventData = {"seq": seq, "kind": kind, "from": sender, "to": to}
+    return encode("EVENT", data)

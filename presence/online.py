@@ -44,6 +44,11 @@ def app_online_users_sync(app_name: str) -> list[str]:
     return [_text(u) for u in sync_client().zrange(app_online_key(app_name), 0, -1)]
 
 
+def app_online_count_sync(app_name: str) -> int:
+    """How many users of the app hold a connection now (one ZCARD)."""
+    return int(sync_client().zcard(app_online_key(app_name)))
+
+
 @dataclass(frozen=True)
 class OnlinePage:
     users: list[str]

@@ -244,6 +244,20 @@ class SwitchboardClient:
     def disconnect(self, user_id: str) -> int:
         return int(self.request("POST", f"/api/v1/users/{_segment(user_id)}/disconnect")["closed"])
 
+    # --- the event exchange ---------------------------------------------------------------------
+
+    def events_send(self, events: Sequence[str]) -> dict[str, Any]:
+        """Event lines (`seq|kind|from|to`) for the app's exchange: {"accepted": n, "stream": entry id}.
+        Safe to retry: the exchange ignores sequence numbers it already has."""
+        return self.request("POST", "/api/v1/events", json={"events": list(events)})
+
+    def exchange_followers(self, user: int, *, limit: int = 100) -> Iterator[dict[str, Any]]:
+        """Who follows `user` in the exchange's graph: {"user": n, "since": time} each."""
+        return self.items(f"/api/v1/exchange/users/{int(user)}/followers", {"limit": limit})
+
+    def exchange_followees(self, user: int, *, limit: int = 100) -> Iterator[dict[str, Any]]:
+        return self.items(f"/api/v1/exchange/users/{int(user)}/followees", {"limit": limit})
+
     # --- channel history -------------------------------------------------------------------------
 
     def history(self, channel: str, *, after: int = 0, limit: int = 100) -> Iterator[HistoryItem]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from drf_spectacular.utils import OpenApiExample, extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
@@ -249,6 +250,29 @@ class DisconnectedSerializer(serializers.Serializer):
     closed = serializers.IntegerField(help_text="Connections told to close (with 1000).")
 
 
+class EventsSendSerializer(serializers.Serializer):
+    events = serializers.ListField(
+        child=serializers.CharField(max_length=64, trim_whitespace=False),
+        min_length=1, max_length=settings.EXCHANGE_INTAKE_MAX_EVENTS,
+        help_text="Event lines `seq|kind|from|to` without their line end, e.g. `666|F|60|50`, `1|U|12|9`, `542532|B`, "
+                  "`43|P|32|56`, `634|S|32`. Any order: the exchange restores sequence order.")
+
+
+class EventsAcceptedSerializer(serializers.Serializer):
+    accepted = serializers.IntegerField(help_text="Event lines appended for the exchange.")
+    stream = serializers.CharField(help_text="The batch's entry id in the app's intake stream.")
+
+
+class FollowerSerializer(serializers.Serializer):
+    user = serializers.IntegerField(source="follower")
+    since = serializers.DateTimeField(source="created_at")
+
+
+class FolloweeSerializer(serializers.Serializer):
+    user = serializers.IntegerField(source="followee")
+    since = serializers.DateTimeField(source="created_at")
+
+
 def page_of(name: str, item: type[serializers.Serializer], **extra: serializers.Field) -> type[serializers.Serializer]:
     """The documented shape of a page of `item`s (messaging.api.pagination)."""
     fields: dict[str, Any] = {
@@ -260,6 +284,8 @@ def page_of(name: str, item: type[serializers.Serializer], **extra: serializers.
     return type(name, (serializers.Serializer,), fields)
 
 
+FollowerPageSerializer = page_of("FollowerPage", FollowerSerializer, user=serializers.IntegerField())
+FolloweePageSerializer = page_of("FolloweePage", FolloweeSerializer, user=serializers.IntegerField())
 SubscriptionPageSerializer = page_of("SubscriptionPage", SubscriptionSerializer)
 DeadLetterPageSerializer = page_of("DeadLetterPage", DeadLetterSerializer)
 ChannelMembersPageSerializer = page_of(

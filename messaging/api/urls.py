@@ -16,7 +16,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse
 from django.urls import path, re_path
 
-from messaging.api import operator, views
+from messaging.api import exchange_views, operator, views
 from messaging.api.errors import not_found
 from messaging.asyncdb import run_db
 
@@ -61,6 +61,9 @@ urlpatterns = [
     _endpoint("dead-letters", views.DeadLettersView, "api-dead-letters"),
     _endpoint("dead-letters/requeue", views.DeadLettersRequeueView, "api-dead-letters-requeue"),
     _endpoint("dead-letters/discard", views.DeadLettersDiscardView, "api-dead-letters-discard"),
+    _endpoint("events", exchange_views.EventsView, "api-events"),
+    _endpoint("exchange/users/<str:n>/followers", exchange_views.FollowersView, "api-exchange-followers"),
+    _endpoint("exchange/users/<str:n>/followees", exchange_views.FolloweesView, "api-exchange-followees"),
     path("operator/selftest", pooled(operator.SelftestView.as_view()), name="api-operator-selftest"),
     path("operator/selftest/<str:name>", pooled(operator.SelftestRunView.as_view()), name="api-operator-selftest-run"),
     re_path(r"^.*$", not_found, name="api-not-found"),

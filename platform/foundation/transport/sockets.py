@@ -58,6 +58,14 @@ class PresenceEvent(TypedDict):
     online: bool  # and what it says: the master's connection writes it only while it is still true
 
 
+class ExchangeEventsEvent(TypedDict):
+    """EVENT frames of the event exchange for one connection, in sequence order (one channel-layer
+    event per connection per batch, not per frame)."""
+
+    type: Literal["exchange.events"]
+    frames: list[str]
+
+
 class ConnectionCloseEvent(TypedDict):
     type: Literal["connection.close"]
     code: int
@@ -71,7 +79,8 @@ class ChannelMembershipEvent(TypedDict):
     channel: str
 
 
-Event = MessageDeliverEvent | MessageFastEvent | PresenceEvent | ConnectionCloseEvent | ChannelMembershipEvent
+Event = (MessageDeliverEvent | MessageFastEvent | PresenceEvent | ConnectionCloseEvent | ChannelMembershipEvent
+         | ExchangeEventsEvent)
 
 
 def message_deliver_event(items: list[DeliverItem]) -> MessageDeliverEvent:
@@ -84,6 +93,10 @@ def message_fast_event(frame: str) -> MessageFastEvent:
 
 def presence_event(frame: str, *, user_id: str, online: bool) -> PresenceEvent:
     return {"type": "presence.event", "frame": frame, "user_id": user_id, "online": online}
+
+
+def exchange_events_event(frames: list[str]) -> ExchangeEventsEvent:
+    return {"type": "exchange.events", "frames": frames}
 
 
 def connection_close_event(code: int, reason: str) -> ConnectionCloseEvent:
