@@ -1,0 +1,33 @@
+"""The event exchange's notifications reach /ws users of the app as EVENT frames: a real web node,
+real clients, the bridge called as the engine calls it after a committed batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from messaging.exchange.models import Follow
+from messaging.exchange.ws_bridge import events_to_ws, ws_listeners, ws_listeners_forget
+from tests.wsclient import WsClient
+
+pytestmark = [pytest.mark.system, pytest.mark.django_db]
+
+
+def events(client: WsClient) -> list[tuple[int, str, int | None, int | None]]:
+    return [(f["data"]["seq"], f["data"]["kind"], f["data"]["from"], f["data"]["to"])
+            for f in client.recv_all(quiet=1.0) if f["type"] == "EVENT"]
+
+
+def test_ws_users_get_exactly_the_events_that_concern_them_in_order(node, demo_network):
+    anz = demo_network["anz"]
+    ws_listeners_forget()
+    Follow.objects.create(app=anz, follower=3201, followee=3200)  # 3201 follows 3200; 3202 follows nobody
+    with WsClient(node.ws_url) as follower, WsClient(node.ws_url) as other:
+        follower.auth("ANZ-3201")
+        other.auth("ANZ-3202")
+        assert ws_listeners(anz.pk)
+        batch = [(1, "F", 3202, 3201), (2, "U", 3201, 3202), (3, "P", 3201, 3202), (4, "S", 3200, None),
+                 (5, "B", None, None), (6, "P", 3202, 3201), (7, "S", 3202, None)]
+        events_to_ws(anz.pk, batch)
+        assert events(follower) == [(1, "F", 3202, 3201), (4, "S", 3200, None), (5, "B", None, None),
+                                    (6, "P", 3202, 3201)]
+        assert events(other) == [(3, "P", 3201, 3202), (5, "B", None, None)]
