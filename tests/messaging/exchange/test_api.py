@@ -46,6 +46,7 @@ def test_a_malformed_line_refuses_the_whole_call_naming_its_index(api, intake, l
     with pytest.raises(ApiError) as refused:
         api.events_send(["1|B", "2|P|1|2", line])
     assert refused.value.status == 400 and "events[2]" in refused.value.detail
+    assert refused.value.body["index"] == 2
     assert intake() == []
 
 
