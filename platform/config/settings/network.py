@@ -58,3 +58,5 @@ NETWORK_TASK_ROUTES: dict[str, dict] = {
     "messaging.tasks.forward_link": {"queue": "forwarding"},
     "messaging.tasks.forward_receipts": {"queue": "forwarding"},
 }
+
+from .exchange import *  # noqa: E402,F403
