@@ -37,7 +37,7 @@ async def intake_loop(exchange: Exchange, *, block_ms: int = 1000) -> None:
         try:
             committed = exchange.intake_committed
             if committed is not None and committed != trimmed:
-                await client.xtrim(key, minid=committed)
+                await client.xtrim(key, minid=committed, approximate=False)
                 trimmed = committed
             answer = await client.xread({key: last}, count=1000, block=block_ms)
         except asyncio.CancelledError:
