@@ -135,7 +135,7 @@ class Exchange:
 
     async def commit_once(self) -> None:
         engine = self.engine
-        if not (engine.pending_count or self.malformed or self._gap_dirty or engine._skipped):
+        if engine.batch_empty and not (self.malformed or self._gap_dirty):
             return
         batch = engine.batch_take()
         malformed, self.malformed, self._gap_dirty = self.malformed, 0, False

@@ -112,6 +112,11 @@ class Engine:
     def pending_count(self) -> int:
         return len(self._pending)
 
+    @property
+    def batch_empty(self) -> bool:
+        """Nothing applied or skipped since the last batch was taken."""
+        return not self._pending and not self._skipped
+
     def batch_take(self) -> Batch:
         """The applied events since the last call (see Batch), and a fresh batch begins."""
         changes = self._changes
