@@ -1,11 +1,25 @@
-"""Settings of the ordered event exchange (issue 19, messaging.exchange).
+"""Settings of the event exchange (issue 19: messaging.exchange, `manage.py eventsource`).
 
-Read from the environment here and only here; network.py imports the names (base.py imports network.py).
+Read from the environment here and only here; network.py star-imports this module.
 """
 
 from __future__ import annotations
 
 from .env import env_float, env_int
+
+# --- engine (messaging.exchange.engine / adapter) ---
+# Group commit: a batch of applied events is committed (Follow rows + applied_seq) once it holds
+# this many events or its oldest event waited this long, whichever comes first. Notifications of a
+# batch are written only after its commit, so the window is also the added latency.
+EXCHANGE_COMMIT_EVENTS = env_int("EXCHANGE_COMMIT_EVENTS", 20000)
+EXCHANGE_COMMIT_MS = env_float("EXCHANGE_COMMIT_MS", 20.0)
+# A gap (a missing sequence number with later events held behind it) is reported after this long...
+EXCHANGE_GAP_REPORT_SECONDS = env_float("EXCHANGE_GAP_REPORT_SECONDS", 5.0)
+# ...and given up after this long: the missing numbers are skipped and the held events applied.
+# 0 = wait forever (the gap stays reported).
+EXCHANGE_GAP_TIMEOUT_SECONDS = env_float("EXCHANGE_GAP_TIMEOUT_SECONDS", 30.0)
+# Bytes a TCP client may have waiting in its socket buffer before it is disconnected as too slow.
+EXCHANGE_CLIENT_BUFFER_BYTES = env_int("EXCHANGE_CLIENT_BUFFER_BYTES", 16 * 1024 * 1024)
 
 # --- the REST intake and the /ws bridge (messaging.exchange.intake, messaging.exchange.ws_bridge) --
 # Event lines per POST /api/v1/events call.
