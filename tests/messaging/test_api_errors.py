@@ -76,3 +76,10 @@ def test_a_failure_outside_any_view_on_an_api_path_is_a_json_500():
     response = server_error(RequestFactory().get("/api/v1/messages"))
     assert response.status_code == 500 and response["Content-Type"] == "application/json"
     assert server_error(RequestFactory().get("/admin/"))["Content-Type"].startswith("text/html")
+
+
+def test_an_accept_header_the_api_cannot_satisfy_still_gets_json_not_a_406(http):
+    for accept in ("AJ+9", "text/csv", "image/png;q=1"):
+        answer = http.get("/api/v1/dead-letters", headers={"Accept": accept})
+        assert answer.status_code == 200, (accept, answer.status_code)
+        assert answer.headers["Content-Type"].startswith("application/json")

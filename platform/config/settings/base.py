@@ -112,6 +112,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": [],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "messaging.api.negotiation.JsonAlways",  # never a 406
     "UNAUTHENTICATED_USER": None,
     "EXCEPTION_HANDLER": "messaging.api.errors.api_exception_handler",
 }
