@@ -242,7 +242,7 @@ class IdempotencyKey(models.Model):
 # The tables declared in messaging's rooms belong to this app: importing them registers them.
 from messaging.channels.models import Channel, ChannelMessage, Subscription  # noqa: E402
 from messaging.exchange.models import ExchangeState, Follow  # noqa: E402
-from messaging.network.models import ChannelForward, LinkHealth  # noqa: E402
+from messaging.network.models import ChannelForward, LinkHealth, ReceiptForward  # noqa: E402
 from messaging.webhooks.models import (  # noqa: E402
     WEBHOOK_ALL_EVENTS,
     WEBHOOK_OPEN_STATES,
@@ -259,7 +259,8 @@ from messaging.webhooks.models import (  # noqa: E402
 __all__ = [
     "CLAIMABLE_STATES", "DELIVERABLE_STATES", "EXPIRABLE_STATES", "UNDELIVERED_STATES", "WEBHOOK_ALL_EVENTS",
     "WEBHOOK_OPEN_STATES", "WEBHOOK_SUBSCRIBABLE_EVENTS", "Channel", "ChannelForward", "ChannelMessage", "DeadLetter", "Delivery",
-    "DeliveryState", "ExchangeState", "Follow", "IdempotencyKey", "LinkHealth", "Mailbox", "Message", "MessageKind", "Subscription", "WebhookDelivery",
+    "DeliveryState", "ExchangeState", "Follow", "IdempotencyKey", "LinkHealth", "Mailbox", "Message", "MessageKind", "ReceiptForward",
+    "Subscription", "WebhookDelivery",
     "WebhookEndpoint", "WebhookEvent", "WebhookState", "states_sql", "webhook_events_all", "webhook_secret_new",
     "webhook_states_sql",
 ]

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 
 from redis import RedisError
 
+from foundation.outbound import claim_token
 from foundation.transport import sockets
-from messaging.delivery.claims import ClaimedRow, claim_token, deliveries_claim, deliveries_park, deliveries_release
+from messaging.delivery.claims import ClaimedRow, deliveries_claim, deliveries_park, deliveries_release
 from messaging.delivery.retry import deliveries_fail
 from messaging.network.queue import deliveries_queue_on_links, destination
 from messaging.protocol import delivery_frame

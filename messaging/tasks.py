@@ -12,6 +12,7 @@ from celery import shared_task
 from django.db import DatabaseError, close_old_connections
 from redis import RedisError
 
+from foundation.outbound import Backoff
 from messaging.api.idempotency import idempotency_keys_expire
 from messaging.channels.retention import channel_history_expire
 from messaging.delivery.dead_nodes import dead_nodes_settle
@@ -22,8 +23,7 @@ from messaging.network.flood_sender import flood_link_send, flood_links_due
 from messaging.network.outbox import link_forward
 from messaging.network.probes import links_probe
 from messaging.network.queue import forward_sweep as network_forward_sweep
-from messaging.network.receipts import receipts_of, receipts_send
-from messaging.network.transport import PeerError
+from messaging.network.receipts import receipts_link_send
 from messaging.router import deliveries_route
 from messaging.webhooks.delivery import webhook_attempt, webhook_deliveries_purge, webhooks_sweep
 from presence.dead_nodes import nodes_reap
@@ -31,21 +31,23 @@ from presence.dead_nodes import nodes_reap
 log = logging.getLogger(__name__)
 
 
+# A routing task that met an infrastructure error (Postgres or Redis away) runs again after this.
+ROUTE_TASK_BACKOFF = Backoff(base=1.0, cap=60.0, jitter=0.5)
+
+
 # Acked on receipt: a routing task lost with its worker is recovered by the sweep (rows not routed
 # within ROUTING_DEADLINE_SECONDS are handed out again under a lease), not by the broker, whose
 # redelivery of unacked tasks on Redis waits for the visibility timeout (300 s, config.celery).
-@shared_task(
-    bind=True, acks_late=False, autoretry_for=(DatabaseError, RedisError, OSError), retry_backoff=1,
-    retry_backoff_max=60, retry_jitter=True, max_retries=None,
-)
+@shared_task(bind=True, acks_late=False, max_retries=None)
 def route_deliveries(self, delivery_ids: list[int]) -> dict:
-    """Push committed deliveries to their recipients (infrastructure errors retry the task;
-    per-delivery outcomes are recorded on the rows)."""
+    """Push committed deliveries to their recipients (infrastructure errors retry the task after
+    ROUTE_TASK_BACKOFF; per-delivery outcomes are recorded on the rows)."""
     try:
         outcome = deliveries_route(delivery_ids)
-    except DatabaseError:
-        close_old_connections()  # a broken connection is replaced before the retry
-        raise
+    except (DatabaseError, RedisError, OSError) as exc:
+        if isinstance(exc, DatabaseError):
+            close_old_connections()  # a broken connection is replaced before the retry
+        raise self.retry(exc=exc, countdown=ROUTE_TASK_BACKOFF.seconds(self.request.retries + 1)) from None
     return {"pushed": outcome.pushed, "offline": outcome.offline, "released": outcome.released,
             "failed": outcome.failed, "elsewhere": outcome.elsewhere}
 
@@ -132,9 +134,7 @@ def flood_link(peer: str) -> dict:
     own (attempts, dead after the app's max_delivery_attempts), and flood_sweep makes up for a
     wake-up that is lost."""
     flood_link_woken(peer)
-    outcome = flood_link_send(peer=peer)
-    return {"sent": outcome.sent, "refused": outcome.refused, "failed": outcome.failed, "dead": outcome.dead,
-            "skipped": outcome.skipped, "error": outcome.error}
+    return flood_link_send(peer=peer).as_dict()
 
 
 @shared_task(acks_late=True)
@@ -161,14 +161,9 @@ def forward_sweep() -> dict:
     return network_forward_sweep()
 
 
-@shared_task(
-    bind=True, acks_late=True, autoretry_for=(PeerError, DatabaseError, RedisError, OSError), retry_backoff=2,
-    retry_backoff_max=120, retry_jitter=True, max_retries=12,
-)
-def forward_receipts(self, delivery_ids: list[int] | None = None, receipts: list[dict] | None = None) -> dict:
-    """Receipts one step towards their origin domains: those of deliveries here (delivered or dead;
-    the task skips messages stored here first), and those passing through. Bounded retries (about
-    half an hour): a receipt lost after them costs only the origin's display (messaging.network.
-    receipts). Receipts are data, not rows: the ones passing through travel as arguments."""
-    batch = [*receipts_of(list(delivery_ids or ())), *(receipts or ())]
-    return receipts_send(receipts=batch) if batch else {}
+@shared_task(acks_late=True)
+def forward_receipts(peer: str) -> dict:
+    """Send the receipts waiting on the link to `peer` (messaging.network.receipts). Safe twice:
+    one sender per link at a time. Its retry policy is the link's backoff: the receipts wait in
+    their table, and the beat's forward_sweep wakes the link again when its retry is due."""
+    return receipts_link_send(peer=peer).as_dict()

@@ -52,11 +52,27 @@ def _clean_test_redis():
 @pytest.fixture(scope="session", autouse=True)
 def _pool_connections_closed_at_the_end(django_db_setup):
     """Services called through messaging.asyncdb.run_db in this process hold a connection per pool
-    thread; the test database can only be dropped once they are closed."""
+    thread, and foundation.outbound a lock connection per thread that took a lock; the test database
+    can only be dropped once they are closed."""
     yield
+    from foundation.outbound import lock_connections_close
     from messaging.asyncdb import pool_connections_close
 
     pool_connections_close()
+    lock_connections_close()
+
+
+@pytest.fixture(autouse=True)
+def handoff(request):
+    """Where this test's process hands named work (messaging.handoff): a fresh InlineDispatcher,
+    run by `handoff.pump()`; for a system or browser test, the broker, as real workers serve it."""
+    from messaging.handoff import CeleryDispatcher, InlineDispatcher, dispatcher_use
+
+    real_workers = request.node.get_closest_marker("system") or request.node.get_closest_marker("browser")
+    dispatcher = CeleryDispatcher() if real_workers else InlineDispatcher()
+    previous = dispatcher_use(dispatcher)
+    yield dispatcher
+    dispatcher_use(previous)
 
 
 from tests.messaging.api_fixtures import (  # noqa: E402,F401  (fixtures of the server API tests)

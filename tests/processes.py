@@ -167,7 +167,7 @@ def processes(request, demo_network):
     factory.stop_all()
 
 
-class _ModuleRequest:
+class ModuleRequest:
     def __init__(self, name: str):
         self.node = type("N", (), {"name": name})()
 
@@ -222,7 +222,7 @@ def demo_network(django_db_setup, django_db_blocker):
 
 @pytest.fixture(scope="module")
 def module_processes(request, demo_network):
-    factory = ProcessFactory(_ModuleRequest(request.module.__name__.rsplit(".", 1)[-1]))
+    factory = ProcessFactory(ModuleRequest(request.module.__name__.rsplit(".", 1)[-1]))
     yield factory
     factory.stop_all()
 

@@ -54,12 +54,13 @@ from django.utils import timezone
 
 from analytics.jobs import datasets as ds
 from analytics.models import ExportTable, ExportWatermark, JobKind, JobRun, JobState
+from foundation.outbound import one_at_a_time
 from messaging.models import UNDELIVERED_STATES, DeliveryState
 from presence.models import PresenceEventKind, Transport
 
 from .jobs import job_finish, job_start
 from .lake import Lake, arrow_table, staging_dir
-from .locks import EXPORT_LOCK, advisory_lock
+from .locks import EXPORT_LOCK
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ def lake_export(*, job_run_id: int | None = None, requested_by: str = "", progre
     if connection.in_atomic_block:
         raise RuntimeError("lake_export runs its own transactions; call it outside transaction.atomic()")
     lake = Lake(settings.ANALYTICS_LAKE)
-    with advisory_lock(EXPORT_LOCK) as taken:
+    with one_at_a_time(EXPORT_LOCK) as taken:
         if not taken:
             raise ExportBusy("another export is running")
         _recover(lake, keep=job_run_id)
@@ -174,7 +175,7 @@ def lake_export(*, job_run_id: int | None = None, requested_by: str = "", progre
 def lake_reset() -> None:
     """Forget every watermark and delete the exported datasets: the next export starts over."""
     lake = Lake(settings.ANALYTICS_LAKE)
-    with advisory_lock(EXPORT_LOCK) as taken:
+    with one_at_a_time(EXPORT_LOCK) as taken:
         if not taken:
             raise ExportBusy("another export is running")
         for dataset in ds.ALL:

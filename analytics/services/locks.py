@@ -1,26 +1,8 @@
-"""Cluster-wide "one at a time" for analytics runs: Postgres advisory locks, held by the database
-session, so a process that dies releases them with its connection."""
+"""The names of analytics' cluster-wide "one at a time" runs, for foundation.outbound.one_at_a_time
+(transaction-scoped, on a connection of its own: a process that dies releases it, and a pooler in
+transaction mode cannot strand it)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-from django.db import connection
-
-EXPORT_LOCK = 0x5BA7A1E7
-REPORT_LOCK = {"presence": 0x5BA7A1E8, "backlog": 0x5BA7A1E9}
-
-
-@contextmanager
-def advisory_lock(key: int) -> Iterator[bool]:
-    """Yields whether the lock was taken (never waits); releases it at the end."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(%s)", [key])
-        taken = bool(cur.fetchone()[0])
-    try:
-        yield taken
-    finally:
-        if taken:
-            with connection.cursor() as cur:
-                cur.execute("SELECT pg_advisory_unlock(%s)", [key])
+EXPORT_LOCK = "analytics:export"
+REPORT_LOCK = {"presence": "analytics:report:presence", "backlog": "analytics:report:backlog"}

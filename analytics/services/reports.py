@@ -21,10 +21,11 @@ from analytics.jobs import datasets as ds
 from analytics.jobs.common import write_result
 from analytics.models import REPORT_KINDS, JobKind, JobRun, Report, ReportRow
 from analytics.spark import spark_progress, spark_session
+from foundation.outbound import one_at_a_time
 
 from .jobs import job_finish, job_start
 from .lake import Lake
-from .locks import REPORT_LOCK, advisory_lock
+from .locks import REPORT_LOCK
 
 
 class ReportBusy(Exception):
@@ -40,7 +41,7 @@ def report_run(*, kind: JobKind, since: datetime, until: datetime, job_run_id: i
     JobRun `job_run_id` had already succeeded (a task delivered twice runs once)."""
     if kind not in REPORT_KINDS:
         raise ValueError(f"{kind!r} is not a report")
-    with advisory_lock(REPORT_LOCK[kind]) as taken:
+    with one_at_a_time(REPORT_LOCK[kind]) as taken:
         if not taken:
             raise ReportBusy(f"a {kind} report is running")
         run = job_start(job_run_id=job_run_id, kind=kind, requested_by=requested_by, since=since, until=until)

@@ -14,6 +14,7 @@ from django.conf import settings
 
 from apps_registry.selectors import AppSnapshot, user_id_parse
 from foundation.logs import loggable
+from foundation.outbound import claim_token
 from foundation.transport.frames import CLOSE_TRY_AGAIN, encode
 from messaging import metrics
 from messaging.accept import USER_ID_MAX, SendRefused, content_require, recipients_require, user_require
@@ -24,7 +25,6 @@ from messaging.channels.cursor import ChannelCursor
 from messaging.connection.admission import FirstReadsFor
 from messaging.connection.ledger import DeliveryLedger
 from messaging.connection.life import ConnectionLife, Refusal
-from messaging.delivery.claims import claim_token
 from messaging.delivery.delivered import deliveries_mark_delivered
 from messaging.delivery.fetch import missing_fetch
 from messaging.fast import message_fast_send_async
@@ -119,8 +119,8 @@ async def _master_catch_up(conn: Connection, app: AppSnapshot) -> bool:
 
     admit registered this connection in presence, so every USER_CONNECTED / USER_DISCONNECTED made
     from then on is queued for it on the channel layer; the snapshot is read after that, and the
-    consumer handles one event at a time (messaging.connection.inbox: channels' await_many_dispatch
-    dispatches a channel-layer event only once this frame's handler returns), so the snapshot
+    consumer handles one event at a time (messaging.connection.inbox: its one loop dispatches a
+    channel-layer event only once this frame's handler returns), so the snapshot
     frames go out before any of them. An announcement made before the read that arrives after it
     agrees with the snapshot: the client applies the snapshot, then the events in order. Without
     a snapshot the master's view could not be trusted: the connection closes with 1013 instead.

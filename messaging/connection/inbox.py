@@ -6,20 +6,21 @@ needs a third, the node-local inbox the hub hands publishes to, so a fan-out to 
 on a node costs no Redis round trip per reader. A reader whose inbox is full does not block the
 hub: it marks the channel and repairs it from the history once it catches up.
 
-On daphne with foundation's pub/sub layer (the default) the three sources are three SlimQueues read
-by one loop that waits on a single future (`_serve`); elsewhere (the core layer, a test transport)
-Channels' await_many_dispatch reads them, with a task per source.
+The three sources are three SlimQueues read by one loop that waits on a single future (`_serve`),
+wherever the consumer runs: on daphne with foundation's pub/sub layer (the default) the client's
+queue is daphne's input queue and the channel's is the layer's own, read directly; under another
+server or transport (an in-process test's communicator, Channels' core layer) a feeder task moves
+what arrives into a SlimQueue, and the same loop serves it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+from collections.abc import Awaitable, Callable
 
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
-from channels.utils import await_many_dispatch
 
 from foundation.slim_queue import SlimQueue
 from messaging.channels.cursor import ChannelCursor
@@ -28,13 +29,20 @@ from messaging.channels.hub import ChannelKey
 INBOX_SIZE = 1000  # channel publishes waiting for one connection
 
 
+async def _feed(source: Callable[[], Awaitable], queue: SlimQueue) -> None:
+    """Move what `source` yields into `queue`, for ever (cancelled when the connection ends)."""
+    while True:
+        queue.put_nowait(await source())
+
+
 class ChannelReaderConsumer(AsyncWebsocketConsumer):
     channels: ChannelCursor | None = None
     ended = False
 
     async def __call__(self, scope, receive, send) -> None:
         self.ended = False
-        served = False
+        direct = False
+        feeders: list[asyncio.Task] = []
         self.inbox = SlimQueue(maxsize=INBOX_SIZE)  # one reader: the dispatch loop
         self.scope = scope
         self.base_send = send
@@ -42,47 +50,60 @@ class ChannelReaderConsumer(AsyncWebsocketConsumer):
             self.channel_layer = get_channel_layer(self.channel_layer_alias)
             self.channel_name = await self.channel_layer.new_channel()
             client = getattr(receive, "__self__", None)  # daphne's input queue (foundation.daphne_adapter)
-            if isinstance(client, SlimQueue) and hasattr(self.channel_layer, "channel_queue"):
-                served = True
-                await self._serve(client, self.channel_layer.channel_queue(self.channel_name))
+            if not isinstance(client, SlimQueue):
+                client = SlimQueue()
+                feeders.append(asyncio.ensure_future(_feed(receive, client)))
+            if hasattr(self.channel_layer, "channel_queue"):
+                direct = True
+                channel = self.channel_layer.channel_queue(self.channel_name)
             else:
-                self.channel_receive = functools.partial(self.channel_layer.receive, self.channel_name)
-                await await_many_dispatch([receive, self.channel_receive, self.inbox.get], self.dispatch)
+                channel = SlimQueue()
+                feeders.append(asyncio.ensure_future(_feed(lambda: self.channel_layer.receive(self.channel_name),
+                                                           channel)))
+            await self._serve(client, channel, *feeders)
         except StopConsumer:
             pass
         finally:
+            for feeder in feeders:
+                feeder.cancel()
             # Runs on every way out: a clean disconnect, an exception in a handler, a cancellation.
-            await asyncio.shield(self._finish(served))
+            await asyncio.shield(self._finish(direct))
 
-    async def _finish(self, served: bool) -> None:
+    async def _finish(self, direct: bool) -> None:
         await self.end()
-        if served:
+        if direct:
             await self.channel_layer.channel_discard(self.channel_name)
 
-    async def _serve(self, client: SlimQueue, channel: SlimQueue) -> None:
+    async def _serve(self, client: SlimQueue, channel: SlimQueue, *feeders: asyncio.Task) -> None:
         """Channels' await_many_dispatch without its three tasks: the client's frames, the channel
         layer's events and the hub's publishes are taken in turn, one at a time, and while all three
-        queues are empty the connection waits on one future that a put into any of them wakes."""
+        queues are empty the connection waits on one future that a put into any of them wakes (or a
+        feeder that fails: its error ends the connection, as it would end await_many_dispatch)."""
         loop = asyncio.get_running_loop()
-        deserialize = self.channel_layer.deserialize
+        deserialize = getattr(self.channel_layer, "deserialize", None)
         sources = (client, channel, self.inbox)
         wake: asyncio.Future | None = None
 
-        def woken() -> None:
+        def woken(*_) -> None:
             if wake is not None and not wake.done():
                 wake.set_result(None)
 
         for queue in sources:
             queue.on_put = woken
+        for feeder in feeders:
+            feeder.add_done_callback(woken)
         turn = 0
         try:
             while True:
+                for feeder in feeders:
+                    if feeder.done() and not feeder.cancelled() and feeder.exception() is not None:
+                        raise feeder.exception()
                 for step in range(3):
                     queue = sources[(turn + step) % 3]
                     if queue.qsize():
                         turn = (turn + step + 1) % 3  # the next look starts at the next source
                         item = queue.get_nowait()
-                        await self.dispatch(deserialize(item) if isinstance(item, bytes) else item)
+                        await self.dispatch(deserialize(item) if isinstance(item, bytes) and deserialize else item)
                         break
                 else:
                     wake = loop.create_future()

@@ -15,7 +15,6 @@ No attempt is counted for a claim: only a failure counts.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,11 +22,6 @@ from django.conf import settings
 
 from foundation.db import hot_cursor
 from messaging.delivery.sql import CLAIMABLE, PENDING, RETRYING, SENT, lock_sql
-
-
-def claim_token() -> int:
-    """A fresh claim token (63 random bits: fits a bigint, never collides in practice)."""
-    return secrets.randbits(63)
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,16 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import connection, transaction
 
+from foundation.outbound import out_of_attempts
 from messaging.delivery.sql import DEAD, EXPIRED, PENDING
-from messaging.handoff import receipts_enqueue, routing_enqueue
+from messaging.handoff import routing_enqueue
 from messaging.models import WebhookEvent
+from messaging.network.receipt_queue import receipts_queue
 from messaging.webhooks.services import WebhookNotice, webhooks_record
 
 # SQL: true when a delivery whose failed attempts now number `{attempts}` is out of attempts (the
-# statement joins the row's app as `a`).
-DIES_AT = "{attempts} >= a.max_delivery_attempts"
+# statement joins the row's app as `a`): the outbound skeleton's one give-up rule.
+DIES_AT = out_of_attempts("{attempts}", "a.max_delivery_attempts")
 
 
 def dead_letters_announce(rows: list[tuple], *, receipts: bool = True) -> None:
@@ -31,12 +33,11 @@ def dead_letters_announce(rows: list[tuple], *, receipts: bool = True) -> None:
     `rows` are messaging.delivery.sql.MOVED_COLUMNS of the deliveries that died.
 
     With `receipts`, those of messages that came from another domain are reported to their origin
-    too (messaging.network.receipts: the task looks and skips the others)."""
+    too: their receipts are queued in the caller's transaction (messaging.network.receipt_queue)."""
     if not rows:
         return
     if receipts:
-        dead_ids = [row[0] for row in rows]
-        transaction.on_commit(lambda: receipts_enqueue(delivery_ids=dead_ids), robust=True)
+        receipts_queue(delivery_ids=[row[0] for row in rows])
     notices = [WebhookNotice(app_id=app_id, event=WebhookEvent.MESSAGE_DEAD_LETTERED.value, data={
         "messageId": str(message_id), "deliveryId": str(delivery_id), "recipient": recipient,
         "attempts": attempts, "lastError": last_error,

@@ -11,8 +11,9 @@ from django.db import transaction
 
 from foundation.db import hot_cursor
 from messaging.delivery.sql import DELIVERABLE, DELIVERED, lock_sql
-from messaging.handoff import Route, receipts_enqueue, routing_enqueue
+from messaging.handoff import Route, routing_enqueue
 from messaging.models import MessageKind
+from messaging.network.receipt_queue import receipts_queue
 from messaging.store import mailbox_append_sql
 
 
@@ -70,6 +71,5 @@ def deliveries_mark_delivered(*, delivery_ids: list[int] | None = None, message_
             transaction.on_commit(lambda: route(ids))
         if forwarded_ids:
             # Messages that came from another domain: their origin learns (messaging.network.receipts).
-            receipt_ids = list(forwarded_ids)
-            transaction.on_commit(lambda: receipts_enqueue(delivery_ids=receipt_ids), robust=True)
+            receipts_queue(delivery_ids=forwarded_ids)
     return int(changed)

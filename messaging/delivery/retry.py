@@ -2,10 +2,10 @@
 
 An attempt fails when a push was made and failed (`deliveries_fail`, from the router) or when a
 push was never confirmed, written or ACKed, within DELIVERY_ACK_TIMEOUT (`deliveries_sweep`). The
-delivery is then `retrying`, due after base x 2^(attempts-1) seconds (RETRY_BASE_SECONDS, capped at
-RETRY_MAX_SECONDS), times a random 0.5-1.0 so a recipient's backlog does not come back all at once;
-or, once the app's max attempts are used, dead (messaging.delivery.dead_letters). The beat's sweep
-hands every retry that is due back to routing.
+delivery is then `retrying`, due after `retry_backoff()` (foundation.outbound's Backoff: base x
+2^(attempts-1) seconds from RETRY_BASE_SECONDS, capped at RETRY_MAX_SECONDS, less up to half, so a
+recipient's backlog does not come back all at once); or, once the app's max attempts are used,
+dead (messaging.delivery.dead_letters). The beat's sweep hands every retry that is due back to routing.
 
 `attempts` counts failed attempts only: a recipient being offline, a connection closing before it
 read or acknowledged, a node dying or Redis being away are not the recipient's failures (they
@@ -19,23 +19,19 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from foundation.db import hot_cursor
+from foundation.outbound import Backoff
 from messaging.delivery.claims import claimed_update
 from messaging.delivery.dead_letters import DIES_AT, dead_letters_announce
 from messaging.delivery.sql import DEAD, MOVED_COLUMNS, RETRYING, SENT, UNDELIVERED
 from messaging.models import DeliveryState
 
-# SQL: the wait before the next attempt after `{attempts}` failures: base x 2^(attempts-1), capped,
-# with jitter.
-BACKOFF = ("make_interval(secs => least(%(max_backoff)s, %(base_backoff)s * power(2, greatest({attempts} - 1, 0)))"
-           " * (0.5 + random() * 0.5))")
 
-
-def _backoff_params() -> dict[str, float]:
-    return {"base_backoff": float(settings.RETRY_BASE_SECONDS), "max_backoff": float(settings.RETRY_MAX_SECONDS)}
+def retry_backoff() -> Backoff:
+    return Backoff(settings.RETRY_BASE_SECONDS, settings.RETRY_MAX_SECONDS, jitter=0.5)
 
 
 def _failure_set(attempts: str, error: str) -> str:
-    dies, backoff = DIES_AT.format(attempts=attempts), BACKOFF.format(attempts=attempts)
+    dies, backoff = DIES_AT.format(attempts=attempts), retry_backoff().sql(attempts)
     return f"""
         attempts = {attempts}, claim = NULL, last_error = left({error}, 500),
         state = CASE WHEN {dies} THEN {DEAD} ELSE {RETRYING} END,
@@ -52,8 +48,8 @@ class FailResult:
 def deliveries_fail(*, claims: list[tuple[int, int]], error: str) -> FailResult:
     """A push that was made and failed: one attempt counted; retry with backoff, or dead letter
     once the app's max attempts are used (announced to the app's webhooks)."""
-    rows = claimed_update(_failure_set("d.attempts + 1", "%(error)s"), claims,
-                          {"error": error[:500], **_backoff_params()}, returning=MOVED_COLUMNS)
+    rows = claimed_update(_failure_set("d.attempts + 1", "%(error)s"), claims, {"error": error[:500]},
+                          returning=MOVED_COLUMNS)
     dead = [row for row in rows if row[1] == DeliveryState.DEAD.value]
     dead_letters_announce(dead)
     return FailResult(failed=sorted(row[0] for row in rows), dead=sorted(row[0] for row in dead))
@@ -79,7 +75,7 @@ def deliveries_sweep(*, limit: int = 5000) -> SweepResult:
     SKIP LOCKED: two sweeps (overlapping beat ticks, a manual run) never take the same row, and a
     row a worker holds right now is left to it.
     """
-    dies, backoff = DIES_AT.format(attempts="d.attempts + 1"), BACKOFF.format(attempts="d.attempts + 1")
+    dies, backoff = DIES_AT.format(attempts="d.attempts + 1"), retry_backoff().sql("d.attempts + 1")
     with hot_cursor() as cur:
         cur.execute(
             f"""
@@ -103,7 +99,7 @@ def deliveries_sweep(*, limit: int = 5000) -> SweepResult:
              WHERE d.id = due.id AND a.id = d.app_id
             RETURNING due.state, {MOVED_COLUMNS}
             """,
-            {"limit": limit, "lease": float(settings.ROUTING_LEASE_SECONDS), **_backoff_params(),
+            {"limit": limit, "lease": float(settings.ROUTING_LEASE_SECONDS),
              "timeout_error": f"not confirmed within {settings.DELIVERY_ACK_TIMEOUT} s"},
         )
         rows = cur.fetchall()

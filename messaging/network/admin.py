@@ -1,8 +1,9 @@
 """The console's page of this domain's links (Messaging › Link health): every neighbour over a
 configured link, with its live state (up; down since when, and whether it is routed around;
 disabled; not called yet), the last error, the last answer, what was forwarded each way, when its
-queues are retried, and the channel publishes waiting on it. Read-only; "probe now" pings the
-selected neighbours at once (needs the change permission)."""
+queues are retried, and the channel publishes and receipts waiting on it. Read-only; "probe now"
+pings the selected neighbours at once (needs the change permission). Messaging › Receipts waiting
+lists each receipt still on its way to its origin domain, with its attempts and last error."""
 
 from __future__ import annotations
 
@@ -14,13 +15,13 @@ from django.db.models.functions import Coalesce
 from apps_registry.models import DomainLink
 from foundation.admin_readonly import ACT, ReadOnlyAdminMixin
 from messaging.network.links import link_health_rows_ensure
-from messaging.network.models import ChannelForward, LinkHealth
+from messaging.network.models import ChannelForward, LinkHealth, ReceiptForward
 from messaging.network.probes import links_probe
 from messaging.network.selectors import configured_links, link_state_text
 
 
-def _count(**filters) -> Coalesce:
-    rows = (ChannelForward.objects.filter(peer=OuterRef("peer"), **filters).order_by().values("peer")
+def _count(model=ChannelForward, **filters) -> Coalesce:
+    rows = (model.objects.filter(peer=OuterRef("peer"), **filters).order_by().values("peer")
             .annotate(n=Count("id")).values("n"))
     return Coalesce(Subquery(rows), 0)
 
@@ -28,10 +29,10 @@ def _count(**filters) -> Coalesce:
 @admin.register(LinkHealth)
 class LinkHealthAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["peer", "state", "last_error", "last_ok_at", "forwarded_out", "forwarded_in", "retry_at",
-                    "publishes_waiting", "publishes_dead"]
+                    "publishes_waiting", "publishes_dead", "receipts_waiting"]
     fields = readonly_fields = ["peer", "state", "last_error", "last_ok_at", "last_failure_at", "failures",
                                 "retry_at", "forwarded_out", "forwarded_in", "publishes_waiting", "publishes_dead",
-                                "updated_at"]
+                                "receipts_waiting", "updated_at"]
     ordering = ["peer"]
     actions = ["probe_now"]
 
@@ -46,7 +47,8 @@ class LinkHealthAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                                          | Q(n2__name=here, n1__name=OuterRef("peer")))
         return super().get_queryset(request).annotate(
             link_enabled=Subquery(link.values("enabled")[:1]),
-            waiting=_count(dead_at__isnull=True), dead=_count(dead_at__isnull=False))
+            waiting=_count(dead_at__isnull=True), dead=_count(dead_at__isnull=False),
+            receipts=_count(ReceiptForward))
 
     @admin.display(description="state")
     def state(self, obj: LinkHealth) -> str:
@@ -60,6 +62,10 @@ class LinkHealthAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def publishes_dead(self, obj: LinkHealth) -> int:
         return obj.dead
 
+    @admin.display(description="receipts waiting")
+    def receipts_waiting(self, obj: LinkHealth) -> int:
+        return obj.receipts
+
     @admin.action(description="Probe the selected links now", permissions=ACT)
     def probe_now(self, request, queryset):
         results = links_probe(peers=list(queryset.values_list("peer", flat=True)))
@@ -68,3 +74,16 @@ class LinkHealthAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         skipped = queryset.count() - len(results)
         if skipped:
             self.message_user(request, f"{skipped} link(s) not probed: disabled or no longer configured.")
+
+
+@admin.register(ReceiptForward)
+class ReceiptForwardAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Receipts on their way back to their messages' origin domains, waiting on a link (a blank
+    link: no enabled link led to the origin when it was written; the sweep looks again)."""
+
+    list_display = ["id", "peer", "origin_domain", "origin_message_id", "recipient", "state", "at", "attempts",
+                    "last_error", "created_at"]
+    list_filter = ["peer", "state", "origin_domain"]
+    search_fields = ["recipient", "=origin_message_id"]
+    ordering = ["id"]
+    fields = readonly_fields = list_display + ["domain", "error"]

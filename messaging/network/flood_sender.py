@@ -1,9 +1,9 @@
 """Each link's sender of channel publishes (the flood, messaging.network.flood).
 
 `flood_link_send(peer=)` passes the link's queue (ChannelForward rows, in id order) to the
-neighbour in calls of FORWARD_BATCH_SIZE publishes. One sender per link at a time (a Postgres
-advisory lock, released with its connection if the worker dies): a link's publishes leave in the
-order they were queued, so a channel's publishes of one origin arrive everywhere in order.
+neighbour in calls of at most FORWARD_BATCH_SIZE publishes and FORWARD_BATCH_BYTES, on the outbound
+skeleton (foundation.outbound): one sender per link at a time, so a link's publishes leave in the
+order they were queued, and a channel's publishes of one origin arrive everywhere in order.
 
 - Answered: the rows go, the link is recorded as up with the publishes it took. A publish the
   neighbour refused alone (its app unknown there, a content its app refuses) is dead at once with
@@ -22,127 +22,138 @@ while its sender was busy.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from apps_registry.models import ClientApp
+from foundation.db import hot_cursor
+from foundation.outbound import Batch, CallFailed, Failed, Limits, Outcome, Settled, out_of_attempts, send_batches
 from messaging.network.flood import path_parse
-from messaging.network.links import link_failed, link_succeeded, neighbours
-from messaging.network.models import ChannelForward, LinkHealth
-from messaging.network.transport import PUBLISH_PATH, PeerError, peer_call
+from messaging.network.links import link_failed, link_held_back, link_succeeded, links_held_back, neighbours
+from messaging.network.models import ChannelForward
+from messaging.network.transport import PUBLISH_PATH, peer_call
 
-FLOOD_LOCK_NAMESPACE = 0x5BF100D  # pg_try_advisory_lock(namespace, crc32(peer)): one sender per link
+ROW_OVERHEAD_BYTES = 300  # what a publish counts towards FORWARD_BATCH_BYTES beyond its content
+
+FloodOutcome = Outcome  # sent, refused (dead), failed (an attempt counted), dead (out of attempts), skipped
+
+
+def flood_lock_key(peer: str) -> str:
+    return f"flood:{peer}"
 
 
 @dataclass(frozen=True)
-class FloodOutcome:
-    peer: str
-    sent: int = 0  # publishes the neighbour took (stored or already had)
-    refused: int = 0  # refused by the neighbour alone: dead
-    failed: int = 0  # in a call that failed: an attempt counted
-    dead: int = 0  # of those, out of attempts
-    skipped: str = ""  # why nothing was tried: "busy" (another sender), "held back" (backoff)
-    error: str = ""
+class Queued:
+    row_id: int
+    publish: dict
+    size: int
 
 
-def _lock_key(peer: str) -> int:
-    return zlib.crc32(peer.encode()) & 0x7FFFFFFF
+# The head of the link's flood queue, as long as the running size stays within the byte limit.
+_QUEUE_SQL = f"""
+SELECT q.* FROM (
+    SELECT f.id, f.path, a.app_name, c.name, p.content, p.publisher, p.origin_domain, p.origin_offset, p."offset",
+           octet_length(p.content) + {ROW_OVERHEAD_BYTES} AS size,
+           sum(octet_length(p.content) + {ROW_OVERHEAD_BYTES}) OVER w AS running, row_number() OVER w AS n
+      FROM messaging_channelforward f
+      JOIN messaging_channelmessage p ON p.id = f.publish_id
+      JOIN messaging_channel c ON c.id = p.channel_id
+      JOIN apps_registry_clientapp a ON a.id = c.app_id
+     WHERE f.peer = %(peer)s AND f.dead_at IS NULL
+    WINDOW w AS (ORDER BY f.id)
+     ORDER BY f.id
+     LIMIT %(rows)s
+) q WHERE q.running <= %(bytes)s OR q.n = 1
+"""
+
+DIES = out_of_attempts("f.attempts + 1", "a.max_delivery_attempts")
 
 
-def _held_back(peer: str) -> bool:
-    """The link failed and its retry time has not come (a probe that succeeds clears it)."""
-    return LinkHealth.objects.filter(peer=peer, up=False, retry_at__gt=timezone.now()).exists()
+class FloodSender:
+    """The link's queue of channel publishes on the outbound skeleton: its SQL, its payload, and
+    what becomes of its rows (sent: gone; refused alone: dead; failed: an attempt counted)."""
 
+    name = "flood"
 
-def _batch(peer: str) -> list[tuple]:
-    here = settings.DOMAIN_NAME
-    rows = (ChannelForward.objects.filter(peer=peer, dead_at__isnull=True).order_by("id")
-            .values_list("id", "path", "publish__channel__app__app_name", "publish__channel__name",
-                         "publish__content", "publish__publisher", "publish__origin_domain",
-                         "publish__origin_offset", "publish__offset")[:settings.FORWARD_BATCH_SIZE])
-    batch = []
-    for row_id, path, app, channel, content, publisher, origin, origin_offset, offset in rows:
-        batch.append((row_id, {
-            "app": app, "channel": channel, "content": content, "publisher": publisher,
-            # Blank origin: published here, under this domain's offset.
-            "origin_domain": origin or here, "origin_offset": origin_offset if origin else offset,
-            "path": list(path_parse(path) or (here,)),
-        }))
-    return batch
+    def __init__(self, peer: str):
+        self.peer = peer
+        self.lock_key = flood_lock_key(peer)
 
+    def limits(self) -> Limits:
+        return Limits(rows=max(1, int(settings.FORWARD_BATCH_SIZE)), bytes=int(settings.FORWARD_BATCH_BYTES))
 
-def _failed(ids: list[int], error: str) -> int:
-    """Count an attempt on `ids`; those out of their app's attempts are dead. Returns how many died."""
-    with connection.cursor() as cur:
-        cur.execute(
-            f"""
-            UPDATE messaging_channelforward f
-               SET attempts = f.attempts + 1, last_error = %s,
-                   dead_at = CASE WHEN f.attempts + 1 >= a.max_delivery_attempts THEN now() END
-              FROM messaging_channelmessage m
-              JOIN messaging_channel c ON c.id = m.channel_id
-              JOIN {ClientApp._meta.db_table} a ON a.id = c.app_id
-             WHERE f.id = ANY(%s) AND m.id = f.publish_id AND f.dead_at IS NULL
-            RETURNING f.dead_at IS NOT NULL
-            """,
-            [error[:500], ids],
-        )
-        return sum(1 for (dead,) in cur.fetchall() if dead)
+    def held_back(self) -> bool:
+        return link_held_back(self.peer)
 
+    def take(self, limits: Limits) -> Batch[Queued]:
+        here = settings.DOMAIN_NAME
+        with hot_cursor() as cur:
+            cur.execute(_QUEUE_SQL, {"peer": self.peer, "rows": limits.rows, "bytes": limits.bytes})
+            rows = cur.fetchall()
+        batch = []
+        for row_id, path, app, channel, content, publisher, origin, origin_offset, offset, size, _, _ in rows:
+            batch.append(Queued(row_id, {
+                "app": app, "channel": channel, "content": content, "publisher": publisher,
+                # Blank origin: published here, under this domain's offset.
+                "origin_domain": origin or here, "origin_offset": origin_offset if origin else offset,
+                "path": list(path_parse(path) or (here,)),
+            }, size))
+        return Batch(items=batch)
 
-def _answered(batch: list[tuple], answer: dict) -> int:
-    """Settle a call the neighbour answered; returns the publishes it refused (now dead)."""
-    refused = {}
-    for item in answer.get("refused") or []:
-        if isinstance(item, dict) and isinstance(item.get("index"), int) and 0 <= item["index"] < len(batch):
-            refused[batch[item["index"]][0]] = str(item.get("reason", "refused"))[:500]
-    now = timezone.now()
-    with transaction.atomic():
-        for row_id, reason in refused.items():
-            ChannelForward.objects.filter(pk=row_id).update(dead_at=now, last_error=f"refused: {reason}"[:500],
-                                                            attempts=1)
-        ChannelForward.objects.filter(pk__in=[r for r, _ in batch if r not in refused]).delete()
-    return len(refused)
+    def send(self, batch: Batch[Queued]) -> dict:
+        answer = peer_call(peer=self.peer, path=PUBLISH_PATH, payload={"publishes": [q.publish for q in batch.items]})
+        return answer if isinstance(answer, dict) else {}
 
+    def settle(self, batch: Batch[Queued], answer: dict) -> Settled:
+        """The neighbour took the publishes but those it refused alone (its app unknown there, a
+        content its app refuses): dead at once with its reason, as asking again would get the same."""
+        items = batch.items
+        refused = {}
+        for item in answer.get("refused") or []:
+            if isinstance(item, dict) and isinstance(item.get("index"), int) and 0 <= item["index"] < len(items):
+                refused[items[item["index"]].row_id] = str(item.get("reason", "refused"))[:500]
+        now = timezone.now()
+        with transaction.atomic():
+            for row_id, reason in refused.items():
+                ChannelForward.objects.filter(pk=row_id).update(dead_at=now, last_error=f"refused: {reason}"[:500],
+                                                                attempts=1)
+            ChannelForward.objects.filter(pk__in=[q.row_id for q in items if q.row_id not in refused]).delete()
+        link_succeeded(peer=self.peer, forwarded=len(items) - len(refused))
+        return Settled(sent=len(items) - len(refused), refused=len(refused))
 
-def _send(peer: str) -> FloodOutcome:
-    sent = refused = 0
-    while True:
-        if _held_back(peer):
-            return FloodOutcome(peer, sent=sent, refused=refused, skipped="held back" if not sent else "")
-        batch = _batch(peer)
-        if not batch:
-            return FloodOutcome(peer, sent=sent, refused=refused)
-        try:
-            answer = peer_call(peer=peer, path=PUBLISH_PATH, payload={"publishes": [p for _, p in batch]})
-        except PeerError as exc:
-            dead = _failed([r for r, _ in batch], exc.reason)
-            link_failed(peer=peer, error=exc.reason)
-            return FloodOutcome(peer, sent=sent, refused=refused, failed=len(batch), dead=dead, error=exc.reason)
-        n_refused = _answered(batch, answer if isinstance(answer, dict) else {})
-        link_succeeded(peer=peer, forwarded=len(batch) - n_refused)
-        sent += len(batch) - n_refused
-        refused += n_refused
-        if len(batch) < settings.FORWARD_BATCH_SIZE:
-            return FloodOutcome(peer, sent=sent, refused=refused)
-
-
-def flood_link_send(*, peer: str) -> FloodOutcome:
-    """Send the link's waiting publishes to `peer` until none is left, the link fails, or its
-    backoff holds it back. Nothing when another sender has the link."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(%s, %s)", [FLOOD_LOCK_NAMESPACE, _lock_key(peer)])
-        if not cur.fetchone()[0]:
-            return FloodOutcome(peer, skipped="busy")
-    try:
-        return _send(peer)
-    finally:
+    def fail(self, batch: Batch[Queued], error: CallFailed) -> Failed:
+        """An attempt counted on every publish of the call; those out of their app's attempts are dead."""
         with connection.cursor() as cur:
-            cur.execute("SELECT pg_advisory_unlock(%s, %s)", [FLOOD_LOCK_NAMESPACE, _lock_key(peer)])
+            cur.execute(
+                f"""
+                UPDATE messaging_channelforward f
+                   SET attempts = f.attempts + 1, last_error = %s,
+                       dead_at = CASE WHEN {DIES} THEN now() END
+                  FROM messaging_channelmessage m
+                  JOIN messaging_channel c ON c.id = m.channel_id
+                  JOIN apps_registry_clientapp a ON a.id = c.app_id
+                 WHERE f.id = ANY(%s) AND m.id = f.publish_id AND f.dead_at IS NULL
+                RETURNING f.dead_at IS NOT NULL
+                """,
+                [error.reason, [q.row_id for q in batch.items]],
+            )
+            outcomes = [dead for (dead,) in cur.fetchall()]
+        health = link_failed(peer=self.peer, error=error.reason)
+        return Failed(failed=len(outcomes), dead=sum(outcomes), retry_at=health.retry_at)
+
+    def give_up(self, refused: list[tuple[Queued, str]]) -> int:
+        return 0  # the flood refuses nothing before a call
+
+    def put_back(self, batch: Batch[Queued]) -> None:
+        """Nothing to do: the rows never left the link's queue."""
+
+
+def flood_link_send(*, peer: str) -> Outcome:
+    """Send the link's waiting publishes to `peer` until none is left, the link fails, or its
+    backoff holds it back. Nothing when another sender has the link (`busy`)."""
+    return send_batches(FloodSender(peer))
 
 
 def flood_links_due() -> list[str]:
@@ -162,6 +173,5 @@ def flood_links_due() -> list[str]:
             [peers],
         )
         waiting = [peer for (peer,) in cur.fetchall()]
-    held = set(LinkHealth.objects.filter(peer__in=waiting, up=False, retry_at__gt=timezone.now())
-               .values_list("peer", flat=True))
+    held = links_held_back(waiting)
     return sorted(p for p in waiting if p not in held)

@@ -14,7 +14,6 @@ retried with backoff there and dead-lettered after its attempts, never dropped.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Iterable
 from datetime import timedelta
@@ -24,6 +23,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from apps_registry.routing import DomainGraph
+from foundation.outbound import Backoff
 from messaging.network.models import LinkHealth
 
 GRAPH_CACHE_SECONDS = 1.0
@@ -95,19 +95,35 @@ def link_succeeded(*, peer: str, forwarded: int = 0) -> None:
         LinkHealth.objects.get_or_create(peer=peer, defaults={"last_ok_at": now, "forwarded_out": forwarded})
 
 
+def link_backoff() -> Backoff:
+    """When a link that failed is tried again: FORWARD_RETRY_BASE_SECONDS, doubling per failure in
+    a row, at most FORWARD_RETRY_MAX_SECONDS, less up to a fifth (jitter)."""
+    return Backoff(settings.FORWARD_RETRY_BASE_SECONDS, settings.FORWARD_RETRY_MAX_SECONDS, jitter=0.2)
+
+
 def link_failed(*, peer: str, error: str) -> LinkHealth:
     """A call to `peer` failed: down (since the first failure in a row), the error kept, and the
-    link's queue held back until `retry_at` (backoff with jitter)."""
+    link's queues held back until `retry_at` (link_backoff)."""
     now = timezone.now()
     health, _ = LinkHealth.objects.get_or_create(peer=peer)
     failures = health.failures + 1
-    base, cap = settings.FORWARD_RETRY_BASE_SECONDS, settings.FORWARD_RETRY_MAX_SECONDS
-    delay = min(cap, base * 2 ** (failures - 1)) * random.uniform(0.8, 1.2)
+    delay = link_backoff().seconds(failures)
     LinkHealth.objects.filter(pk=health.pk).update(
         up=False, down_since=health.down_since if not health.up and health.down_since else now,
         failures=failures, last_error=error[:500], last_failure_at=now, retry_at=now + timedelta(seconds=delay))
     health.refresh_from_db()
     return health
+
+
+def link_held_back(peer: str) -> bool:
+    """The link failed and its retry time has not come: its senders wait (a probe that succeeds
+    clears it)."""
+    return LinkHealth.objects.filter(peer=peer, retry_at__gt=timezone.now()).exists()
+
+
+def links_held_back(peers: Iterable[str]) -> set[str]:
+    return set(LinkHealth.objects.filter(peer__in=list(peers), retry_at__gt=timezone.now())
+               .values_list("peer", flat=True))
 
 
 def link_received(*, peer: str, count: int) -> None:

@@ -58,3 +58,38 @@ class ChannelForward(models.Model):
 
     def __str__(self) -> str:
         return f"publish {self.publish_id} -> {self.peer}"
+
+
+class ReceiptForward(models.Model):
+    """A receipt on its way back to its message's origin domain (messaging.network.receipts),
+    waiting on the link to `peer`, its next hop: written in the transaction that made the delivery
+    delivered or dead here (or that took the receipt in, passing through), gone once the neighbour
+    has applied it or taken it on. A receipt never dies of attempts: while its link fails it waits,
+    counting them, and the console lists it (Link health, Receipts waiting)."""
+
+    # The next hop towards origin_domain; "" while no enabled link leads there (the sweep looks again).
+    peer = models.CharField(max_length=64, blank=True)
+    origin_domain = models.CharField(max_length=64)
+    origin_message_id = models.BigIntegerField()
+    recipient = models.CharField(max_length=96)
+    state = models.CharField(max_length=16)  # what became of the delivery: delivered or dead
+    at = models.DateTimeField()  # when, at the recipient's home
+    domain = models.CharField(max_length=64)  # where it happened
+    error = models.CharField(max_length=400, blank=True, default="")  # why it died
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [
+            # A link's receipt queue in the order the receipts were written.
+            models.Index(fields=["peer", "id"], name="receipt_forward_queue"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.state} receipt of {self.origin_domain}:{self.origin_message_id} for {self.recipient} -> {self.peer}"
+
+    def as_payload(self) -> dict:
+        return {"origin_domain": self.origin_domain, "origin_message_id": self.origin_message_id,
+                "recipient": self.recipient, "state": self.state, "at": self.at.isoformat(),
+                "domain": self.domain, "error": self.error}

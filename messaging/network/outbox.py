@@ -1,62 +1,47 @@
-"""A link's sender: the deliveries queued on the link to one neighbour, sent in calls of up to
-FORWARD_BATCH_SIZE, in each recipient's mailbox order.
+"""A link's sender: the deliveries queued on the link to one neighbour, sent in calls of at most
+FORWARD_BATCH_SIZE rows and FORWARD_BATCH_BYTES, in each recipient's mailbox order.
 
-`link_forward(peer=)` (task messaging.tasks.forward_link, safe twice) drains the link's queue:
-take the oldest rows (by (app, recipient, seq): the partial index delivery_link_queue), build one
-payload in which a message with several recipients on this link goes once with its recipients, and
-POST it (messaging.network.transport.peer_call). The neighbour stores everything before it answers,
-so on success the rows are `forwarded` (it has them; the home domain's receipt later makes them
-delivered or dead, messaging.network.receipts). On failure the link is marked down with backoff
-(links.link_failed) and every row of the batch counts a failed attempt; those out of the app's
-attempts are dead with the reason, the others wait on the link, in order, until its retry is due
-(the sweep, messaging.network.queue, wakes the link then, or moves the queue to another path).
+`link_forward(peer=)` (task messaging.tasks.forward_link, safe twice) runs `LinkSender` on the
+outbound skeleton (foundation.outbound: one sender per link, held back by the link's backoff,
+batches bounded by rows and bytes). What is its own: the queue's SQL (the oldest rows by (app,
+recipient, seq): the partial index delivery_link_queue) and the payload, in which a message with
+several recipients on this link goes once with its recipients. The neighbour stores everything
+before it answers, so on success the rows are `forwarded` (it has them; the home domain's receipt
+later makes them delivered or dead, messaging.network.receipts). On failure the link is marked down
+with backoff (links.link_failed) and every row of the batch counts a failed attempt; those out of
+the app's attempts are dead with the reason, the others wait on the link, in order, until its retry
+is due (the sweep, messaging.network.queue, wakes the link then, or moves the queue to another path).
+A row that already made FORWARD_HOP_LIMIT hops is dead before any call.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection
-from django.utils import timezone
 
 from foundation.db import hot_cursor
+from foundation.outbound import Batch, CallFailed, Failed, Limits, Settled, out_of_attempts, send_batches
 from messaging.delivery.dead_letters import dead_letters_announce
 from messaging.delivery.sql import DEAD, MOVED_COLUMNS, lock_sql, states_sql
 from messaging.models import DeliveryState
-from messaging.network.links import link_failed, link_succeeded
-from messaging.network.models import LinkHealth
-from messaging.network.transport import FORWARD_PATH, PeerError, peer_call
+from messaging.network.links import link_failed, link_held_back, link_succeeded
+from messaging.network.transport import FORWARD_PATH, peer_call
 
 log = logging.getLogger(__name__)
 
 FORWARDING = states_sql(DeliveryState.FORWARDING)
 FORWARDED = states_sql(DeliveryState.FORWARDED)
-# Advisory lock keys: (this class, hashtext(peer)). A class of our own keeps the key space apart from
-# any other advisory lock of the project.
-LINK_LOCK_CLASS = 18_001
+# What a row counts towards FORWARD_BATCH_BYTES beyond its content (its other fields, as JSON).
+ROW_OVERHEAD_BYTES = 300
 
 
-@contextmanager
-def link_lock(peer: str) -> Iterator[bool]:
-    """The link's sender lock (a session-level Postgres advisory lock on this thread's connection),
-    yielding whether it was taken. Only one sender per link at a time: two senders draining one
-    queue would post overlapping batches concurrently, and the neighbour could store a recipient's
-    later messages before its earlier ones (the order of one sender's messages to one recipient
-    must be kept across domains). A worker that dies loses its connection, and the lock with it."""
-    with connection.cursor() as cur:
-        cur.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", [LINK_LOCK_CLASS, peer])
-        held = bool(cur.fetchone()[0])
-    try:
-        yield held
-    finally:
-        if held:
-            with connection.cursor() as cur:
-                cur.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", [LINK_LOCK_CLASS, peer])
+def link_lock_key(peer: str) -> str:
+    """The link's sender lock (foundation.outbound.one_at_a_time): the sender, and the sweep that
+    moves the link's queue elsewhere, never act on the link's rows at once."""
+    return f"link:{peer}"
 
 
 @dataclass
@@ -66,19 +51,27 @@ class Queued:
     app_id: int
     message_id: int
     message: dict  # the payload item, without its recipients
+    size: int = 0  # what it counts towards FORWARD_BATCH_BYTES
 
 
+# The head of the link's queue, as long as the running size stays within the byte limit (the first
+# row always: a message larger than the limit goes alone).
 _QUEUE_SQL = f"""
-SELECT d.id, d.app_id, d.recipient, m.id, a.app_name, m.sender, m.kind, m.content, m.reference,
-       m.confirmation_requested, m.client_message_id, m.origin_domain, m.origin_message_id, m.forward_path,
-       m.confirms_origin, c.id, c.origin_domain, c.origin_message_id
-  FROM messaging_delivery d
-  JOIN messaging_message m ON m.id = d.message_id
-  JOIN apps_registry_clientapp a ON a.id = d.app_id
-  LEFT JOIN messaging_message c ON c.id = m.confirms_id
- WHERE d.state = {FORWARDING} AND d.forward_to = %s
- ORDER BY d.forward_to, d.app_id, d.recipient, d.seq
- LIMIT %s
+SELECT q.* FROM (
+    SELECT d.id, d.app_id, d.recipient, m.id, a.app_name, m.sender, m.kind, m.content, m.reference,
+           m.confirmation_requested, m.client_message_id, m.origin_domain, m.origin_message_id, m.forward_path,
+           m.confirms_origin, c.id, c.origin_domain, c.origin_message_id,
+           octet_length(m.content) + {ROW_OVERHEAD_BYTES} AS size,
+           sum(octet_length(m.content) + {ROW_OVERHEAD_BYTES}) OVER w AS running, row_number() OVER w AS n
+      FROM messaging_delivery d
+      JOIN messaging_message m ON m.id = d.message_id
+      JOIN apps_registry_clientapp a ON a.id = d.app_id
+      LEFT JOIN messaging_message c ON c.id = m.confirms_id
+     WHERE d.state = {FORWARDING} AND d.forward_to = %(peer)s
+    WINDOW w AS (ORDER BY d.forward_to, d.app_id, d.recipient, d.seq)
+     ORDER BY d.forward_to, d.app_id, d.recipient, d.seq
+     LIMIT %(rows)s
+) q WHERE q.running <= %(bytes)s OR q.n = 1
 """
 
 
@@ -89,15 +82,16 @@ def _origin(here: str, message_id: int, origin_domain: str, origin_message_id: i
     return origin_domain, origin_message_id
 
 
-def queue_peek(*, peer: str, limit: int) -> list[Queued]:
-    """The oldest rows queued on the link to `peer`, each recipient's in mailbox order."""
+def queue_peek(*, peer: str, limits: Limits) -> list[Queued]:
+    """The oldest rows queued on the link to `peer`, each recipient's in mailbox order, as many as
+    `limits` allow."""
     here = settings.DOMAIN_NAME
     with hot_cursor() as cur:
-        cur.execute(_QUEUE_SQL, [peer, limit])
+        cur.execute(_QUEUE_SQL, {"peer": peer, "rows": max(1, limits.rows), "bytes": limits.bytes})
         rows = cur.fetchall()
     out = []
     for (delivery_id, app_id, recipient, message_id, app_name, sender, kind, content, reference, confirm, cmid,
-         origin_domain, origin_id, forward_path, confirms_origin, c_id, c_origin, c_origin_id) in rows:
+         origin_domain, origin_id, forward_path, confirms_origin, c_id, c_origin, c_origin_id, size, _, _) in rows:
         origin, oid = _origin(here, message_id, origin_domain, origin_id)
         confirms = ""
         if c_id is not None:
@@ -110,7 +104,7 @@ def queue_peek(*, peer: str, limit: int) -> list[Queued]:
             "app": app_name, "sender": sender, "kind": kind, "content": content, "reference": reference,
             "confirmation_requested": confirm, "client_message_id": cmid, "origin_domain": origin,
             "origin_message_id": oid, "path": path, "confirms": confirms,
-        }))
+        }, size=size))
     return out
 
 
@@ -152,6 +146,9 @@ def payload_build(rows: list[Queued]) -> list[dict]:
     return ordered
 
 
+DIES = out_of_attempts("d.attempts + 1", "a.max_delivery_attempts")
+
+
 def _rows_fail(*, peer: str, ids: list[int], error: str, kill: bool = False) -> list[tuple]:
     """Forwarding rows of this link that failed: one attempt counted (all of them dead when `kill`),
     dead once the app's attempts are used, the others left waiting on the link. Returns the moved
@@ -163,10 +160,8 @@ def _rows_fail(*, peer: str, ids: list[int], error: str, kill: bool = False) -> 
             f"""
             WITH locked AS MATERIALIZED ({lock_sql("id = ANY(%(ids)s::bigint[])")})
             UPDATE messaging_delivery d SET attempts = d.attempts + 1, last_error = left(%(error)s, 500),
-                   state = CASE WHEN %(kill)s OR d.attempts + 1 >= a.max_delivery_attempts THEN {DEAD}
-                                ELSE d.state END,
-                   dead_at = CASE WHEN %(kill)s OR d.attempts + 1 >= a.max_delivery_attempts THEN now()
-                                  ELSE d.dead_at END
+                   state = CASE WHEN %(kill)s OR {DIES} THEN {DEAD} ELSE d.state END,
+                   dead_at = CASE WHEN %(kill)s OR {DIES} THEN now() ELSE d.dead_at END
               FROM locked l, apps_registry_clientapp a
              WHERE d.id = l.id AND a.id = d.app_id AND d.state = {FORWARDING} AND d.forward_to = %(peer)s
             RETURNING {MOVED_COLUMNS}
@@ -191,73 +186,62 @@ def _rows_forwarded(*, peer: str, ids: list[int]) -> int:
         return cur.rowcount
 
 
-def failure_reason(peer: str, error: PeerError) -> str:
+def failure_reason(peer: str, reason: str) -> str:
     """"forwarding to domain-02 failed: connection refused" (the reason without its peer prefix)."""
-    reason = error.reason
     if reason.startswith(f"{peer}: "):
         reason = reason[len(peer) + 2:]
     return f"forwarding to {peer} failed: {reason}"
 
 
-def _link_waiting(peer: str) -> bool:
-    with hot_cursor() as cur:
-        cur.execute(f"SELECT 1 FROM messaging_delivery WHERE state = {FORWARDING} AND forward_to = %s LIMIT 1",
-                    [peer])
-        return cur.fetchone() is not None
+class LinkSender:
+    """The link to `peer` on the outbound skeleton: its queue's SQL, its payload, its rows' fate."""
 
+    name = "link"
 
-def _held_back(peer: str) -> bool:
-    return LinkHealth.objects.filter(peer=peer, retry_at__gt=timezone.now()).exists()
+    def __init__(self, peer: str):
+        self.peer = peer
+        self.lock_key = link_lock_key(peer)
 
+    def limits(self) -> Limits:
+        return Limits(rows=max(1, int(settings.FORWARD_BATCH_SIZE)), bytes=int(settings.FORWARD_BATCH_BYTES))
 
-def _drain(peer: str, totals: dict[str, int]) -> bool:
-    """Send the link's queue until it is empty (True) or a call fails (False)."""
-    limit = max(1, int(settings.FORWARD_BATCH_SIZE))
-    hop_limit = int(settings.FORWARD_HOP_LIMIT)
-    while True:
-        rows = queue_peek(peer=peer, limit=limit)
-        if not rows:
-            return True
+    def held_back(self) -> bool:
+        return link_held_back(self.peer)
+
+    def take(self, limits: Limits) -> Batch[Queued]:
+        hop_limit = int(settings.FORWARD_HOP_LIMIT)
+        rows = queue_peek(peer=self.peer, limits=limits)
         # A message that already made FORWARD_HOP_LIMIT hops after its origin goes no further.
-        over = {r.delivery_id for r in rows if len(r.message["path"]) > hop_limit}
-        if over:
-            totals["dead"] += len(_rows_fail(peer=peer, ids=list(over), error=f"hop limit ({hop_limit}) reached",
-                                             kill=True))
-            rows = [r for r in rows if r.delivery_id not in over]
-            if not rows:
-                continue
-        ids = [r.delivery_id for r in rows]
-        try:
-            peer_call(peer=peer, path=FORWARD_PATH, payload={"messages": payload_build(rows)})
-        except PeerError as error:
-            reason = failure_reason(peer, error)
-            health = link_failed(peer=peer, error=error.reason)
-            moved = _rows_fail(peer=peer, ids=ids, error=reason)
-            dead = sum(1 for r in moved if r[1] == DeliveryState.DEAD.value)
-            totals["failed"] += len(moved) - dead
-            totals["dead"] += dead
-            log.warning("%s (%d rows, %d now dead; retry at %s)", reason, len(ids), dead, health.retry_at)
-            return False
-        sent = _rows_forwarded(peer=peer, ids=ids)
-        link_succeeded(peer=peer, forwarded=sent)
-        totals["forwarded"] += sent
+        over = [(r, f"hop limit ({hop_limit}) reached") for r in rows if len(r.message["path"]) > hop_limit]
+        return Batch(items=[r for r in rows if len(r.message["path"]) <= hop_limit], refused=over)
+
+    def send(self, batch: Batch[Queued]) -> dict:
+        return peer_call(peer=self.peer, path=FORWARD_PATH, payload={"messages": payload_build(batch.items)})
+
+    def settle(self, batch: Batch[Queued], answer: dict) -> Settled:
+        sent = _rows_forwarded(peer=self.peer, ids=[r.delivery_id for r in batch.items])
+        link_succeeded(peer=self.peer, forwarded=sent)
+        return Settled(sent=sent)
+
+    def fail(self, batch: Batch[Queued], error: CallFailed) -> Failed:
+        health = link_failed(peer=self.peer, error=error.reason)
+        moved = _rows_fail(peer=self.peer, ids=[r.delivery_id for r in batch.items],
+                           error=failure_reason(self.peer, error.reason))
+        dead = sum(1 for r in moved if r[1] == DeliveryState.DEAD.value)
+        return Failed(failed=len(moved), dead=dead, retry_at=health.retry_at)
+
+    def give_up(self, refused: list[tuple[Queued, str]]) -> int:
+        by_reason: dict[str, list[int]] = {}
+        for row, reason in refused:
+            by_reason.setdefault(reason, []).append(row.delivery_id)
+        return sum(len(_rows_fail(peer=self.peer, ids=ids, error=reason, kill=True)) for reason, ids in by_reason.items())
+
+    def put_back(self, batch: Batch[Queued]) -> None:
+        """Nothing to do: the rows never left the link's queue."""
 
 
-def link_forward(*, peer: str) -> dict[str, int]:
+def link_forward(*, peer: str) -> dict:
     """Drain the link to `peer` (see the module docstring). Safe twice: a second sender finds the
     link's lock taken and returns at once (`busy`); one whose link is held back by its backoff
-    returns too (`held`): the sweep comes back when the retry is due."""
-    totals = {"forwarded": 0, "failed": 0, "dead": 0, "busy": 0, "held": 0}
-    while True:
-        if _held_back(peer):
-            totals["held"] = 1
-            return totals
-        with link_lock(peer) as held:
-            if not held:
-                totals["busy"] = 1
-                return totals
-            emptied = _drain(peer, totals)
-        # Rows queued after our last look but while we still held the lock had their wake-up
-        # refused (`busy`): look once more now that the lock is free.
-        if not emptied or not _link_waiting(peer):
-            return totals
+    returns too (`held back`): the sweep comes back when the retry is due."""
+    return send_batches(LinkSender(peer)).as_dict()

@@ -1,15 +1,14 @@
 """Link probes: a signed ping to every neighbour over an enabled link, so each link's state is live
 without traffic (beat, every LINK_PROBE_SECONDS; the admin's "probe now").
 
-The pings go out in parallel, each bounded by LINK_PROBE_TIMEOUT_SECONDS, so one dead neighbour
-does not delay the others' verdicts. A neighbour that answers is up at once; one that was down
+The pings go out at once (transport.peer_calls_send), each bounded by LINK_PROBE_TIMEOUT_SECONDS
+for the whole exchange, so one dead neighbour does not delay the others' verdicts. A neighbour that answers is up at once; one that was down
 gets its queues sent now (messaging.handoff.link_recovered_enqueue) rather than at their next
 retry. A disabled link is not probed (the admin shows it as disabled).
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -17,10 +16,7 @@ from django.conf import settings
 from messaging import handoff
 from messaging.network.links import link_failed, link_succeeded, neighbours
 from messaging.network.models import LinkHealth
-from messaging.network.transport import PING_PATH, PeerCall, PeerError, peer_call_prepare, peer_call_send
-
-# Long-lived, so its threads keep their keep-alive connections (transport's client is per thread).
-_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="link-probe")
+from messaging.network.transport import PING_PATH, PeerCall, PeerError, peer_call_prepare, peer_calls_send
 
 
 @dataclass(frozen=True)
@@ -31,12 +27,10 @@ class ProbeResult:
     recovered: bool = False  # it was down and answers again
 
 
-def _ping(call: PeerCall) -> str:
-    """'' when the neighbour answered as itself, else why not (no database access: runs in the pool)."""
-    try:
-        answer = peer_call_send(call, timeout=settings.LINK_PROBE_TIMEOUT_SECONDS)
-    except PeerError as exc:
-        return exc.reason
+def _verdict(call: PeerCall, answer: dict | PeerError) -> str:
+    """'' when the neighbour answered as itself, else why not."""
+    if isinstance(answer, PeerError):
+        return answer.reason
     answered_as = answer.get("domain") if isinstance(answer, dict) else None
     if answered_as != call.peer:
         # The URL configured for the neighbour reaches another domain (or something else).
@@ -56,8 +50,9 @@ def links_probe(*, peers: list[str] | None = None) -> list[ProbeResult]:
             calls.append(peer_call_prepare(peer=peer, path=PING_PATH, payload={}))
         except PeerError as exc:  # no link, disabled, no URL: nothing to send
             errors[peer] = exc.reason
-    for call, error in zip(calls, _pool.map(_ping, calls), strict=True):
-        errors[call.peer] = error
+    answers = peer_calls_send(calls, timeout=settings.LINK_PROBE_TIMEOUT_SECONDS) if calls else []
+    for call, answer in zip(calls, answers, strict=True):
+        errors[call.peer] = _verdict(call, answer)
     results = []
     for peer in targets:
         error = errors[peer]

@@ -10,7 +10,8 @@ ordinary retry sweep, dead after the app's max attempts.
 
 `forward_sweep` (beat, every FORWARD_SWEEP_SECONDS) moves the queues of links that have been down
 for longer than LINK_DOWN_AFTER_SECONDS, or were disabled, to another path where one exists, and wakes every link
-with waiting rows whose retry is due (a sender task lost with its worker is made up for here).
+with waiting rows whose retry is due (a sender task lost with its worker is made up for here); the
+same for the receipts waiting on links (and those that had no route when they were written).
 """
 
 from __future__ import annotations
@@ -21,17 +22,18 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
 from apps_registry.selectors import app_snapshot, user_id_parse
 from foundation.db import hot_cursor
+from foundation.outbound import one_at_a_time
 from messaging.delivery.retry import deliveries_fail
 from messaging.delivery.sql import SENT, states_sql
-from messaging.handoff import forward_links_kick
+from messaging.handoff import forward_links_kick, receipt_links_kick
 from messaging.models import DeliveryState
-from messaging.network import outbox
-from messaging.network.links import links_down, neighbours, next_hop
-from messaging.network.models import LinkHealth
+from messaging.network.links import links_down, links_held_back, neighbours, next_hop
+from messaging.network.models import ReceiptForward
+from messaging.network.outbox import link_lock_key
+from messaging.network.receipts import receipt_lock_key
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +122,7 @@ def queue_reroute(*, peer: str) -> dict[str, int]:
     {new peer: rows moved}. Holds the link's sender lock meanwhile: a sender in the middle of a
     call must not have its rows moved under it (they would be sent twice, down two paths)."""
     moved: dict[str, int] = defaultdict(int)
-    with outbox.link_lock(peer) as held:
+    with one_at_a_time(link_lock_key(peer)) as held:
         if not held:
             return {}
         with hot_cursor() as cur:
@@ -154,9 +156,39 @@ def queue_reroute(*, peer: str) -> dict[str, int]:
     return dict(moved)
 
 
+def receipts_reroute(*, peer: str) -> dict[str, int]:
+    """Move the receipts waiting on a link that is down (or on no link: "") to the next hop towards
+    their origins now, where that is another link. Holds the link's receipt sender lock meanwhile."""
+    moved: dict[str, int] = defaultdict(int)
+    with one_at_a_time(receipt_lock_key(peer)) as held:
+        if not held:
+            return {}
+        origins = (ReceiptForward.objects.filter(peer=peer).order_by().values_list("origin_domain", flat=True)
+                   .distinct())
+        for origin in list(origins):
+            hop = next_hop(origin) or ""
+            if hop != peer:
+                moved[hop] += ReceiptForward.objects.filter(peer=peer, origin_domain=origin).update(peer=hop)
+    return {hop: n for hop, n in moved.items() if hop}
+
+
+def _receipts_sweep(down: set[str]) -> tuple[list[str], dict[str, int]]:
+    waiting = set(ReceiptForward.objects.order_by().values_list("peer", flat=True).distinct())
+    down = down | {""} | (waiting - set(neighbours()))  # no route when written; a link disabled or removed
+    rerouted: dict[str, int] = defaultdict(int)
+    for peer in sorted(waiting):
+        if peer in down:
+            for hop, count in receipts_reroute(peer=peer).items():
+                rerouted[hop] += count
+    waiting = set(ReceiptForward.objects.exclude(peer="").order_by().values_list("peer", flat=True).distinct())
+    due = sorted(waiting - links_held_back(waiting))
+    receipt_links_kick(due)
+    return due, dict(rerouted)
+
+
 def forward_sweep() -> dict:
     """Beat: re-route the queues of links that are down, then wake every link with waiting rows
-    whose retry is due. Returns what it did (for the task's result)."""
+    (deliveries, receipts) whose retry is due. Returns what it did (for the task's result)."""
     waiting = links_waiting()
     # Down for longer than LINK_DOWN_AFTER_SECONDS, or no longer an enabled link at all (disabled by
     # an operator, removed by a configuration pull): their queues move where another path exists.
@@ -167,8 +199,8 @@ def forward_sweep() -> dict:
             for hop, count in queue_reroute(peer=peer).items():
                 rerouted[hop] = rerouted.get(hop, 0) + count
     waiting = sorted(set(links_waiting()))
-    held = set(LinkHealth.objects.filter(peer__in=waiting, retry_at__gt=timezone.now())
-               .values_list("peer", flat=True))
-    due = [p for p in waiting if p not in held]
+    due = sorted(set(waiting) - links_held_back(waiting))
     forward_links_kick(due)
-    return {"kicked": due, "rerouted": rerouted}
+    receipts_due, receipts_rerouted = _receipts_sweep(links_down())
+    return {"kicked": due, "rerouted": rerouted, "receipts_kicked": receipts_due,
+            "receipts_rerouted": receipts_rerouted}

@@ -12,31 +12,33 @@ travels back towards the origin (next_hop(origin)), in the `receipts` list of th
 the original) moves its `forwarding`/`forwarded` row for that recipient to delivered (delivered_at =
 `at`) or dead (last_error "dead at domain-03: ..."), and passes the receipt on until the origin.
 
-Lower stakes than messages: receipts have no table; they ride a Celery task
-(messaging.tasks.forward_receipts) with bounded retries. What is lost if a receipt is lost (its task
-used up its retries while a link was down, or was lost with its worker): only the display of the
-domains on the way back, the origin's above all: their row stays `forwarded` ("forwarded to
-domain-02") instead of delivered or dead. The message itself was delivered (or died) at its home
-regardless. Domains on the message's path that are not on the receipt's way back keep `forwarded`
-too.
+A receipt waits in a table on the link to its next hop (ReceiptForward, written in the transaction
+of the state change: messaging.network.receipt_queue) and leaves through `ReceiptSender`, the link's
+receipt sender on the outbound skeleton (foundation.outbound): one sender per link, held back by the
+link's backoff, batches bounded by rows and bytes. A receipt is never dropped after some number of
+retries: while its link fails it waits (the console lists it), and the sweep moves it to another
+path when its link is down for long (messaging.network.queue). Domains on the message's path that
+are not on the receipt's way back keep `forwarded`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 from django.utils.dateparse import parse_datetime
 
 from foundation.db import hot_cursor
+from foundation.outbound import Batch, CallFailed, Failed, Limits, Outcome, Settled, send_batches
 from messaging.delivery.dead_letters import dead_letters_announce
 from messaging.delivery.sql import DEAD, DELIVERED, MOVED_COLUMNS, lock_sql, states_sql
-from messaging.handoff import receipts_enqueue
 from messaging.models import DeliveryState
-from messaging.network.links import next_hop
-from messaging.network.transport import FORWARD_PATH, PeerError, PeerRefused, peer_call
+from messaging.network.links import link_failed, link_held_back, link_succeeded
+from messaging.network.models import ReceiptForward
+from messaging.network.receipt_queue import receipts_queue_items
+from messaging.network.transport import FORWARD_PATH, PeerRefused, peer_call
 
 log = logging.getLogger(__name__)
 
@@ -66,32 +68,11 @@ def receipt_parse(ord_: int, item) -> dict:
             "state": item["state"], "at": item["at"], "domain": item["domain"], "error": item.get("error", "")[:400]}
 
 
-def receipts_of(delivery_ids: list[int]) -> list[dict]:
-    """The receipts of deliveries here (delivered or dead) whose message came from another domain."""
-    if not delivery_ids:
-        return []
-    here = settings.DOMAIN_NAME
-    with hot_cursor() as cur:
-        cur.execute(
-            f"""
-            SELECT m.origin_domain, m.origin_message_id, d.recipient, d.state,
-                   coalesce(d.delivered_at, d.dead_at, now()), d.last_error
-              FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id
-             WHERE d.id = ANY(%s::bigint[]) AND m.origin_message_id IS NOT NULL AND d.state IN ({DELIVERED}, {DEAD})
-            """,
-            [sorted(set(delivery_ids))],
-        )
-        rows = cur.fetchall()
-    return [{"origin_domain": origin, "origin_message_id": oid, "recipient": recipient, "state": state,
-             "at": at.isoformat(), "domain": here, "error": error if state == DeliveryState.DEAD.value else ""}
-            for origin, oid, recipient, state, at, error in rows]
-
-
 def receipts_apply(items: list[dict]) -> int:
     """Apply receipts that reached this domain (inside the caller's transaction): the rows of the
     message here for that recipient that still wait on a link move to delivered or dead (a dead one
     to delivered too: a late ACK at the home domain counts there, so here as well); receipts
-    whose origin is elsewhere are passed on once committed. Returns the rows moved."""
+    whose origin is elsewhere are queued on towards it in the same transaction. Returns the rows moved."""
     if not items:
         return 0
     here = settings.DOMAIN_NAME
@@ -132,9 +113,7 @@ def receipts_apply(items: list[dict]) -> int:
     dead_here = [r for r in moved_rows if r[1] == DeliveryState.DEAD.value]
     if dead_here:
         _announce_at_origin(dead_here, items)
-    onward = [r for r in items if r["origin_domain"] != here]
-    if onward:
-        transaction.on_commit(lambda: receipts_enqueue(receipts=onward))
+    receipts_queue_items(items)
     return len(moved_rows)
 
 
@@ -148,26 +127,58 @@ def _announce_at_origin(rows: list[tuple], items: list[dict]) -> None:
         dead_letters_announce([r for r in rows if r[3] in local], receipts=False)
 
 
-def receipts_send(*, receipts: list[dict]) -> dict[str, int]:
-    """Send receipts one step towards their origins, one call per next hop. Raises PeerError if a
-    call failed (the task retries; the receiver applies a receipt once, whatever the repeats)."""
-    per_hop: dict[str, list[dict]] = defaultdict(list)
-    for receipt in receipts:
-        origin = receipt["origin_domain"]
-        if origin == settings.DOMAIN_NAME:
-            continue
-        hop = next_hop(origin)
-        if hop is None:
-            log.warning("receipt for %s:%s dropped: no route to %s", origin, receipt["origin_message_id"], origin)
-            continue
-        per_hop[hop].append(receipt)
-    failures = []
-    for hop, batch in sorted(per_hop.items()):
-        try:
-            peer_call(peer=hop, path=FORWARD_PATH, payload={"receipts": batch})
-        except PeerError as error:
-            failures.append(error.reason)
-    if failures:
-        raise PeerError("; ".join(failures))
-    return {hop: len(batch) for hop, batch in per_hop.items()}
+# --- the link's receipt sender -----------------------------------------------------------------
 
+ROW_BYTES = 400  # what a receipt counts towards FORWARD_BATCH_BYTES
+
+
+def receipt_lock_key(peer: str) -> str:
+    return f"receipts:{peer}"
+
+
+class ReceiptSender:
+    """The receipts waiting on the link to `peer`, on the outbound skeleton."""
+
+    name = "receipts"
+
+    def __init__(self, peer: str):
+        self.peer = peer
+        self.lock_key = receipt_lock_key(peer)
+
+    def limits(self) -> Limits:
+        return Limits(rows=max(1, int(settings.FORWARD_BATCH_SIZE)), bytes=int(settings.FORWARD_BATCH_BYTES))
+
+    def held_back(self) -> bool:
+        return link_held_back(self.peer)
+
+    def take(self, limits: Limits) -> Batch[ReceiptForward]:
+        rows = list(ReceiptForward.objects.filter(peer=self.peer).order_by("id")[:limits.rows])
+        return Batch(items=rows[:limits.cut([ROW_BYTES] * len(rows))])
+
+    def send(self, batch: Batch[ReceiptForward]) -> dict:
+        return peer_call(peer=self.peer, path=FORWARD_PATH, payload={"receipts": [r.as_payload() for r in batch.items]})
+
+    def settle(self, batch: Batch[ReceiptForward], answer: dict) -> Settled:
+        sent, _ = ReceiptForward.objects.filter(pk__in=[r.pk for r in batch.items], peer=self.peer).delete()
+        link_succeeded(peer=self.peer, forwarded=sent)
+        return Settled(sent=sent)
+
+    def fail(self, batch: Batch[ReceiptForward], error: CallFailed) -> Failed:
+        """An attempt counted, the reason kept; the receipts wait for the link's retry."""
+        with transaction.atomic():
+            failed = ReceiptForward.objects.filter(pk__in=[r.pk for r in batch.items], peer=self.peer).update(
+                attempts=F("attempts") + 1, last_error=error.reason)
+        health = link_failed(peer=self.peer, error=error.reason)
+        return Failed(failed=failed, retry_at=health.retry_at)
+
+    def give_up(self, refused: list) -> int:
+        return 0
+
+    def put_back(self, batch: Batch[ReceiptForward]) -> None:
+        """Nothing to do: the receipts never left the link's queue."""
+
+
+def receipts_link_send(*, peer: str) -> Outcome:
+    """Send the receipts waiting on the link to `peer` until none is left, the link fails, or its
+    backoff holds it back."""
+    return send_batches(ReceiptSender(peer))

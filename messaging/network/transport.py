@@ -15,31 +15,31 @@ Payloads name apps by app name, never by primary key: each domain has its own da
 
 from __future__ import annotations
 
+import asyncio
 import json
-import threading
 from dataclasses import dataclass
+from typing import Protocol
 
-import httpx
 from django.conf import settings
 from django.db.models import Q
 
 from apps_registry.models import Domain, DomainLink
 from foundation import signed_calls
+from foundation.outbound import CallFailed
+from foundation.outgoing import Answer, OutgoingError, outgoing_client, outgoing_post, run_outgoing
 from foundation.transport.redis_clients import sync_client
 
 FORWARD_PATH = "/internal/v1/forward"  # deliveries, confirmations and receipts
 PUBLISH_PATH = "/internal/v1/publishes"  # channel publishes (the flood)
 PING_PATH = "/internal/v1/ping"  # link probes
 MAX_BODY_BYTES = 32 * 1024 * 1024
+# The most of a neighbour's answer that is read (a flood answer names at most 1,000 refusals of 500
+# characters); a longer answer is a failed call.
+MAX_ANSWER_BYTES = 1024 * 1024
 
 
-class PeerError(Exception):
+class PeerError(CallFailed):
     """A call to a neighbour that did not succeed; `reason` names the neighbour and what happened."""
-
-    def __init__(self, reason: str, status: int | None = None):
-        super().__init__(reason)
-        self.reason = reason[:500]
-        self.status = status
 
 
 @dataclass
@@ -67,17 +67,6 @@ def peer_base_url(domain: Domain) -> str | None:
 def link_between(a: str, b: str) -> DomainLink | None:
     return (DomainLink.objects.select_related("n1", "n2")
             .filter(Q(n1__name=a, n2__name=b) | Q(n1__name=b, n2__name=a)).first())
-
-
-_local = threading.local()
-
-
-def _client() -> httpx.Client:
-    # One keep-alive pool per thread (a worker's threads each call their own neighbours).
-    client = getattr(_local, "client", None)
-    if client is None:
-        client = _local.client = httpx.Client(timeout=settings.FORWARD_TIMEOUT_SECONDS, trust_env=False)
-    return client
 
 
 @dataclass(frozen=True)
@@ -109,26 +98,84 @@ def peer_call_prepare(*, peer: str, path: str, payload: dict) -> PeerCall:
     return PeerCall(peer=peer, url=base + path, body=body, headers=headers)
 
 
+class Wire(Protocol):
+    """How a prepared call reaches its neighbour: over HTTP in production (`HttpWire`); a test
+    network in one database hands it to the neighbour's view in-process (tests/network.py)."""
+
+    def post(self, call: PeerCall, *, deadline: float) -> Answer: ...
+
+    def post_all(self, calls: list[PeerCall], *, deadline: float) -> list[Answer | OutgoingError]:
+        """Several calls at once (each within `deadline`), their answers in order."""
+
+
+class HttpWire:
+    """POST through foundation.outgoing: the deadline bounds the whole exchange (connect, request,
+    a neighbour that answers one byte a second), and at most MAX_ANSWER_BYTES of the answer are
+    read. Neighbours are the operator's configuration, so their addresses are not filtered."""
+
+    async def _post(self, call: PeerCall, deadline: float) -> Answer:
+        client = outgoing_client("peers", max_connections=50, max_keepalive=20, checked=False)
+        return await outgoing_post(client, call.url, content=call.body, headers=call.headers, deadline=deadline,
+                                   max_bytes=MAX_ANSWER_BYTES)
+
+    def post(self, call: PeerCall, *, deadline: float) -> Answer:
+        return run_outgoing(self._post(call, deadline), deadline)
+
+    def post_all(self, calls: list[PeerCall], *, deadline: float) -> list[Answer | OutgoingError]:
+        async def all_of() -> list:
+            return await asyncio.gather(*(self._post(c, deadline) for c in calls), return_exceptions=True)
+
+        return [a if isinstance(a, Answer | OutgoingError) else OutgoingError(f"{type(a).__name__}: {a}")
+                for a in run_outgoing(all_of(), deadline)]
+
+
+_wire: Wire = HttpWire()
+
+
+def wire_use(wire: Wire) -> Wire:
+    """Make `wire` carry every call to a neighbour from now on; returns the one it replaces."""
+    global _wire
+    previous, _wire = _wire, wire
+    return previous
+
+
 def peer_call_send(call: PeerCall, *, timeout: float | None = None) -> dict:
     """Send a prepared call (no database access): the neighbour's JSON answer, or PeerError."""
-    peer = call.peer
-    timeout = settings.FORWARD_TIMEOUT_SECONDS if timeout is None else timeout
+    deadline = settings.FORWARD_TIMEOUT_SECONDS if timeout is None else timeout
     try:
-        answer = _client().post(call.url, content=call.body, headers=call.headers, timeout=timeout)
-    except httpx.TimeoutException:
-        raise PeerError(f"{peer}: no answer within {timeout:g} s") from None
-    except httpx.HTTPError as exc:
-        raise PeerError(f"{peer}: {_network_reason(exc)}") from None
-    if answer.status_code // 100 != 2:
+        answer = _wire.post(call, deadline=deadline)
+    except OutgoingError as exc:
+        raise PeerError(f"{call.peer}: {_network_reason(exc)}") from None
+    return _answer_read(call.peer, answer)
+
+
+def peer_calls_send(calls: list[PeerCall], *, timeout: float) -> list[dict | PeerError]:
+    """Send prepared calls at once, each within `timeout`: each one's JSON answer, or its PeerError."""
+    out: list[dict | PeerError] = []
+    for call, answer in zip(calls, _wire.post_all(calls, deadline=timeout), strict=True):
+        if isinstance(answer, OutgoingError):
+            out.append(PeerError(f"{call.peer}: {_network_reason(answer)}"))
+            continue
         try:
-            detail = answer.json().get("error", "")
+            out.append(_answer_read(call.peer, answer))
+        except PeerError as exc:
+            out.append(exc)
+    return out
+
+
+def _answer_read(peer: str, answer: Answer) -> dict:
+    if answer.status // 100 != 2:
+        try:
+            detail = json.loads(answer.body).get("error", "")
         except (ValueError, AttributeError):
-            detail = answer.text[:200]
-        raise PeerError(f"{peer} answered {answer.status_code}: {detail}", status=answer.status_code)
+            detail = answer.body[:200].decode(errors="replace")
+        raise PeerError(f"{peer} answered {answer.status}: {detail}", status=answer.status)
+    if not answer.complete:
+        raise PeerError(f"{peer} answered {answer.status} with more than {MAX_ANSWER_BYTES} bytes", status=answer.status)
     try:
-        return answer.json()
+        return json.loads(answer.body)
     except ValueError:
-        raise PeerError(f"{peer} answered {answer.status_code} with a body that is not JSON") from None
+        raise PeerError(f"{peer} answered {answer.status} with a body that is not JSON") from None
 
 
 def peer_call(*, peer: str, path: str, payload: dict) -> dict:
@@ -136,7 +183,7 @@ def peer_call(*, peer: str, path: str, payload: dict) -> dict:
     return peer_call_send(peer_call_prepare(peer=peer, path=path, payload=payload))
 
 
-def _network_reason(exc: httpx.HTTPError) -> str:
+def _network_reason(exc: OutgoingError) -> str:
     text = str(exc) or type(exc).__name__
     if "Connection refused" in text or "Errno 111" in text:
         return "connection refused"

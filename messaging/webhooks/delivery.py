@@ -2,21 +2,22 @@
 
 A delivery is handed out (when recorded, re-queued, or found due by the sweep) under a claim token
 with a lease, through the door of messaging.handoff, and the task
-`messaging.tasks.webhook_deliver(id, claim)` then:
+`messaging.tasks.webhook_deliver(id, claim)` then runs `WebhookSender` on the outbound skeleton
+(foundation.outbound), one row, no lock (the claim owns the row):
 
 1. takes the row over under a fresh claim, in one conditional statement: the row must still be
    pending or retrying under the claim it was handed out with. A duplicate of the task, or a late
    one after the sweep re-handed the row, finds nothing to do; a delivered row is never sent again;
 2. takes one of its app's WEBHOOK_APP_CONCURRENCY slots (foundation.slots, across every webhook
    worker). None free: the row is put back, due again in WEBHOOK_BUSY_RETRY_SECONDS, and no attempt
-   is counted; so a slow receiver costs its own app's calls, never another app's;
+   is counted (the skeleton's "not now"); so a slow receiver costs its own app's calls, never another app's;
 3. POSTs the stored body, signed (messaging.webhooks.signing), through foundation.outgoing: refused
    for an address outside the public internet and OUTGOING_ALLOWED_NETWORKS, and cut off at
    WEBHOOK_TIMEOUT_SECONDS for the whole exchange however slowly the receiver answers; only the
    status and ERROR_BODY_BYTES of the answer are read;
 4. records the outcome under its own claim: a 2xx answer is delivered; anything else (another
    status, a redirect, the deadline, a refused address or connection) is a failed attempt: retrying
-   after base x 2^(n-1) seconds (capped, with jitter), or dead once WEBHOOK_MAX_ATTEMPTS have failed.
+   after `webhook_backoff()` (the outbound Backoff), or dead once WEBHOOK_MAX_ATTEMPTS have failed.
 
 The hand-out's lease (webhook_lease_seconds) is well past one call's deadline, so the sweep never
 hands a row to a second worker while the first still calls. The call's own deadline is what bounds
@@ -33,13 +34,23 @@ from __future__ import annotations
 
 import json
 import logging
-import random
-import secrets
 from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import connection
 
+from foundation.outbound import (
+    Backoff,
+    Batch,
+    CallFailed,
+    Failed,
+    Limits,
+    NotNow,
+    Settled,
+    claim_token,
+    out_of_attempts,
+    send_batches,
+)
 from foundation.outgoing import SYNC_GRACE_SECONDS, Answer, OutgoingError, outgoing_client, outgoing_post, run_outgoing
 from foundation.slots import slot_release, slot_take
 from messaging import metrics
@@ -58,10 +69,6 @@ CLIENT_MAX_CONNECTIONS = 100  # per worker process (its threads' calls share one
 CLIENT_MAX_KEEPALIVE = 20
 
 
-def webhook_claim_token() -> int:
-    return secrets.randbits(63)
-
-
 def webhook_lease_seconds() -> float:
     """How long a hand-out is left alone before the sweep hands the row out again: well past one
     call's whole-exchange deadline, so a slow receiver is not called twice at once."""
@@ -74,11 +81,11 @@ def webhook_slot_seconds() -> float:
     return settings.WEBHOOK_TIMEOUT_SECONDS + SYNC_GRACE_SECONDS + 30
 
 
-def webhook_backoff(attempts: int) -> float:
-    """Seconds until the next attempt after `attempts` failures: base x 2^(attempts-1), capped at
-    the maximum, times a random 0.5-1.0 so a receiver that was down is not hit by every retry at once."""
-    base = settings.WEBHOOK_RETRY_BASE_SECONDS * 2 ** max(attempts - 1, 0)
-    return min(settings.WEBHOOK_RETRY_MAX_SECONDS, base) * random.uniform(0.5, 1.0)
+def webhook_backoff() -> Backoff:
+    """The wait before a call's next attempt: WEBHOOK_RETRY_BASE_SECONDS doubling per failure, at most
+    WEBHOOK_RETRY_MAX_SECONDS, less up to half (so a receiver that was down is not hit by every
+    retry at once)."""
+    return Backoff(settings.WEBHOOK_RETRY_BASE_SECONDS, settings.WEBHOOK_RETRY_MAX_SECONDS, jitter=0.5)
 
 
 # --- one attempt ---------------------------------------------------------------------------------
@@ -167,53 +174,96 @@ def _record_delivered(delivery_id: str, claim: int, status: int) -> bool:
         return cur.rowcount == 1
 
 
-def _record_failed(delivery_id: str, claim: int, status: int | None, error: str, backoff: float) -> str | None:
+def _record_failed(delivery_id: str, claim: int, status: int | None, error: str) -> str | None:
+    dies = out_of_attempts("attempts + 1", "%(max)s")
     with connection.cursor() as cur:
         cur.execute(
             f"""
             UPDATE messaging_webhookdelivery
                SET attempts = attempts + 1, claim = NULL, last_status = %(status)s, last_error = left(%(error)s, 500),
-                   state = CASE WHEN attempts + 1 >= %(max)s THEN {DEAD} ELSE {RETRYING} END,
-                   dead_at = CASE WHEN attempts + 1 >= %(max)s THEN now() ELSE NULL END,
-                   next_attempt_at = CASE WHEN attempts + 1 >= %(max)s THEN NULL
-                                          ELSE now() + make_interval(secs => %(backoff)s) END
+                   state = CASE WHEN {dies} THEN {DEAD} ELSE {RETRYING} END,
+                   dead_at = CASE WHEN {dies} THEN now() ELSE NULL END,
+                   next_attempt_at = CASE WHEN {dies} THEN NULL ELSE now() + {webhook_backoff().sql("attempts + 1")} END
              WHERE id = %(id)s AND claim = %(claim)s AND state IN {OPEN}
             RETURNING state
             """,
-            {"status": status, "error": error, "max": settings.WEBHOOK_MAX_ATTEMPTS, "backoff": backoff,
-             "id": delivery_id, "claim": claim},
+            {"status": status, "error": error, "max": settings.WEBHOOK_MAX_ATTEMPTS, "id": delivery_id,
+             "claim": claim},
         )
         row = cur.fetchone()
     return row[0] if row else None
+
+
+class WebhookSender:
+    """One handed-out webhook call on the outbound skeleton. No lock: the claim it was handed out
+    under owns the row, and its app's slots (foundation.slots) bound the calls in flight."""
+
+    name = "webhook"
+    lock_key = None
+
+    def __init__(self, delivery_id: str, claim: int):
+        self.delivery_id = delivery_id
+        self.claim = claim
+        self.own_claim = claim_token()
+        self.outcome = "skipped"
+        self.claimed: _Claimed | None = None
+
+    def limits(self) -> Limits:
+        return Limits(rows=1, bytes=0)
+
+    def held_back(self) -> bool:
+        return False  # a row's own timer held it back until the sweep handed it out
+
+    def take(self, limits: Limits) -> Batch[_Claimed]:
+        self.claimed = _take_over(self.delivery_id, self.claim, self.own_claim)
+        return Batch(items=[self.claimed] if self.claimed else [])
+
+    def send(self, batch: Batch[_Claimed]) -> int:
+        claimed = batch.items[0]
+        slot_name = f"webhooks:app:{claimed.app_id}"
+        slot = slot_take(slot_name, cap=settings.WEBHOOK_APP_CONCURRENCY, ttl=webhook_slot_seconds())
+        if slot is None:
+            raise NotNow(f"app {claimed.app_id} has {settings.WEBHOOK_APP_CONCURRENCY} calls in flight")
+        try:
+            status, error = _call(claimed, self.delivery_id)
+        finally:
+            slot_release(slot_name, slot)
+        if error:
+            raise CallFailed(error, status)
+        return status
+
+    def settle(self, batch: Batch[_Claimed], status: int) -> Settled:
+        if _record_delivered(self.delivery_id, self.own_claim, status):
+            self.outcome = WebhookState.DELIVERED.value
+            return Settled(sent=1)
+        return Settled()
+
+    def fail(self, batch: Batch[_Claimed], error: CallFailed) -> Failed:
+        claimed = batch.items[0]
+        state = _record_failed(self.delivery_id, self.own_claim, error.status, error.reason)
+        self.outcome = state or "skipped"
+        if state == WebhookState.DEAD:
+            log.warning("webhook %s (%s) to %s is dead after %d attempts: %s", self.delivery_id, claimed.event,
+                        claimed.url, claimed.attempts + 1, error.reason)
+        return Failed(failed=1 if state else 0, dead=1 if state == WebhookState.DEAD else 0)
+
+    def give_up(self, refused: list) -> int:
+        return 0
+
+    def put_back(self, batch: Batch[_Claimed]) -> None:
+        self.outcome = "busy" if _put_back(self.delivery_id, self.own_claim) else "skipped"
 
 
 def webhook_attempt(*, delivery_id: str, claim: int) -> str:
     """Make one attempt of a handed-out delivery. Returns what became of it: "delivered",
     "retrying", "dead", or "skipped" (not pending or retrying under this claim any more: done,
     dead, or handed to someone else), or "busy" (put back: its app's calls in flight are at the cap)."""
-    own_claim = webhook_claim_token()
-    claimed = _take_over(delivery_id, claim, own_claim)
-    if claimed is None:
-        return "skipped"
-    slot_name = f"webhooks:app:{claimed.app_id}"
-    slot = slot_take(slot_name, cap=settings.WEBHOOK_APP_CONCURRENCY, ttl=webhook_slot_seconds())
-    if slot is None:
-        return "busy" if _put_back(delivery_id, own_claim) else "skipped"
-    try:
-        status, error = _call(claimed, delivery_id)
-    finally:
-        slot_release(slot_name, slot)
-    if not error:
-        outcome = "delivered" if _record_delivered(delivery_id, own_claim, status) else "skipped"
-    else:
-        outcome = _record_failed(delivery_id, own_claim, status, error, webhook_backoff(claimed.attempts + 1)) \
-            or "skipped"
-        if outcome == WebhookState.DEAD:
-            log.warning("webhook %s (%s) to %s is dead after %d attempts: %s", delivery_id, claimed.event,
-                        claimed.url, claimed.attempts + 1, error)
-    if outcome != "skipped":
-        metrics.WEBHOOKS.labels(claimed.event, "failed" if outcome == WebhookState.RETRYING else outcome).inc()
-    return outcome
+    sender = WebhookSender(delivery_id, claim)
+    send_batches(sender, max_batches=1)
+    if sender.outcome not in ("skipped", "busy"):
+        outcome = "failed" if sender.outcome == WebhookState.RETRYING else sender.outcome
+        metrics.WEBHOOKS.labels(sender.claimed.event, outcome).inc()
+    return sender.outcome
 
 
 # --- the sweep and retention ---------------------------------------------------------------------
@@ -223,7 +273,7 @@ def webhooks_sweep(*, limit: int = 1000) -> tuple[list[str], int]:
     """Hand out again every open delivery whose timer ran out (due retries, lost tasks), under one
     new claim; returns (ids, claim) for the caller to send. Served by the partial index
     webhook_delivery_due."""
-    claim = webhook_claim_token()
+    claim = claim_token()
     with connection.cursor() as cur:
         cur.execute(
             f"""

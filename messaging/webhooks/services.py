@@ -32,11 +32,12 @@ from django.core.validators import URLValidator
 from django.db import connection, transaction
 from django.utils import timezone
 
+from foundation.outbound import claim_token
 from foundation.outgoing import address_refusal, allowed_networks
 from messaging import metrics
 from messaging.asyncdb import run_db
 from messaging.handoff import webhook_calls_enqueue
-from messaging.webhooks.delivery import webhook_claim_token, webhook_lease_seconds
+from messaging.webhooks.delivery import webhook_lease_seconds
 from messaging.webhooks.models import (
     WEBHOOK_ALL_EVENTS,
     WEBHOOK_SUBSCRIBABLE_EVENTS,
@@ -157,7 +158,7 @@ def webhooks_record(*, notices: Sequence[WebhookNotice]) -> int:
     wanted = [n for n in notices if n.event in webhook_events_wanted(n.app_id)]
     if not wanted:
         return 0
-    claim = webhook_claim_token()
+    claim = claim_token()
     with connection.cursor() as cur:
         cur.execute(_RECORD_SQL, {
             "apps": [n.app_id for n in wanted], "events": [n.event for n in wanted],
@@ -191,7 +192,7 @@ def webhook_test_send(*, endpoint: WebhookEndpoint) -> WebhookDelivery:
     console's "send a test event"."""
     now = timezone.now()
     delivery_id = uuid.uuid4()
-    claim = webhook_claim_token()
+    claim = claim_token()
     payload = {"id": str(delivery_id), "event": WebhookEvent.TEST.value, "app": endpoint.app.app_id,
                "created": int(now.timestamp()),
                "data": {"endpoint": endpoint.pk, "detail": "a test event sent from the Switchboard console"}}
@@ -206,7 +207,7 @@ def webhook_test_send(*, endpoint: WebhookEndpoint) -> WebhookDelivery:
 def webhook_deliveries_requeue(*, delivery_ids: Sequence[uuid.UUID | str], app_id: int | None = None) -> int:
     """Dead webhook deliveries get a fresh set of attempts and are sent again (`app_id` confines
     the action to one app's rows, for an API caller)."""
-    claim = webhook_claim_token()
+    claim = claim_token()
     with connection.cursor() as cur:
         cur.execute(
             f"""

@@ -25,6 +25,8 @@ from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
+from foundation.outbound import Backoff
+
 
 def _now() -> float:
     return time.time()
@@ -52,11 +54,12 @@ def _counters(request: HttpRequest) -> tuple[Counter, Counter]:
 
 
 def login_backoff_seconds(failures: int, free_failures: int) -> float:
-    """How long to wait after the `failures`-th failure: nothing for the free ones, then doubling."""
+    """How long to wait after the `failures`-th failure: nothing for the free ones, then doubling
+    (foundation.outbound's Backoff, without jitter: Retry-After says exactly when)."""
     over = failures - free_failures
     if over <= 0:
         return 0.0
-    return min(settings.ADMIN_LOGIN_BACKOFF_SECONDS * 2 ** min(over - 1, 62), settings.ADMIN_LOGIN_BACKOFF_MAX_SECONDS)
+    return Backoff(settings.ADMIN_LOGIN_BACKOFF_SECONDS, settings.ADMIN_LOGIN_BACKOFF_MAX_SECONDS, jitter=0).seconds(over)
 
 
 def _seconds_to_wait(counters: tuple[Counter, ...]) -> float:

@@ -152,15 +152,21 @@ class _CheckedTransport(httpx.AsyncHTTPTransport):
 _clients: dict[tuple[int, str], httpx.AsyncClient] = {}
 
 
-def outgoing_client(name: str, *, max_connections: int, max_keepalive: int) -> httpx.AsyncClient:
+def outgoing_client(name: str, *, max_connections: int, max_keepalive: int, checked: bool = True) -> httpx.AsyncClient:
     """One client (and connection pool) per event loop and purpose: building one loads the CA
     bundle, far too slow to do per call. Never follows redirects, ignores proxy variables (a proxy
-    would connect to addresses nobody checked)."""
+    would connect to addresses nobody checked).
+
+    `checked=False` skips the address filter, for addresses the operator configured (the
+    neighbouring domains of the network, which are usually on private networks); the deadline and
+    the answer cap hold all the same."""
     key = (id(asyncio.get_running_loop()), name)
     client = _clients.get(key)
     if client is None:
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_keepalive)
-        client = httpx.AsyncClient(transport=_CheckedTransport(limits), follow_redirects=False, trust_env=False)
+        transport = (_CheckedTransport(limits) if checked else
+                     httpx.AsyncHTTPTransport(verify=httpx.create_ssl_context(), limits=limits, trust_env=False))
+        client = httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False)
         _clients[key] = client
     return client
 

@@ -10,12 +10,13 @@ import pytest
 
 from apps_registry.models import ClientApp
 from apps_registry.selectors import app_snapshot
+from foundation.outbound import claim_token
 from foundation.transport.frames import CLOSE_TRY_AGAIN
 from messaging.batching import LoopBatcher
 from messaging.channels.services import subscription_add
 from messaging.connection.admission import FirstReadsFor, first_reads
 from messaging.connection.life import ConnectionLife, Refusal
-from messaging.delivery.claims import claim_token, deliveries_claim
+from messaging.delivery.claims import deliveries_claim
 from messaging.runtime import NodeRuntime
 from messaging.store import OutgoingMessage, messages_store
 from presence import cache

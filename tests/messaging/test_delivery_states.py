@@ -12,8 +12,8 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from foundation.outbound import claim_token
 from messaging.delivery.claims import (
-    claim_token,
     deliveries_claim,
     deliveries_park,
     deliveries_release,

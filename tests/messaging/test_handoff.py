@@ -1,6 +1,7 @@
 """The one door from stored to routed (messaging.handoff): committed deliveries reach the workers'
 routing queue by task name, in tasks of a bounded size; webhook calls leave the same way, on a queue
-of their own that only the webhook worker serves."""
+of their own that only the webhook worker serves. One dispatcher decides where named work goes: the
+broker in production, the test process's inline pump in tests."""
 
 from __future__ import annotations
 
@@ -9,20 +10,35 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from django.conf import settings
 
 from config.celery import app
 from messaging import tasks
 from messaging.handoff import (
+    FORWARD_RECEIPTS_TASK,
+    FORWARDING_QUEUE,
     ROUTE_TASK,
     ROUTING_QUEUE,
     ROUTING_TASK_MAX_IDS,
     WEBHOOK_QUEUE,
     WEBHOOK_TASK,
+    CeleryDispatcher,
+    InlineDispatcher,
+    dispatcher,
+    dispatcher_use,
     routing_enqueue,
     webhook_calls_enqueue,
 )
+
+
+@pytest.fixture
+def broker():
+    """Hand-offs go to the broker, as in production."""
+    previous = dispatcher_use(CeleryDispatcher())
+    yield
+    dispatcher_use(previous)
 
 
 def _queued(redis_client, queue: str) -> list[tuple[str, list]]:
@@ -31,7 +47,7 @@ def _queued(redis_client, queue: str) -> list[tuple[str, list]]:
     return [(m["headers"]["task"], json.loads(base64.b64decode(m["body"]))[0]) for m in messages]
 
 
-def test_committed_deliveries_reach_the_routing_queue_in_tasks_of_at_most_500(redis_client):
+def test_committed_deliveries_reach_the_routing_queue_in_tasks_of_at_most_500(redis_client, broker):
     redis_client.delete(ROUTING_QUEUE)
     routing_enqueue(list(range(1, 1201)))
     queued = _queued(redis_client, ROUTING_QUEUE)
@@ -40,7 +56,7 @@ def test_committed_deliveries_reach_the_routing_queue_in_tasks_of_at_most_500(re
     assert ROUTING_TASK_MAX_IDS == 500
 
 
-def test_nothing_is_queued_for_no_deliveries(redis_client):
+def test_nothing_is_queued_for_no_deliveries(redis_client, broker):
     redis_client.delete(ROUTING_QUEUE)
     routing_enqueue([])
     assert _queued(redis_client, ROUTING_QUEUE) == []
@@ -49,7 +65,7 @@ def test_nothing_is_queued_for_no_deliveries(redis_client):
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_each_webhook_call_is_a_task_of_its_own_under_its_claim_on_the_webhooks_queue(redis_client):
+def test_each_webhook_call_is_a_task_of_its_own_under_its_claim_on_the_webhooks_queue(redis_client, broker):
     redis_client.delete("celery", WEBHOOK_QUEUE)
     webhook_calls_enqueue(["a1", "b2"], 77)
     assert _queued(redis_client, WEBHOOK_QUEUE) == [(WEBHOOK_TASK, ["a1", 77]), (WEBHOOK_TASK, ["b2", 77])]
@@ -75,18 +91,46 @@ def test_webhook_calls_have_a_worker_of_their_own_in_make_run_compose_and_the_pr
 
 
 def test_every_task_the_door_names_is_one_the_workers_run():
+    from messaging import handoff
+
+    named = {value for name, value in vars(handoff).items() if name.endswith("_TASK")}
     assert (tasks.route_deliveries.name, tasks.webhook_deliver.name) == (ROUTE_TASK, WEBHOOK_TASK)
-    assert {ROUTE_TASK, WEBHOOK_TASK} <= set(app.tasks)
+    assert named <= set(app.tasks)
+    for task in named:  # and each is routed to the queue the door names for it
+        assert task in settings.CELERY_TASK_ROUTES
 
 
-def test_a_links_flood_sender_is_woken_once_however_many_publishes_wait_for_it(redis_client):
-    from messaging.handoff import FLOOD_TASK, FORWARDING_QUEUE, flood_link_woken, flood_links_enqueue
+def test_the_composition_root_chose_the_broker_for_production_and_the_inline_pump_for_tests():
+    from config.settings import base
 
-    redis_client.delete(FORWARDING_QUEUE, "sb:flood:wake:domain-02", "sb:flood:wake:domain-04")
+    assert base.HANDOFF_DISPATCHER == "messaging.handoff.CeleryDispatcher"
+    assert settings.HANDOFF_DISPATCHER == "messaging.handoff.InlineDispatcher"
+    assert isinstance(dispatcher(), InlineDispatcher)
+
+
+@pytest.mark.django_db
+def test_the_inline_pump_runs_handed_work_through_the_workers_task_functions_in_order(handoff, redis_client):
+    redis_client.delete(ROUTING_QUEUE, FORWARDING_QUEUE)
+    routing_enqueue([101, 102])
+    from messaging.handoff import receipt_links_kick
+
+    receipt_links_kick(["domain-02"])
+    assert [(h.task, h.args, h.queue) for h in handoff.tasks()] == [
+        (ROUTE_TASK, [[101, 102]], ROUTING_QUEUE), (FORWARD_RECEIPTS_TASK, ["domain-02"], FORWARDING_QUEUE)]
+    assert redis_client.llen(ROUTING_QUEUE) == 0  # nothing went to the broker
+    ran = handoff.pump()
+    assert [h.task for h in ran] == [ROUTE_TASK, FORWARD_RECEIPTS_TASK] and handoff.tasks() == []
+
+
+def test_a_links_flood_sender_is_woken_once_however_many_publishes_wait_for_it(redis_client, broker):
+    from messaging.handoff import FLOOD_TASK, flood_link_woken, flood_links_enqueue
+
+    wakes = ("sb:flood:wake:domain-01:domain-02", "sb:flood:wake:domain-01:domain-04")
+    redis_client.delete(FORWARDING_QUEUE, *wakes)
     for _ in range(3):
         flood_links_enqueue(["domain-02", "domain-04"])
     assert _queued(redis_client, FORWARDING_QUEUE) == [(FLOOD_TASK, ["domain-02"]), (FLOOD_TASK, ["domain-04"])]
     flood_link_woken("domain-02")  # the sender started: what is published from now on wakes it again
     flood_links_enqueue(["domain-02", "domain-04"])
     assert _queued(redis_client, FORWARDING_QUEUE)[2:] == [(FLOOD_TASK, ["domain-02"])]
-    redis_client.delete(FORWARDING_QUEUE, "sb:flood:wake:domain-02", "sb:flood:wake:domain-04")
+    redis_client.delete(FORWARDING_QUEUE, *wakes)

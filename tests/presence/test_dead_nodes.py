@@ -9,8 +9,9 @@ import pytest
 from channels.layers import get_channel_layer
 from django.utils import timezone
 
+from foundation.outbound import claim_token
 from foundation.transport.sockets import run_async
-from messaging.delivery.claims import claim_token, deliveries_claim
+from messaging.delivery.claims import deliveries_claim
 from messaging.delivery.dead_nodes import dead_nodes_settle
 from messaging.models import Delivery
 from messaging.store import message_send

@@ -12,7 +12,7 @@ import pytest
 from django.db import connection
 
 from apps_registry.models import Domain, UserDistribution
-from tests.processes import ROOT, ProcessFactory, _ModuleRequest, database_url_for_tests
+from tests.processes import ROOT, ModuleRequest, ProcessFactory, database_url_for_tests
 from tests.wsclient import WsClient, wait_for
 
 pytestmark = pytest.mark.system
@@ -41,7 +41,7 @@ def mirror_db(demo_network):
 
 def _manage(database_url: str, *argv: str, **env: str) -> subprocess.CompletedProcess:
     """A management command of the mirror domain, with the environment its processes get."""
-    full_env = ProcessFactory(_ModuleRequest("test_meta_role")).env(DATABASE_URL=database_url, DOMAIN_NAME="domain-09",
+    full_env = ProcessFactory(ModuleRequest("test_meta_role")).env(DATABASE_URL=database_url, DOMAIN_NAME="domain-09",
                                                                     **env)
     return subprocess.run([sys.executable, "manage.py", *argv], cwd=ROOT, env=full_env, capture_output=True, text=True,
                           timeout=300)

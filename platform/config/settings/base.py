@@ -383,14 +383,14 @@ CELERY_BEAT_SCHEDULE = {
 # Celery's Django fix-up closes the DB connection after every task unless told otherwise: reuse it
 # (it is recycled every 2 x this many tasks).
 CELERY_DB_REUSE_MAX = env_int("CELERY_DB_REUSE_MAX", 1000)
-# Threads, not prefork: routing waits on Postgres and Redis, and threads spare every task the pickling
-# and pipes to a pool process (a fifth of the worker's CPU per message). `WORKER_POOL=prefork` for CPU-bound work.
+# Threads, not prefork: routing waits on Postgres and Redis, and threads spare every task the pickling and pipes
+# to a pool process (a fifth of the worker's CPU per message). `WORKER_POOL=prefork` for CPU-bound work.
 CELERY_WORKER_POOL = env_str("WORKER_POOL", "threads")
 CELERY_WORKER_CONCURRENCY = env_int("WORKER_CONCURRENCY", 4)
 # Webhook calls wait on tenants' receivers: their own queue, served by their own worker (`-Q webhooks`),
 # never by the routing worker (`-Q celery,routing,forwarding`). The names are messaging.handoff's.
-CELERY_TASK_ROUTES = {"messaging.tasks.route_deliveries": {"queue": "routing"},
-                      "messaging.tasks.webhook_deliver": {"queue": "webhooks"}, **NETWORK_TASK_ROUTES}  # noqa: F405
+CELERY_TASK_ROUTES = {"messaging.tasks.route_deliveries": {"queue": "routing"}, "messaging.tasks.webhook_deliver": {"queue": "webhooks"}, **NETWORK_TASK_ROUTES}  # noqa: F405,E501
+HANDOFF_DISPATCHER = "messaging.handoff.CeleryDispatcher"  # how named work reaches the workers: the broker
 # Every task's time limit (soft: SoftTimeLimitExceeded inside the task; hard: the pool kills it). Only
 # the prefork pool enforces them: the threads pool (the default) ignores both, so a webhook call is
 # bounded by its own deadline (WEBHOOK_TIMEOUT_SECONDS), not by these. analytics.tasks set longer ones.

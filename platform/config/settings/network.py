@@ -9,15 +9,18 @@ from __future__ import annotations
 from .env import env_float, env_int, env_str
 
 # --- forwarding between domains (messaging.network) ---------------------------------------------
-# A forwarding call (the next hop stores before it answers) must answer within this many seconds.
+# A forwarding call (the next hop stores before it answers) must answer within this many seconds,
+# for the whole exchange: a neighbour that answers one byte a second is cut off at this deadline.
 FORWARD_TIMEOUT_SECONDS = env_float("FORWARD_TIMEOUT_SECONDS", 5.0)
 # A signed internal call whose timestamp is further than this from the receiver's clock is refused;
 # its nonce is remembered (Redis) at least this long, so a replay inside the window is refused too.
 FORWARD_MAX_SKEW_SECONDS = env_int("FORWARD_MAX_SKEW_SECONDS", 300)
 # How many domains a message may pass through after its origin before it is refused (and dead-lettered).
 FORWARD_HOP_LIMIT = env_int("FORWARD_HOP_LIMIT", 10)
-# Deliveries (or channel publishes) per forwarding call.
+# Deliveries (or channel publishes, or receipts) per forwarding call, and the most payload one call
+# carries beyond its first item (a backlog of large messages goes in calls a neighbour accepts).
 FORWARD_BATCH_SIZE = env_int("FORWARD_BATCH_SIZE", 500)
+FORWARD_BATCH_BYTES = env_int("FORWARD_BATCH_BYTES", 1024 * 1024)
 # A link's failed call is retried after base x 2^(failures-1) s, capped, with jitter.
 FORWARD_RETRY_BASE_SECONDS = env_float("FORWARD_RETRY_BASE_SECONDS", 1.0)
 FORWARD_RETRY_MAX_SECONDS = env_float("FORWARD_RETRY_MAX_SECONDS", 60.0)

@@ -7,17 +7,14 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from apps_registry.models import DomainLink
-from messaging.network import probes
 from messaging.network.links import link_failed, link_received, link_succeeded
-from messaging.network.models import LinkHealth
-from tests.messaging.network.one_db_ring import as_domain, link
+from messaging.network.models import LinkHealth, ReceiptForward
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def links_seen(ring, settings):
+def links_seen(net_ring, settings):
     """domain-01's view: 02 up (forwarded 5 out, 2 in), 04 down for a minute; then 04's link disabled
     and a second ring link, 01-03, never called."""
     settings.LINK_DOWN_AFTER_SECONDS = 15
@@ -25,8 +22,8 @@ def links_seen(ring, settings):
     link_received(peer="domain-02", count=2)
     link_failed(peer="domain-04", error="domain-04: connection refused")
     LinkHealth.objects.filter(peer="domain-04").update(down_since=timezone.now() - timedelta(seconds=60))
-    DomainLink.objects.create(n1=link(ring, "domain-02", "domain-03").n2, n2=link(ring, "domain-01", "domain-02").n1)
-    return ring
+    net_ring.link("domain-01", "domain-03")
+    return net_ring
 
 
 def rows(page: str) -> dict[str, str]:
@@ -43,7 +40,7 @@ def rows(page: str) -> dict[str, str]:
 
 
 def test_the_link_page_lists_every_neighbour_with_its_live_state(operator, links_seen):
-    with as_domain("domain-01"):
+    with links_seen.at("domain-01"):
         page = operator.get("/admin/messaging/linkhealth/").content.decode()
     listed = rows(page)
     assert sorted(listed) == ["domain-02", "domain-03", "domain-04"]
@@ -51,27 +48,40 @@ def test_the_link_page_lists_every_neighbour_with_its_live_state(operator, links
     assert "down since" in listed["domain-04"] and "(for 60 s), routed around" in listed["domain-04"]
     assert "domain-04: connection refused" in listed["domain-04"]
     assert "not called yet" in listed["domain-03"]
-    DomainLink.objects.filter(pk=link(links_seen, "domain-01", "domain-04").pk).update(enabled=False)
-    with as_domain("domain-01"):
+    links_seen.disable("domain-01", "domain-04")
+    with links_seen.at("domain-01"):
         assert "| disabled |" in rows(operator.get("/admin/messaging/linkhealth/").content.decode())["domain-04"]
 
 
-def test_probe_now_pings_the_selected_links_and_says_how_each_answered(operator, links_seen, monkeypatch):
-    monkeypatch.setattr(probes, "peer_call_send", lambda call, timeout=None: {"domain": call.peer})
-    monkeypatch.setattr(probes.handoff, "link_recovered_enqueue", lambda peer: None)
-    with as_domain("domain-01"):
+def test_probe_now_pings_the_selected_links_and_says_how_each_answered(operator, links_seen):
+    with links_seen.at("domain-01"):
         ids = list(LinkHealth.objects.filter(peer="domain-04").values_list("pk", flat=True))
         answer = operator.post("/admin/messaging/linkhealth/", {"action": "probe_now", "_selected_action": ids},
                                follow=True)
     assert [str(m) for m in answer.context["messages"]] == ["domain-04: up"]
     assert LinkHealth.objects.get(peer="domain-04").up
+    assert [c.peer for c in links_seen.calls] == ["domain-04"]  # domain-04's own ping endpoint answered
 
 
 def test_metrics_show_each_link_up_or_down_and_what_went_each_way(client, links_seen):
-    with as_domain("domain-01"):
+    with links_seen.at("domain-01"):
         text = client.get("/metrics", REMOTE_ADDR="127.0.0.1").content.decode()
     assert 'switchboard_link_up{peer="domain-02"} 1.0' in text
     assert 'switchboard_link_up{peer="domain-04"} 0.0' in text
     assert 'switchboard_link_up{peer="domain-03"} 0.0' in text  # not called yet: not known to be up
     assert 'switchboard_link_forwarded_total{direction="out",peer="domain-02"} 5.0' in text
     assert 'switchboard_link_forwarded_total{direction="in",peer="domain-02"} 2.0' in text
+
+
+def test_receipts_waiting_on_a_link_are_counted_on_its_row_and_listed_with_their_last_error(operator, links_seen):
+    from django.utils import timezone as tz
+
+    for n in range(2):
+        ReceiptForward.objects.create(peer="domain-04", origin_domain="domain-03", origin_message_id=40 + n,
+                                      recipient="ANZ-3", state="delivered", at=tz.now(), domain="domain-01",
+                                      attempts=4, last_error="domain-04: connection refused")
+    with links_seen.at("domain-01"):
+        listed = rows(operator.get("/admin/messaging/linkhealth/").content.decode())
+        assert listed["domain-04"].endswith("| 0 | 0 | 2") and listed["domain-02"].endswith("| 0 | 0 | 0")
+        page = operator.get("/admin/messaging/receiptforward/").content.decode()
+    assert page.count("domain-04: connection refused") == 2 and "domain-03" in page

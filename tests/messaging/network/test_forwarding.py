@@ -9,7 +9,7 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from apps_registry.models import DomainLink
+from foundation.outbound import Limits
 from messaging.api.serializers import DeliverySerializer
 from messaging.delivery.retry import deliveries_fail
 from messaging.models import Delivery, Message
@@ -19,9 +19,8 @@ from messaging.network.outbox import link_forward, payload_build, queue_peek
 from messaging.network.queue import forward_sweep
 from messaging.network.transport import PeerRefused
 from messaging.protocol import delivery_frame
-from tests.messaging.network.conftest import link
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db
 
 NEAR, FAR = "ANZ-1000005", "ANZ-3000007"  # homed in domain-02 and domain-03
 ALICE = "ANZ-17"  # homed in domain-01
@@ -72,9 +71,8 @@ def test_the_sender_gets_the_same_confirmation_frame_as_from_a_user_of_its_own_d
 
 def test_a_repeated_call_stores_nothing_new_and_a_later_call_adds_only_the_missing_recipients(net):
     net.send(ALICE, [NEAR], "group")
-    with net.at("domain-01"):
-        net.pump()  # sends it over; then replay the very same payload
-    origin, to_02, payload = net.calls[0]
+    net.pump()  # sends it over; then replay the very same payload
+    origin, payload = net.calls[0].sender, net.calls[0].payload
     with net.at("domain-02"):
         again = forward_accept(sender=origin, payload=payload)
         payload["messages"][0]["recipients"] = [NEAR, "ANZ-1000006"]
@@ -89,8 +87,8 @@ def test_a_group_message_goes_once_over_a_link_with_all_its_recipients_there(net
     sent = net.send(ALICE, [NEAR, FAR, "ANZ-18"], "to all", kind="group")
     net.pump()
     first = net.calls[0]
-    assert (first[0], first[1]) == ("domain-01", "domain-02")
-    assert [m["recipients"] for m in first[2]["messages"]] == [[NEAR, FAR]]
+    assert (first.sender, first.peer) == ("domain-01", "domain-02")
+    assert [m["recipients"] for m in first.payload["messages"]] == [[NEAR, FAR]]
     assert row(sent, "ANZ-18").state == "pending" and row(sent, NEAR).state == "forwarded"
 
 
@@ -122,7 +120,7 @@ def test_a_link_that_refuses_keeps_its_queue_in_order_counting_attempts_then_dea
         "forwarding", 1, "forwarding to domain-02 failed: connection refused")
     health = LinkHealth.objects.get(peer="domain-02")
     assert (health.up, health.last_error, health.retry_at is not None) == (False, "domain-02: connection refused", True)
-    assert link_forward(peer="domain-02")["held"] == 1  # the backoff holds the queue until retry_at
+    assert link_forward(peer="domain-02")["skipped"] == "held back"  # the backoff holds the queue until retry_at
     for _ in range(2):
         LinkHealth.objects.update(retry_at=None)
         link_forward(peer="domain-02")
@@ -194,8 +192,8 @@ def test_a_message_dead_at_its_home_is_reported_dead_at_the_origin_with_where_an
 
 
 def test_the_queue_of_a_link_down_too_long_moves_to_another_path_recipient_by_recipient(net):
-    link("domain-01", "domain-04")
-    link("domain-04", "domain-03")
+    net.link("domain-01", "domain-04")
+    net.link("domain-04", "domain-03")
     net.down.add("domain-02")
     sent = [net.send(ALICE, FAR, f"m{i}") for i in range(3)]
     net.pump()
@@ -204,31 +202,29 @@ def test_the_queue_of_a_link_down_too_long_moves_to_another_path_recipient_by_re
     result = forward_sweep()
     assert result["rerouted"] == {"domain-04": 3}
     assert [(row(s, FAR).state, row(s, FAR).forward_to) for s in sent] == [("forwarding", "domain-04")] * 3
-    net.kicks.clear()
-    with net.at("domain-01"):
-        link_forward(peer="domain-04")
+    net.dispatcher.clear()
+    link_forward(peer="domain-04")
     net.pump()
     assert net.mailbox("domain-03", FAR) == sent
 
 
 def test_the_queue_peek_names_the_origin_and_path_of_a_message_stored_here_first(net):
     sent = net.send(ALICE, NEAR, "x", confirmation_requested=True, reference="r")
-    with net.at("domain-01"):
-        net.pump()
-    sent_payload = net.calls[0][2]["messages"][0]
+    net.pump()
+    sent_payload = net.calls[0].payload["messages"][0]
     assert {k: sent_payload[k] for k in ("origin_domain", "origin_message_id", "path", "confirmation_requested")} == {
         "origin_domain": "domain-01", "origin_message_id": sent, "path": ["domain-01"], "confirmation_requested": True}
-    assert queue_peek(peer="domain-02", limit=10) == []
+    assert queue_peek(peer="domain-02", limits=Limits(rows=10, bytes=1 << 20)) == []
 
 
 def test_the_queue_of_a_disabled_link_moves_to_another_path_at_the_next_sweep(net):
-    link("domain-01", "domain-04")
-    link("domain-04", "domain-03")
+    net.link("domain-01", "domain-04")
+    net.link("domain-04", "domain-03")
     net.down.add("domain-02")
     sent = net.send(ALICE, NEAR)
     net.pump()
     net.down.clear()
-    DomainLink.objects.filter(n1__name="domain-01", n2__name="domain-02").update(enabled=False)
+    net.disable("domain-01", "domain-02")
     assert forward_sweep()["rerouted"] == {"domain-04": 1}
     LinkHealth.objects.update(retry_at=None)
     net.pump()

@@ -22,19 +22,26 @@ from messaging.network.outbox import link_forward
 from messaging.network.transport import FORWARD_PATH
 from messaging.store import message_send
 from tests.factories import make_app, make_domain
-from tests.processes import ProcessFactory
+from tests.processes import ModuleRequest, ProcessFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 NEAR = "ANZ-1000005"  # homed in domain-02
 
 
+@pytest.fixture(scope="module")
+def domain_02_node(django_db_setup):
+    """domain-02's web node, for the module (each test commits its own configuration; the node reads
+    it afresh on every call)."""
+    factory = ProcessFactory(ModuleRequest("network_http"))
+    yield factory.web("domain-02", DOMAIN_NAME="domain-02")
+    factory.stop_all()
+
+
 @pytest.fixture
-def domain_02(request, monkeypatch):
-    links._graph_cache = None
-    monkeypatch.setattr(links, "GRAPH_CACHE_SECONDS", -1.0)
-    factory = ProcessFactory(request)
-    node = factory.web("domain-02", DOMAIN_NAME="domain-02")
+def domain_02(domain_02_node):
+    node = domain_02_node
+    links.graph_cache_clear()
     here = make_domain("domain-01")
     there = make_domain("domain-02", urls=[node.url])
     app = make_app(domain=here, range_to=999_999)
@@ -42,8 +49,8 @@ def domain_02(request, monkeypatch):
     app_snapshots_clear()
     link = DomainLink.objects.create(n1=here, n2=there)
     yield {"node": node, "link": link, "app": app}
-    factory.stop_all()
     app_snapshots_clear()
+    links.graph_cache_clear()
 
 
 def _post(node, payload: dict, *, secret: str, sender: str = "domain-01", timestamp: int | None = None,
@@ -66,7 +73,7 @@ def test_a_genuine_forwarding_call_is_stored_by_the_next_domain_before_it_answer
     sent = message_send(app_id=domain_02["app"].pk, sender="ANZ-17", recipients=[NEAR], content="hop")
     router.deliveries_route(list(sent.delivery_ids))
     assert Delivery.objects.get(pk=sent.delivery_ids[0]).state == "forwarding"
-    assert link_forward(peer="domain-02")["forwarded"] == 1
+    assert link_forward(peer="domain-02")["sent"] == 1
     row = Delivery.objects.get(pk=sent.delivery_ids[0])
     copy = Message.objects.get(origin_domain="domain-01", origin_message_id=sent.message_id)
     assert (row.state, row.forward_to, copy.forward_path, copy.content) == ("forwarded", "domain-02", "domain-01", "hop")
@@ -98,6 +105,7 @@ def test_a_call_from_an_unlinked_domain_or_over_a_disabled_link_is_refused(domai
     unknown = _post(domain_02["node"], _message(), secret=secret, sender="domain-07")
     assert (unknown.status_code, unknown.json()) == (403, {"error": "domain-07 is not linked to domain-02"})
     DomainLink.objects.update(enabled=False)
+    links.graph_cache_clear()
     disabled = _post(domain_02["node"], _message(), secret=secret)
     assert (disabled.status_code, disabled.json()) == (403, {"error": "the link domain-02 - domain-01 is disabled"})
 

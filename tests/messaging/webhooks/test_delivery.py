@@ -168,7 +168,7 @@ def test_backoff_doubles_from_the_base_up_to_the_cap_with_jitter(settings):
     settings.WEBHOOK_RETRY_BASE_SECONDS = 10.0
     settings.WEBHOOK_RETRY_MAX_SECONDS = 60.0
     for attempts, full in [(1, 10), (2, 20), (3, 40), (4, 60), (9, 60)]:
-        samples = [webhook_backoff(attempts) for _ in range(200)]
+        samples = [webhook_backoff().seconds(attempts) for _ in range(200)]
         assert full * 0.5 <= min(samples) and max(samples) <= full
         assert max(samples) - min(samples) > full * 0.2  # spread out, not all at once
 

@@ -7,8 +7,9 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from foundation.outbound import claim_token
 from messaging.channels.services import channel_occupancy_record
-from messaging.delivery.claims import claim_token, deliveries_claim
+from messaging.delivery.claims import deliveries_claim
 from messaging.delivery.dead_nodes import dead_nodes_settle
 from messaging.delivery.retry import deliveries_fail, deliveries_sweep
 from messaging.models import WebhookDelivery, WebhookEndpoint

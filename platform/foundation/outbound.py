@@ -1,0 +1,333 @@
+"""Sending work out: the one skeleton every sender of the platform runs on, its lock, its backoff
+and its claim tokens.
+
+A sender takes rows it owns from a table and hands them to something outside this process that may
+be slow, down or refusing: a neighbouring domain (the link, flood and receipt senders of
+messaging.network) or a tenant's receiver (messaging.webhooks). Each is a `Sender`, which brings
+only its SQL and its payload; `send_batches` runs the steps, the same for all of them:
+
+1. **one at a time** (`one_at_a_time`, where the sender names a key): a second sender of the same key
+   returns at once (`busy`). A link's queue must leave in order: two senders posting overlapping
+   batches could let the neighbour store a recipient's later messages before its earlier ones;
+2. **held back?** the sender's own backoff says "not yet" (a link that failed is retried at its
+   `retry_at`): nothing is taken (`held back`);
+3. **take a batch**, bounded by rows and by bytes (`Limits`): a backlog of large messages never
+   becomes one call the other side refuses for its size;
+4. **send**: one call, which must answer within its deadline (foundation.outgoing: a deadline for
+   the whole exchange, an answer read up to a cap);
+5. **settle** what was answered, or **fail** the batch: a failure counts an attempt on every item,
+   and those out of attempts (`out_of_attempts`) are dead-lettered with the reason the call gave.
+   Items refused before any call (the sender's own rules, such as a hop limit) die with their reason.
+
+Then the next batch, until the queue is empty or a call fails. The sender decides where a retry is
+scheduled (its `Backoff`: the link's retry time, or the row's next attempt) and what "dead" means
+for its rows; the skeleton decides when each step happens, so a retry and a give-up are recorded
+the same way everywhere.
+
+**The lock** is a transaction-level advisory lock (`pg_try_advisory_xact_lock`) taken in a
+transaction of a connection kept for locks (one per thread), and ended (rolled back) when the work
+it guards ends. A transaction is one server session also behind a pooler in transaction mode, so
+lock and unlock can never land on different sessions; and it can never outlive its work: the block
+ends it, and a dead worker's connection ends it. The work itself runs on the thread's ordinary
+(Django) connection, committing as it goes. The transaction reads nothing and writes nothing: it
+holds no snapshot (READ COMMITTED), so it never holds back vacuum.
+
+This module imports no app: foundation is below every layer.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import secrets
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from django.db import connection
+from prometheus_client import Counter
+
+from foundation.metrics import REGISTRY
+
+log = logging.getLogger(__name__)
+
+SENT = Counter(
+    "switchboard_outbound_items_total",
+    "Items senders handed out, by sender and outcome (sent, refused, failed, dead)",
+    ["sender", "outcome"], registry=REGISTRY,
+)
+
+
+# --- claim tokens ---------------------------------------------------------------------------------
+
+
+def claim_token() -> int:
+    """A fresh claim token: 63 random bits (fits a bigint, never collides in practice). A row handed
+    out under a token is acted on only by statements that name it, so a late or duplicate worker
+    finds nothing to do."""
+    return secrets.randbits(63)
+
+
+# --- backoff --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """The wait before the next try after `failures` failures in a row: base x 2^(failures-1),
+    at most `cap`, times a random factor in [1 - jitter, 1] so that what failed together (a
+    recipient's backlog, a neighbour's queue) does not come back all at once. jitter 0: exact."""
+
+    base: float
+    cap: float
+    jitter: float = 0.5
+
+    def seconds(self, failures: int) -> float:
+        wait = min(self.cap, self.base * 2 ** min(max(failures - 1, 0), 62))
+        return wait * (1 - self.jitter * random.random())
+
+    def sql(self, failures: str) -> str:
+        """The same wait as an SQL interval, for statements that schedule the retry themselves;
+        `failures` is an SQL expression (`d.attempts + 1`)."""
+        base, cap, jitter = float(self.base), float(self.cap), float(self.jitter)
+        return (f"make_interval(secs => least({cap!r}::float8, {base!r}::float8"
+                f" * power(2::float8, least(greatest(({failures}) - 1, 0), 62)))"
+                f" * (1 - {jitter!r}::float8 * random()))")
+
+
+def out_of_attempts(attempts: str, max_attempts: str) -> str:
+    """SQL: true when an item whose failed attempts now number `attempts` is to be dead-lettered
+    (the one give-up rule: every sender's failure statement uses it)."""
+    return f"(({attempts}) >= ({max_attempts}))"
+
+
+# --- one sender per key ---------------------------------------------------------------------------
+
+_locks = threading.local()
+_lock_connections: weakref.WeakSet = weakref.WeakSet()
+_lock_connections_guard = threading.Lock()
+
+
+def _lock_connection():
+    conn = getattr(_locks, "conn", None)
+    if conn is None or conn.closed or getattr(_locks, "dsn_name", None) != connection.settings_dict.get("NAME"):
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("prepare_threshold", None)
+        conn = connection.get_new_connection(params)
+        conn.autocommit = False
+        _locks.conn = conn
+        _locks.dsn_name = connection.settings_dict.get("NAME")
+        with _lock_connections_guard:
+            _lock_connections.add(conn)
+    return conn
+
+
+def lock_connections_close() -> None:
+    """Close every lock connection of this process (a test session, before its database is dropped)."""
+    with _lock_connections_guard:
+        conns = list(_lock_connections)
+        _lock_connections.clear()
+    for conn in conns:
+        try:
+            conn.close()
+        except Exception:  # noqa: BLE001  (closing what may already be broken)
+            pass
+    _locks.conn = None
+
+
+@contextmanager
+def one_at_a_time(key: str) -> Iterator[bool]:
+    """Yields whether this thread holds `key` now (never waits): one holder per key across every
+    process on the database, until the block ends (see the module docstring). Not re-entrant
+    within a thread: nest only different keys."""
+    depth = getattr(_locks, "depth", 0)
+    if depth:
+        raise RuntimeError(f"one_at_a_time({key!r}) inside another one_at_a_time of this thread")
+    conn = _lock_connection()
+    try:
+        row = conn.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", [key]).fetchone()
+    except Exception:
+        _lock_connection_drop(conn)
+        raise
+    held = bool(row[0])
+    _locks.depth = 1
+    try:
+        yield held
+    finally:
+        _locks.depth = 0
+        try:
+            conn.rollback()  # ends the transaction: the lock goes with it
+        except Exception:  # noqa: BLE001  (a broken connection released the lock already)
+            _lock_connection_drop(conn)
+
+
+def _lock_connection_drop(conn) -> None:
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001
+        pass
+    _locks.conn = None
+
+
+def lock_held_elsewhere(key: str) -> bool:
+    """Whether some session holds `key` now (the console; tests). A bigint advisory key shows in
+    pg_locks as its high and low 32 bits (classid, objid), with objsubid 1."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "WITH k AS (SELECT hashtextextended(%s, 0) AS h)"
+            " SELECT EXISTS (SELECT 1 FROM pg_locks, k WHERE locktype = 'advisory' AND granted AND objsubid = 1"
+            " AND classid = ((h >> 32) & 4294967295)::oid AND objid = (h & 4294967295)::oid)", [key])
+        return bool(cur.fetchone()[0])
+
+
+# --- the skeleton ---------------------------------------------------------------------------------
+
+Item = TypeVar("Item")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much one call may carry: at most `rows` items and, past the first item, at most `bytes`
+    of payload (an item larger than `bytes` still goes, alone)."""
+
+    rows: int
+    bytes: int
+
+    def cut(self, sizes: Sequence[int]) -> int:
+        """How many of the items, of these sizes, in order, one call takes."""
+        total = 0
+        for n, size in enumerate(sizes[:max(1, self.rows)]):
+            if n and total + size > self.bytes:
+                return n
+            total += size
+        return min(len(sizes), max(1, self.rows))
+
+
+@dataclass
+class Batch(Generic[Item]):
+    items: list[Item]
+    # Given up on before any call, with the reason (the sender's own rules: a hop limit).
+    refused: list[tuple[Item, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Settled:
+    sent: int = 0  # taken by the other side (stored, or already had)
+    refused: int = 0  # refused by the other side item by item: dead with its reason
+
+
+@dataclass(frozen=True)
+class Failed:
+    failed: int  # an attempt counted
+    dead: int = 0  # ... of which out of attempts, dead-lettered
+    retry_at: Any = None  # when the sender tries again (for the log)
+
+
+class CallFailed(Exception):
+    """The call produced no answer the items can be settled by; `reason` says why, fit for an
+    operator (it is kept on every item as its last error)."""
+
+    def __init__(self, reason: str, status: int | None = None):
+        super().__init__(reason)
+        self.reason = reason[:500]
+        self.status = status
+
+
+class NotNow(Exception):
+    """The sender cannot send this batch now and has not tried (its tenant's calls are at their
+    cap): the items go back, no attempt counted."""
+
+
+class Sender(Protocol[Item]):
+    name: str  # for logs and metrics: "link", "flood", "receipts", "webhook"
+    lock_key: str | None  # None: the batch is owned by a claim instead
+
+    def limits(self) -> Limits: ...
+
+    def held_back(self) -> bool: ...
+
+    def take(self, limits: Limits) -> Batch[Item]: ...
+
+    def send(self, batch: Batch[Item]) -> Any: ...
+
+    def settle(self, batch: Batch[Item], answer: Any) -> Settled: ...
+
+    def fail(self, batch: Batch[Item], error: CallFailed) -> Failed: ...
+
+    def give_up(self, refused: list[tuple[Item, str]]) -> int: ...
+
+    def put_back(self, batch: Batch[Item]) -> None: ...
+
+
+@dataclass
+class Outcome:
+    sender: str
+    key: str | None
+    sent: int = 0
+    refused: int = 0  # by the other side, or by the sender's rules before a call: dead
+    failed: int = 0  # in a call that failed: an attempt counted
+    dead: int = 0  # of those, out of attempts
+    calls: int = 0
+    skipped: str = ""  # why nothing (more) was tried: "busy", "held back", "not now"
+    error: str = ""
+
+    def as_dict(self) -> dict:
+        return {"sent": self.sent, "refused": self.refused, "failed": self.failed, "dead": self.dead,
+                "calls": self.calls, "skipped": self.skipped, "error": self.error}
+
+
+@contextmanager
+def _no_lock() -> Iterator[bool]:
+    yield True
+
+
+def send_batches(sender: Sender, *, max_batches: int | None = None) -> Outcome:
+    """Run `sender` through the skeleton's steps (the module docstring) until its queue is empty,
+    a call fails, it is held back, or `max_batches` calls were made."""
+    outcome = Outcome(sender.name, sender.lock_key)
+    limits = sender.limits()
+    while max_batches is None or outcome.calls < max_batches:
+        with (one_at_a_time(sender.lock_key) if sender.lock_key else _no_lock()) as held:
+            if not held:
+                outcome.skipped = "busy"
+                return outcome
+            if sender.held_back():
+                outcome.skipped = "held back"
+                return outcome
+            batch = sender.take(limits)
+            if batch.refused:
+                given_up = sender.give_up(batch.refused)
+                outcome.refused += given_up
+                SENT.labels(sender.name, "refused").inc(given_up)
+            if not batch.items:
+                if batch.refused:
+                    continue
+                return outcome
+            outcome.calls += 1
+            try:
+                answer = sender.send(batch)
+            except NotNow as exc:
+                sender.put_back(batch)
+                outcome.skipped, outcome.error = "not now", str(exc)
+                return outcome
+            except CallFailed as exc:
+                failed = sender.fail(batch, exc)
+                outcome.failed += failed.failed - failed.dead
+                outcome.dead += failed.dead
+                outcome.error = exc.reason
+                SENT.labels(sender.name, "failed").inc(failed.failed - failed.dead)
+                SENT.labels(sender.name, "dead").inc(failed.dead)
+                log.warning("%s sender %s: %s (%d items, %d now dead; next try %s)", sender.name,
+                            sender.lock_key or "", exc.reason, len(batch.items), failed.dead, failed.retry_at)
+                return outcome
+            settled = sender.settle(batch, answer)
+            outcome.sent += settled.sent
+            outcome.refused += settled.refused
+            SENT.labels(sender.name, "sent").inc(settled.sent)
+            SENT.labels(sender.name, "refused").inc(settled.refused)
+        # The lock is free between batches: rows queued while it was held (their wake-up found
+        # this sender busy) are in the next take.
+    return outcome

@@ -1,0 +1,249 @@
+"""The outbound core (foundation.outbound): one lock that cannot outlive its work, one backoff in
+Python and SQL, one give-up rule, and the skeleton every sender runs on."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+from django.db import connection, connections
+
+from foundation.outbound import (
+    Backoff,
+    Batch,
+    CallFailed,
+    Failed,
+    Limits,
+    NotNow,
+    Settled,
+    claim_token,
+    lock_held_elsewhere,
+    one_at_a_time,
+    out_of_attempts,
+    send_batches,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def taken_elsewhere(key: str) -> bool:
+    """Whether another session could take `key` now (asked from a session of its own)."""
+    result: list[bool] = []
+
+    def ask() -> None:
+        with one_at_a_time(key) as held:
+            result.append(held)
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    thread.join(10)
+    return not result[0]
+
+
+# --- the lock ---------------------------------------------------------------------------------------
+
+
+def test_a_key_has_one_holder_at_a_time_and_is_free_once_the_work_ends():
+    with one_at_a_time("test:link:domain-02") as held:
+        assert held
+        assert taken_elsewhere("test:link:domain-02")
+        assert lock_held_elsewhere("test:link:domain-02")
+        assert not taken_elsewhere("test:link:domain-04")  # another key is another sender
+    assert not taken_elsewhere("test:link:domain-02")
+    assert not lock_held_elsewhere("test:link:domain-02")
+
+
+def test_the_lock_is_released_when_the_work_fails():
+    with pytest.raises(RuntimeError), one_at_a_time("test:failing") as held:
+        assert held
+        raise RuntimeError("the neighbour's answer made no sense")
+    assert not taken_elsewhere("test:failing")
+
+
+@pytest.mark.django_db(transaction=True)  # a test transaction would not let the work's connection go
+def test_the_lock_is_transaction_scoped_so_no_session_keeps_it_after_the_work():
+    """Behind a pooler in transaction mode a session-level lock could stay on a pooled server
+    session after its work: this one is a transaction's, which a pooler never splits and which
+    ends with the block, whatever becomes of the connection the work itself used."""
+    keys = ["test:pooled", "test:pooled-2", "link:domain-02", "flood:domain-04"]  # hashes of either sign
+    for key in keys:
+        with one_at_a_time(key) as held:
+            assert held and lock_held_elsewhere(key)
+            with connection.cursor() as cur:  # held by a session inside a transaction, never by a session alone
+                cur.execute("SELECT a.state, a.xact_start IS NOT NULL FROM pg_locks l JOIN pg_stat_activity a"
+                            " ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted")
+                assert cur.fetchall() == [("idle in transaction", True)]
+            # The work's own connection is handed back and another taken (what a pooler does between
+            # transactions): the lock is unaffected, and still ends with the block.
+            connection.close()
+            connections.create_connection("default").close()
+        assert not lock_held_elsewhere(key)
+
+
+def test_a_lock_connection_that_broke_frees_the_lock_and_the_next_take_reconnects():
+    from foundation import outbound
+
+    with one_at_a_time("test:broken") as held:
+        assert held
+        outbound._locks.conn.close()  # the server session is gone (a restart, a pooler reset)
+        assert not taken_elsewhere("test:broken")
+    with one_at_a_time("test:broken") as held:
+        assert held
+
+
+def test_locks_do_not_nest_within_a_thread():
+    with one_at_a_time("test:outer"), pytest.raises(RuntimeError), one_at_a_time("test:inner"):
+        pass
+
+
+# --- backoff, give-up, claims ---------------------------------------------------------------------
+
+
+def test_the_backoff_doubles_from_its_base_up_to_its_cap_less_its_jitter():
+    backoff = Backoff(base=2, cap=60, jitter=0.5)
+    for failures, full in [(1, 2), (2, 4), (3, 8), (5, 32), (6, 60), (40, 60), (10_000, 60)]:
+        samples = [backoff.seconds(failures) for _ in range(200)]
+        assert full * 0.5 <= min(samples) and max(samples) <= full
+        assert max(samples) - min(samples) > full * 0.2
+    assert [Backoff(2, 900, jitter=0).seconds(n) for n in (1, 2, 3, 12)] == [2, 4, 8, 900]
+
+
+def test_the_backoff_in_sql_waits_as_long_as_in_python():
+    backoff = Backoff(base=2, cap=60, jitter=0.5)
+    with connection.cursor() as cur:
+        for failures, full in [(1, 2), (3, 8), (6, 60), (100_000, 60)]:
+            cur.execute(f"SELECT extract(epoch FROM {backoff.sql('%s')}) FROM generate_series(1, 200)", [failures])
+            waits = [float(w) for (w,) in cur.fetchall()]
+            assert full * 0.5 <= min(waits) and max(waits) <= full and max(waits) - min(waits) > full * 0.2
+
+
+def test_an_item_is_given_up_once_its_failed_attempts_reach_the_maximum():
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT {out_of_attempts('%s', '3')}, {out_of_attempts('%s', '3')}", [2, 3])
+        assert cur.fetchone() == (False, True)
+
+
+def test_claim_tokens_fit_a_bigint_and_do_not_repeat():
+    tokens = {claim_token() for _ in range(1000)}
+    assert len(tokens) == 1000 and all(0 <= t < 2 ** 63 for t in tokens)
+
+
+def test_a_call_takes_rows_up_to_its_byte_limit_and_always_at_least_one():
+    limits = Limits(rows=4, bytes=100)
+    assert limits.cut([30, 30, 30, 30, 30]) == 3
+    assert limits.cut([500, 10]) == 1  # a large item goes alone
+    assert limits.cut([10, 500]) == 1
+    assert limits.cut([1] * 10) == 4
+    assert limits.cut([]) == 0
+
+
+# --- the skeleton ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Queue:
+    """A sender over an in-memory queue; `answers` says what each call does."""
+
+    items: list[tuple[str, int]]
+    answers: list = field(default_factory=list)
+    name: str = "test"
+    lock_key: str | None = "test:queue"
+    held: bool = False
+    max_attempts: int = 2
+    rows: int = 2
+    sent: list[list[str]] = field(default_factory=list)
+    attempts: dict[str, int] = field(default_factory=dict)
+    dead: dict[str, str] = field(default_factory=dict)
+    put_back_count: int = 0
+
+    def limits(self) -> Limits:
+        return Limits(rows=self.rows, bytes=1000)
+
+    def held_back(self) -> bool:
+        return self.held
+
+    def take(self, limits: Limits) -> Batch:
+        head = self.items[:limits.rows]
+        head = head[:limits.cut([size for _, size in head])]
+        return Batch(items=[i for i in head if not i[0].startswith("!")],
+                     refused=[(i, "refused before any call") for i in head if i[0].startswith("!")])
+
+    def send(self, batch: Batch):
+        answer = self.answers.pop(0) if self.answers else "ok"
+        if isinstance(answer, Exception):
+            raise answer
+        self.sent.append([name for name, _ in batch.items])
+        return answer
+
+    def settle(self, batch: Batch, answer) -> Settled:
+        for item in batch.items:
+            self.items.remove(item)
+        return Settled(sent=len(batch.items))
+
+    def fail(self, batch: Batch, error: CallFailed) -> Failed:
+        dead = 0
+        for item in batch.items:
+            self.attempts[item[0]] = self.attempts.get(item[0], 0) + 1
+            if self.attempts[item[0]] >= self.max_attempts:
+                self.items.remove(item)
+                self.dead[item[0]] = error.reason
+                dead += 1
+        self.held = True  # the backoff holds the queue back
+        return Failed(failed=len(batch.items), dead=dead)
+
+    def give_up(self, refused) -> int:
+        for item, reason in refused:
+            self.items.remove(item)
+            self.dead[item[0]] = reason
+        return len(refused)
+
+    def put_back(self, batch: Batch) -> None:
+        self.put_back_count += 1
+
+
+def test_a_sender_sends_its_queue_in_order_in_bounded_batches_until_it_is_empty():
+    queue = Queue(items=[("a", 10), ("b", 10), ("c", 900), ("d", 900), ("e", 10)])
+    outcome = send_batches(queue)
+    assert queue.sent == [["a", "b"], ["c"], ["d", "e"]] and queue.items == []
+    assert (outcome.sent, outcome.calls, outcome.failed, outcome.skipped) == (5, 3, 0, "")
+
+
+def test_a_failed_call_counts_an_attempt_on_its_items_and_stops_until_the_backoff_lets_it_go_again():
+    queue = Queue(items=[("a", 1), ("b", 1), ("c", 1)], answers=[CallFailed("domain-02: connection refused")])
+    outcome = send_batches(queue)
+    assert (outcome.failed, outcome.dead, outcome.error) == (2, 0, "domain-02: connection refused")
+    assert queue.attempts == {"a": 1, "b": 1} and queue.sent == []
+    assert send_batches(queue).skipped == "held back"
+    queue.held, queue.answers = False, [CallFailed("domain-02: no answer within 5 s")]
+    outcome = send_batches(queue)
+    assert (outcome.failed, outcome.dead) == (0, 2)
+    assert queue.dead == {"a": "domain-02: no answer within 5 s", "b": "domain-02: no answer within 5 s"}
+    queue.held = False
+    assert send_batches(queue).sent == 1 and queue.items == []
+
+
+def test_items_refused_before_any_call_are_given_up_with_their_reason_and_the_rest_go():
+    queue = Queue(items=[("!x", 1), ("a", 1), ("!y", 1), ("!z", 1), ("b", 1)])
+    outcome = send_batches(queue)
+    assert queue.sent == [["a"], ["b"]] and outcome.refused == 3
+    assert queue.dead == {"!x": "refused before any call", "!y": "refused before any call",
+                          "!z": "refused before any call"}
+
+
+def test_a_second_sender_of_the_same_key_finds_it_busy_and_sends_nothing():
+    queue = Queue(items=[("a", 1)])
+    with one_at_a_time("test:queue"):
+        result: list = []
+        thread = threading.Thread(target=lambda: result.append(send_batches(queue)))
+        thread.start()
+        thread.join(10)
+    assert result[0].skipped == "busy" and queue.sent == []
+    assert send_batches(queue).sent == 1
+
+
+def test_a_sender_that_cannot_send_now_puts_its_batch_back_without_counting_an_attempt():
+    queue = Queue(items=[("a", 1)], answers=[NotNow("its tenant's calls are at their cap")], lock_key=None)
+    outcome = send_batches(queue, max_batches=1)
+    assert (outcome.skipped, outcome.failed, queue.put_back_count, queue.attempts) == ("not now", 0, 1, {})
+    assert queue.items == [("a", 1)]
