@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIP_TOOLS := pip-tools==7.6.2
 
-.PHONY: install lock sysdeps run restart-web network network-stop network-start network-status network-reset test stop lint bench clean
+.PHONY: install lock sysdeps run restart-web network network-stop network-start network-status network-reset test test-fast stop lint bench clean
 
 install: $(STAMP)
 
@@ -67,8 +67,16 @@ network-reset: install
 sysdeps: install
 	$(BIN)/python -m devstack.sysdeps chromium java haproxy
 
+# The whole suite, on TEST_WORKERS pytest-xdist workers (each module's tests on one worker, each with
+# a Redis of its own: devstack.pytest_services). TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
+PYTEST_DIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup)
 test: install sysdeps
-	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+	$(BIN)/python -m pytest $(PYTEST_DIST) $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
+
+# Day-to-day: everything but the tests that start real processes or drive a browser.
+test-fast: install
+	$(BIN)/python -m pytest $(PYTEST_DIST) -m "not system and not browser" $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 
 stop:
 	$(BIN)/python -m devstack.embedded stop

@@ -31,7 +31,6 @@ import logging
 import secrets
 from dataclasses import dataclass
 
-import httpx
 import yaml
 from django.conf import settings
 from django.db import transaction
@@ -40,6 +39,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from foundation.outgoing import Answer, OutgoingError, outgoing_client, outgoing_request, run_outgoing
 from foundation.signed_calls import (
     ANSWER_METHOD,
     DOMAIN_HEADER,
@@ -132,22 +132,30 @@ def meta_state_line() -> str | None:
     return f"{line} {state.notice}" if state.notice else line
 
 
+async def _get(url: str, headers: dict[str, str], deadline: float) -> Answer:
+    """The signed GET of the meta's export, within one deadline for the whole exchange and read up to
+    ANSWER_MAX_BYTES (foundation.outgoing; the meta domain is the operator's configuration, so its
+    address is not filtered)."""
+    client = outgoing_client("meta", max_connections=2, max_keepalive=1, checked=False)
+    return await outgoing_request(client, "GET", url, headers=headers, deadline=deadline, max_bytes=ANSWER_MAX_BYTES)
+
+
 def _fetch(base_url: str, secret: str) -> bytes:
     path, nonce = EXPORT_PATH, secrets.token_hex(16)
     headers = signed_headers(secret=secret, sender=settings.DOMAIN_NAME, method="GET", path=path, body=b"",
                              nonce=nonce)
     url = base_url.rstrip("/") + path
+    deadline = settings.FORWARD_TIMEOUT_SECONDS * 2
     try:
-        with httpx.Client(timeout=settings.FORWARD_TIMEOUT_SECONDS * 2, follow_redirects=False) as client:
-            response = client.get(url, headers=headers)
-    except httpx.HTTPError as exc:
-        raise MetaPullError(f"{url} unreachable: {exc or type(exc).__name__}") from None
-    if response.status_code != 200:
-        raise MetaPullError(f"{url} answered {response.status_code}: {response.text[:300]}")
-    body = response.content
-    if len(body) > ANSWER_MAX_BYTES:
+        answer = run_outgoing(_get(url, headers, deadline), deadline)
+    except OutgoingError as exc:
+        raise MetaPullError(f"{url} unreachable: {exc}") from None
+    if answer.status != 200:
+        raise MetaPullError(f"{url} answered {answer.status}: {answer.body[:300].decode(errors='replace')}")
+    body = answer.body
+    if not answer.complete:
         raise MetaPullError(f"{url} answered more than {ANSWER_MAX_BYTES} bytes")
-    reason, signature = signature_refusal(secret=secret, header=response.headers.get(SIGNATURE_HEADER),
+    reason, signature = signature_refusal(secret=secret, header=answer.headers.get(SIGNATURE_HEADER.lower()),
                                           method=ANSWER_METHOD, path=path, body=body,
                                           max_skew=settings.FORWARD_MAX_SKEW_SECONDS)
     if reason is None and signature.nonce != nonce:

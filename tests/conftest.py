@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 from django.conf import settings
+from django.db import connections, transaction
+from django.test import TransactionTestCase
 from pytest_django import fixtures as _pytest_django_fixtures
 
 # pytest-django sets up the test database only for the aliases the selected tests mark
@@ -19,6 +21,57 @@ def _always_the_default_database(items):
 
 
 _pytest_django_fixtures._get_databases_for_setup = _always_the_default_database
+
+
+# A transactional test (django_db(transaction=True)) ends with Django's `flush`: TRUNCATE of every
+# table (a new file per table, about 0.2 s here), then the post_migrate signal recreating the content
+# types and permissions it just emptied. Emptying the tables with DELETE (a few ms when they hold a
+# test's few rows; TRUNCATE still for a table that holds thousands) leaves the same empty database
+# behind, keeping the content types and permissions, which no test changes.
+KEPT_TABLES = frozenset({"django_content_type", "auth_permission", "django_migrations"})
+BIG_TABLE_ROWS = 2000
+_flushed_tables: dict[str, list[str]] = {}
+_django_fixture_teardown = TransactionTestCase._fixture_teardown
+
+
+def _tables_emptied(self) -> None:
+    if self.available_apps is not None or self.serialized_rollback:
+        return _django_fixture_teardown(self)
+    for alias in self._databases_names(include_mirrors=False):
+        conn = connections[alias]
+        tables = _flushed_tables.get(alias)
+        if tables is None:
+            tables = _flushed_tables[alias] = sorted(
+                t for t in conn.introspection.django_table_names(only_existing=True, include_views=False)
+                if t not in KEPT_TABLES)
+        quoted = [conn.ops.quote_name(t) for t in tables]
+        with conn.cursor() as cur:
+            cur.execute(" UNION ALL ".join(
+                f"SELECT {n}, (SELECT count(*) FROM (SELECT 1 FROM {q} LIMIT {BIG_TABLE_ROWS + 1}) x)"
+                for n, q in enumerate(quoted)))
+            big = {quoted[n] for n, rows in cur.fetchall() if rows > BIG_TABLE_ROWS}
+        with transaction.atomic(using=alias), conn.cursor() as cur:
+            cur.execute("SET CONSTRAINTS ALL DEFERRED")
+            if big:
+                cur.execute(f"TRUNCATE {', '.join(sorted(big))} CASCADE")
+            cur.execute("".join(f"DELETE FROM {q};" for q in quoted if q not in big))
+
+
+TransactionTestCase._fixture_teardown = _tables_emptied
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`--dist loadgroup`), a module's tests stay on one worker (its module-scoped
+    processes start once), and so do all the tests of one session-scoped costly fixture: the
+    real-process ring (tests/ring.py) and the Spark session."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        fixtures = set(getattr(item, "fixturenames", ()))
+        group = ("ring" if "ring" in fixtures else "spark" if "spark" in fixtures
+                 else item.nodeid.split("::", 1)[0])
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture
@@ -75,6 +128,7 @@ def handoff(request):
     dispatcher_use(previous)
 
 
+from tests.inprocess import inprocess  # noqa: E402,F401  (fixture: a web node and a worker in this process)
 from tests.messaging.api_fixtures import (  # noqa: E402,F401  (fixtures of the server API tests)
     anonymous_http,
     anz,

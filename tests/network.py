@@ -102,7 +102,20 @@ class _NetDispatcher(InlineDispatcher):
             return task_run(handed.task, handed.args)
 
 
-class _NetWire:
+class OneByOneWire:
+    """A test wire's `post_all`: its calls one after the other (HttpWire makes them at once)."""
+
+    def post_all(self, calls: list[PeerCall], *, deadline: float) -> list:
+        out = []
+        for call in calls:
+            try:
+                out.append(self.post(call, deadline=deadline))
+            except OutgoingError as exc:
+                out.append(exc)
+        return out
+
+
+class _NetWire(OneByOneWire):
     """Hands a call to the neighbour's view in-process, as the neighbour."""
 
     def __init__(self, net: Network):
@@ -120,15 +133,6 @@ class _NetWire:
         with net.at(call.peer):
             answer = self.client.post(path, data=call.body, content_type="application/json", headers=headers)
         return Answer(answer.status_code, answer.content, complete=True)
-
-    def post_all(self, calls: list[PeerCall], *, deadline: float) -> list:
-        out = []
-        for call in calls:
-            try:
-                out.append(self.post(call, deadline=deadline))
-            except OutgoingError as exc:
-                out.append(exc)
-        return out
 
 
 @dataclass

@@ -6,14 +6,16 @@
         ring.stop_domain(2); ...; ring.start_domain(2)
 
 It runs devstack.ring's Ring against the test session's Postgres server (databases
-test_ring_domain_01..04, dropped at teardown) and Redis server (databases 11..14: the suite's own is
-15, `make run`'s 0 and `make network`'s 1..4), on free ports, with shrunk timers so that retries,
-link probes, link-down decisions and meta pulls are observable within a test. Each process's output
-goes to var/test-logs/ring-<module>/ (02-web.log, 03-worker.log ...; ring.log for the ring's own).
+test_ring_<worker>_domain_01..04, dropped at teardown) and Redis server (databases 11..14: the
+suite's own is 15, `make run`'s 0 and `make network`'s 1..4), on free ports, with shrunk timers so
+that retries, link probes, link-down decisions and meta pulls are observable within a test. One ring
+serves the whole session: a test that stops a domain starts it again before it ends. Each process's
+output goes to var/test-logs/ring-<worker>/ (02-web.log, 03-worker.log ...; ring.log for the ring's own).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -31,7 +33,8 @@ from tests.processes import FAST_FAILURE_ENV, LOG_DIR, ROOT, database_url_for_te
 from tests.wsclient import APP_ID, WsClient
 
 RING_REDIS_DB_BASE = 10  # domain-0N on Redis database 10 + N
-RING_DATABASE_PREFIX = "test_ring_"
+# Per pytest-xdist worker: each worker that runs ring tests has its own (its own Redis, too).
+RING_DATABASE_PREFIX = f"test_ring_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}_"
 RING_ENV = {
     **FAST_FAILURE_ENV,
     "FORWARD_SWEEP_SECONDS": "1",
@@ -126,11 +129,11 @@ def _ring_ports() -> list[int]:
     return ports
 
 
-@pytest.fixture(scope="module")
-def ring(request, tmp_path_factory):
-    """The four domains, started once for the module, stopped and dropped at its end."""
-    module = request.module.__name__.rsplit(".", 1)[-1]
-    log_dir = LOG_DIR / f"ring-{module}"
+@pytest.fixture(scope="session")
+def ring(tmp_path_factory):
+    """The four domains, started once for the session (a test that stops a domain starts it
+    again), stopped and dropped at its end."""
+    log_dir = LOG_DIR / f"ring-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
     for old in log_dir.glob("*.log"):
         old.unlink()
     the_ring = SystemRing(tmp_path_factory.mktemp("ring"), database_url_for_tests(), settings.REDIS_URL,

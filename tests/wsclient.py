@@ -13,22 +13,14 @@ from websockets.sync.client import connect
 APP_ID = "app-id-343"
 
 
-class WsClient:
-    def __init__(self, url: str, **kwargs: Any):
-        self.url = url
-        self.ws = connect(url, open_timeout=10, max_size=None, **kwargs)
-        self.frames: list[dict] = []  # everything received, in order
+class FrameReader:
+    """What a test does with a /ws connection, on top of its `send(type, data)` and `recv(timeout)`
+    (a real socket here; an in-process node's communicator in tests/inprocess.py)."""
+
+    frames: list[dict]
 
     def send(self, frame_type: str, data: Any = None, **extra: Any) -> None:
-        self.ws.send(json.dumps({"type": frame_type, "data": data if data is not None else {}, **extra}))
-
-    def send_raw(self, text: str) -> None:
-        self.ws.send(text)
-
-    def recv(self, timeout: float = 10) -> dict:
-        frame = json.loads(self.ws.recv(timeout=timeout))
-        self.frames.append(frame)
-        return frame
+        self.send_raw(json.dumps({"type": frame_type, "data": data if data is not None else {}, **extra}))
 
     def recv_type(self, frame_type: str, timeout: float = 10) -> dict:
         return self.recv_until(lambda f: f["type"] == frame_type, timeout)
@@ -71,6 +63,21 @@ class WsClient:
                 return messages, frame["data"]["leftMissingCount"]
             if frame["type"] in ("MESSAGE", "MESSAGE_CONFIRMATION"):
                 messages.append(frame)
+
+
+class WsClient(FrameReader):
+    def __init__(self, url: str, **kwargs: Any):
+        self.url = url
+        self.ws = connect(url, open_timeout=10, max_size=None, **kwargs)
+        self.frames: list[dict] = []  # everything received, in order
+
+    def send_raw(self, text: str) -> None:
+        self.ws.send(text)
+
+    def recv(self, timeout: float = 10) -> dict:
+        frame = json.loads(self.ws.recv(timeout=timeout))
+        self.frames.append(frame)
+        return frame
 
     def collect_frames(self, until: Callable[[list[dict]], bool], timeout: float) -> list[dict]:
         """Every frame received until `until(frames)` holds or `timeout` passes: duplicates kept."""

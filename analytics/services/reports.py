@@ -18,9 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from analytics.jobs import datasets as ds
-from analytics.jobs.common import write_result
 from analytics.models import REPORT_KINDS, JobKind, JobRun, Report, ReportRow
-from analytics.spark import spark_progress, spark_session
 from foundation.outbound import one_at_a_time
 
 from .jobs import job_finish, job_start
@@ -56,6 +54,11 @@ def _report_compute(run: JobRun, kind: str, since: datetime, until: datetime,
     out = f"{ds.REPORTS}/{kind}/run-{run.pk:08d}"
     try:
         job = importlib.import_module(JOB_MODULES[JobKind(kind)])
+        # PySpark is loaded where a report runs, not wherever this module is (the admin and the
+        # tasks import it in every web node and worker): importing it costs each process 0.3 s.
+        from analytics.jobs.common import write_result
+        from analytics.spark import spark_progress, spark_session  # PySpark, as above
+
         spark = spark_session()
         with spark_progress(spark, progress):
             write_result(job.build(spark, lake.url(), since, until), lake.url(out))

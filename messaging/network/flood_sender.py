@@ -31,7 +31,7 @@ from django.utils import timezone
 from foundation.db import hot_cursor
 from foundation.outbound import Batch, CallFailed, Failed, Limits, Outcome, Settled, out_of_attempts, send_batches
 from messaging.network.flood import path_parse
-from messaging.network.links import link_failed, link_held_back, link_succeeded, links_held_back, neighbours
+from messaging.network.links import LinkQueueSender, link_failed, link_succeeded, links_held_back, neighbours
 from messaging.network.models import ChannelForward
 from messaging.network.transport import PUBLISH_PATH, peer_call
 
@@ -41,7 +41,7 @@ FloodOutcome = Outcome  # sent, refused (dead), failed (an attempt counted), dea
 
 
 def flood_lock_key(peer: str) -> str:
-    return f"flood:{peer}"
+    return FloodSender(peer).lock_key
 
 
 @dataclass(frozen=True)
@@ -71,21 +71,11 @@ SELECT q.* FROM (
 DIES = out_of_attempts("f.attempts + 1", "a.max_delivery_attempts")
 
 
-class FloodSender:
+class FloodSender(LinkQueueSender):
     """The link's queue of channel publishes on the outbound skeleton: its SQL, its payload, and
     what becomes of its rows (sent: gone; refused alone: dead; failed: an attempt counted)."""
 
     name = "flood"
-
-    def __init__(self, peer: str):
-        self.peer = peer
-        self.lock_key = flood_lock_key(peer)
-
-    def limits(self) -> Limits:
-        return Limits(rows=max(1, int(settings.FORWARD_BATCH_SIZE)), bytes=int(settings.FORWARD_BATCH_BYTES))
-
-    def held_back(self) -> bool:
-        return link_held_back(self.peer)
 
     def take(self, limits: Limits) -> Batch[Queued]:
         here = settings.DOMAIN_NAME
@@ -142,12 +132,6 @@ class FloodSender:
             outcomes = [dead for (dead,) in cur.fetchall()]
         health = link_failed(peer=self.peer, error=error.reason)
         return Failed(failed=len(outcomes), dead=sum(outcomes), retry_at=health.retry_at)
-
-    def give_up(self, refused: list[tuple[Queued, str]]) -> int:
-        return 0  # the flood refuses nothing before a call
-
-    def put_back(self, batch: Batch[Queued]) -> None:
-        """Nothing to do: the rows never left the link's queue."""
 
 
 def flood_link_send(*, peer: str) -> Outcome:

@@ -23,7 +23,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from apps_registry.routing import DomainGraph
-from foundation.outbound import Backoff
+from foundation.outbound import Backoff, Batch, Limits
 from messaging.network.models import LinkHealth
 
 GRAPH_CACHE_SECONDS = 1.0
@@ -135,3 +135,32 @@ def link_received(*, peer: str, count: int) -> None:
 def link_health_rows_ensure(peers: Iterable[str]) -> None:
     """A health record for each of `peers` (the admin lists every neighbour, called yet or not)."""
     LinkHealth.objects.bulk_create([LinkHealth(peer=p) for p in peers], ignore_conflicts=True)
+
+
+# --- what a link's senders share ------------------------------------------------------------------
+
+
+class LinkQueueSender:
+    """What the link's three senders (its deliveries, channel publishes and receipts: outbox,
+    flood_sender, receipts) share on the outbound skeleton (foundation.outbound): one sender of each
+    kind per link (lock key `<name>:<peer>`), calls bounded by FORWARD_BATCH_SIZE and
+    FORWARD_BATCH_BYTES, held back while the link's retry time has not come. A subclass brings its
+    queue's SQL, its payload and what becomes of its rows."""
+
+    name = ""
+
+    def __init__(self, peer: str):
+        self.peer = peer
+        self.lock_key = f"{self.name}:{peer}"
+
+    def limits(self) -> Limits:
+        return Limits(rows=max(1, int(settings.FORWARD_BATCH_SIZE)), bytes=int(settings.FORWARD_BATCH_BYTES))
+
+    def held_back(self) -> bool:
+        return link_held_back(self.peer)
+
+    def give_up(self, refused: list) -> int:
+        return 0  # nothing is refused before a call, unless a sender says otherwise
+
+    def put_back(self, batch: Batch) -> None:
+        """Nothing to do: the rows never left the link's queue."""

@@ -27,7 +27,7 @@ from foundation.outbound import Batch, CallFailed, Failed, Limits, Settled, out_
 from messaging.delivery.dead_letters import dead_letters_announce
 from messaging.delivery.sql import DEAD, MOVED_COLUMNS, lock_sql, states_sql
 from messaging.models import DeliveryState
-from messaging.network.links import link_failed, link_held_back, link_succeeded
+from messaging.network.links import LinkQueueSender, link_failed, link_succeeded
 from messaging.network.transport import FORWARD_PATH, peer_call
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ ROW_OVERHEAD_BYTES = 300
 def link_lock_key(peer: str) -> str:
     """The link's sender lock (foundation.outbound.one_at_a_time): the sender, and the sweep that
     moves the link's queue elsewhere, never act on the link's rows at once."""
-    return f"link:{peer}"
+    return LinkSender(peer).lock_key
 
 
 @dataclass
@@ -193,20 +193,10 @@ def failure_reason(peer: str, reason: str) -> str:
     return f"forwarding to {peer} failed: {reason}"
 
 
-class LinkSender:
+class LinkSender(LinkQueueSender):
     """The link to `peer` on the outbound skeleton: its queue's SQL, its payload, its rows' fate."""
 
     name = "link"
-
-    def __init__(self, peer: str):
-        self.peer = peer
-        self.lock_key = link_lock_key(peer)
-
-    def limits(self) -> Limits:
-        return Limits(rows=max(1, int(settings.FORWARD_BATCH_SIZE)), bytes=int(settings.FORWARD_BATCH_BYTES))
-
-    def held_back(self) -> bool:
-        return link_held_back(self.peer)
 
     def take(self, limits: Limits) -> Batch[Queued]:
         hop_limit = int(settings.FORWARD_HOP_LIMIT)
@@ -235,9 +225,6 @@ class LinkSender:
         for row, reason in refused:
             by_reason.setdefault(reason, []).append(row.delivery_id)
         return sum(len(_rows_fail(peer=self.peer, ids=ids, error=reason, kill=True)) for reason, ids in by_reason.items())
-
-    def put_back(self, batch: Batch[Queued]) -> None:
-        """Nothing to do: the rows never left the link's queue."""
 
 
 def link_forward(*, peer: str) -> dict:

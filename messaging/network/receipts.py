@@ -35,7 +35,7 @@ from foundation.outbound import Batch, CallFailed, Failed, Limits, Outcome, Sett
 from messaging.delivery.dead_letters import dead_letters_announce
 from messaging.delivery.sql import DEAD, DELIVERED, MOVED_COLUMNS, lock_sql, states_sql
 from messaging.models import DeliveryState
-from messaging.network.links import link_failed, link_held_back, link_succeeded
+from messaging.network.links import LinkQueueSender, link_failed, link_succeeded
 from messaging.network.models import ReceiptForward
 from messaging.network.receipt_queue import receipts_queue_items
 from messaging.network.transport import FORWARD_PATH, PeerRefused, peer_call
@@ -133,23 +133,13 @@ ROW_BYTES = 400  # what a receipt counts towards FORWARD_BATCH_BYTES
 
 
 def receipt_lock_key(peer: str) -> str:
-    return f"receipts:{peer}"
+    return ReceiptSender(peer).lock_key
 
 
-class ReceiptSender:
+class ReceiptSender(LinkQueueSender):
     """The receipts waiting on the link to `peer`, on the outbound skeleton."""
 
     name = "receipts"
-
-    def __init__(self, peer: str):
-        self.peer = peer
-        self.lock_key = receipt_lock_key(peer)
-
-    def limits(self) -> Limits:
-        return Limits(rows=max(1, int(settings.FORWARD_BATCH_SIZE)), bytes=int(settings.FORWARD_BATCH_BYTES))
-
-    def held_back(self) -> bool:
-        return link_held_back(self.peer)
 
     def take(self, limits: Limits) -> Batch[ReceiptForward]:
         rows = list(ReceiptForward.objects.filter(peer=self.peer).order_by("id")[:limits.rows])
@@ -170,12 +160,6 @@ class ReceiptSender:
                 attempts=F("attempts") + 1, last_error=error.reason)
         health = link_failed(peer=self.peer, error=error.reason)
         return Failed(failed=failed, retry_at=health.retry_at)
-
-    def give_up(self, refused: list) -> int:
-        return 0
-
-    def put_back(self, batch: Batch[ReceiptForward]) -> None:
-        """Nothing to do: the receipts never left the link's queue."""
 
 
 def receipts_link_send(*, peer: str) -> Outcome:

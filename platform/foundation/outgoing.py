@@ -1,4 +1,6 @@
-"""Calls the platform makes to addresses a tenant chose (webhook receivers, auth URLs).
+"""Calls the platform makes to other servers: addresses a tenant chose (webhook receivers, auth URLs),
+and, without the address filter, the ones the operator configured (neighbouring domains, the meta
+domain).
 
 Three guarantees, whatever the other side does:
 
@@ -28,7 +30,7 @@ import os
 import socket
 import threading
 from collections.abc import Coroutine, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -57,6 +59,7 @@ class Answer:
     status: int
     body: bytes  # at most the caller's max_bytes
     complete: bool  # False: the answer was longer than max_bytes and was cut off
+    headers: dict[str, str] = field(default_factory=dict)  # lower-cased names (the last of a repeated one)
 
 
 # --- the address filter ----------------------------------------------------------------------------
@@ -178,16 +181,24 @@ async def outgoing_post(client: httpx.AsyncClient, url: str, *, content: bytes, 
                         deadline: float, max_bytes: int) -> Answer:
     """POST and read at most `max_bytes` of the answer, all within `deadline` seconds. Raises
     OutgoingError (OutgoingRefused for a refused address) when there is no answer."""
+    return await outgoing_request(client, "POST", url, content=content, headers=headers, deadline=deadline,
+                                  max_bytes=max_bytes)
+
+
+async def outgoing_request(client: httpx.AsyncClient, method: str, url: str, *, content: bytes = b"",
+                           headers: dict[str, str], deadline: float, max_bytes: int) -> Answer:
+    """One request, its answer read up to `max_bytes`, the whole exchange within `deadline` seconds."""
     headers = {**headers, "Accept-Encoding": "identity"}
     try:
         async with asyncio.timeout(deadline):
-            async with client.stream("POST", url, content=content, headers=headers, timeout=deadline) as response:
+            async with client.stream(method, url, content=content, headers=headers, timeout=deadline) as response:
+                answered = {name.lower(): value for name, value in response.headers.items()}
                 body = bytearray()
                 async for chunk in response.aiter_raw():
                     body += chunk
                     if len(body) > max_bytes:
-                        return Answer(response.status_code, bytes(body[:max_bytes]), complete=False)
-                return Answer(response.status_code, bytes(body), complete=True)
+                        return Answer(response.status_code, bytes(body[:max_bytes]), complete=False, headers=answered)
+                return Answer(response.status_code, bytes(body), complete=True, headers=answered)
     except (TimeoutError, httpx.TimeoutException):
         raise OutgoingError(f"no answer within {deadline:g} s") from None
     except OutgoingError:

@@ -30,7 +30,8 @@ from messaging.models import Delivery, Message
 from presence.models import PresenceEvent, Session
 from tests.analytics.conftest import tenant
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# With tests/bench/test_platform_proc.py on one xdist worker: they count the same databases.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("bench databases")]
 SMALL = {"messages": 2000, "sessions": 200}
 
 
@@ -47,8 +48,9 @@ def _server(database: str | None = None) -> str:
 
 
 def _databases() -> set[str]:
+    """The benchmarks' databases on the server (other test workers make and drop databases of their own)."""
     with psycopg.connect(_server()) as conn:
-        return {name for (name,) in conn.execute("SELECT datname FROM pg_database")}
+        return {name for (name,) in conn.execute("SELECT datname FROM pg_database") if name.startswith(DATABASE_PREFIX)}
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import psycopg
 import pytest
 import redis
 
-from analytics.bench_sandbox import MARKER_TABLE, database_of
+from analytics.bench_sandbox import DATABASE_PREFIX, MARKER_TABLE, database_of
 from bench.compare import free_port
 from bench.platform_proc import platform_processes
 
@@ -24,11 +24,13 @@ def _contents(url: str) -> dict[str, int]:
 
 
 def _databases(url: str) -> set[str]:
+    """The benchmarks' databases on the server (other test workers make and drop databases of their own)."""
     with psycopg.connect(url) as conn:
-        return {name for (name,) in conn.execute("SELECT datname FROM pg_database")}
+        return {name for (name,) in conn.execute("SELECT datname FROM pg_database") if name.startswith(DATABASE_PREFIX)}
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.xdist_group("bench databases")  # with tests/analytics/test_bench.py: they count the same databases
 def test_the_benchmark_platform_runs_on_a_database_and_redis_of_its_own(tmp_path):
     operator_db = os.environ["DATABASE_URL"]  # what `make run` in this checkout uses
     operator_redis = redis.Redis.from_url(os.environ["REDIS_URL"])

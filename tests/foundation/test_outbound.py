@@ -66,13 +66,16 @@ def test_the_lock_is_transaction_scoped_so_no_session_keeps_it_after_the_work():
     """Behind a pooler in transaction mode a session-level lock could stay on a pooled server
     session after its work: this one is a transaction's, which a pooler never splits and which
     ends with the block, whatever becomes of the connection the work itself used."""
+    from foundation import outbound
+
     keys = ["test:pooled", "test:pooled-2", "link:domain-02", "flood:domain-04"]  # hashes of either sign
     for key in keys:
         with one_at_a_time(key) as held:
             assert held and lock_held_elsewhere(key)
             with connection.cursor() as cur:  # held by a session inside a transaction, never by a session alone
                 cur.execute("SELECT a.state, a.xact_start IS NOT NULL FROM pg_locks l JOIN pg_stat_activity a"
-                            " ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted")
+                            " ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted AND l.pid = %s",
+                            [outbound._locks.conn.info.backend_pid])
                 assert cur.fetchall() == [("idle in transaction", True)]
             # The work's own connection is handed back and another taken (what a pooler does between
             # transactions): the lock is unaffected, and still ends with the block.

@@ -78,7 +78,9 @@ def stream_socket(query: str) -> tuple[dict, int]:
         assert connected
         frame = json.loads(await communicator.receive_from(timeout=20))
         closed = await communicator.receive_output(timeout=20)
-        await communicator.wait()
+        # What daphne tells the consumer once the close handshake is done: its connection ended.
+        await communicator.send_input({"type": "websocket.disconnect", "code": closed["code"]})
+        await communicator.wait(timeout=20)
         return frame, closed["code"]
 
     return asyncio.run(call())

@@ -18,6 +18,7 @@ from messaging.network.links import link_failed, link_received, link_succeeded, 
 from messaging.network.models import LinkHealth
 from messaging.network.transport import HttpWire, wire_use
 from tests.neighbour import FakeNeighbour
+from tests.network import OneByOneWire
 
 pytestmark = pytest.mark.django_db
 
@@ -125,7 +126,7 @@ def test_a_link_is_down_since_its_first_failure_in_a_row_and_backs_off(net_ring,
 # --- probes --------------------------------------------------------------------------------------
 
 
-class PingWire:
+class PingWire(OneByOneWire):
     """Pings answered from a table: peer -> the domain name it answers as, or an error; a peer not
     in the table answers as itself."""
 
@@ -137,15 +138,6 @@ class PingWire:
         if isinstance(answer, Exception):
             raise answer
         return Answer(200, json.dumps({"domain": answer}).encode(), complete=True)
-
-    def post_all(self, calls, *, deadline):
-        out = []
-        for call in calls:
-            try:
-                out.append(self.post(call, deadline=deadline))
-            except OutgoingError as exc:
-                out.append(exc)
-        return out
 
 
 @pytest.fixture

@@ -1,17 +1,24 @@
-"""Reliable messaging end to end: real daphne, a real Celery worker, real Postgres and Redis."""
+"""Reliable messaging end to end over /ws, in-process (tests/inprocess.py): the project's ASGI
+application and consumers on an event loop of their own, served by the same consumer loop as under
+daphne, a worker running the routing tasks, real Postgres and Redis. (What depends on daphne itself,
+such as frames on the wire and a node's drain, is tested against real processes in tests/system/.)"""
 
 from __future__ import annotations
 
 import pytest
 
 from messaging.models import Delivery, DeliveryState, Message
-from tests.wsclient import WsClient, wait_for
+from tests.wsclient import wait_for
 
-pytestmark = pytest.mark.system
+
+@pytest.fixture(scope="module")
+def node(inprocess):
+    """This module's web node and worker: in-process."""
+    return inprocess
 
 
 def test_online_recipient_gets_the_message_and_the_sender_its_confirmation(node):
-    with WsClient(node.ws_url) as alice, WsClient(node.ws_url) as bob:
+    with node.client() as alice, node.client() as bob:
         assert alice.auth("ANZ-1001")["data"] == {"appId": "app-id-343", "userId": "ANZ-1001", "isAuthenticated": True}
         bob.auth("ANZ-1002")
         alice.message("ANZ-1002", "hello bob", reference="ref-1")
@@ -24,7 +31,7 @@ def test_online_recipient_gets_the_message_and_the_sender_its_confirmation(node)
 
 
 def test_no_confirmation_without_a_reference_or_when_the_sender_declines_it(node):
-    with WsClient(node.ws_url) as alice, WsClient(node.ws_url) as bob:
+    with node.client() as alice, node.client() as bob:
         alice.auth("ANZ-1011")
         bob.auth("ANZ-1012")
         alice.message("ANZ-1012", "no reference")
@@ -40,14 +47,14 @@ def _parked(**lookups) -> int:
 
 @pytest.mark.django_db
 def test_offline_recipient_fetches_in_batches_with_the_right_left_missing_count(node):
-    with WsClient(node.ws_url) as alice:
+    with node.client() as alice:
         alice.auth("ANZ-2001")
         for i in range(25):
             alice.message("ANZ-2002", f"missed {i}", reference=f"m{i}")
     # RELIABLE sends carry no per-frame receipt in the linker protocol: wait until all are stored
     # and routed (parked for an offline recipient), so none is still on its way to be pushed live.
     wait_for(lambda: _parked(recipient="ANZ-2002") == 25)
-    with WsClient(node.ws_url) as bob:
+    with node.client() as bob:
         bob.auth("ANZ-2002")
         first, left = bob.fetch(10)
         assert [m["data"]["content"] for m in first] == [f"missed {i}" for i in range(10)]
@@ -59,7 +66,7 @@ def test_offline_recipient_fetches_in_batches_with_the_right_left_missing_count(
         assert len(third) == 5 and left == 0
         assert bob.fetch(10) == ([], 0)
     wait_for(lambda: _parked(recipient="ANZ-2001", message__kind="confirmation") == 25)
-    with WsClient(node.ws_url) as alice:
+    with node.client() as alice:
         alice.auth("ANZ-2001")
         confirmations, _ = alice.fetch(100)  # the sender was offline: its confirmations waited
         assert sorted(c["data"]["reference"] for c in confirmations) == sorted(f"m{i}" for i in range(25))
@@ -68,7 +75,7 @@ def test_offline_recipient_fetches_in_batches_with_the_right_left_missing_count(
 @pytest.mark.django_db
 def test_fast_messages_are_delivered_but_never_stored(node):
     before = Message.objects.count()
-    with WsClient(node.ws_url) as alice, WsClient(node.ws_url) as bob:
+    with node.client() as alice, node.client() as bob:
         alice.auth("ANZ-3001")
         bob.auth("ANZ-3002")
         alice.message("ANZ-3002", "quick", feature="FAST")
@@ -76,14 +83,14 @@ def test_fast_messages_are_delivered_but_never_stored(node):
         assert got["data"] == {"from": "ANZ-3001", "content": "quick"}
         alice.message("ANZ-3999", "to nobody online", feature="FAST")
     assert Message.objects.count() == before
-    with WsClient(node.ws_url) as nobody:
+    with node.client() as nobody:
         nobody.auth("ANZ-3999")
         assert nobody.fetch(10) == ([], 0)  # FAST to an offline user is gone, by design
 
 
 @pytest.mark.django_db
 def test_group_message_reaches_every_recipient_once(node):
-    with WsClient(node.ws_url) as a, WsClient(node.ws_url) as b, WsClient(node.ws_url) as c:
+    with node.client() as a, node.client() as b, node.client() as c:
         a.auth("ANZ-4001")
         b.auth("ANZ-4002")
         c.auth("ANZ-4003")
@@ -98,7 +105,7 @@ def test_group_message_reaches_every_recipient_once(node):
 
 @pytest.mark.django_db
 def test_duplicate_client_message_id_is_stored_and_delivered_once(node):
-    with WsClient(node.ws_url) as alice, WsClient(node.ws_url) as bob:
+    with node.client() as alice, node.client() as bob:
         alice.auth("ANZ-5001")
         bob.auth("ANZ-5002")
         for _ in range(3):
@@ -112,9 +119,9 @@ def test_duplicate_client_message_id_is_stored_and_delivered_once(node):
 
 @pytest.mark.django_db
 def test_ack_mode_redelivers_unacked_messages_after_reconnect_with_the_same_id(node):
-    with WsClient(node.ws_url) as alice:
+    with node.client() as alice:
         alice.auth("ANZ-6001")
-        with WsClient(node.ws_url) as bob:
+        with node.client() as bob:
             bob.auth("ANZ-6002", acks=True)
             alice.message("ANZ-6002", "first")
             alice.message("ANZ-6002", "second")
@@ -126,7 +133,7 @@ def test_ack_mode_redelivers_unacked_messages_after_reconnect_with_the_same_id(n
             bob.send("ACK", {"ids": [first["data"]["id"]]})
             bob.send("PING")
             bob.recv_type("PONG")
-        with WsClient(node.ws_url) as bob_again:
+        with node.client() as bob_again:
             bob_again.auth("ANZ-6002", acks=True)
             again = bob_again.recv_type("MESSAGE")
             assert again["data"]["id"] == second["data"]["id"] and again["data"]["content"] == "second"
@@ -137,7 +144,7 @@ def test_ack_mode_redelivers_unacked_messages_after_reconnect_with_the_same_id(n
 
 
 def test_a_user_with_two_connections_gets_the_message_on_both(node):
-    with WsClient(node.ws_url) as alice, WsClient(node.ws_url) as phone, WsClient(node.ws_url) as laptop:
+    with node.client() as alice, node.client() as phone, node.client() as laptop:
         alice.auth("ANZ-7001")
         phone.auth("ANZ-7002")
         laptop.auth("ANZ-7002")
@@ -147,12 +154,12 @@ def test_a_user_with_two_connections_gets_the_message_on_both(node):
 
 
 def test_master_user_sees_first_and_last_connections_and_can_close_a_user(node):
-    with WsClient(node.ws_url) as master:
+    with node.client() as master:
         master.auth("ANZ-123223")
-        first = WsClient(node.ws_url)
+        first = node.client()
         first.auth("ANZ-8001")
         assert master.recv_type("USER_CONNECTED")["data"] == {"userId": "ANZ-8001"}
-        second = WsClient(node.ws_url)
+        second = node.client()
         second.auth("ANZ-8001")  # not the first connection: no second announcement
         first.close()
         master.send("PING")
@@ -163,7 +170,7 @@ def test_master_user_sees_first_and_last_connections_and_can_close_a_user(node):
 
 
 def test_only_the_master_may_close_connections_and_only_in_its_own_app(node):
-    with WsClient(node.ws_url) as user, WsClient(node.ws_url) as master:
+    with node.client() as user, node.client() as master:
         user.auth("ANZ-8101")
         user.send("CLOSE_CONNECTION", {"userId": "ANZ-8102"})
         assert "master" in user.recv_type("INVALID_MESSAGE")["data"]["reason"]
@@ -172,18 +179,15 @@ def test_only_the_master_may_close_connections_and_only_in_its_own_app(node):
         assert "not a user of this app" in master.recv_type("INVALID_MESSAGE")["data"]["reason"]
 
 
-def test_the_node_exposes_prometheus_metrics_for_its_traffic(node):
-    import urllib.request
-
-    with WsClient(node.ws_url) as alice, WsClient(node.ws_url) as bob:
+def test_the_node_exposes_prometheus_metrics_for_its_traffic(node, client):
+    with node.client() as alice, node.client() as bob:
         alice.auth("ANZ-9001")
         bob.auth("ANZ-9002")
         alice.message("ANZ-9002", "counted")
         bob.recv_type("MESSAGE")
         alice.send_raw("{oops")
         alice.recv_type("INVALID_MESSAGE")
-        with urllib.request.urlopen(f"{node.url}/metrics", timeout=10) as resp:
-            text = resp.read().decode()
+        text = client.get("/metrics", REMOTE_ADDR="127.0.0.1").content.decode()
     samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
                if line and not line.startswith("#")}
     assert samples["switchboard_ws_connections"] >= 2
