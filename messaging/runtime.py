@@ -117,12 +117,14 @@ class NodeRuntime:
         for batcher in self.batchers:
             batcher.bind(loop)
         await run_db(self._restart_cleanup)
-        await self._join()
+        await self.join()
         await self.hub.start()
         self._heartbeat = asyncio.ensure_future(self._beat())
         log.info("node %s joined domain %s", self.node_id, settings.DOMAIN_NAME)
 
-    async def _join(self) -> None:
+    async def join(self) -> None:
+        """Register this node (again: a new life after it was declared dead, or after its Node row
+        went) in the presence cache and the Node table, and announce what its last life left behind."""
         gone = await cache.node_revive(node_id=self.node_id)
         await run_db(node_register, node_id=self.node_id, domain=settings.DOMAIN_NAME)
         await cache.node_heartbeat(node_id=self.node_id, ttl=settings.PRESENCE_NODE_TIMEOUT, held=[])
@@ -206,7 +208,7 @@ class NodeRuntime:
                     self.node_id, len(conns))
         await asyncio.gather(*(c.close(CLOSE_RESTART, "this node was declared dead; reconnect") for c in conns),
                              return_exceptions=True)
-        await self._join()
+        await self.join()
 
 
 _runtime: NodeRuntime | None = None

@@ -29,6 +29,7 @@ from channels.testing import WebsocketCommunicator
 from django.db import connection
 
 from messaging.handoff import InlineDispatcher, dispatcher
+from messaging.runtime import runtime
 from tests.wsclient import FrameReader
 
 
@@ -79,7 +80,18 @@ class InProcessClient(FrameReader):
             raise Closed(self.close_code)
 
         async def output() -> dict:
-            return await self.communicator.receive_output(timeout)
+            # Not receive_output(timeout): on a timeout it cancels the application, and a quiet
+            # socket is no reason for a connection to end.
+            communicator = self.communicator
+            if communicator.future.done() and communicator.output_queue.empty():
+                communicator.future.result()  # the consumer's own error, if it failed
+                return {"type": "websocket.close", "code": None}
+            message = await asyncio.wait_for(communicator.output_queue.get(), timeout)
+            if message["type"] == "websocket.close":
+                # The close handshake completes, and the server tells the consumer its connection
+                # ended, as daphne does.
+                await communicator.send_input({"type": "websocket.disconnect", "code": message.get("code", 1000)})
+            return message
 
         try:
             message = self.node.loop.run(output(), timeout + 5)
@@ -166,6 +178,9 @@ def inprocess(demo_network, django_db_blocker):
     with django_db_blocker.unblock():
         if _node is None:
             _node = InProcessNode()  # one node per process: the node runtime is the process's own
+        elif runtime().started:
+            # The last module's tenant, and this node's Node row with it, are gone: a new life.
+            _node.loop.run(runtime().join())
         worker = Worker()
         try:
             yield _node

@@ -13,6 +13,7 @@ import pytest
 
 from analytics.jobs import datasets as ds
 from analytics.services import lake_export, report_load
+from tests.analytics.conftest import TEST_JVM_OPTIONS
 from tests.analytics.test_backlog_report import deliveries_with_known_answers
 from tests.analytics.test_presence_report import DAY, a_day_of_sessions
 from tests.processes import ROOT
@@ -28,6 +29,8 @@ def spark_submit(job: str, lake: str, out: str) -> None:
             "--properties-file", str(ROOT / "platform" / "spark-defaults.conf"),
             "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=4",
             "--conf", "spark.executor.memory=512m",
+            "--conf", f"spark.driver.extraJavaOptions={TEST_JVM_OPTIONS}",
+            "--conf", f"spark.executor.extraJavaOptions={TEST_JVM_OPTIONS}",
             str(ROOT / "analytics" / "jobs" / f"{job}.py"),
             "--lake", lake, "--since", DAY.isoformat(), "--until", (DAY + timedelta(days=1)).isoformat(), "--out", out]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)

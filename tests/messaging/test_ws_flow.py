@@ -11,12 +11,6 @@ from messaging.models import Delivery, DeliveryState, Message
 from tests.wsclient import wait_for
 
 
-@pytest.fixture(scope="module")
-def node(inprocess):
-    """This module's web node and worker: in-process."""
-    return inprocess
-
-
 def test_online_recipient_gets_the_message_and_the_sender_its_confirmation(node):
     with node.client() as alice, node.client() as bob:
         assert alice.auth("ANZ-1001")["data"] == {"appId": "app-id-343", "userId": "ANZ-1001", "isAuthenticated": True}

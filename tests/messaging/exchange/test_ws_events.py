@@ -1,5 +1,6 @@
-"""The event exchange's notifications reach /ws users of the app as EVENT frames: a real web node,
-real clients, the bridge called as the engine calls it after a committed batch."""
+"""The event exchange's notifications reach /ws users of the app as EVENT frames: a web node in this
+process (tests/inprocess.py), its clients, the bridge called as the engine calls it after a committed
+batch."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import pytest
 
 from messaging.exchange.models import Follow
 from messaging.exchange.ws_bridge import events_to_ws, ws_listeners, ws_listeners_forget
-from tests.wsclient import WsClient
+from tests.wsclient import FrameReader
 
-pytestmark = [pytest.mark.system, pytest.mark.django_db]
+pytestmark = pytest.mark.django_db
 
 
-def events(client: WsClient) -> list[tuple[int, str, int | None, int | None]]:
+def events(client: FrameReader) -> list[tuple[int, str, int | None, int | None]]:
     return [(f["data"]["seq"], f["data"]["kind"], f["data"]["from"], f["data"]["to"])
             for f in client.recv_all(quiet=1.0) if f["type"] == "EVENT"]
 
@@ -21,7 +22,7 @@ def test_ws_users_get_exactly_the_events_that_concern_them_in_order(node, demo_n
     anz = demo_network["anz"]
     ws_listeners_forget()
     Follow.objects.create(app=anz, follower=3201, followee=3200)  # 3201 follows 3200; 3202 follows nobody
-    with WsClient(node.ws_url) as follower, WsClient(node.ws_url) as other:
+    with node.client() as follower, node.client() as other:
         follower.auth("ANZ-3201")
         other.auth("ANZ-3202")
         assert ws_listeners(anz.pk)

@@ -1,4 +1,5 @@
-"""The three app auth modes against a real web node (and a real HTTP auth service)."""
+"""The three app auth modes over /ws, against a web node in this process (tests/inprocess.py) and a
+real HTTP auth service."""
 
 from __future__ import annotations
 
@@ -12,9 +13,6 @@ import pytest
 from apps_registry.models import ClientApp, Domain
 from apps_registry.selectors import app_snapshots_clear
 from messaging.authentication import token_sign
-from tests.wsclient import WsClient
-
-pytestmark = pytest.mark.system
 
 
 class AuthService(BaseHTTPRequestHandler):
@@ -64,7 +62,7 @@ def apps(demo_network, auth_service, django_db_blocker):
 
 
 def _auth(node, user_id: str, app_id: str, token: str) -> bool:
-    with WsClient(node.ws_url) as client:
+    with node.client() as client:
         reply = client.auth(user_id, app_id=app_id, token=token)
         admitted = reply["data"]["isAuthenticated"]
         if not admitted:
