@@ -67,10 +67,11 @@ network-reset: install
 sysdeps: install
 	$(BIN)/python -m devstack.sysdeps chromium java haproxy
 
-# The whole suite, on TEST_WORKERS pytest-xdist workers (each module's tests on one worker, each with
-# a Redis of its own: devstack.pytest_services). TEST_WORKERS=0 runs it in this one process.
+# The whole suite, on TEST_WORKERS pytest-xdist workers (a module's tests on one worker, so its
+# processes start once; each worker with a Redis of its own: devstack.pytest_services).
+# TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 2
-PYTEST_DIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup)
+PYTEST_DIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadscope)
 # The project's bytecode, compiled once: every process the tests start (about two hundred) would
 # compile it again where PYTHONDONTWRITEBYTECODE is set.
 COMPILE = $(BIN)/python -m compileall -q -j 0 apps_registry messaging presence analytics platform bench > /dev/null

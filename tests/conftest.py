@@ -60,18 +60,19 @@ def _tables_emptied(self) -> None:
 TransactionTestCase._fixture_teardown = _tables_emptied
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the groups into the test ids
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`--dist loadgroup`), a module's tests stay on one worker (its module-scoped
-    processes start once), and so do all the tests of one session-scoped costly fixture: the
-    real-process ring (tests/ring.py) and the Spark session."""
-    for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        fixtures = set(getattr(item, "fixturenames", ()))
-        group = ("ring" if "ring" in fixtures else "spark" if "spark" in fixtures
-                 else item.nodeid.split("::", 1)[0])
-        item.add_marker(pytest.mark.xdist_group(group))
+@pytest.fixture
+def benchmarks_alone():
+    """No benchmark of another test worker runs meanwhile: the benchmark tests count the benchmark
+    databases on the server before and after."""
+    import fcntl
+
+    from devstack.embedded import var_dir
+
+    path = var_dir() / "test-workers" / "benchmarks.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture
@@ -128,7 +129,7 @@ def handoff(request):
     dispatcher_use(previous)
 
 
-from tests.inprocess import inprocess  # noqa: E402,F401  (fixture: a web node and a worker in this process)
+from tests.inprocess import inprocess, inprocess_node  # noqa: E402,F401  (fixtures: a web node and a worker here)
 from tests.messaging.api_fixtures import (  # noqa: E402,F401  (fixtures of the server API tests)
     anonymous_http,
     anz,

@@ -44,6 +44,18 @@ class NodeLoop:
     def run(self, coro: Coroutine, timeout: float = 30) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
+    def stop(self) -> None:
+        """The node stops: every task on its loop (the heartbeat, the batchers, the hub) is cancelled."""
+        async def cancel_all() -> None:
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        self.run(cancel_all())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
 
 class Closed(Exception):
     """The node closed the connection; `code` is its close code."""
@@ -168,22 +180,26 @@ class InProcessNode:
         return InProcessClient(self, path, headers)
 
 
-_node: InProcessNode | None = None
+@pytest.fixture(scope="session")
+def inprocess_node(django_db_setup, django_db_blocker):
+    """The process's one in-process web node (the node runtime is the process's own), stopped at the
+    end of the session."""
+    node = InProcessNode()
+    yield node
+    with django_db_blocker.unblock():
+        node.loop.stop()
 
 
 @pytest.fixture(scope="module")
-def inprocess(demo_network, django_db_blocker):
+def inprocess(inprocess_node, demo_network, django_db_blocker):
     """A web node and a worker in this process (the module docstring), on the committed demo tenant."""
-    global _node
     with django_db_blocker.unblock():
-        if _node is None:
-            _node = InProcessNode()  # one node per process: the node runtime is the process's own
-        elif runtime().started:
+        if runtime().started:
             # The last module's tenant, and this node's Node row with it, are gone: a new life.
-            _node.loop.run(runtime().join())
+            inprocess_node.loop.run(runtime().join())
         worker = Worker()
         try:
-            yield _node
+            yield inprocess_node
         finally:
             worker.stop()
     assert worker.errors == [], worker.errors

@@ -30,8 +30,7 @@ from messaging.models import Delivery, Message
 from presence.models import PresenceEvent, Session
 from tests.analytics.conftest import tenant
 
-# With tests/bench/test_platform_proc.py on one xdist worker: they count the same databases.
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.xdist_group("bench databases")]
+pytestmark = pytest.mark.django_db(transaction=True)
 SMALL = {"messages": 2000, "sessions": 200}
 
 
@@ -54,7 +53,7 @@ def _databases() -> set[str]:
 
 
 @pytest.fixture
-def live(settings, tmp_path, activity):
+def live(settings, tmp_path, activity, benchmarks_alone):
     """The platform's data: a message, its delivery, and an export that got somewhere."""
     settings.ANALYTICS_LAKE = str(tmp_path / "live-lake")
     (tmp_path / "live-lake" / "deliveries_live" / "run=00000047").mkdir(parents=True)

@@ -30,8 +30,7 @@ def _databases(url: str) -> set[str]:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.xdist_group("bench databases")  # with tests/analytics/test_bench.py: they count the same databases
-def test_the_benchmark_platform_runs_on_a_database_and_redis_of_its_own(tmp_path):
+def test_the_benchmark_platform_runs_on_a_database_and_redis_of_its_own(tmp_path, benchmarks_alone):
     operator_db = os.environ["DATABASE_URL"]  # what `make run` in this checkout uses
     operator_redis = redis.Redis.from_url(os.environ["REDIS_URL"])
     before, databases, redis_keys = _contents(operator_db), _databases(operator_db), operator_redis.dbsize()

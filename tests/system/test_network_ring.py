@@ -1,11 +1,26 @@
-"""`make network`'s ring, started as the tests' `ring` fixture: four domains that answer, each whole
-from the start, that admit a user only at its home, and one of which stops and starts alone."""
+"""The domain network end to end on the four-domain ring of `make network` (tests/ring.py): four
+domains that answer, each whole from the start, that admit a user only at its home, and one of which
+stops and starts alone; messages, confirmations and channel publishes forwarded hop by hop on
+shortest paths, around a disabled link, waiting for a stopped domain, a user sent to its home, and
+forged internal calls refused. (One module: the ring starts once for all of them.)
+
+    domain-01 ── domain-02
+        │            │
+    domain-04 ── domain-03      ANZ users: 0-999999 on 01, 1000000-2999999 on 02,
+                                3000000-5999999 on 03, 6000000+ on 04
+"""
 
 from __future__ import annotations
 
+import json
+import time
+
+import httpx
 import pytest
 
+from foundation.signed_calls import signed_headers
 from tests.ring import RingRefused
+from tests.wsclient import WsClient
 
 pytestmark = pytest.mark.system
 
@@ -49,3 +64,189 @@ def test_a_stopped_domain_leaves_the_others_serving_and_comes_back_with_the_same
     assert ring.query(2, "select count(*) from apps_registry_userdistribution") == [(4,)]
     with ring.client(2, "ANZ-1500000"):
         pass
+
+
+FORWARD_PATH = "/internal/v1/forward"
+
+
+def _copy_path(ring, n: int, content: str) -> str | None:
+    """The forward path of domain n's copy of the message with `content` (None: no copy there)."""
+    rows = ring.query(n, "select forward_path from messaging_message where content = %s", (content,))
+    return rows[0][0] if rows else None
+
+
+def _eventually(check, timeout: float = 30.0, every: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(every)
+
+
+def _messages_from(client: WsClient, sender: str, count: int, timeout: float = 30) -> list[str]:
+    got = client.collect_frames(
+        lambda frames: sum(f["type"] == "MESSAGE" and f["data"].get("from") == sender for f in frames) >= count,
+        timeout)
+    return [f["data"]["content"] for f in got if f["type"] == "MESSAGE" and f["data"].get("from") == sender]
+
+
+def _set_link(ring, a: str, b: str, *, enabled: bool) -> None:
+    """Switch a link on the meta domain (domain-01) and wait until every running domain has pulled it."""
+    statement = """update apps_registry_domainlink l set enabled = %s
+                     from apps_registry_domain d1, apps_registry_domain d2
+                    where l.n1_id = d1.id and l.n2_id = d2.id
+                      and ((d1.name = %s and d2.name = %s) or (d1.name = %s and d2.name = %s))"""
+    ring.query(1, statement, (enabled, a, b, b, a))
+    check = """select l.enabled from apps_registry_domainlink l join apps_registry_domain d1 on l.n1_id = d1.id
+                 join apps_registry_domain d2 on l.n2_id = d2.id
+                where (d1.name = %s and d2.name = %s) or (d1.name = %s and d2.name = %s)"""
+    for n in ring.domains():
+        if ring.running(n):
+            assert _eventually(lambda n=n: ring.query(n, check, (a, b, b, a)) == [(enabled,)], 30), \
+                f"domain-0{n} did not pull the link {a} - {b} enabled={enabled}"
+    time.sleep(1.5)  # every process's graph cache (1 s) has read it
+
+
+def test_a_message_to_a_user_two_domains_away_arrives_on_a_shortest_path_and_the_sender_gets_its_confirmation(ring):
+    with ring.client(1, "ANZ-1") as alice, ring.client(3, "ANZ-3000001") as carol:
+        alice.message("ANZ-3000001", "over two hops", reference="r-two-hops")
+        assert _messages_from(carol, "ANZ-1", 1) == ["over two hops"]
+        confirmation = alice.recv_type("MESSAGE_CONFIRMATION", timeout=30)
+        assert confirmation["data"]["reference"] == "r-two-hops"
+    # Two shortest paths of two hops; ties go by name: through domain-02, not domain-04.
+    assert _copy_path(ring, 2, "over two hops") == "domain-01"
+    assert _copy_path(ring, 3, "over two hops") == "domain-01,domain-02"
+    assert _copy_path(ring, 4, "over two hops") is None
+    # The sender's domain shows where it went and that it was delivered there.
+    assert _eventually(lambda: ring.query(1, "select state, forward_to from messaging_delivery d join messaging_message m"
+                                             " on d.message_id = m.id where m.content = %s", ("over two hops",))
+                       == [("delivered", "domain-02")])
+
+
+def test_with_the_link_01_02_disabled_a_message_to_domain_02_goes_round_through_04_and_03(ring):
+    _set_link(ring, "domain-01", "domain-02", enabled=False)
+    try:
+        with ring.client(1, "ANZ-2") as alice, ring.client(2, "ANZ-1000002") as bob:
+            alice.message("ANZ-1000002", "the long way round", reference="r-round")
+            assert _messages_from(bob, "ANZ-2", 1) == ["the long way round"]
+            assert alice.recv_type("MESSAGE_CONFIRMATION", timeout=30)["data"]["reference"] == "r-round"
+        assert _copy_path(ring, 4, "the long way round") == "domain-01"
+        assert _copy_path(ring, 3, "the long way round") == "domain-01,domain-04"
+        assert _copy_path(ring, 2, "the long way round") == "domain-01,domain-04,domain-03"
+    finally:
+        _set_link(ring, "domain-01", "domain-02", enabled=True)
+
+
+def test_messages_for_a_stopped_domain_wait_and_arrive_once_each_in_order_when_it_returns(ring):
+    ring.stop_domain(2)
+    try:
+        with ring.client(1, "ANZ-3") as alice:
+            for i in range(12):
+                alice.message("ANZ-1000003", f"while away {i}", clientMessageId=f"away-{i}")
+            # Stored and waiting on the sender's side, none lost.
+            assert _eventually(lambda: ring.query(
+                1, "select count(*) from messaging_delivery where recipient = 'ANZ-1000003'"
+                   " and state in ('pending', 'sent', 'retrying', 'forwarding', 'forwarded')") == [(12,)], 20)
+            time.sleep(5)  # longer than LINK_DOWN_AFTER_SECONDS: the ring routes around, domain-03 waits too
+    finally:
+        ring.start_domain(2)
+    with ring.client(2, "ANZ-1000003") as bob:
+        wanted = [f"while away {i}" for i in range(12)]
+        deadline = time.monotonic() + 60
+        got: list[str] = []
+        while len(got) < 12 and time.monotonic() < deadline:
+            batch, _left = bob.fetch(100)
+            got += [f["data"]["content"] for f in batch]
+            got += _messages_from(bob, "ANZ-3", 0, timeout=1)
+            if len(got) < 12:
+                time.sleep(1)
+        time.sleep(2)
+        got += [f["data"]["content"] for f in bob.recv_all(quiet=1) if f["type"] == "MESSAGE"]
+        assert got == wanted  # all, once each, in the order sent
+    assert ring.query(2, "select count(*) from messaging_delivery where recipient = 'ANZ-1000003'") == [(12,)]
+
+
+def test_a_channel_publish_on_domain_01_reaches_subscribers_on_all_four_domains_and_a_resume_gets_exactly_what_it_missed(ring):
+    users = {1: "ANZ-11", 2: "ANZ-1000011", 3: "ANZ-3000011", 4: "ANZ-6000011"}
+    readers = {n: ring.client(n, user) for n, user in users.items()}
+    try:
+        for reader in readers.values():
+            reader.send("SUBSCRIBE", {"channel": "news.ring"})
+            reader.recv_type("SUBSCRIBED")
+        for i in range(3):
+            ring.publish(1, "news.ring", f"bulletin {i}")
+        for n, reader in readers.items():
+            frames = reader.collect_frames(lambda fs: sum(f["type"] == "CHANNEL_MESSAGE" for f in fs) >= 3, 30)
+            assert [f["data"]["content"] for f in frames if f["type"] == "CHANNEL_MESSAGE"] == \
+                   [f"bulletin {i}" for i in range(3)], f"domain-0{n}"
+        last_seen = [f for f in readers[3].frames if f["type"] == "CHANNEL_MESSAGE"][-1]["data"]["offset"]
+        readers.pop(3).close()
+        for i in range(3, 5):
+            ring.publish(1, "news.ring", f"bulletin {i}")
+        assert _eventually(lambda: ring.query(3, "select count(*) from messaging_channelmessage where content like 'bulletin %%'")
+                           == [(5,)])
+        with ring.client(3, users[3]) as back:
+            back.send("SUBSCRIBE", {"channel": "news.ring", "since": last_seen})
+            frames = back.collect_frames(lambda fs: sum(f["type"] == "CHANNEL_MESSAGE" for f in fs) >= 2, 30)
+            frames += back.recv_all(quiet=1)
+            assert [f["data"]["content"] for f in frames if f["type"] == "CHANNEL_MESSAGE"] == ["bulletin 3", "bulletin 4"]
+    finally:
+        for reader in readers.values():
+            reader.close()
+    for n in ring.domains():  # stored once on every domain, however many ways the flood came
+        assert ring.query(n, "select count(*) from messaging_channelmessage where content like 'bulletin %%'") == [(5,)]
+
+
+def test_a_user_who_reaches_the_wrong_domain_is_redirected_and_ends_up_at_home(ring):
+    wrong = WsClient(ring.ws_url(1))
+    reply = wrong.auth("ANZ-3000021")
+    assert reply["data"]["isAuthenticated"] is False
+    assert reply["data"]["redirect"] == ring.ws_url(3)
+    wrong.close()
+    home = WsClient(reply["data"]["redirect"])
+    assert home.auth("ANZ-3000021")["data"]["isAuthenticated"] is True
+    home.close()
+
+
+def _link_secret(ring, a: str, b: str) -> str:
+    return ring.query(1, """select l.shared_secret from apps_registry_domainlink l
+                              join apps_registry_domain d1 on l.n1_id = d1.id join apps_registry_domain d2 on l.n2_id = d2.id
+                             where (d1.name = %s and d2.name = %s) or (d1.name = %s and d2.name = %s)""", (a, b, b, a))[0][0]
+
+
+def _forward_body(origin_id: int, path: list[str]) -> bytes:
+    message = {"app": "ANZ", "kind": "direct", "sender": "ANZ-41", "content": f"crafted {origin_id}", "reference": "",
+               "confirmation_requested": False, "client_message_id": None, "origin_domain": path[0],
+               "origin_message_id": origin_id, "path": path, "confirms": "", "recipients": ["ANZ-1000041"]}
+    return json.dumps({"messages": [message], "receipts": []}).encode()
+
+
+def test_forged_replayed_and_over_hop_forwarding_calls_are_refused(ring):
+    secret = _link_secret(ring, "domain-01", "domain-02")
+    url = ring.http_url(2) + FORWARD_PATH
+
+    def call(body: bytes, headers: dict) -> httpx.Response:
+        return httpx.post(url, content=body, headers={**headers, "Content-Type": "application/json"}, timeout=10)
+
+    body = _forward_body(900001, ["domain-01"])
+    forged = signed_headers(secret="not-the-link-secret", sender="domain-01", method="POST", path=FORWARD_PATH, body=body)
+    assert call(body, forged).status_code == 403
+    stale = signed_headers(secret=secret, sender="domain-01", method="POST", path=FORWARD_PATH, body=body,
+                           timestamp=int(time.time()) - 3600)
+    assert call(body, stale).status_code == 403
+    not_linked = signed_headers(secret=secret, sender="domain-03", method="POST", path=FORWARD_PATH, body=body)
+    assert call(body, not_linked).status_code == 403  # 02-03 exists but with another secret
+    genuine = signed_headers(secret=secret, sender="domain-01", method="POST", path=FORWARD_PATH, body=body)
+    first = call(body, genuine)
+    assert first.status_code == 200, first.text
+    replayed = call(body, genuine)
+    assert replayed.status_code == 409
+    # Stored once: the genuine call only.
+    assert ring.query(2, "select count(*) from messaging_message where content = 'crafted 900001'") == [(1,)]
+
+    eleven = ["domain-01", *[f"domain-0{1 + i % 4}" for i in range(1, 10)], "domain-01"]
+    over = _forward_body(900002, eleven)
+    answer = call(over, signed_headers(secret=secret, sender="domain-01", method="POST", path=FORWARD_PATH, body=over))
+    assert answer.status_code == 422 and "hop limit" in answer.json()["error"]
+    assert ring.query(2, "select count(*) from messaging_message where content = 'crafted 900002'") == [(0,)]
