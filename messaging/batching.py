@@ -14,7 +14,9 @@ node whose database falls behind says so to its senders instead of queueing with
 
 `flushed()` waits until nothing is pending or being flushed: what was added before it was called
 has been committed (or its failure logged), which is what a draining node waits for before it
-leaves (messaging.drain).
+leaves (messaging.drain). `caught_up()` waits only for what was added before it was called, however
+busy the batcher stays meanwhile: what a connection waits for before it tells its client to
+reconnect elsewhere.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ class Batcher:
         self._running: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.last_flush_seconds = 0.0  # how long the latest flush took: the retry hint when full
+        # Items are flushed in the order they were added: once `_done` reaches an item's number, it
+        # has been flushed (committed, or its failure logged).
+        self._added = 0
+        self._done = 0
+        self._progress: asyncio.Event | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -63,6 +70,15 @@ class Batcher:
     def busy(self) -> bool:
         """Items wait, or a flush runs."""
         return bool(self._items) or (self._running is not None and not self._running.done())
+
+    async def caught_up(self) -> None:
+        """Wait until every item added before this call has been flushed (or its flush failed)."""
+        target = self._added
+        while self._done < target:
+            if self._progress is None:
+                self._progress = asyncio.Event()
+            progress = self._progress
+            await progress.wait()
 
     async def flushed(self) -> None:
         """Wait until nothing is pending or being flushed (items added meanwhile are waited for too)."""
@@ -80,6 +96,7 @@ class Batcher:
         """Queue entries; True when the caller must wake the drain (none is pending)."""
         with self._lock:
             self._items.extend(entries)
+            self._added += len(entries)
             if self._wakeup_pending:
                 return False
             self._wakeup_pending = True
@@ -135,9 +152,17 @@ class Batcher:
                 continue
             finally:
                 self.last_flush_seconds = time.monotonic() - started
+                self._flushed_count(len(batch))
             for index, (_, future) in enumerate(batch):
                 if future is not None and not future.done():
                     future.set_result(results[index] if results is not None else None)
+
+
+    def _flushed_count(self, n: int) -> None:
+        self._done += n
+        progress, self._progress = self._progress, None
+        if progress is not None:
+            progress.set()
 
 
 class LoopBatcher:

@@ -107,6 +107,10 @@ class ClientConsumer(ChannelReaderConsumer):
                                       write=self._write_channel, transport="ws", missed=self._write_missed)
 
     async def _drain(self) -> None:
+        # What this node has read of the client (its ACKs, the frames that left) is committed before
+        # the client hears 1012: on its next node it must not be handed again what it acknowledged.
+        if self.life is not None:
+            await self.life.node.delivered.caught_up()
         await self.close_with(CLOSE_RESTART, DRAINING_REASON)
 
     async def _auth_timeout(self) -> None:

@@ -175,9 +175,29 @@ class Worker:
 class InProcessNode:
     def __init__(self) -> None:
         self.loop = NodeLoop()
+        self.clients: list[InProcessClient] = []
 
     def client(self, path: str = "/ws", headers: list[tuple[bytes, bytes]] | None = None) -> InProcessClient:
-        return InProcessClient(self, path, headers)
+        client = InProcessClient(self, path, headers)
+        self.clients.append(client)
+        return client
+
+    def quiesce(self, timeout: float = 10) -> None:
+        """Every client gone and its end run (presence, session rows, what it held given back), and
+        every batcher flushed: nothing of one module's connections is left for the next tests."""
+        for client in self.clients:
+            client.close()
+        self.clients.clear()
+
+        async def ended() -> None:
+            node = runtime()
+            deadline = time.monotonic() + timeout
+            while (node.connections or node.drainable) and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            if node.started:
+                await node.batchers_flushed()
+
+        self.loop.run(ended(), timeout + 5)
 
 
 @pytest.fixture(scope="session")
@@ -201,5 +221,6 @@ def inprocess(inprocess_node, demo_network, django_db_blocker):
         try:
             yield inprocess_node
         finally:
+            inprocess_node.quiesce()
             worker.stop()
     assert worker.errors == [], worker.errors

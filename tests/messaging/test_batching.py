@@ -86,3 +86,40 @@ def test_a_failed_flush_does_not_leave_flushed_waiting():
         return batcher.busy
 
     assert asyncio.run(scenario()) is False
+
+
+class StepFlush:
+    """A flush function that lets one batch through per step; records what it flushed."""
+
+    def __init__(self) -> None:
+        self.steps = threading.Semaphore(0)
+        self.batches: list[list] = []
+
+    def __call__(self, items: list) -> None:
+        self.steps.acquire(timeout=10)
+        self.batches.append(list(items))
+
+
+def test_caught_up_waits_for_what_was_added_before_it_however_busy_the_batcher_stays():
+    async def scenario() -> tuple[list[list], bool, bool]:
+        flush = StepFlush()
+        batcher = Batcher("delivered", flush, linger=0, max_size=2)
+        batcher.bind(asyncio.get_running_loop())
+        batcher.add([1, 2, 3])  # two batches: [1, 2], [3]
+        waiter = asyncio.ensure_future(batcher.caught_up())
+        flush.steps.release()  # [1, 2] goes
+        while len(flush.batches) < 1:
+            await asyncio.sleep(0.01)
+        batcher.add([4, 5])  # more keeps coming: it is no concern of the waiter
+        await asyncio.sleep(0.05)
+        waiting_for_3 = not waiter.done()
+        flush.steps.release()  # [3] goes: the last one the waiter waited for
+        await asyncio.wait_for(waiter, 5)
+        busy_still = batcher.busy  # [4, 5] has not gone yet, and the waiter did not wait for it
+        flush.steps.release()
+        await batcher.flushed()
+        return flush.batches, waiting_for_3, busy_still
+
+    batches, waiting_for_3, busy_still = asyncio.run(scenario())
+    assert waiting_for_3 and busy_still
+    assert batches == [[1, 2], [3], [4, 5]]

@@ -14,6 +14,9 @@ from apps_registry.models import ClientApp, Domain
 from apps_registry.selectors import app_snapshots_clear
 from messaging.authentication import token_sign
 
+# Every test of the module with the database (pytest-django runs them together, with the node's module).
+pytestmark = pytest.mark.django_db
+
 
 class AuthService(BaseHTTPRequestHandler):
     """Admits token 'good', refuses 'bad', answers garbage for 'garbage', hangs for 'slow'."""

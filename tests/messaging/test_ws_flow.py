@@ -10,6 +10,9 @@ import pytest
 from messaging.models import Delivery, DeliveryState, Message
 from tests.wsclient import wait_for
 
+# Every test of the module reads the database (pytest-django runs them together, with the node's module).
+pytestmark = pytest.mark.django_db
+
 
 def test_online_recipient_gets_the_message_and_the_sender_its_confirmation(node):
     with node.client() as alice, node.client() as bob:
@@ -39,7 +42,6 @@ def _parked(**lookups) -> int:
     return Delivery.objects.filter(state=DeliveryState.PENDING, next_attempt_at__isnull=True, **lookups).count()
 
 
-@pytest.mark.django_db
 def test_offline_recipient_fetches_in_batches_with_the_right_left_missing_count(node):
     with node.client() as alice:
         alice.auth("ANZ-2001")
@@ -66,7 +68,6 @@ def test_offline_recipient_fetches_in_batches_with_the_right_left_missing_count(
         assert sorted(c["data"]["reference"] for c in confirmations) == sorted(f"m{i}" for i in range(25))
 
 
-@pytest.mark.django_db
 def test_fast_messages_are_delivered_but_never_stored(node):
     before = Message.objects.count()
     with node.client() as alice, node.client() as bob:
@@ -82,7 +83,6 @@ def test_fast_messages_are_delivered_but_never_stored(node):
         assert nobody.fetch(10) == ([], 0)  # FAST to an offline user is gone, by design
 
 
-@pytest.mark.django_db
 def test_group_message_reaches_every_recipient_once(node):
     with node.client() as a, node.client() as b, node.client() as c:
         a.auth("ANZ-4001")
@@ -97,7 +97,6 @@ def test_group_message_reaches_every_recipient_once(node):
     assert Delivery.objects.filter(message__sender="ANZ-4001").count() == 3  # 4004 waits offline
 
 
-@pytest.mark.django_db
 def test_duplicate_client_message_id_is_stored_and_delivered_once(node):
     with node.client() as alice, node.client() as bob:
         alice.auth("ANZ-5001")
@@ -111,7 +110,6 @@ def test_duplicate_client_message_id_is_stored_and_delivered_once(node):
     assert Message.objects.filter(sender="ANZ-5001", client_message_id="payment-77").count() == 1
 
 
-@pytest.mark.django_db
 def test_ack_mode_redelivers_unacked_messages_after_reconnect_with_the_same_id(node):
     with node.client() as alice:
         alice.auth("ANZ-6001")
