@@ -46,6 +46,10 @@ from presence.online import user_is_online
 
 log = logging.getLogger(__name__)
 CONTROL_TYPES = {"PING", "PONG", "ACK"}  # cheap: they draw on the frame budget alone
+# A draining ACK-mode connection stops taking pushes and waits this long at most for the ACKs of
+# what it has in flight before it says 1012: an ACK on its way when the socket closes would be lost,
+# and the client handed that message again on its next node.
+DRAIN_ACK_WAIT_SECONDS = 1.0
 
 
 def frame_over(text: str | None, data: bytes | None, limit: int) -> bool:
@@ -85,6 +89,7 @@ class ClientConsumer(ChannelReaderConsumer):
         self.life = ConnectionLife(channel_name=self.channel_name, close=self.close_with)
         self.durable: set[str] = set()
         self.closing = False
+        self.leaving = False  # its node drains: it takes no more pushes
         extensions = self.scope.get("extensions") or {}
         self.outgoing = extensions.get(OUTGOING_EXTENSION)
         self.frame_limit: FrameLimit | None = extensions.get(FRAME_LIMIT_EXTENSION)
@@ -107,8 +112,15 @@ class ClientConsumer(ChannelReaderConsumer):
                                       write=self._write_channel, transport="ws", missed=self._write_missed)
 
     async def _drain(self) -> None:
-        # What this node has read of the client (its ACKs, the frames that left) is committed before
-        # the client hears 1012: on its next node it must not be handed again what it acknowledged.
+        """The node drains: no more pushes (they go back to the mailbox), the ACKs of what is in
+        flight are waited for (DRAIN_ACK_WAIT_SECONDS at most), and what this node has read of the
+        client (its ACKs, the frames that left) is committed, before the client hears 1012: on its
+        next node it is not handed again what it acknowledged here."""
+        self.leaving = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DRAIN_ACK_WAIT_SECONDS
+        while self.ledger is not None and self.ledger.inflight and not self.closing and loop.time() < deadline:
+            await asyncio.sleep(0.01)
         if self.life is not None:
             await self.life.node.delivered.caught_up()
         await self.close_with(CLOSE_RESTART, DRAINING_REASON)
@@ -223,7 +235,7 @@ class ClientConsumer(ChannelReaderConsumer):
             return
         for item in event["items"]:
             delivery_id, message_id, claim = item["delivery_id"], item["message_id"], item["claim"]
-            if not ledger.admit(delivery_id, message_id, claim, closing=self.closing):
+            if not ledger.admit(delivery_id, message_id, claim, closing=self.closing or self.leaving):
                 continue
             if not await self.write(item["frame"]):
                 ledger.not_written(delivery_id, claim)

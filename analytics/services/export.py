@@ -23,7 +23,8 @@ The horizon. Ids come from sequences when a row is inserted but become visible w
 transaction commits, so a row with a lower id can appear after a higher one has been exported;
 a plain "max id seen" watermark would skip it for ever. A run reads each sequence's last value V,
 then the time T, and waits (ANALYTICS_EXPORT_HORIZON_WAIT seconds at most) until no client
-transaction that started at or before T and may have written is still open: every id up to V is
+transaction of this database that started at or before T and may have written is still open (the
+other databases of the server, other domains' say, are no concern): every id up to V is
 then committed or rolled back for good. If a long transaction is still open, the append-only watermarks stay where
 they are this run (and a warning names it). This needs the export's database role to see the
 writers' transactions in pg_stat_activity (the same role, or pg_read_all_stats).
@@ -215,10 +216,11 @@ def _horizons() -> dict[str, int] | None:
         while True:
             # Each poll is its own transaction (autocommit): pg_stat_activity is re-read every time.
             # A transaction that has written holds an xid; one running a statement may be between
-            # taking an id and writing its row. An idle one that never wrote cannot hold an id back.
+            # taking an id and writing its row. An idle one that never wrote cannot hold an id back,
+            # nor can one in another database of the server (the sequences are this database's).
             cur.execute(
                 "SELECT pid, xact_start, left(query, 200) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-                "AND backend_type = 'client backend' AND xact_start <= %s "
+                "AND datname = current_database() AND backend_type = 'client backend' AND xact_start <= %s "
                 "AND (backend_xid IS NOT NULL OR state = 'active') ORDER BY xact_start LIMIT 1",
                 [started],
             )

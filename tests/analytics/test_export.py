@@ -185,6 +185,22 @@ def test_an_export_killed_midway_and_run_again_yields_exactly_one_copy_of_every_
     assert JobRun.objects.get(pk__lt=result.run_id).state == "failed"
 
 
+def test_a_writing_transaction_in_another_database_of_the_server_does_not_hold_the_export_back(lake, anz, activity,
+                                                                                              settings):
+    """Another domain's database (make network puts four on one server), or another test worker's."""
+    import psycopg
+
+    from analytics.bench_sandbox import url_with_database
+
+    settings.ANALYTICS_EXPORT_HORIZON_WAIT = 1
+    with psycopg.connect(url_with_database(database_url_for_tests(), "postgres")) as elsewhere:
+        elsewhere.execute("CREATE TEMPORARY TABLE busy (n int); INSERT INTO busy VALUES (1)")  # a write: an xid
+        sent = activity.delivery(anz, DAY).message_id
+        result = lake_export()
+        elsewhere.rollback()
+    assert result.rows["messages"] == 1 and exported(lake, ds.MESSAGES) == [sent]
+
+
 def test_a_row_committed_after_a_newer_one_is_exported_by_a_later_run_not_skipped(lake, anz, activity, settings):
     settings.ANALYTICS_EXPORT_HORIZON_WAIT = 1
     inserted, release = threading.Event(), threading.Event()

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def _fresh_answers():
+def _fresh_answers(redis_client):
+    redis_client.flushdb()  # no presence left by an earlier test's connections: who is online is this test's
     ws_listeners_forget()
     yield
     ws_listeners_forget()
