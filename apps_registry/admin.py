@@ -234,7 +234,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.display(description="state")
     def state(self, obj: ApiKey) -> str:
-        return "active" if obj.is_active else "revoked"
+        return obj.state
 
     @admin.action(description="Revoke selected API keys", permissions=["change"])
     def revoke(self, request, queryset):
@@ -258,7 +258,7 @@ class OperatorKeyAdmin(admin.ModelAdmin):
 
     @admin.display(description="state")
     def state(self, obj: OperatorKey) -> str:
-        return "active" if obj.is_active else "revoked"
+        return obj.state
 
     @admin.action(description="Revoke selected operator keys", permissions=["change"])
     def revoke(self, request, queryset):

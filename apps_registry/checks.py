@@ -1,15 +1,23 @@
-"""`check --deploy` checks of the registered apps (ids switchboard.W01x): a tenant anyone may log in
-to is named before a node goes on the internet. Only under --deploy: they read the database."""
+"""`check --deploy` checks of the registered apps and the domain network (ids switchboard.W01x): a
+tenant anyone may log in to, and a network whose calls travel in the clear or are signed with a
+short secret, are named before a node goes on the internet. Only under --deploy: they read the
+database."""
 
 from __future__ import annotations
+
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.checks import Tags, register
 from django.core.checks import Warning as CheckWarning
 from django.db import DatabaseError
 
-from .models import OPEN_APP_MEANING
-from .selectors import app_names_admitting_anyone, app_names_with_auth_url_off
+from .models import OPEN_APP_MEANING, DomainLink
+from .selectors import app_names_admitting_anyone, app_names_with_auth_url_off, domain_call_url
+
+# What a shared secret must have at least: 32 bytes (HMAC-SHA256's own size; the generated ones have 43).
+MIN_SECRET_BYTES = 32
+LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
 @register(Tags.security, deploy=True)
@@ -46,3 +54,48 @@ def check_meta_role(app_configs, **kwargs):
             f"META_URL is set ({settings.META_URL}) but META_SECRET is empty: every configuration pull fails.",
             hint="Set META_SECRET to the secret the meta domain has, or unset META_URL.", id="switchboard.W013")]
     return []
+
+
+def _in_the_clear(url: str) -> bool:
+    """An http:// (or ws://) URL to another machine: what travels there can be read and altered on the way."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    return parts.scheme in ("http", "ws") and not (host in LOOPBACK or host.startswith("127."))
+
+
+@register(Tags.security, deploy=True)
+def check_network_transport(app_configs, **kwargs):
+    """The meta pull and the calls to neighbours carry every secret of the configuration and every
+    forwarded message: over TLS, signed with secrets of at least MIN_SECRET_BYTES."""
+    warnings = []
+    if settings.META_URL and _in_the_clear(settings.META_URL):
+        warnings.append(CheckWarning(
+            f"META_URL ({settings.META_URL}) is not https: the configuration it pulls, with every secret, travels "
+            "in the clear.", hint="Use an https:// URL for the meta domain (an internal listener behind TLS).",
+            id="switchboard.W014"))
+    if settings.META_SECRET and len(settings.META_SECRET.encode()) < MIN_SECRET_BYTES:
+        warnings.append(CheckWarning(
+            f"META_SECRET is shorter than {MIN_SECRET_BYTES} bytes.",
+            hint="Use a long random secret, e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`.",
+            id="switchboard.W015"))
+    here = settings.DOMAIN_NAME
+    try:
+        links = list(DomainLink.objects.select_related("n1", "n2").filter(enabled=True))
+    except DatabaseError:
+        return warnings  # check_open_apps already says the database could not be read
+    for link in links:
+        if here not in (link.n1.name, link.n2.name):
+            continue
+        peer = link.n2 if link.n1.name == here else link.n1
+        url = domain_call_url(peer.urls)
+        if url and _in_the_clear(url):
+            warnings.append(CheckWarning(
+                f"Calls to neighbour {peer.name} go to {url}, not https: forwarded messages travel in the clear.",
+                hint=f"List an https:// URL first for {peer.name} (its internal listener behind TLS).",
+                id="switchboard.W016"))
+        if len(link.shared_secret.encode()) < MIN_SECRET_BYTES:
+            warnings.append(CheckWarning(
+                f"The link {link.n1.name} - {link.n2.name} has a shared secret shorter than {MIN_SECRET_BYTES} bytes.",
+                hint="Give it a long random secret in the admin or the configuration file (both ends).",
+                id="switchboard.W017"))
+    return warnings

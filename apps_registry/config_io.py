@@ -5,7 +5,11 @@ and idempotent (natural keys: domain name, link pair, app name). What a file nam
 an app's distributions are replaced by the file's list. What it does not name is left alone.
 
 Extension keys beyond the linker format: `weight`, `enabled` and `sharedSecret` on links;
-`tokenSecret`, `authMode`, `publicChannels`, `clientSubscriptions` on apps.
+`tokenSecret`, `authMode`, `publicChannels`, `clientSubscriptions` on apps, and `settings`: the
+app's settings that protect its users (allowed origins, token lifetime, limits, attempts,
+retention; APP_SETTINGS), written where they differ from the defaults. Importing an entry without
+`settings` (or without one of them) keeps what the app has; the meta role's pull (`mirror`) sets
+what the meta holds, defaults included, so a mirror never keeps a setting the meta has dropped.
 
 No user is left without a home: a file that gives an app's distributions a smaller coverage than
 the app has here is refused, naming the app and the first users who would lose their home domain
@@ -53,6 +57,65 @@ from .models import (
 )
 from .selectors import user_id_parse
 from .services import coverage_gap, distribution_validate, homeless_message
+
+# The file's name of each app setting that protects its users (`settings:` of an app entry).
+APP_SETTINGS = {
+    "allowedOrigins": "allowed_origins",
+    "maxTokenLifetimeSeconds": "max_token_lifetime_seconds",
+    "authTimeoutMs": "auth_timeout_ms",
+    "confirmationEnabled": "confirmation_enabled",
+    "maxContentBytes": "max_content_bytes",
+    "maxGroupRecipients": "max_group_recipients",
+    "rateLimitPerSecond": "rate_limit_per_second",
+    "rateLimitBurst": "rate_limit_burst",
+    "deliveriesPerSecond": "deliveries_per_second",
+    "deliveriesBurst": "deliveries_burst",
+    "maxConnectionsPerUser": "max_connections_per_user",
+    "apiRateLimitPerSecond": "api_rate_limit_per_second",
+    "apiRateLimitBurst": "api_rate_limit_burst",
+    "retentionDays": "retention_days",
+    "maxDeliveryAttempts": "max_delivery_attempts",
+}
+
+
+def _setting_default(field_name: str) -> Any:
+    return ClientApp._meta.get_field(field_name).get_default()
+
+
+def _settings_import(entry: dict, where: str, *, mirror: bool) -> dict[str, Any]:
+    """The model fields an entry's `settings` sets (checked by the fields' own validation); with
+    `mirror`, every setting the entry leaves out is its default."""
+    given = entry.get("settings") or {}
+    if not isinstance(given, dict):
+        raise ConfigError(f"{where}: settings must be a mapping")
+    unknown = sorted(set(given) - set(APP_SETTINGS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)} (known: {', '.join(APP_SETTINGS)})")
+    fields: dict[str, Any] = {}
+    for key, name in APP_SETTINGS.items():
+        if key not in given:
+            if mirror:
+                fields[name] = _setting_default(name)
+            continue
+        value = given[key]
+        field = ClientApp._meta.get_field(name)
+        if name == "allowed_origins":
+            if not isinstance(value, list) or not all(isinstance(o, str) and o for o in value):
+                raise ConfigError(f"{where}: settings.allowedOrigins must be a list of origins")
+        elif field.get_internal_type() == "BooleanField" and not isinstance(value, bool):
+            raise ConfigError(f"{where}: settings.{key} must be true or false")
+        elif field.get_internal_type() != "BooleanField" and isinstance(value, bool):
+            raise ConfigError(f"{where}: settings.{key} must be a number")
+        try:
+            fields[name] = field.clean(value, None)
+        except ValidationError as exc:
+            raise ConfigError(f"{where}: settings.{key}: {' '.join(exc.messages)}") from None
+    return fields
+
+
+def _settings_export(app: ClientApp) -> dict[str, Any]:
+    return {key: getattr(app, name) for key, name in APP_SETTINGS.items()
+            if getattr(app, name) != _setting_default(name)}
 
 
 class ConfigError(Exception):
@@ -221,6 +284,7 @@ def _import_apps(entries: list, summary: ImportSummary, default_auth_mode: str |
         where = f"clientApps[{i}]"
         fields = _app_fields(entry, where, default_auth_mode)
         where = f"clientApps[{i}] ({fields['app_name']})"
+        fields.update(_settings_import(entry, where, mirror=mirror))
         if fields["app_id"] in seen_ids:
             raise ConfigError(f"{where}: appId '{fields['app_id']}' is also used by {seen_ids[fields['app_id']]}")
         seen_ids[fields["app_id"]] = fields["app_name"]
@@ -301,6 +365,8 @@ def config_export(*, include_secrets: bool = False) -> str:
             item["publicChannels"] = list(app.public_channel_patterns)
         if app.client_subscriptions_allowed:
             item["clientSubscriptions"] = True
+        if app_settings := _settings_export(app):
+            item["settings"] = app_settings
         dists = []
         for d in sorted(app.distributions.all(), key=lambda d: d.range_from):
             entry: dict[str, Any] = {"domainName": d.domain.name, "from": d.range_from}

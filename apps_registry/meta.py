@@ -77,7 +77,9 @@ def config_export_view(request: HttpRequest) -> HttpResponse:
     reason, signature = signature_refusal(secret=secret, header=request.headers.get(SIGNATURE_HEADER),
                                           method="GET", path=path, body=b"",
                                           max_skew=settings.FORWARD_MAX_SKEW_SECONDS)
-    if reason is None and not nonce_first_use(redis=sync_client(), sender=f"meta:{sender}", nonce=signature.nonce,
+    # The nonce is remembered on its own, not under the caller's name: that header is not signed, so
+    # a captured call sent again under another name must still be a replay.
+    if reason is None and not nonce_first_use(redis=sync_client(), sender="meta", nonce=signature.nonce,
                                               ttl=2 * settings.FORWARD_MAX_SKEW_SECONDS):
         reason = "nonce already used (a replayed call)"
     if reason is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from datetime import timedelta
 from typing import NamedTuple
 
 from django.conf import settings
@@ -29,6 +30,7 @@ from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Greatest, Least
+from django.utils import timezone
 
 from foundation.names import DOMAIN_NAME_PATTERN
 
@@ -193,6 +195,9 @@ class HashedKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # A key made for one job (a selftest run) stops working when the job would be over, whether or
+    # not anyone ends it; None: until revoked.
+    expires_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         abstract = True
@@ -203,12 +208,24 @@ class HashedKey(models.Model):
 
     @property
     def is_active(self) -> bool:
-        return self.revoked_at is None
+        return self.revoked_at is None and not self.expired
+
+    @property
+    def expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
+
+    @property
+    def state(self) -> str:
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expired:
+            return "expired"
+        return "active" if self.expires_at is None else f"active until {self.expires_at:%Y-%m-%d %H:%M}"
 
     @property
     def usage(self) -> str:
         """Its state and last use, as the key commands list them."""
-        state = "active" if self.is_active else f"revoked {self.revoked_at:%Y-%m-%d %H:%M}"
+        state = f"revoked {self.revoked_at:%Y-%m-%d %H:%M}" if self.revoked_at else self.state
         used = f"{self.last_used_at:%Y-%m-%d %H:%M}" if self.last_used_at else "never"
         return f"{state:24} last used {used}"
 
@@ -245,13 +262,20 @@ def new_link_secret() -> str:
 
 
 class DomainLink(models.Model):
-    """An undirected, weighted edge of the domain graph; only enabled links carry traffic."""
+    """An undirected, weighted edge of the domain graph; only enabled links carry traffic.
+
+    Its shared secret signs the calls between the two domains. A new secret takes effect at the two
+    ends up to a configuration pull apart, so for LINK_SECRET_OVERLAP_SECONDS after a change the old
+    one stays valid (`previous_secret`): calls are signed with both and either is accepted, and a
+    rotation fails no call."""
 
     n1 = models.ForeignKey(Domain, on_delete=models.CASCADE, related_name="+")
     n2 = models.ForeignKey(Domain, on_delete=models.CASCADE, related_name="+")
     weight = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
     enabled = models.BooleanField(default=True)
     shared_secret = models.CharField(max_length=128, default=new_link_secret)
+    previous_secret = models.CharField(max_length=128, blank=True, default="", editable=False)
+    previous_secret_until = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["n1__name", "n2__name"]
@@ -263,6 +287,24 @@ class DomainLink(models.Model):
 
     def __str__(self) -> str:
         return f"{self.n1.name} — {self.n2.name}"
+
+    def save(self, *args, **kwargs) -> None:
+        """A changed secret keeps the one it replaces valid for the overlap window."""
+        if self.pk is not None:
+            before = DomainLink.objects.filter(pk=self.pk).values_list("shared_secret", flat=True).first()
+            if before and before != self.shared_secret:
+                self.previous_secret = before
+                self.previous_secret_until = timezone.now() + timedelta(seconds=settings.LINK_SECRET_OVERLAP_SECONDS)
+                if kwargs.get("update_fields") is not None:
+                    kwargs["update_fields"] = {*kwargs["update_fields"], "previous_secret", "previous_secret_until"}
+        super().save(*args, **kwargs)
+
+    def secrets_valid(self) -> list[str]:
+        """The secrets a call over this link may be signed with now: the current one first, then
+        the one it replaced while the overlap window lasts."""
+        if self.previous_secret and self.previous_secret_until and self.previous_secret_until > timezone.now():
+            return [self.shared_secret, self.previous_secret]
+        return [self.shared_secret]
 
 
 class UserDistribution(models.Model):

@@ -6,6 +6,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 from .models import USER_ID_RE, AuthMode, ClientApp, Domain, UserDistribution, UserRange
 
@@ -67,8 +68,28 @@ def user_home_domain(user_id: str) -> Domain | None:
 
 
 def domain_ws_url(urls: list | None) -> str | None:
-    """A domain's WebSocket URL: the first ws:// or wss:// entry of its urls (None: it lists none)."""
-    return next((u for u in urls or () if isinstance(u, str) and u.lower().startswith(("ws://", "wss://"))), None)
+    """A domain's WebSocket URL: the first ws:// or wss:// entry of its urls (None: it lists none);
+    one without a path (as the linker seed lists them: ws://host:8002) gets the client endpoint's
+    path, /ws, so a redirect built from it reaches a WebSocket endpoint whatever the client does."""
+    url = next((u for u in urls or () if isinstance(u, str) and u.lower().startswith(("ws://", "wss://"))), None)
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/ws")) if parts.path in ("", "/") else url
+
+
+def domain_call_url(urls: list | None) -> str | None:
+    """Where a domain's internal endpoints are (its neighbours' calls, messaging.network.transport):
+    its first http(s) URL, else its first ws(s) URL's origin (ws://host:8002/ws -> http://host:8002)."""
+    urls = [u for u in urls or () if isinstance(u, str)]
+    for url in urls:
+        if url.startswith(("http://", "https://")):
+            return url.rstrip("/")
+    for url in urls:
+        if url.startswith(("ws://", "wss://")):
+            scheme, rest = url.split("://", 1)
+            return f"{'https' if scheme == 'wss' else 'http'}://{rest.split('/', 1)[0]}"
+    return None
 
 
 def distribution_overlaps(
@@ -130,6 +151,11 @@ class AppSnapshot:
             if user_range.contains(number):
                 return domain
         return None
+
+    def home_of(self, user_id: str) -> str | None:
+        """The home domain of a user of this app (None: not a user id of this app, or homed nowhere)."""
+        parsed = user_id_parse(user_id)
+        return self.home_domain(parsed.number) if parsed and parsed.app_name == self.app_name else None
 
     def ws_url_of(self, domain: str | None) -> str | None:
         return next((url for name, url in self.domain_ws_urls if name == domain), None)

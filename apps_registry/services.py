@@ -13,7 +13,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from .models import ApiKey, AuthMode, ClientApp, Domain, HashedKey, OperatorKey, UserDistribution, UserRange
@@ -32,11 +32,12 @@ def _digest(raw_key: str) -> str:
     return hashlib.sha256(raw_key.encode()).hexdigest()
 
 
-def api_key_create(*, app: ClientApp, name: str) -> tuple[ApiKey, str]:
-    """Create a key; returns the row and the only copy of the raw key there will ever be."""
+def api_key_create(*, app: ClientApp, name: str, expires_at=None) -> tuple[ApiKey, str]:
+    """Create a key (working until `expires_at`, if given); returns the row and the only copy of the
+    raw key there will ever be."""
     prefix = "sb_" + secrets.token_hex(API_KEY_PREFIX_LEN // 2 + 1)[: API_KEY_PREFIX_LEN - 3]
     raw_key = f"{prefix}.{secrets.token_urlsafe(32)}"
-    key = ApiKey.objects.create(app=app, name=name, prefix=prefix, key_hash=_digest(raw_key))
+    key = ApiKey.objects.create(app=app, name=name, prefix=prefix, key_hash=_digest(raw_key), expires_at=expires_at)
     return key, raw_key
 
 
@@ -49,12 +50,14 @@ def api_key_authenticate(*, raw_key: str) -> ApiKey | None:
 
 
 def _key_match(keys: QuerySet[K], prefix: str, raw_key: str) -> K | None:
-    """The active key of `keys` with `prefix` whose digest matches `raw_key` (constant-time), its
+    """The active (not revoked, not expired) key of `keys` with `prefix` whose digest matches
+    `raw_key` (constant-time), its
     use recorded at most once per API_KEY_TOUCH_EVERY; None otherwise."""
-    key = keys.filter(prefix=prefix, revoked_at__isnull=True).first()
+    now = timezone.now()
+    key = (keys.filter(prefix=prefix, revoked_at__isnull=True)
+           .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now)).first())
     if key is None or not hmac.compare_digest(key.key_hash, _digest(raw_key)):
         return None
-    now = timezone.now()
     if key.last_used_at is None or now - key.last_used_at > API_KEY_TOUCH_EVERY:
         type(key).objects.filter(pk=key.pk).update(last_used_at=now)
         key.last_used_at = now

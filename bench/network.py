@@ -220,6 +220,16 @@ def _table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def ring_ports() -> list[int]:
+    """Four free ports for a ring of its own, none of `make run`'s and `make network`'s (8000-8009)."""
+    ports: list[int] = []
+    while len(ports) < 4:
+        port = free_port()
+        if port not in ports and not 8000 <= port < 8010:
+            ports.append(port)
+    return ports
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=20)
@@ -239,11 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     env = platform_env()
     postgres_url = env["DATABASE_URL"]
     with tempfile.TemporaryDirectory(prefix="bench-ring-") as tmp, private_redis(Path(tmp)) as redis_url:
-        ports = []
-        while len(ports) < 4:
-            port = free_port()
-            if port not in ports and not 8000 <= port < 8010:
-                ports.append(port)
+        ports = ring_ports()
         ring = Ring(Path(tmp) / "ring", postgres_url, redis_url, ports=ports, database_prefix="switchboard_bench_ring_",
                     env_overrides={"DEBUG": "false", "DRAIN_SECONDS": "1",
                                    **dict(item.split("=", 1) for item in args.env)}, log_dir=args.log_dir or Path(tmp) / "logs",

@@ -4,13 +4,18 @@ Channels' `database_sync_to_async` funnels every call of a process through one t
 connection). A web node with hundreds of sockets needs more than one lane, so services run on a
 small dedicated pool. Each thread keeps its connection (no per-call health check: that would be a
 SELECT 1 per frame); a call that fails drops its connection if it is broken, so a restarted
-Postgres costs one failed call (GENERAL_ERROR to the client), not a dead thread.
+Postgres costs one failed call (GENERAL_ERROR to the client), not a dead thread. A call that
+returns with a transaction still open on its thread's connection (an atomic block entered and never
+left) is logged as the error it is, and that connection is closed, so the server rolls the
+transaction back: a pooled thread never carries one call's transaction, and its row locks, into the
+next call, where it would stay open for the life of the process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +23,8 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import close_old_connections, connection
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _executor: ThreadPoolExecutor | None = None
@@ -36,6 +43,23 @@ def _call(fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
     except Exception:
         close_old_connections()  # closes connections that errored and are no longer usable
         raise
+    finally:
+        if connection.in_atomic_block:
+            _transaction_abandon(fn)
+
+
+def _transaction_abandon(fn: Callable) -> None:
+    log.error("%s returned inside a transaction it never ended: rolled back, its connection replaced",
+              getattr(fn, "__qualname__", fn))
+    connection.close()  # the server rolls the transaction back
+    # What connect() resets, so the next call connects afresh instead of being refused as "in an
+    # atomic block" (the block's owner is gone and will never leave it).
+    connection.connection = None
+    connection.in_atomic_block = False
+    connection.closed_in_transaction = False
+    connection.needs_rollback = False
+    connection.atomic_blocks = []
+    connection.savepoint_ids = []
 
 
 async def run_db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

@@ -31,6 +31,7 @@ from django.conf import settings
 
 from apps_registry.models import AuthMode
 from apps_registry.selectors import AppSnapshot, app_snapshot, app_snapshot_known, user_id_parse
+from foundation.loop_local import loop_local
 from foundation.outgoing import OutgoingError, outgoing_client, outgoing_post
 from messaging.asyncdb import run_db
 from messaging.channels.names import token_is_login
@@ -77,7 +78,6 @@ async def client_authenticate(*, app_id: str, user_id: str, token: str, origin: 
 
 AUTH_URL_MAX_CONNECTIONS = 200  # per web node, every app together (each app within its own cap)
 AUTH_URL_MAX_KEEPALIVE = 50
-_app_slots: dict[tuple[int, str, int], asyncio.Semaphore] = {}
 
 
 def _http_client() -> httpx.AsyncClient:
@@ -86,11 +86,7 @@ def _http_client() -> httpx.AsyncClient:
 
 def _slots_of(app: AppSnapshot) -> asyncio.Semaphore:
     cap = settings.AUTH_URL_APP_CONCURRENCY
-    key = (id(asyncio.get_running_loop()), app.app_id, cap)
-    slots = _app_slots.get(key)
-    if slots is None:
-        slots = _app_slots[key] = asyncio.Semaphore(cap)
-    return slots
+    return loop_local(("auth-url-slots", app.app_id, cap), lambda: asyncio.Semaphore(cap))
 
 
 async def _ask_auth_url(app: AppSnapshot, user_id: str, token: str) -> AuthOutcome:

@@ -157,7 +157,6 @@ class Batcher:
                 if future is not None and not future.done():
                     future.set_result(results[index] if results is not None else None)
 
-
     def _flushed_count(self, n: int) -> None:
         self._done += n
         progress, self._progress = self._progress, None

@@ -42,7 +42,10 @@ from messaging.connection.ledger import DeliveryLedger
 from messaging.connection.life import ConnectionLife
 from messaging.limits import TokenBucket
 from messaging.protocol import Frame, FrameError, invalid, parse_frame
+from presence.master_view import MasterView
 from presence.online import user_is_online
+from presence.remote import remote_is_online
+from presence.services import master_online
 
 log = logging.getLogger(__name__)
 CONTROL_TYPES = {"PING", "PONG", "ACK"}  # cheap: they draw on the frame budget alone
@@ -66,6 +69,8 @@ class ClientConsumer(ChannelReaderConsumer):
     ledger: DeliveryLedger | None = None  # from authentication on
     outgoing: OutgoingBuffer | None = None  # the transport's view of the socket's buffer (daphne)
     auth_timer: asyncio.TimerHandle | None = None
+    master: MasterView | None = None  # the app's master user's connection: what it was told
+    master_timer: asyncio.TimerHandle | None = None
 
     async def dispatch(self, message: dict) -> None:
         # Channels' default dispatch runs close_old_connections in a thread before every message
@@ -111,6 +116,19 @@ class ClientConsumer(ChannelReaderConsumer):
         self.channels = ChannelCursor(app_id=self.life.app.pk, hub=self.life.node.hub, reader=self,
                                       write=self._write_channel, transport="ws", missed=self._write_missed)
 
+    def master_watch(self, view: MasterView) -> None:
+        """This is the app's master user's connection, told `view` so far: kept right every
+        PRESENCE_MASTER_RESYNC_SECONDS (presence.master_view)."""
+        self.master = view
+        self._master_resync_later()
+
+    def _master_resync_later(self) -> None:
+        def due() -> None:
+            if not self.closing and not self.ended:
+                asyncio.ensure_future(sockets.send_many([(self.channel_name, sockets.presence_resync_event())]))
+                self._master_resync_later()
+        self.master_timer = asyncio.get_running_loop().call_later(settings.PRESENCE_MASTER_RESYNC_SECONDS, due)
+
     async def _drain(self) -> None:
         """The node drains: no more pushes (they go back to the mailbox), the ACKs of what is in
         flight are waited for (DRAIN_ACK_WAIT_SECONDS at most), and what this node has read of the
@@ -143,6 +161,8 @@ class ClientConsumer(ChannelReaderConsumer):
     async def release(self) -> None:
         if self.auth_timer is not None:
             self.auth_timer.cancel()
+        if self.master_timer is not None:
+            self.master_timer.cancel()
         if self.outgoing is not None:
             self.outgoing.on_flush = None
         if self.life is not None:
@@ -259,14 +279,37 @@ class ClientConsumer(ChannelReaderConsumer):
         # nodes announce, or a restarted node's cleanup announces its dead connections while their
         # users are already back on another node): each is written only if it is still true now,
         # so the last frame the master gets about a user tells where that user stands.
+        # The master's view is kept too: a notice that tells it nothing new is not written.
         user_id = event.get("user_id")
-        if user_id is not None and await self._stale(user_id, event["online"]):
+        if user_id is not None and await self._stale(user_id, event["online"], event.get("domain")):
             metrics.PRESENCE_STALE.inc()
+            return
+        if user_id is not None and self.master is not None and not self.master.notice(user_id, event["online"]):
             return
         await self.write(event["frame"])
 
-    async def _stale(self, user_id: str, online: bool) -> bool:
+    async def presence_resync(self, event: sockets.PresenceResyncEvent) -> None:
+        """What the master was told against who is online now: the notices for the difference (one
+        lost on the way, presence.master_view)."""
+        if self.master is None or self.closing:
+            return
+        app = self.life.app
         try:
+            online = await master_online(app_name=app.app_name, master_user_id=app.master_user_id)
+        except Exception:  # Redis away for a moment: the next one
+            log.warning("reading the online users of %s for its master failed", app.app_name)
+            return
+        frames = self.master.resync(set(online))
+        if frames:
+            metrics.PRESENCE_RESYNCED.inc(len(frames))
+        for frame in frames:
+            if not await self.write(frame):
+                return
+
+    async def _stale(self, user_id: str, online: bool, domain: str | None) -> bool:
+        try:
+            if domain is not None:  # a user of another domain: as this domain's list of it says now
+                return await remote_is_online(self.life.app.app_name, domain, user_id) != online
             return await user_is_online(user_id) != online
         except Exception:  # Redis away for a moment: the announcement as it came, rather than none
             log.warning("checking the presence of %s failed; announcement written unchecked", user_id)

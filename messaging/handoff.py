@@ -46,12 +46,13 @@ WEBHOOK_TASK = "messaging.tasks.webhook_deliver"
 WEBHOOK_QUEUE = "webhooks"
 # The domain network (messaging.network): a link's senders (its deliveries, its channel publishes,
 # its receipts). A queue of their own: a call waits on a neighbour (up to FORWARD_TIMEOUT_SECONDS),
-# and a link that is down must never hold a thread that routing needs. Served by make run's worker
-# (`-Q celery,routing,forwarding`).
+# and a link that is down must never hold a thread that routing needs. Served by make run's outbound
+# worker with the webhook calls (`-Q webhooks,forwarding`), not by the routing worker.
 FORWARD_LINK_TASK = "messaging.tasks.forward_link"
 FORWARD_RECEIPTS_TASK = "messaging.tasks.forward_receipts"
 FORWARDING_QUEUE = "forwarding"
 FLOOD_TASK = "messaging.tasks.flood_link"  # a link's queue of channel publishes
+FAST_FORWARD_TASK = "messaging.tasks.forward_fast"  # a FAST item for users homed elsewhere
 # "A wake-up of this domain's flood sender to `peer` is on its way": publishes made before the sender
 # starts need no wake-up of their own (it sends the whole queue). Expires, so a wake-up lost with a
 # worker (or a "forwarding" queue nobody serves) costs one task per link per this many seconds, not
@@ -198,3 +199,8 @@ def receipt_links_kick(peers: Sequence[str]) -> None:
     """Wake the receipt sender of each link (messaging.network.receipts)."""
     for peer in sorted(set(peers)):
         _dispatcher.dispatch(FORWARD_RECEIPTS_TASK, [peer], FORWARDING_QUEUE)
+
+
+def fast_forward_enqueue(item: dict) -> None:
+    """Carry a FAST item towards its recipients' home domains (messaging.network.fast_forward)."""
+    _dispatcher.dispatch(FAST_FORWARD_TASK, [item], FORWARDING_QUEUE)

@@ -49,6 +49,9 @@ LIMITED = Counter("switchboard_ws_limited_total", "Frames refused by a rate or w
 PRESENCE_STALE = Counter("switchboard_presence_stale_total",
                          "Presence announcements not written to a master: no longer true when they arrived",
                          registry=REGISTRY)
+PRESENCE_RESYNCED = Counter("switchboard_presence_resynced_total",
+                            "Notices written to a master by its periodic re-check: announcements lost on the way",
+                            registry=REGISTRY)
 
 
 TRANSPORT_CONNECTIONS = Gauge("switchboard_connections", "Open connections on this node, by transport", ["transport"],

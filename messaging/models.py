@@ -159,6 +159,9 @@ class Delivery(models.Model):
     last_error = models.CharField(max_length=500, blank=True, default="")
     # The neighbouring domain a forwarding/forwarded delivery was queued on (messaging.network).
     forward_to = models.CharField(max_length=64, blank=True, default="", db_default="")
+    # A dead letter re-queued by an operator, on its way to a neighbour: the neighbour revives its own
+    # dead copy rather than taking the call for a duplicate (messaging.network.intake); cleared once sent.
+    revive = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField()
     sent_at = models.DateTimeField(null=True, blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)

@@ -33,7 +33,8 @@ from foundation.outbound import claim_token
 from foundation.transport import sockets
 from messaging.delivery.claims import ClaimedRow, deliveries_claim, deliveries_park, deliveries_release
 from messaging.delivery.retry import deliveries_fail
-from messaging.network.queue import deliveries_queue_on_links, destination
+from messaging.network.links import destination
+from messaging.network.queue import deliveries_queue_on_links
 from messaging.protocol import delivery_frame
 from presence import cache
 

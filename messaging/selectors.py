@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 from apps_registry.selectors import AppSnapshot, user_id_parse
 from messaging.models import Delivery, DeliveryState, Message, Subscription
 from presence import cache
+from presence.remote import remote_heard_of, remote_online_sync
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,14 @@ class UserPresence:
 
 
 def user_presence(*, app: AppSnapshot, user_id: str, this_domain: str) -> UserPresence:
-    """Whether a user (already known to be a user of `app`) is connected, from the presence cache."""
+    """Whether a user (already known to be a user of `app`) is connected, from the presence cache
+    (for a user homed in another domain, from what that domain last told this one)."""
     parsed = user_id_parse(user_id)
     domain = app.home_domain(parsed.number) if parsed else None
-    if domain != this_domain:
-        return UserPresence(user_id=user_id, domain=domain, online=None, connections=None)
+    if domain != this_domain:  # as this domain heard from that one (presence.remote); None: no word of it
+        heard = domain is not None and remote_heard_of(app.app_name, domain)
+        online = remote_online_sync(app.app_name, domain, user_id) if heard else None
+        return UserPresence(user_id=user_id, domain=domain, online=online, connections=None)
     count = connection_counts([user_id])[user_id]
     return UserPresence(user_id=user_id, domain=domain, online=count > 0, connections=count)
 

@@ -54,7 +54,7 @@ def server_message_send(*, app: AppSnapshot, recipients: Sequence[str], content:
     if not isinstance(reference, str) or len(reference) > REFERENCE_MAX or unsafe_string(reference):
         raise SendRefused("invalid_request", f"reference must be text of at most {REFERENCE_MAX} characters")
     if feature == FEATURE_FAST:
-        reached = message_fast_send(sender=sender, recipients=unique, content=content, reference=reference)
+        reached = message_fast_send(app=app, sender=sender, recipients=unique, content=content, reference=reference)
         return ServerSendResult(feature, sender, tuple(unique), None, reached)
     result = message_send(
         app_id=app.pk, sender=sender, recipients=unique, content=content,

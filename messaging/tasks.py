@@ -18,9 +18,18 @@ from messaging.channels.retention import channel_history_expire
 from messaging.delivery.dead_nodes import dead_nodes_settle
 from messaging.delivery.expiry import deliveries_expire
 from messaging.delivery.retry import deliveries_sweep
-from messaging.handoff import flood_link_woken, flood_links_enqueue, routing_enqueue, webhook_calls_enqueue
+from messaging.handoff import (
+    flood_link_woken,
+    flood_links_enqueue,
+    forward_links_kick,
+    receipt_links_kick,
+    routing_enqueue,
+    webhook_calls_enqueue,
+)
+from messaging.network.fast_forward import fast_forward
 from messaging.network.flood_sender import flood_link_send, flood_links_due
 from messaging.network.outbox import link_forward
+from messaging.network.presence_gossip import presence_gossip
 from messaging.network.probes import links_probe
 from messaging.network.queue import forward_sweep as network_forward_sweep
 from messaging.network.receipts import receipts_link_send
@@ -127,6 +136,13 @@ def probe_links() -> dict:
     return {r.peer: "up" if r.ok else r.error for r in results}
 
 
+@shared_task
+def gossip_presence() -> dict:
+    """Beat: tell every neighbour who is online here and what this domain heard of the others
+    (messaging.network.presence_gossip); best effort, the next round says it all again."""
+    return presence_gossip()
+
+
 @shared_task(acks_late=True)
 def flood_link(peer: str) -> dict:
     """Send the channel publishes waiting on the link to `peer` (queue "forwarding"). Safe twice
@@ -134,7 +150,10 @@ def flood_link(peer: str) -> dict:
     own (attempts, dead after the app's max_delivery_attempts), and flood_sweep makes up for a
     wake-up that is lost."""
     flood_link_woken(peer)
-    return flood_link_send(peer=peer).as_dict()
+    outcome = flood_link_send(peer=peer)
+    if outcome.skipped == "budget":  # more waits: a new run, so no thread is held for long
+        flood_links_enqueue([peer])
+    return outcome.as_dict()
 
 
 @shared_task(acks_late=True)
@@ -151,7 +170,10 @@ def forward_link(peer: str) -> dict:
     link at a time (an advisory lock); a second run returns at once. Its retry policy is the
     link's own backoff (LinkHealth.retry_at) and the rows' attempts, not Celery's: the beat's
     forward_sweep wakes the link again when its retry is due, and makes up for a lost task."""
-    return link_forward(peer=peer)
+    result = link_forward(peer=peer)
+    if result["skipped"] == "budget":  # more waits: a new run, so no thread is held for long
+        forward_links_kick([peer])
+    return result
 
 
 @shared_task(acks_late=True)
@@ -161,9 +183,19 @@ def forward_sweep() -> dict:
     return network_forward_sweep()
 
 
+@shared_task
+def forward_fast(item: dict) -> dict:
+    """Carry a FAST item one hop towards its recipients' homes (messaging.network.fast_forward):
+    once, within FORWARD_TIMEOUT_SECONDS per hop; never retried (FAST)."""
+    return fast_forward(item)
+
+
 @shared_task(acks_late=True)
 def forward_receipts(peer: str) -> dict:
     """Send the receipts waiting on the link to `peer` (messaging.network.receipts). Safe twice:
     one sender per link at a time. Its retry policy is the link's backoff: the receipts wait in
     their table, and the beat's forward_sweep wakes the link again when its retry is due."""
-    return receipts_link_send(peer=peer).as_dict()
+    outcome = receipts_link_send(peer=peer)
+    if outcome.skipped == "budget":  # more waits: a new run, so no thread is held for long
+        receipt_links_kick([peer])
+    return outcome.as_dict()

@@ -14,7 +14,7 @@ from django.utils import timezone
 from foundation.transport import sockets
 from foundation.transport.frames import CLOSE_NORMAL, encode
 
-from . import cache, online
+from . import cache, online, remote
 from .events import presence_event_record
 from .models import Node, PresenceEventKind, Session
 
@@ -134,15 +134,24 @@ def online_users_frames(users: list[str], *, page_size: int) -> list[str]:
                                     "count": len(users)}) for i in range(pages)]
 
 
-async def master_snapshot(*, app_name: str, master_user_id: str) -> list[str]:
-    """Who is online in the app now, as ONLINE_USERS frames for its master user (itself left out,
-    as master_notify leaves it out of announcements).
+async def master_online(*, app_name: str, master_user_id: str) -> list[str]:
+    """Who is online in the app now, as its master user is told (itself left out, as master_notify
+    leaves it out of announcements): one read of this domain's index, so one point in time, and what
+    this domain heard of the others (presence.remote), in user id order."""
+    here = await online.app_online_users(app_name)
+    elsewhere = await remote.remote_online_async(app_name)
+    users = sorted(set(here) | set(elsewhere)) if elsewhere else here
+    return [u for u in users if u != master_user_id]
+
+
+async def master_snapshot(*, app_name: str, master_user_id: str) -> tuple[list[str], list[str]]:
+    """Who is online in the app now (master_online), and that as ONLINE_USERS frames for its master.
 
     The caller registers the master's connection in presence first, so every announcement made
-    after this read is sent to it as well; one read of the index, so one point in time.
+    after this read is sent to it as well.
     """
-    users = [u for u in await online.app_online_users(app_name) if u != master_user_id]
-    return online_users_frames(users, page_size=settings.PRESENCE_SNAPSHOT_PAGE)
+    users = await master_online(app_name=app_name, master_user_id=master_user_id)
+    return users, online_users_frames(users, page_size=settings.PRESENCE_SNAPSHOT_PAGE)
 
 
 ConnectionsLookup = Callable[[str], Awaitable[list[cache.LiveConnection]]]
@@ -164,12 +173,19 @@ async def master_notify(*, master_user_id: str, event_type: str, user_id: str,
 
 
 def master_notify_sync(*, master_user_id: str, event_type: str, user_id: str) -> None:
-    if user_id == master_user_id:
+    master_notify_many_sync(master_user_id=master_user_id, notices=[(event_type, user_id)])
+
+
+def master_notify_many_sync(*, master_user_id: str, notices: list[tuple[str, str]], domain: str | None = None) -> None:
+    """USER_CONNECTED / USER_DISCONNECTED notices [(event type, user)] to the master user's
+    connections (one lookup); `domain`: about users of that other domain (presence.remote)."""
+    notices = [(kind, user) for kind, user in notices if user != master_user_id]
+    if not notices:
         return
     conns = cache.connections_of_many([master_user_id])[master_user_id]
-    event = sockets.presence_event(presence_frame(event_type, user_id), user_id=user_id,
-                                   online=event_type == "USER_CONNECTED")
-    sockets.send_many_sync((c.channel_name, event) for c in conns)
+    events = [sockets.presence_event(presence_frame(kind, user), user_id=user, online=kind == "USER_CONNECTED",
+                                     domain=domain) for kind, user in notices]
+    sockets.send_many_sync((c.channel_name, event) for event in events for c in conns)
 
 
 async def user_disconnect_everywhere(*, user_id: str, reason: str) -> int:

@@ -60,6 +60,34 @@ def _tables_emptied(self) -> None:
 TransactionTestCase._fixture_teardown = _tables_emptied
 
 
+def _left_in_a_transaction() -> list[str]:
+    """The aliases whose connection on this (the test's) thread is still inside a transaction."""
+    left = []
+    for conn in connections.all(initialized_only=True):
+        raw = conn.connection
+        open_on_server = raw is not None and not raw.closed and raw.info.transaction_status != 0  # not IDLE
+        if conn.in_atomic_block or open_on_server:
+            left.append(conn.alias)
+            conn.close()  # the server rolls it back; the next test connects afresh
+            conn.connection = None
+            conn.in_atomic_block = conn.closed_in_transaction = conn.needs_rollback = False
+            conn.atomic_blocks, conn.savepoint_ids = [], []
+    return left
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A test that leaves the test thread's connection inside a transaction fails here, by name,
+    instead of silently holding every later test of its worker inside that transaction (their
+    writes never commit; the export's horizon and other processes wait on its locks)."""
+    outcome = yield
+    left = _left_in_a_transaction()
+    if left:
+        raise AssertionError(f"{item.nodeid} left its database connection ({', '.join(left)}) inside a "
+                             "transaction after teardown; rolled back")
+    return outcome
+
+
 @pytest.fixture
 def benchmarks_alone():
     """No benchmark of another test worker runs meanwhile: the benchmark tests count the benchmark

@@ -27,10 +27,12 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.test import Client, override_settings
+from django.utils import timezone
 
 from apps_registry.models import ClientApp, Domain, DomainLink
 from apps_registry.selectors import app_snapshots_clear
@@ -41,6 +43,7 @@ from messaging.delivery.delivered import deliveries_mark_delivered
 from messaging.handoff import FLOOD_WAKE_KEY, Handed, InlineDispatcher, dispatcher_use, task_run
 from messaging.models import Delivery, Message
 from messaging.network import links
+from messaging.network.models import LinkHealth
 from messaging.network.transport import PeerCall, wire_use
 from messaging.store import OutgoingMessage, messages_store
 from tests.factories import make_app
@@ -127,7 +130,7 @@ class _NetWire(OneByOneWire):
         path = call.url.split("://", 1)[1].split("/", 1)[1]
         path = "/" + path
         net.calls.append(Call(net.here, call.peer, path, json.loads(call.body)))
-        if call.peer in net.down:
+        if call.peer in net.down or frozenset((net.here, call.peer)) in net.cut:
             raise OutgoingError("ConnectError: [Errno 111] Connection refused")
         headers = {k: v for k, v in call.headers.items() if k.lower() != "content-type"}
         with net.at(call.peer):
@@ -140,6 +143,7 @@ class Network:
     app: ClientApp
     links: dict[tuple[str, str], DomainLink]
     down: set[str] = field(default_factory=set)  # domains that refuse connections
+    cut: set[frozenset[str]] = field(default_factory=set)  # links whose calls fail both ways (`net.cut_link`)
     calls: list[Call] = field(default_factory=list)
     here: str = DOMAINS[0]
     dispatcher: _NetDispatcher | None = None
@@ -172,6 +176,15 @@ class Network:
 
     def link_of(self, a: str, b: str) -> DomainLink:
         return self.links.get((a, b)) or self.links[(b, a)]
+
+    def cut_link(self, a: str, b: str) -> None:
+        """Calls between `a` and `b` fail from now on (the others go on), and each end has seen its
+        calls fail for longer than LINK_DOWN_AFTER_SECONDS: the link is down at both ends."""
+        self.cut.add(frozenset((a, b)))
+        for here, peer in ((a, b), (b, a)):
+            with self.at(here):
+                links.link_failed(peer=peer, error=f"{peer}: connection refused")
+                LinkHealth.objects.filter(peer=peer).update(down_since=timezone.now() - timedelta(hours=1))
 
     def disable(self, a: str, b: str) -> None:
         DomainLink.objects.filter(pk=self.link_of(a, b).pk).update(enabled=False)

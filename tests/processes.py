@@ -23,7 +23,8 @@ from messaging.handoff import FORWARDING_QUEUE, ROUTING_QUEUE, WEBHOOK_QUEUE
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 LOG_DIR = ROOT / "var" / "test-logs"
-ROUTING_WORKER_QUEUES = f"celery,{ROUTING_QUEUE},{FORWARDING_QUEUE}"  # what make run's worker serves (devstack.supervise)
+ROUTING_WORKER_QUEUES = f"celery,{ROUTING_QUEUE}"  # what make run's routing worker serves (devstack.supervise)
+OUTBOUND_WORKER_QUEUES = f"{WEBHOOK_QUEUE},{FORWARDING_QUEUE}"  # and its outbound worker: calls that wait on others
 
 
 def free_port() -> int:
@@ -93,6 +94,7 @@ class ProcessFactory:
     def spawn(self, name: str, argv: list[str], port: int | None = None, **env: str) -> Proc:
         log = LOG_DIR / f"{self.test_name}-{name}.log"
         fh = open(log, "w")
+        env.setdefault("DB_APPLICATION_NAME", f"{self.test_name[:40]}-{name}")  # which test's process, in pg_stat_activity
         popen = subprocess.Popen(argv, cwd=ROOT, env=self.env(**env), stdout=fh, stderr=subprocess.STDOUT,
                                  start_new_session=True)
         proc = Proc(name, popen, log, port)
@@ -112,7 +114,7 @@ class ProcessFactory:
     def worker(self, name: str = "worker", concurrency: int = 2, queues: str = ROUTING_WORKER_QUEUES,
                **env: str) -> Proc:
         """A Celery worker as `make run` starts it: by default the routing worker (which never serves
-        webhook calls); `webhook_worker` for those."""
+        webhook calls or calls to neighbours); `webhook_worker` for those."""
         proc = self.spawn(name, [str(BIN / "celery"), "-A", "config", "worker", "-l", "INFO", "-c", str(concurrency),
                                  "-n", f"{name}-{os.getpid()}-{time.monotonic_ns()}@%h", "-Q", queues,
                                  "--without-mingle", "--without-gossip"], **env)
@@ -120,7 +122,7 @@ class ProcessFactory:
         return proc
 
     def webhook_worker(self, name: str = "hooks", concurrency: int = 4, **env: str) -> Proc:
-        return self.worker(name, concurrency, queues=WEBHOOK_QUEUE, **env)
+        return self.worker(name, concurrency, queues=OUTBOUND_WORKER_QUEUES, **env)
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):

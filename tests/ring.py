@@ -9,7 +9,7 @@ It runs devstack.ring's Ring against the test session's Postgres server (databas
 test_ring_<worker>_domain_01..04, dropped at teardown) and Redis server (databases 11..14: the
 suite's own is 15, `make run`'s 0 and `make network`'s 1..4), on free ports, with shrunk timers so
 that retries, link probes, link-down decisions and meta pulls are observable within a test. One ring
-serves the whole session: a test that stops a domain starts it again before it ends. Each process's
+serves a whole module: a test that stops a domain starts it again before it ends. Each process's
 output goes to var/test-logs/ring-<worker>/ (02-web.log, 03-worker.log ...; ring.log for the ring's own).
 """
 
@@ -114,6 +114,17 @@ class SystemRing(Ring):
                                 timeout=60)
         assert result.returncode == 0, f"publish on {self.plan(n).name} failed: {result.stderr or result.stdout}"
 
+    def manage(self, n: int, *args: str) -> str:
+        """`manage.py <args>` with domain n's settings, as its operator runs it; what it printed."""
+        result = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env={**self.env, **self.plan(n).env},
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, f"{args[0]} on {self.plan(n).name} failed: {result.stderr or result.stdout}"
+        return result.stdout
+
+    def api_key(self, n: int, app: str = "ANZ") -> str:
+        """A new API key of `app` on domain n, as its operator makes one (`manage.py apikey create`)."""
+        return self.manage(n, "apikey", "create", app, "--name", "ring-test").strip().splitlines()[-1]
+
     def log(self, n: int, role: str) -> str:
         """What domain n's web, worker or beat has written so far."""
         path = self.sink.path(f"{self.plan(n).tag}/{role}")
@@ -129,10 +140,11 @@ def _ring_ports() -> list[int]:
     return ports
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ring(tmp_path_factory):
-    """The four domains, started once for the session (a test that stops a domain starts it
-    again), stopped and dropped at its end."""
+    """The four domains, started once for the module that uses them (a test that stops a domain
+    starts it again), stopped and dropped at its end: twelve idle processes left running until the
+    session ended would take a third of a two-core machine from every test after them."""
     log_dir = LOG_DIR / f"ring-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
     for old in log_dir.glob("*.log"):
         old.unlink()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -133,6 +134,18 @@ def wait_for(condition: Callable[[], bool], timeout: float = 15, interval: float
         time.sleep(interval)
 
 
+_TCP_CLOSE = 7  # linux/tcp_states.h
+_TCP_CLOSE_WAIT = 8
+
+
+def _tcp_state(sock: socket.socket) -> int:
+    """The kernel's state of a TCP socket (the first byte of struct tcp_info)."""
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+    except OSError:
+        return _TCP_CLOSE
+
+
 class SilentWs:
     """A WebSocket client that sends but never reads: a reader that stopped reading.
 
@@ -143,7 +156,6 @@ class SilentWs:
     def __init__(self, host: str, port: int, path: str = "/ws"):
         import base64
         import os
-        import socket
 
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -209,17 +221,17 @@ class SilentWs:
             return None
 
     def closed_by_server(self, timeout: float) -> bool:
-        """True once the server has dropped the connection (reads just enough to tell)."""
-        self.sock.settimeout(0.5)
+        """True once the server has dropped the connection, told without reading a byte.
+
+        Reading would drain the socket and turn the slow reader into a fast one (the server would
+        then never need to cut it off), so the kernel's view of the connection is asked instead:
+        a FIN from the server leaves it in CLOSE_WAIT, a reset in CLOSE.
+        """
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            try:
-                if self.sock.recv(1 << 20) == b"":
-                    return True
-            except TimeoutError:
-                continue
-            except OSError:
+            if _tcp_state(self.sock) in (_TCP_CLOSE, _TCP_CLOSE_WAIT):
                 return True
+            time.sleep(0.2)
         return False
 
     def close(self) -> None:

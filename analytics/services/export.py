@@ -219,7 +219,7 @@ def _horizons() -> dict[str, int] | None:
             # taking an id and writing its row. An idle one that never wrote cannot hold an id back,
             # nor can one in another database of the server (the sequences are this database's).
             cur.execute(
-                "SELECT pid, xact_start, left(query, 200) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                "SELECT pid, application_name, xact_start, left(query, 200) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
                 "AND datname = current_database() AND backend_type = 'client backend' AND xact_start <= %s "
                 "AND (backend_xid IS NOT NULL OR state = 'active') ORDER BY xact_start LIMIT 1",
                 [started],
@@ -228,7 +228,7 @@ def _horizons() -> dict[str, int] | None:
             if blocker is None:
                 return values
             if time.monotonic() > deadline:
-                log.warning("export: transaction of pid %s open since %s (%s) holds the append-only watermarks "
+                log.warning("export: transaction of pid %s (%s) open since %s (%s) holds the append-only watermarks "
                             "back this run", *blocker)
                 return None
             time.sleep(0.05)

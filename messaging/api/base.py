@@ -34,6 +34,7 @@ ERRORS = {code: OpenApiResponse(s.ErrorSerializer, description=text) for code, t
     404: "not found, or not your app's",
     409: "the Idempotency-Key was used for another request",
     413: "content over the app's limit, or a body over the server's",
+    421: "the user lives in another domain (`homed_elsewhere`): `domain` names it; send this there",
     429: "the app's rate limit: retry after `Retry-After` seconds",
 }.items()}
 IDEMPOTENCY = OpenApiParameter(
@@ -101,6 +102,16 @@ class ApiView(APIView):
 
     def user(self, user_id: str) -> str:
         return user_require(self.app, user_id)
+
+    def home_user(self, user_id: str) -> str:
+        """A user of the app whose home is this domain: what is kept for a user (its durable
+        subscriptions, whom it follows) lives at its home, so asking another domain would change
+        nothing there; refused (421) naming the home instead of answering as if it had."""
+        user = self.user(user_id)
+        home = self.app.home_of(user)
+        if home != settings.DOMAIN_NAME:
+            raise ApiError(421, "homed_elsewhere", f"{user} lives in {home}: send this to that domain's API", domain=home)
+        return user
 
     def channel(self, name: str) -> str:
         return channel_name_require(self.app, name)

@@ -202,8 +202,9 @@ class SubscribedSerializer(serializers.Serializer):
 class UserPresenceSerializer(serializers.Serializer):
     user_id = serializers.CharField()
     domain = serializers.CharField(allow_null=True, help_text="The user's home domain (where it connects).")
-    online = serializers.BooleanField(allow_null=True, help_text="null for a user homed in another domain: only "
-                                                                 "that domain's cluster knows.")
+    online = serializers.BooleanField(allow_null=True, help_text="For a user homed in another domain, as that domain "
+                                                                 "last told this one (a few seconds late); null while "
+                                                                 "this domain has not heard from it.")
     connections = serializers.IntegerField(allow_null=True)
 
 

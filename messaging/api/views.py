@@ -230,19 +230,19 @@ class ChannelSubscriberView(ApiView):
         operation_id="channel_subscribe", tags=["subscriptions"], request=None,
         summary="Subscribe a user to a channel", parameters=[CHANNEL, USER],
         description="Durable: the user's connections read the channel now and whenever they connect.",
-        responses={201: s.SubscribedSerializer, 200: s.SubscribedSerializer, **errors(400, 401, 404, 429)},
+        responses={201: s.SubscribedSerializer, 200: s.SubscribedSerializer, **errors(400, 401, 404, 421, 429)},
     )
     def put(self, request: Request, channel: str, user_id: str) -> Response:
-        name, user = self.channel(channel), self.user(user_id)
+        name, user = self.channel(channel), self.home_user(user_id)
         return _subscribed(user, name, subscription_add(app_id=self.app.pk, subscriber=user, channel=name))
 
     @extend_schema(
         operation_id="channel_unsubscribe", tags=["subscriptions"], summary="Unsubscribe a user from a channel",
         parameters=[CHANNEL, USER],
-        responses={204: None, **errors(400, 401, 404, 429)},
+        responses={204: None, **errors(400, 401, 404, 421, 429)},
     )
     def delete(self, request: Request, channel: str, user_id: str) -> Response:
-        name, user = self.channel(channel), self.user(user_id)
+        name, user = self.channel(channel), self.home_user(user_id)
         if not subscription_remove(app_id=self.app.pk, subscriber=user, channel=name):
             raise ApiError(404, "not_found", f"{user} is not subscribed to {name}")
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -253,10 +253,10 @@ class UserSubscriptionsView(ApiView):
         operation_id="user_subscriptions", tags=["subscriptions"],
         summary="A user's durable subscriptions (`@<userId>` channels are the users it follows)",
         parameters=[USER, CURSOR, LIMIT],
-        responses={200: s.SubscriptionPageSerializer, **errors(400, 401, 404, 429)},
+        responses={200: s.SubscriptionPageSerializer, **errors(400, 401, 404, 421, 429)},
     )
     def get(self, request: Request, user_id: str) -> Response:
-        user = self.user(user_id)
+        user = self.home_user(user_id)
         return self.page(subscriptions_of_user(app_id=self.app.pk, user_id=user), "channel", s.SubscriptionSerializer)
 
 
@@ -266,20 +266,20 @@ class UserFollowView(ApiView):
         parameters=[USER, TARGET],
         description="User to user: `user_id` is subscribed to channel `@<target_id>`, where whatever is published "
                     "for the target goes.",
-        responses={201: s.SubscribedSerializer, 200: s.SubscribedSerializer, **errors(401, 404, 429)},
+        responses={201: s.SubscribedSerializer, 200: s.SubscribedSerializer, **errors(401, 404, 421, 429)},
     )
     def put(self, request: Request, user_id: str, target_id: str) -> Response:
-        user, target = self.user(user_id), self.user(target_id)
+        user, target = self.home_user(user_id), self.user(target_id)
         name = user_channel(target)
         return _subscribed(user, name, subscription_add(app_id=self.app.pk, subscriber=user, channel=name))
 
     @extend_schema(
         operation_id="user_unfollow", tags=["subscriptions"], summary="Make a user stop following another",
         parameters=[USER, TARGET],
-        responses={204: None, **errors(401, 404, 429)},
+        responses={204: None, **errors(401, 404, 421, 429)},
     )
     def delete(self, request: Request, user_id: str, target_id: str) -> Response:
-        user, target = self.user(user_id), self.user(target_id)
+        user, target = self.home_user(user_id), self.user(target_id)
         if not subscription_remove(app_id=self.app.pk, subscriber=user, channel=user_channel(target)):
             raise ApiError(404, "not_found", f"{user} does not follow {target}")
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -42,6 +42,7 @@ from messaging.protocol import (
     require_str,
 )
 from messaging.store import OutgoingMessage
+from presence.master_view import MasterView
 from presence.services import master_snapshot, user_disconnect_everywhere
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class Connection(Protocol):
     async def close_with(self, code: int, reason: str = "") -> None: ...
     def write_position(self) -> int | None: ...  # bytes queued on the socket so far (None: not counted)
     def admitted(self) -> None: ...  # authenticated: the ledger and the channel cursor exist from now
+    def master_watch(self, view: MasterView) -> None: ...  # the app's master: what it was told, kept right
 
 
 Handler = Callable[[Connection, Frame], Awaitable[None]]
@@ -126,13 +128,14 @@ async def _master_catch_up(conn: Connection, app: AppSnapshot) -> bool:
     a snapshot the master's view could not be trusted: the connection closes with 1013 instead.
     """
     try:
-        frames = await master_snapshot(app_name=app.app_name, master_user_id=app.master_user_id)
+        users, frames = await master_snapshot(app_name=app.app_name, master_user_id=app.master_user_id)
     except Exception:
         log.exception("reading the online users of %s for its master failed", app.app_name)
         await conn.close_with(CLOSE_TRY_AGAIN, "presence unavailable; reconnect later")
         return False
     for frame in frames:
         await conn.write(frame)
+    conn.master_watch(MasterView(set(users)))
     return True
 
 
@@ -190,7 +193,7 @@ async def on_message(conn: Connection, frame: Frame) -> None:
     client_message_id = _client_message_id(data)
     _charge(conn, 1, data)
     if frame.feature == FEATURE_FAST:
-        await message_fast_send_async(sender=conn.life.user_id, recipients=[to], content=content,
+        await message_fast_send_async(app=app, sender=conn.life.user_id, recipients=[to], content=content,
                                       reference=frame.reference)
         return
     await _store(conn, frame, data, OutgoingMessage(
@@ -210,7 +213,7 @@ async def on_group_message(conn: Connection, frame: Frame) -> None:
         raise _refused(exc, data) from None
     _charge(conn, len(recipients), data)
     if frame.feature == FEATURE_FAST:
-        await message_fast_send_async(sender=conn.life.user_id, recipients=recipients, content=content,
+        await message_fast_send_async(app=app, sender=conn.life.user_id, recipients=recipients, content=content,
                                       reference=frame.reference)
         return
     await _store(conn, frame, data, OutgoingMessage(

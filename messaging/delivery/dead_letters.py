@@ -47,13 +47,14 @@ def dead_letters_announce(rows: list[tuple], *, receipts: bool = True) -> None:
 
 def dead_letters_requeue(*, delivery_ids: list[int], app_id: int | None = None) -> int:
     """Give dead deliveries a fresh set of attempts and route them again (`app_id` confines the
-    action to one app's rows: the REST API's caller)."""
+    action to one app's rows: the REST API's caller). One that died at another domain is revived
+    there too: its row carries `revive` to the next hop, which does the same (messaging.network)."""
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(
             f"""
             UPDATE messaging_delivery SET state = {PENDING}, attempts = 0, dead_at = NULL,
                    claim = NULL, next_attempt_at = now() + make_interval(secs => %s),
-                   last_error = 're-queued by an operator'
+                   last_error = 're-queued by an operator', revive = true
              WHERE id = ANY(%s) AND state = {DEAD} AND (%s::bigint IS NULL OR app_id = %s)
             RETURNING id
             """,

@@ -10,4 +10,6 @@ domains where their recipients live (docs/architecture.md; docs/protocol.md, "Be
   publishes, its receipts), each on the outbound skeleton (foundation.outbound).
 - `queue`, `receipt_queue`: what is queued on which link, and the sweep that moves queues off links
   that are down.
+- `fast_forward`: FAST messages for users homed elsewhere, carried once, hop by hop, never stored
+  (not on the skeleton: nothing waits, nothing is retried).
 """

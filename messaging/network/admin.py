@@ -7,6 +7,8 @@ lists each receipt still on its way to its origin domain, with its attempts and 
 
 from __future__ import annotations
 
+import time
+
 from django.conf import settings
 from django.contrib import admin
 from django.db.models import Count, OuterRef, Q, Subquery
@@ -29,10 +31,10 @@ def _count(model=ChannelForward, **filters) -> Coalesce:
 @admin.register(LinkHealth)
 class LinkHealthAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["peer", "state", "last_error", "last_ok_at", "forwarded_out", "forwarded_in", "retry_at",
-                    "publishes_waiting", "publishes_dead", "receipts_waiting"]
+                    "publishes_waiting", "publishes_dead", "receipts_waiting", "no_way_on_to"]
     fields = readonly_fields = ["peer", "state", "last_error", "last_ok_at", "last_failure_at", "failures",
                                 "retry_at", "forwarded_out", "forwarded_in", "publishes_waiting", "publishes_dead",
-                                "receipts_waiting", "updated_at"]
+                                "receipts_waiting", "no_way_on_to", "updated_at"]
     ordering = ["peer"]
     actions = ["probe_now"]
 
@@ -66,11 +68,20 @@ class LinkHealthAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def receipts_waiting(self, obj: LinkHealth) -> int:
         return obj.receipts
 
+    @admin.display(description="no way on to (routed around)")
+    def no_way_on_to(self, obj: LinkHealth) -> str:
+        """What the neighbour said it has no way on to, and until when it is passed over for them."""
+        now = time.time()
+        live = sorted((t, u) for t, u in (obj.blocked or {}).items() if isinstance(u, (int, float)) and u > now)
+        return ", ".join(f"{t} ({int(u - now)} s)" for t, u in live) or "-"
+
     @admin.action(description="Probe the selected links now", permissions=ACT)
     def probe_now(self, request, queryset):
         results = links_probe(peers=list(queryset.values_list("peer", flat=True)))
         for r in results:
-            self.message_user(request, f"{r.peer}: up" if r.ok else f"{r.peer}: down ({r.error})")
+            self.message_user(request, f"{r.peer}: down ({r.error})" if not r.ok else
+                              f"{r.peer}: answers pings, but its last call failed: retried when its backoff ends"
+                              if r.held_back else f"{r.peer}: up")
         skipped = queryset.count() - len(results)
         if skipped:
             self.message_user(request, f"{skipped} link(s) not probed: disabled or no longer configured.")

@@ -130,14 +130,14 @@ class FloodSender(LinkQueueSender):
                 [error.reason, [q.row_id for q in batch.items]],
             )
             outcomes = [dead for (dead,) in cur.fetchall()]
-        health = link_failed(peer=self.peer, error=error.reason)
+        health = link_failed(peer=self.peer, error=error.reason, answered=error.status is not None)
         return Failed(failed=len(outcomes), dead=sum(outcomes), retry_at=health.retry_at)
 
 
 def flood_link_send(*, peer: str) -> Outcome:
     """Send the link's waiting publishes to `peer` until none is left, the link fails, or its
     backoff holds it back. Nothing when another sender has the link (`busy`)."""
-    return send_batches(FloodSender(peer))
+    return send_batches(FloodSender(peer), budget_seconds=settings.FORWARD_TASK_BUDGET_SECONDS)
 
 
 def flood_links_due() -> list[str]:

@@ -2,10 +2,15 @@
 (POST /internal/v1/forward, after messaging.network.transport has checked the call).
 
 The payload is {"messages": [...], "receipts": [...]} (docs/protocol.md, "Between domains"). It is
-validated strictly (anything malformed is refused with 400, an app unknown here or a message over
-the hop limit with 422, and nothing of the call is stored), then every message of the call is
-stored in one transaction before the answer: the neighbour marks its rows `forwarded` on our 2xx,
-so an answer must mean "stored here".
+validated strictly (anything malformed is refused with 400 and nothing of the call is stored); a
+message this domain cannot take for a reason of its own (its app unknown here, over the hop limit)
+is refused alone, in the answer's `refused` list by its index in the payload, and the rest of the
+call is stored. Every message taken is stored in one transaction before the answer: the neighbour
+marks its rows `forwarded` on our 2xx, so an answer must mean "stored here" for all but the
+refused.
+
+FAST items (`fast`) are never stored: messaging.network.fast_forward pushes them to the
+recipients homed here and carries the others on.
 
 A message is stored once per domain, keyed by (origin domain, id there) (message_forwarded_once):
 a repeated call stores nothing new. A later call may bring other recipients of a message already
@@ -24,10 +29,13 @@ from django.db import transaction
 
 from apps_registry.models import ClientApp
 from foundation.db import hot_cursor
+from messaging.delivery.sql import DEAD, FORWARDED, PENDING
 from messaging.handoff import routing_enqueue
 from messaging.models import MessageKind
 from messaging.network import receipts
-from messaging.network.links import link_received
+from messaging.network.fast_forward import fast_accept, fast_parse
+from messaging.network.links import destination, link_received, route_blocked, route_holding, way_on
+from messaging.network.presence_gossip import PresenceRefused, presence_accept, presence_parse
 from messaging.network.transport import PeerRefused
 from messaging.store import deliveries_append_sql, messages_insert_sql
 
@@ -50,6 +58,8 @@ class Incoming:
     path: list[str]
     confirms: str
     recipients: list[str]
+    revive: list[str]  # recipients whose dead copy here an operator's re-queue brings back
+    hold: bool = False  # the sender has no other way: taken even where this domain has no way on now
 
 
 def _refuse(reason: str, status: int = 400) -> PeerRefused:
@@ -104,30 +114,103 @@ def _message_parse(ord_: int, item, *, sender_domain: str, apps: dict[str, int])
         content=_text(item, "content", where, max_len=1_000_000), reference=_text(item, "reference", where, max_len=256),
         confirm=confirm, cmid=_text(item, "client_message_id", where, max_len=128, null=True), origin=origin,
         origin_id=_whole(item, "origin_message_id", where), path=path, confirms=confirms,
-        recipients=sorted(set(recipients)),
+        recipients=sorted(set(recipients)), revive=[],
     )
-    if app_name not in apps:
-        raise _refuse(f"{where}: app {app_name!r} is not known in {settings.DOMAIN_NAME}", 422)
-    incoming.app_id = apps[app_name]
-    if len(path) > settings.FORWARD_HOP_LIMIT:
-        raise _refuse(f"{where}: hop limit ({settings.FORWARD_HOP_LIMIT}) exceeded: {len(path)} hops", 422)
+    revive = item.get("revive", [])
+    if not isinstance(revive, list) or not set(revive) <= set(incoming.recipients):
+        raise _refuse(f"{where}: revive must be a list of the message's recipients")
+    incoming.revive = sorted(set(revive))
+    hold = item.get("hold", False)
+    if not isinstance(hold, bool):
+        raise _refuse(f"{where}: hold must be true or false")
+    incoming.hold = hold
+    incoming.app_id = apps.get(app_name, 0)
     return incoming
 
 
-def payload_parse(*, sender: str, payload: dict) -> tuple[list[Incoming], list[dict]]:
-    """The call's messages and receipts, or PeerRefused naming what is wrong."""
-    unknown = set(payload) - {"messages", "receipts"}
+def _refusal(item: Incoming, app_name: str) -> str:
+    """Why this domain does not take a well-formed message ('' if it does): reasons of the message's
+    own, which refuse it alone."""
+    if not item.app_id:
+        return f"app {app_name!r} is not known in {settings.DOMAIN_NAME}"
+    if len(item.path) > settings.FORWARD_HOP_LIMIT:
+        return f"hop limit ({settings.FORWARD_HOP_LIMIT}) exceeded: {len(item.path)} hops"
+    return ""
+
+
+class _WayOn:
+    """The homes of an item's recipients this domain has no way on to now (links.way_on): its
+    onward links there are down, or lead only back the way it came. Such an item is refused with
+    `blocked`, and its sender routes it another way (or keeps it) instead of leaving it to wait here."""
+
+    def __init__(self):
+        self.known: dict[tuple[str, tuple[str, ...]], bool] = {}
+
+    def blocked(self, item: Incoming) -> list[str]:
+        out = set()
+        for recipient in item.recipients:
+            home = destination(recipient)
+            if home is None:
+                continue
+            key = (home, tuple(item.path))
+            if key not in self.known:
+                self.known[key] = way_on(home, visited=item.path) is None
+            if self.known[key]:
+                out.add(home)
+        return sorted(out)
+
+
+@dataclass
+class Parsed:
+    messages: list[Incoming]  # those to store
+    refused: list[dict]  # {"index", "reason"} of those refused alone
+    receipts: list[dict]
+    fast: list[dict]  # FAST items: pushed here, or carried on (never stored)
+    blocked: list[str]  # the domains the caller has no way on to now (it hands back their items)
+    presence: list[dict]  # domains' lists of online users (messaging.network.presence_gossip)
+
+
+def payload_parse(*, sender: str, payload: dict) -> Parsed:
+    """The call's messages (those to store, those refused alone) and receipts, or PeerRefused
+    naming what is wrong with the call."""
+    unknown = set(payload) - {"messages", "receipts", "fast", "blocked", "presence"}
     if unknown:
         raise _refuse(f"unknown field(s): {', '.join(sorted(unknown))}")
+    blocked = payload.get("blocked", [])
+    if (not isinstance(blocked, list) or len(blocked) > 1000
+            or not all(isinstance(d, str) and d and len(d) <= 64 for d in blocked)):
+        raise _refuse("blocked must be a list of domain names")
     messages, receipt_items = payload.get("messages", []), payload.get("receipts", [])
-    if not isinstance(messages, list) or not isinstance(receipt_items, list):
-        raise _refuse("messages and receipts must be lists")
-    if len(messages) + len(receipt_items) > MAX_ITEMS:
+    fast_items = payload.get("fast", [])
+    if not isinstance(messages, list) or not isinstance(receipt_items, list) or not isinstance(fast_items, list):
+        raise _refuse("messages, receipts and fast must be lists")
+    if len(messages) + len(receipt_items) + len(fast_items) > MAX_ITEMS:
         raise _refuse(f"more than {MAX_ITEMS} items in one call", 413)
     names = {m.get("app") for m in messages if isinstance(m, dict) and isinstance(m.get("app"), str)}
     apps = dict(ClientApp.objects.filter(app_name__in=names).values_list("app_name", "pk"))
     parsed = [_message_parse(i, item, sender_domain=sender, apps=apps) for i, item in enumerate(messages)]
-    return parsed, [receipts.receipt_parse(i, item) for i, item in enumerate(receipt_items)]
+    taken, refused = [], []
+    ways = _WayOn()
+    for incoming, item in zip(parsed, messages, strict=True):
+        reason = _refusal(incoming, item["app"])
+        stuck = [] if reason or incoming.hold else ways.blocked(incoming)
+        if reason:
+            refused.append({"index": incoming.ord, "reason": reason})
+        elif stuck:
+            refused.append({"index": incoming.ord, "blocked": stuck,
+                            "reason": f"{settings.DOMAIN_NAME} has no way on to {', '.join(stuck)} now"})
+        else:
+            taken.append(incoming)
+    presence = payload.get("presence", [])
+    if not isinstance(presence, list) or len(presence) > MAX_ITEMS:
+        raise _refuse(f"presence must be a list of at most {MAX_ITEMS} lists")
+    try:
+        presence = [presence_parse(i, item) for i, item in enumerate(presence)]
+    except PresenceRefused as exc:
+        raise _refuse(str(exc)) from None
+    return Parsed(messages=taken, refused=refused, blocked=sorted(set(blocked)), presence=presence,
+                  receipts=[receipts.receipt_parse(i, item, sender=sender) for i, item in enumerate(receipt_items)],
+                  fast=[fast_parse(i, item, sender=sender) for i, item in enumerate(fast_items)])
 
 
 _LOCK_SQL = """
@@ -180,7 +263,7 @@ def _local_confirmed(items: list[Incoming]) -> dict[int, int]:
     return {o: mid for o, mid in wanted.items() if mid in found}
 
 
-def _store_pass(items: list[Incoming]) -> tuple[set[int], list[int], int]:
+def _store_pass(items: list[Incoming], sender: str) -> tuple[set[int], list[int], int]:
     """One pass: lock the messages of `items` already here, then (one statement) insert the others
     and append the deliveries not there yet. Returns (ords handled, new delivery ids, pairs already
     there).
@@ -215,12 +298,51 @@ def _store_pass(items: list[Incoming]) -> tuple[set[int], list[int], int]:
     with hot_cursor() as cur:
         cur.execute(_STORE_SQL, params)
         stored_ords, delivery_ids = cur.fetchone()
+    revived = _revive([(existing[m.ord], r) for m in old for r in m.revive])
+    revived += _take_back([(existing[m.ord], r) for m in old for r in m.recipients], sender)
     handled = {m.ord for m in old} | set(stored_ords)
     pairs = sum(len(m.recipients) for m in items if m.ord in handled)
-    return handled, list(delivery_ids), pairs - len(delivery_ids)
+    return handled, list(delivery_ids) + revived, pairs - len(delivery_ids) - len(revived)
 
 
-def messages_store_forwarded(items: list[Incoming]) -> tuple[int, int]:
+def _route_again(pairs: list[tuple[int, str]], *, where: str, params: list, set_also: str = "") -> list[int]:
+    """Copies here of (message, recipient) matching `where`, pending again (routed once this
+    transaction commits, the routing deadline as their timer), with `set_also`: their ids."""
+    if not pairs:
+        return []
+    with hot_cursor() as cur:
+        cur.execute(
+            f"""
+            UPDATE messaging_delivery d
+               SET state = {PENDING}, claim = NULL, next_attempt_at = now() + make_interval(secs => %s)
+                   {", " + set_also if set_also else ""}
+              FROM unnest(%s::bigint[], %s::text[]) AS t(message_id, recipient)
+             WHERE d.message_id = t.message_id AND d.recipient = t.recipient AND {where}
+            RETURNING d.id
+            """,
+            [float(settings.ROUTING_DEADLINE_SECONDS), [m for m, _ in pairs], [r for _, r in pairs], *params],
+        )
+        return [row[0] for row in cur.fetchall()]
+
+
+def _revive(pairs: list[tuple[int, str]]) -> list[int]:
+    """Dead copies here of (message, recipient) that an operator re-queued at the origin: a fresh
+    set of attempts, routed again (and passed on with `revive` where their home is further on)."""
+    return _route_again(pairs, set_also="attempts = 0, dead_at = NULL, revive = true, "
+                                        "last_error = 're-queued by an operator'",
+                        where=f"d.state = {DEAD}", params=[])
+
+
+def _take_back(pairs: list[tuple[int, str]], sender: str) -> list[int]:
+    """Copies here of (message, recipient) this domain had passed on to `sender`, which now sends
+    them back: it had no way on for them (a hand-back), or routed them back here round a broken
+    link. They are routed again from here (where `sender` said it has no way on, around it), with
+    the attempts they have; a call `sender` merely repeats never finds such a copy (its copy went on
+    elsewhere, or is still here waiting)."""
+    return _route_again(pairs, where=f"d.state = {FORWARDED} AND d.forward_to = %s", params=[sender])
+
+
+def messages_store_forwarded(items: list[Incoming], *, sender: str) -> tuple[int, int]:
     """Store a call's messages (inside the caller's transaction); (new deliveries, duplicates).
     Routing gets the new deliveries once the transaction commits."""
     delivery_ids: list[int] = []
@@ -229,7 +351,7 @@ def messages_store_forwarded(items: list[Incoming]) -> tuple[int, int]:
     for _ in range(2):
         if not todo:
             break
-        handled, ids, dups = _store_pass(todo)
+        handled, ids, dups = _store_pass(todo, sender)
         delivery_ids += ids
         duplicates += dups
         todo = [m for m in todo if m.ord not in handled]
@@ -243,10 +365,20 @@ def messages_store_forwarded(items: list[Incoming]) -> tuple[int, int]:
 
 def forward_accept(*, sender: str, payload: dict) -> dict:
     """Store (messages) and apply (receipts) what `sender` forwards, all before answering
-    {"stored": new deliveries, "duplicates": deliveries already here, "receipts": receipts applied}."""
-    items, receipt_items = payload_parse(sender=sender, payload=payload)
+    {"stored": new deliveries, "duplicates": deliveries already here, "receipts": receipts applied,
+    "refused": [{"index": i, "reason": ...}] (messages refused alone), and, for a call with FAST
+    items, "fast": connections reached here}."""
+    parsed = payload_parse(sender=sender, payload=payload)
+    route_blocked(peer=sender, targets=parsed.blocked)
+    route_holding(peer=sender, targets={home for m in parsed.messages if m.hold for r in m.recipients
+                                        if (home := destination(r))})
     with transaction.atomic():
-        stored, duplicates = messages_store_forwarded(items)
-        applied = receipts.receipts_apply(receipt_items)
-    link_received(peer=sender, count=len(items) + len(receipt_items))
-    return {"stored": stored, "duplicates": duplicates, "receipts": applied}
+        stored, duplicates = messages_store_forwarded(parsed.messages, sender=sender)
+        applied = receipts.receipts_apply(parsed.receipts)
+    link_received(peer=sender, count=len(parsed.messages) + len(parsed.receipts) + len(parsed.fast))
+    answer = {"stored": stored, "duplicates": duplicates, "receipts": applied, "refused": parsed.refused}
+    if parsed.fast:
+        answer["fast"] = fast_accept(parsed.fast)  # after the commit: connections reached here
+    if parsed.presence:
+        answer["presence"] = presence_accept(parsed.presence)
+    return answer

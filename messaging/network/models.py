@@ -12,7 +12,12 @@ class LinkHealth(models.Model):
     """This domain's live view of its link to one neighbour: up, or down since when; the last error;
     what was forwarded each way. Keyed by the neighbour's name, not the DomainLink row, so a config
     pull that recreates links keeps the history. Written by calls and probes (messaging.network.links);
-    `retry_at` is when the link's queue may be tried again after a failure (backoff)."""
+    `retry_at` is when the link's queue may be tried again after a failure (backoff), and
+    `last_failure_kind` what the last failure was: the neighbour out of reach (no answer, a probe's
+    or a call's), or a call it answered with an error. A probe that is answered clears the backoff
+    of the first (the neighbour is back), never that of the second (it answers pings but fails the
+    link's calls: they wait for the retry their failure earned). `blocked` is what the neighbour
+    told about its own onward links (messaging.network.links.route_blocked)."""
 
     peer = models.CharField(max_length=64, unique=True)
     up = models.BooleanField(default=True)
@@ -22,8 +27,16 @@ class LinkHealth(models.Model):
     last_failure_at = models.DateTimeField(null=True, blank=True)
     failures = models.PositiveIntegerField(default=0)  # in a row; 0 once a call succeeds
     retry_at = models.DateTimeField(null=True, blank=True)
+    last_failure_kind = models.CharField(max_length=8, blank=True, default="", db_default="",
+                                         choices=[("reach", "out of reach"), ("call", "a call answered with an error")])
     forwarded_out = models.BigIntegerField(default=0)
     forwarded_in = models.BigIntegerField(default=0)
+    # Domains this neighbour said it has no way on to (it refused or handed back an item for them):
+    # {domain: unix time until which items for it are routed another way where one exists}.
+    blocked = models.JSONField(default=dict, blank=True)
+    # Domains this neighbour has no other way to than through here (it sent items for them with
+    # `hold`): what it sends for them waits here rather than being handed back. {domain: unix time}.
+    holding = models.JSONField(default=dict, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -65,10 +78,15 @@ class ReceiptForward(models.Model):
     waiting on the link to `peer`, its next hop: written in the transaction that made the delivery
     delivered or dead here (or that took the receipt in, passing through), gone once the neighbour
     has applied it or taken it on. A receipt never dies of attempts: while its link fails it waits,
-    counting them, and the console lists it (Link health, Receipts waiting)."""
+    counting them, and the console lists it (Link health, Receipts waiting). It never goes back to a
+    domain it passed through: where only such a way is left, it waits here (`peer` "")."""
 
-    # The next hop towards origin_domain; "" while no enabled link leads there (the sweep looks again).
+    # The next hop towards origin_domain; "" while no link leads there but back the way the receipt
+    # came, or none at all (the sweep looks again).
     peer = models.CharField(max_length=64, blank=True)
+    # The domains the receipt passed through, where it was written first, ending with this one
+    # ("domain-03,domain-02"): never sent back to one of them, and given up past the hop limit.
+    path = models.CharField(max_length=800, blank=True, default="", db_default="")
     origin_domain = models.CharField(max_length=64)
     origin_message_id = models.BigIntegerField()
     recipient = models.CharField(max_length=96)
@@ -92,4 +110,4 @@ class ReceiptForward(models.Model):
     def as_payload(self) -> dict:
         return {"origin_domain": self.origin_domain, "origin_message_id": self.origin_message_id,
                 "recipient": self.recipient, "state": self.state, "at": self.at.isoformat(),
-                "domain": self.domain, "error": self.error}
+                "domain": self.domain, "error": self.error, "path": [d for d in self.path.split(",") if d]}

@@ -7,10 +7,13 @@ batches bounded by rows and bytes). What is its own: the queue's SQL (the oldest
 recipient, seq): the partial index delivery_link_queue) and the payload, in which a message with
 several recipients on this link goes once with its recipients. The neighbour stores everything
 before it answers, so on success the rows are `forwarded` (it has them; the home domain's receipt
-later makes them delivered or dead, messaging.network.receipts). On failure the link is marked down
-with backoff (links.link_failed) and every row of the batch counts a failed attempt; those out of
-the app's attempts are dead with the reason, the others wait on the link, in order, until its retry
-is due (the sweep, messaging.network.queue, wakes the link then, or moves the queue to another path).
+later makes them delivered or dead, messaging.network.receipts), except those of a message it
+refused alone (its app unknown there): dead at once with its reason. On failure the link is marked
+down with backoff (links.link_failed) and each row of the batch whose own retry time has come
+counts a failed attempt (so its attempts go at its app's pace, not at the pace of the link's
+retries); those out of the app's attempts are dead with the reason, the others wait on the link, in
+order, until its retry is due (the sweep, messaging.network.queue, wakes the link then, or moves
+the queue to another path).
 A row that already made FORWARD_HOP_LIMIT hops is dead before any call.
 """
 
@@ -21,19 +24,29 @@ import logging
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.db import transaction
 
 from foundation.db import hot_cursor
 from foundation.outbound import Batch, CallFailed, Failed, Limits, Settled, out_of_attempts, send_batches
 from messaging.delivery.dead_letters import dead_letters_announce
-from messaging.delivery.sql import DEAD, MOVED_COLUMNS, lock_sql, states_sql
+from messaging.delivery.retry import retry_backoff
+from messaging.delivery.sql import DEAD, FORWARDED, FORWARDING, MOVED_COLUMNS, RETRYING, lock_sql
+from messaging.handoff import forward_links_kick
 from messaging.models import DeliveryState
-from messaging.network.links import LinkQueueSender, link_failed, link_succeeded
+from messaging.network.links import (
+    LinkQueueSender,
+    destination,
+    link_failed,
+    link_state,
+    link_succeeded,
+    must_hold,
+    next_hop,
+    route_blocked,
+)
 from messaging.network.transport import FORWARD_PATH, peer_call
 
 log = logging.getLogger(__name__)
 
-FORWARDING = states_sql(DeliveryState.FORWARDING)
-FORWARDED = states_sql(DeliveryState.FORWARDED)
 # What a row counts towards FORWARD_BATCH_BYTES beyond its content (its other fields, as JSON).
 ROW_OVERHEAD_BYTES = 300
 
@@ -52,6 +65,8 @@ class Queued:
     message_id: int
     message: dict  # the payload item, without its recipients
     size: int = 0  # what it counts towards FORWARD_BATCH_BYTES
+    revive: bool = False  # a re-queued dead letter: the neighbour revives its dead copy
+    held: bool = False  # sent with `hold` (LinkSender._to_hold)
 
 
 # The head of the link's queue, as long as the running size stays within the byte limit (the first
@@ -60,7 +75,7 @@ _QUEUE_SQL = f"""
 SELECT q.* FROM (
     SELECT d.id, d.app_id, d.recipient, m.id, a.app_name, m.sender, m.kind, m.content, m.reference,
            m.confirmation_requested, m.client_message_id, m.origin_domain, m.origin_message_id, m.forward_path,
-           m.confirms_origin, c.id, c.origin_domain, c.origin_message_id,
+           m.confirms_origin, c.id, c.origin_domain, c.origin_message_id, d.revive,
            octet_length(m.content) + {ROW_OVERHEAD_BYTES} AS size,
            sum(octet_length(m.content) + {ROW_OVERHEAD_BYTES}) OVER w AS running, row_number() OVER w AS n
       FROM messaging_delivery d
@@ -91,7 +106,7 @@ def queue_peek(*, peer: str, limits: Limits) -> list[Queued]:
         rows = cur.fetchall()
     out = []
     for (delivery_id, app_id, recipient, message_id, app_name, sender, kind, content, reference, confirm, cmid,
-         origin_domain, origin_id, forward_path, confirms_origin, c_id, c_origin, c_origin_id, size, _, _) in rows:
+         origin_domain, origin_id, forward_path, confirms_origin, c_id, c_origin, c_origin_id, revive, size, _, _) in rows:
         origin, oid = _origin(here, message_id, origin_domain, origin_id)
         confirms = ""
         if c_id is not None:
@@ -104,7 +119,7 @@ def queue_peek(*, peer: str, limits: Limits) -> list[Queued]:
             "app": app_name, "sender": sender, "kind": kind, "content": content, "reference": reference,
             "confirmation_requested": confirm, "client_message_id": cmid, "origin_domain": origin,
             "origin_message_id": oid, "path": path, "confirms": confirms,
-        }, size=size))
+        }, size=size, revive=revive))
     return out
 
 
@@ -112,6 +127,11 @@ def payload_build(rows: list[Queued]) -> list[dict]:
     """The payload's messages: each once, with its recipients on this link, in an order that keeps
     every recipient's mailbox order (a topological order of the recipients' sequences, ties broken
     by first appearance: the receiver stores a call's messages in payload order)."""
+    return [item for _, item in _payload(rows)]
+
+
+def _payload(rows: list[Queued]) -> list[tuple[int, dict]]:
+    """payload_build's messages, each with its message id here."""
     items: dict[int, dict] = {}
     first: dict[int, int] = {}
     after: dict[int, set[int]] = {}
@@ -124,6 +144,8 @@ def payload_build(rows: list[Queued]) -> list[dict]:
             after[row.message_id] = set()
             indegree[row.message_id] = 0
         items[row.message_id]["recipients"].append(row.recipient)
+        if row.revive:
+            items[row.message_id].setdefault("revive", []).append(row.recipient)
         key = (row.app_id, row.recipient)
         before = previous.get(key)
         if before is not None and before != row.message_id and row.message_id not in after[before]:
@@ -132,41 +154,54 @@ def payload_build(rows: list[Queued]) -> list[dict]:
         previous[key] = row.message_id
     ready = [(first[m], m) for m, n in indegree.items() if n == 0]
     heapq.heapify(ready)
-    ordered = []
+    ordered: list[int] = []
     while ready:
         _, message_id = heapq.heappop(ready)
-        ordered.append(items[message_id])
+        ordered.append(message_id)
         for nxt in after[message_id]:
             indegree[nxt] -= 1
             if indegree[nxt] == 0:
                 heapq.heappush(ready, (first[nxt], nxt))
     if len(ordered) != len(items):  # a cycle cannot happen (mailboxes lock in one order); never drop
-        seen = {id(i) for i in ordered}
-        ordered += [i for i in items.values() if id(i) not in seen]
-    return ordered
+        seen = set(ordered)
+        ordered += [m for m in items if m not in seen]
+    return [(m, items[m]) for m in ordered]
 
 
 DIES = out_of_attempts("d.attempts + 1", "a.max_delivery_attempts")
+# A waiting row's attempt counts once its retry time has come (never earlier, however often the
+# link's calls fail meanwhile): its attempts follow the app's retry schedule, as a local delivery's do.
+DUE = "(%(kill)s OR d.next_attempt_at IS NULL OR d.next_attempt_at <= now())"
+COUNTED_DEAD = f"({DUE} AND (%(kill)s OR {DIES}))"
 
 
-def _rows_fail(*, peer: str, ids: list[int], error: str, kill: bool = False) -> list[tuple]:
-    """Forwarding rows of this link that failed: one attempt counted (all of them dead when `kill`),
-    dead once the app's attempts are used, the others left waiting on the link. Returns the moved
-    rows (MOVED_COLUMNS)."""
+def _rows_fail(*, peer: str, ids: list[int], error: str, kill: bool = False, routed_again: bool = False) -> list[tuple]:
+    """Forwarding rows of this link whose call failed: the error kept on each; an attempt counted on
+    those whose retry time has come (the next one then due after the delivery backoff,
+    messaging.delivery.retry), dead once the app's attempts are used (all of them when `kill`); the
+    others left waiting on the link, in order (or, `routed_again`, off the link: retrying, routed again
+    by the retry sweep when due). So a link retried every second while its neighbour is away does not
+    use up its rows' attempts in a minute: a row dies only after its app's attempts, at the app's
+    pace. Returns the moved rows (MOVED_COLUMNS)."""
     if not ids:
         return []
+    backoff = retry_backoff().sql("d.attempts + 1")
     with hot_cursor() as cur:
         cur.execute(
             f"""
             WITH locked AS MATERIALIZED ({lock_sql("id = ANY(%(ids)s::bigint[])")})
-            UPDATE messaging_delivery d SET attempts = d.attempts + 1, last_error = left(%(error)s, 500),
-                   state = CASE WHEN %(kill)s OR {DIES} THEN {DEAD} ELSE d.state END,
-                   dead_at = CASE WHEN %(kill)s OR {DIES} THEN now() ELSE d.dead_at END
+            UPDATE messaging_delivery d
+               SET attempts = CASE WHEN {DUE} THEN d.attempts + 1 ELSE d.attempts END,
+                   last_error = left(%(error)s, 500),
+                   state = CASE WHEN {COUNTED_DEAD} THEN {DEAD} WHEN %(again)s THEN {RETRYING} ELSE d.state END,
+                   dead_at = CASE WHEN {COUNTED_DEAD} THEN now() ELSE d.dead_at END,
+                   next_attempt_at = CASE WHEN {COUNTED_DEAD} THEN NULL WHEN {DUE} THEN now() + {backoff}
+                                          ELSE coalesce(d.next_attempt_at, now()) END
               FROM locked l, apps_registry_clientapp a
              WHERE d.id = l.id AND a.id = d.app_id AND d.state = {FORWARDING} AND d.forward_to = %(peer)s
             RETURNING {MOVED_COLUMNS}
             """,
-            {"ids": sorted(ids), "error": error, "kill": kill, "peer": peer},
+            {"ids": sorted(ids), "error": error, "kill": kill, "peer": peer, "again": routed_again},
         )
         rows = cur.fetchall()
     dead_letters_announce([r for r in rows if r[1] == DeliveryState.DEAD.value])
@@ -178,10 +213,24 @@ def _rows_forwarded(*, peer: str, ids: list[int]) -> int:
         cur.execute(
             f"""
             WITH locked AS MATERIALIZED ({lock_sql("id = ANY(%(ids)s::bigint[])")})
-            UPDATE messaging_delivery d SET state = {FORWARDED}, sent_at = now()
+            UPDATE messaging_delivery d SET state = {FORWARDED}, sent_at = now(), next_attempt_at = NULL, revive = false
               FROM locked l WHERE d.id = l.id AND d.state = {FORWARDING} AND d.forward_to = %(peer)s
             """,
             {"ids": sorted(ids), "peer": peer},
+        )
+        return cur.rowcount
+
+
+def _rows_move(*, peer: str, ids: list[int], to: str) -> int:
+    """Rows waiting on the link to `peer` moved to the link to `to` (no attempt counted)."""
+    with hot_cursor() as cur:
+        cur.execute(
+            f"""
+            WITH locked AS MATERIALIZED ({lock_sql("id = ANY(%(ids)s::bigint[])")})
+            UPDATE messaging_delivery d SET forward_to = %(to)s, next_attempt_at = NULL
+              FROM locked l WHERE d.id = l.id AND d.state = {FORWARDING} AND d.forward_to = %(peer)s
+            """,
+            {"ids": sorted(ids), "peer": peer, "to": to},
         )
         return cur.rowcount
 
@@ -205,16 +254,96 @@ class LinkSender(LinkQueueSender):
         over = [(r, f"hop limit ({hop_limit}) reached") for r in rows if len(r.message["path"]) > hop_limit]
         return Batch(items=[r for r in rows if len(r.message["path"]) <= hop_limit], refused=over)
 
-    def send(self, batch: Batch[Queued]) -> dict:
-        return peer_call(peer=self.peer, path=FORWARD_PATH, payload={"messages": payload_build(batch.items)})
+    def send(self, batch: Batch[Queued]) -> tuple[list[int], dict]:
+        """The call; returns the payload's message ids in payload order (what the answer's refusals
+        point at by index) with the neighbour's answer. Rows going back to a domain they came
+        through are handed back (this domain has no way on for them, messaging.network.queue): the
+        call says which domains it has no way on to (`blocked`), so the neighbour routes around."""
+        payload = _payload(batch.items)
+        # Only a neighbour that said it has no way on somewhere can need a `hold`: the common call
+        # pays nothing for it.
+        held = self._to_hold(payload) if self.peer in link_state().blocked else set()
+        for row in batch.items:
+            row.held = row.message_id in held
+        body: dict = {"messages": [item for _, item in payload]}
+        handed_back = sorted({home for r in batch.items if self.peer in r.message["path"][:-1]
+                              and (home := destination(r.recipient))})
+        if handed_back:
+            body["blocked"] = handed_back
+        answer = peer_call(peer=self.peer, path=FORWARD_PATH, payload=body)
+        return [message_id for message_id, _ in payload], answer
 
-    def settle(self, batch: Batch[Queued], answer: dict) -> Settled:
-        sent = _rows_forwarded(peer=self.peer, ids=[r.delivery_id for r in batch.items])
+    def _to_hold(self, payload: list[tuple[int, dict]]) -> set[int]:
+        """Marks `hold` on the items the neighbour has no way on for when no other way is left from
+        here either (links.must_hold): they are to wait there, on its onward link, not come back.
+        Returns their message ids."""
+        held: set[int] = set()
+        known: dict[tuple[str, tuple[str, ...]], bool] = {}
+        for message_id, item in payload:
+            visited = tuple(item["path"][:-1])
+            for recipient in item["recipients"]:
+                home = destination(recipient)
+                if home is None:
+                    continue
+                if (home, visited) not in known:
+                    known[home, visited] = must_hold(self.peer, home, visited)
+                if known[home, visited]:
+                    item["hold"] = True
+                    held.add(message_id)
+                    break
+        return held
+
+    def settle(self, batch: Batch[Queued], sent_and_answer: tuple[list[int], dict]) -> Settled:
+        """The neighbour stored the call's messages but those it refused alone: those it has no way
+        on for (`blocked`: its onward links are down) go another way where there is one, else go
+        again marked `hold` (_route_around); those refused for a reason of their own (their app unknown
+        there, over the hop limit) are dead at once with its reason; the others `forwarded`."""
+        order, answer = sent_and_answer
+        refused: dict[int, str] = {}
+        blocked: dict[int, list[str]] = {}
+        for item in (answer.get("refused") if isinstance(answer, dict) else None) or []:
+            if isinstance(item, dict) and isinstance(item.get("index"), int) and 0 <= item["index"] < len(order):
+                refused[order[item["index"]]] = str(item.get("reason", "refused"))[:400]
+                if isinstance(item.get("blocked"), list):
+                    blocked[order[item["index"]]] = [d for d in item["blocked"] if isinstance(d, str)]
+        sent = _rows_forwarded(peer=self.peer, ids=[r.delivery_id for r in batch.items if r.message_id not in refused])
+        self._route_around(
+            [r for r in batch.items if r.message_id in blocked], {d for ds in blocked.values() for d in ds},
+            {m: refused[m] for m in blocked})
+        dead = self.give_up([(r, f"{self.peer} refused it: {refused[r.message_id]}")
+                             for r in batch.items if r.message_id in refused and r.message_id not in blocked])
         link_succeeded(peer=self.peer, forwarded=sent)
-        return Settled(sent=sent)
+        return Settled(sent=sent, refused=dead)
+
+    def _route_around(self, rows: list[Queued], targets: set[str], reasons: dict[int, str]) -> int:
+        """Rows the neighbour has no way on for: it is passed over for `targets` a while
+        (links.route_blocked), and each row moves to the link of its next hop now, where that is
+        another; the others stay on this link, in order, and go again at once marked `hold` (the
+        neighbour keeps them waiting on its onward link, as this domain would). One refused although
+        it was marked (a neighbour that cannot hold it) goes back to routing, an attempt counted."""
+        if not rows:
+            return 0
+        route_blocked(peer=self.peer, targets=targets)
+        moves: dict[str, list[int]] = {}
+        stuck: dict[str, list[int]] = {}
+        for row in rows:
+            home = destination(row.recipient)
+            hop = next_hop(home, visited=row.message["path"][:-1]) if home else None
+            if hop is not None and hop != self.peer:
+                moves.setdefault(hop, []).append(row.delivery_id)
+            elif row.held:
+                reason = f"{self.peer} has no way on: {reasons[row.message_id]}"
+                stuck.setdefault(reason, []).append(row.delivery_id)
+        moved = sum(_rows_move(peer=self.peer, ids=ids, to=hop) for hop, ids in moves.items())
+        for reason, ids in stuck.items():
+            _rows_fail(peer=self.peer, ids=ids, error=reason, routed_again=True)
+        if moves:
+            peers = sorted(moves)
+            transaction.on_commit(lambda: forward_links_kick(peers))
+        return moved
 
     def fail(self, batch: Batch[Queued], error: CallFailed) -> Failed:
-        health = link_failed(peer=self.peer, error=error.reason)
+        health = link_failed(peer=self.peer, error=error.reason, answered=error.status is not None)
         moved = _rows_fail(peer=self.peer, ids=[r.delivery_id for r in batch.items],
                            error=failure_reason(self.peer, error.reason))
         dead = sum(1 for r in moved if r[1] == DeliveryState.DEAD.value)
@@ -231,4 +360,4 @@ def link_forward(*, peer: str) -> dict:
     """Drain the link to `peer` (see the module docstring). Safe twice: a second sender finds the
     link's lock taken and returns at once (`busy`); one whose link is held back by its backoff
     returns too (`held back`): the sweep comes back when the retry is due."""
-    return send_batches(LinkSender(peer)).as_dict()
+    return send_batches(LinkSender(peer), budget_seconds=settings.FORWARD_TASK_BUDGET_SECONDS).as_dict()

@@ -2,9 +2,10 @@
 without traffic (beat, every LINK_PROBE_SECONDS; the admin's "probe now").
 
 The pings go out at once (transport.peer_calls_send), each bounded by LINK_PROBE_TIMEOUT_SECONDS
-for the whole exchange, so one dead neighbour does not delay the others' verdicts. A neighbour that answers is up at once; one that was down
+for the whole exchange, so one dead neighbour does not delay the others' verdicts. A neighbour that answers is up at once and, if it was down,
 gets its queues sent now (messaging.handoff.link_recovered_enqueue) rather than at their next
-retry. A disabled link is not probed (the admin shows it as disabled).
+retry; except where the last failure was a call it answered with an error (it answers pings but
+fails the link's calls): those wait for the retry their failure earned (links.link_ping_answered). A disabled link is not probed (the admin shows it as disabled).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from messaging import handoff
-from messaging.network.links import link_failed, link_succeeded, neighbours
+from messaging.network.links import link_failed, link_ping_answered, neighbours
 from messaging.network.models import LinkHealth
 from messaging.network.transport import PING_PATH, PeerCall, PeerError, peer_call_prepare, peer_calls_send
 
@@ -25,6 +26,7 @@ class ProbeResult:
     ok: bool
     error: str = ""
     recovered: bool = False  # it was down and answers again
+    held_back: bool = False  # it answers, but its last failure was a call it answered with an error
 
 
 def _verdict(call: PeerCall, answer: dict | PeerError) -> str:
@@ -60,9 +62,9 @@ def links_probe(*, peers: list[str] | None = None) -> list[ProbeResult]:
             link_failed(peer=peer, error=error)
             results.append(ProbeResult(peer, ok=False, error=error))
             continue
-        link_succeeded(peer=peer)
-        recovered = peer in was_down
+        clear = link_ping_answered(peer)
+        recovered = clear and peer in was_down
         if recovered:
             handoff.link_recovered_enqueue(peer)
-        results.append(ProbeResult(peer, ok=True, recovered=recovered))
+        results.append(ProbeResult(peer, ok=True, recovered=recovered, held_back=not clear))
     return results

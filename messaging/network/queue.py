@@ -20,38 +20,30 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.db import transaction
 
-from apps_registry.selectors import app_snapshot, user_id_parse
 from foundation.db import hot_cursor
 from foundation.outbound import one_at_a_time
 from messaging.delivery.retry import deliveries_fail
-from messaging.delivery.sql import SENT, states_sql
+from messaging.delivery.sql import FORWARDING, SENT
 from messaging.handoff import forward_links_kick, receipt_links_kick
-from messaging.models import DeliveryState
-from messaging.network.links import links_down, links_held_back, neighbours, next_hop
+from messaging.network.links import (
+    destination,
+    link_state,
+    link_state_forget,
+    links_down,
+    links_held_back,
+    neighbours,
+    next_hop,
+    path_of,
+)
 from messaging.network.models import ReceiptForward
 from messaging.network.outbox import link_lock_key
+from messaging.network.receipt_queue import receipt_next_hop
 from messaging.network.receipts import receipt_lock_key
 
 log = logging.getLogger(__name__)
 
-FORWARDING = states_sql(DeliveryState.FORWARDING)
-
-
-def destination(recipient: str) -> str | None:
-    """Where a delivery to `recipient` goes from this domain: None, pushed here (its home is this
-    domain, or it has none any more); otherwise the name of its home domain."""
-    parsed = user_id_parse(recipient)
-    app = app_snapshot(parsed.app_name) if parsed else None
-    home = app.home_domain(parsed.number) if app else None
-    return None if home in (None, settings.DOMAIN_NAME) else home
-
-
-def path_of(forward_path: str) -> list[str]:
-    """A message's path as a list, origin first ("" for one stored here first: [])."""
-    return [d for d in forward_path.split(",") if d]
 
 
 @dataclass(frozen=True)
@@ -62,22 +54,38 @@ class QueueOutcome:
 
 def deliveries_queue_on_links(*, homes: dict[int, str], token: int) -> QueueOutcome:
     """Claimed deliveries (id -> recipient's home domain, all `sent` under `token`) -> forwarding on
-    the link to their next hop; those with no path at all count a failed attempt."""
+    the link to their next hop; those with no path at all count a failed attempt.
+
+    A recipient whose earlier messages still wait on a link gets the new ones queued behind them on
+    that link, even where the next hop has changed meanwhile (a link down long enough to be routed
+    around): the sweep moves a recipient's queue as a whole, so its order holds across the reroute
+    (unless that link leads back through the new message's path)."""
     if not homes:
         return QueueOutcome(0, 0)
     with hot_cursor() as cur:
-        cur.execute("SELECT d.id, m.forward_path FROM messaging_delivery d"
-                    " JOIN messaging_message m ON m.id = d.message_id WHERE d.id = ANY(%s::bigint[])",
-                    [sorted(homes)])
-        paths = dict(cur.fetchall())
+        # Each row's message path, and the link its recipient's oldest waiting row is on (if any).
+        cur.execute(
+            f"""
+            SELECT d.id, m.forward_path,
+                   (SELECT o.forward_to FROM messaging_delivery o
+                     WHERE o.app_id = d.app_id AND o.recipient = d.recipient AND o.state = {FORWARDING}
+                     ORDER BY o.seq LIMIT 1)
+              FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id
+             WHERE d.id = ANY(%s::bigint[])
+            """,
+            [sorted(homes)],
+        )
+        rows = {delivery_id: (path, behind) for delivery_id, path, behind in cur.fetchall()}
     hops: dict[tuple[str, str], str | None] = {}
     queue_ids, queue_peers = [], []
     no_route: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for delivery_id, home in sorted(homes.items()):
-        path = paths.get(delivery_id, "")
+        path, behind = rows.get(delivery_id, ("", None))
         if (home, path) not in hops:
             hops[home, path] = next_hop(home, visited=path_of(path))
         hop = hops[home, path]
+        if hop is not None and behind and behind not in path_of(path):
+            hop = behind
         if hop is None:
             no_route[home].append((delivery_id, token))
         else:
@@ -145,6 +153,8 @@ def queue_reroute(*, peer: str) -> dict[str, int]:
                 continue
             (hop,) = hops
             if hop in (None, peer):
+                hop = _hand_back_to(home, paths, down=peer)
+            if hop is None:
                 continue
             with hot_cursor() as cur:
                 cur.execute(f"UPDATE messaging_delivery SET forward_to = %s WHERE state = {FORWARDING}"
@@ -156,6 +166,21 @@ def queue_reroute(*, peer: str) -> dict[str, int]:
     return dict(moved)
 
 
+def _hand_back_to(home: str, paths: list[str], *, down: str) -> str | None:
+    """Where a recipient's rows waiting on the down link to `down` go when no other way on is left
+    from here: back to the domain they came from (one for all of them, so their order holds), unless
+    that domain is out of reach too or has said it has no way to `home` either. It routes them round
+    (the call says this domain has no way on to `home`: messaging.network.outbox). None: they wait."""
+    if len(paths) != 1 or not path_of(paths[0]):
+        return None  # stored here first (the origin keeps its own), or come by different ways
+    back = path_of(paths[0])[-1]
+    state = link_state()
+    if (back == down or back not in neighbours() or back in state.down or back in state.blocked_towards(home)
+            or back in state.holding_towards(home)):  # it has no other way: they wait here
+        return None
+    return back
+
+
 def receipts_reroute(*, peer: str) -> dict[str, int]:
     """Move the receipts waiting on a link that is down (or on no link: "") to the next hop towards
     their origins now, where that is another link. Holds the link's receipt sender lock meanwhile."""
@@ -163,12 +188,12 @@ def receipts_reroute(*, peer: str) -> dict[str, int]:
     with one_at_a_time(receipt_lock_key(peer)) as held:
         if not held:
             return {}
-        origins = (ReceiptForward.objects.filter(peer=peer).order_by().values_list("origin_domain", flat=True)
-                   .distinct())
-        for origin in list(origins):
-            hop = next_hop(origin) or ""
+        ways = (ReceiptForward.objects.filter(peer=peer).order_by().values_list("origin_domain", "path")
+                .distinct())
+        for origin, path in list(ways):
+            hop = receipt_next_hop(origin, [d for d in path.split(",") if d])
             if hop != peer:
-                moved[hop] += ReceiptForward.objects.filter(peer=peer, origin_domain=origin).update(peer=hop)
+                moved[hop] += ReceiptForward.objects.filter(peer=peer, origin_domain=origin, path=path).update(peer=hop)
     return {hop: n for hop, n in moved.items() if hop}
 
 
@@ -189,6 +214,7 @@ def _receipts_sweep(down: set[str]) -> tuple[list[str], dict[str, int]]:
 def forward_sweep() -> dict:
     """Beat: re-route the queues of links that are down, then wake every link with waiting rows
     (deliveries, receipts) whose retry is due. Returns what it did (for the task's result)."""
+    link_state_forget()  # decided on the links' state now, not on a cached one
     waiting = links_waiting()
     # Down for longer than LINK_DOWN_AFTER_SECONDS, or no longer an enabled link at all (disabled by
     # an operator, removed by a configuration pull): their queues move where another path exists.

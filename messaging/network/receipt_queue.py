@@ -13,6 +13,7 @@ This module sits low (it imports no delivery code), so the delivery transitions 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 from django.conf import settings
@@ -24,6 +25,15 @@ from messaging.delivery.sql import DEAD, DELIVERED
 from messaging.handoff import receipt_links_kick
 from messaging.models import DeliveryState
 from messaging.network.links import next_hop
+
+log = logging.getLogger(__name__)
+
+
+def receipt_next_hop(origin: str, path: list[str]) -> str:
+    """Where a receipt that passed through `path` goes next towards `origin`: the next hop that
+    never leads back through a domain it passed ("" when there is none now: it waits here, and the
+    sweep looks again; a down link on the way forward is waited on rather than turned back from)."""
+    return next_hop(origin, visited=path, back=False) or ""
 
 
 def receipts_of(delivery_ids: Iterable[int]) -> list[dict]:
@@ -50,31 +60,40 @@ def receipts_of(delivery_ids: Iterable[int]) -> list[dict]:
 
 def receipts_queue_items(items: list[dict]) -> int:
     """Queue receipts (receipt_parse's dicts) on the links to their next hops, in the caller's
-    transaction; those whose origin is this domain have arrived and are skipped. Returns how many
-    were queued."""
+    transaction; those whose origin is this domain have arrived and are skipped, and so are those
+    that made FORWARD_HOP_LIMIT hops (a receipt only ever goes forward, so that takes a network
+    larger than the limit allows). Returns how many were queued."""
     here = settings.DOMAIN_NAME
-    items = [r for r in items if r["origin_domain"] != here]
-    if not items:
+    passing = [(r, ",".join([*r.get("path", []), here])) for r in items if r["origin_domain"] != here]
+    over = [r for r, path in passing if path.count(",") + 1 > settings.FORWARD_HOP_LIMIT]
+    if over:
+        log.warning("%d receipt(s) past the hop limit (%d) not passed on, e.g. %s", len(over),
+                    settings.FORWARD_HOP_LIMIT, over[0])
+    queued = [(r, path) for r, path in passing if path.count(",") + 1 <= settings.FORWARD_HOP_LIMIT]
+    if not queued:
         return 0
-    hops = {origin: next_hop(origin) or "" for origin in {r["origin_domain"] for r in items}}
+    ways = {(r["origin_domain"], path) for r, path in queued}
+    hops = {(origin, path): receipt_next_hop(origin, path.split(",")) for origin, path in ways}
     with hot_cursor() as cur:
         cur.execute(
             """
             INSERT INTO messaging_receiptforward (peer, origin_domain, origin_message_id, recipient, state, at,
-                                                  domain, error, attempts, last_error, created_at)
-            SELECT t.peer, t.origin, t.oid, t.recipient, t.state, t.at, t.domain, left(t.error, 400), 0, '', now()
+                                                  domain, error, path, attempts, last_error, created_at)
+            SELECT t.peer, t.origin, t.oid, t.recipient, t.state, t.at, t.domain, left(t.error, 400), t.path, 0, '',
+                   now()
               FROM unnest(%s::text[], %s::text[], %s::bigint[], %s::text[], %s::text[], %s::timestamptz[], %s::text[],
-                          %s::text[]) AS t(peer, origin, oid, recipient, state, at, domain, error)
+                          %s::text[], %s::text[]) AS t(peer, origin, oid, recipient, state, at, domain, error, path)
             """,
-            [[hops[r["origin_domain"]] for r in items], [r["origin_domain"] for r in items],
-             [r["origin_message_id"] for r in items], [r["recipient"] for r in items], [r["state"] for r in items],
-             [parse_datetime(r["at"]) if isinstance(r["at"], str) else r["at"] for r in items],
-             [r["domain"] for r in items], [r.get("error", "") for r in items]],
+            [[hops[r["origin_domain"], path] for r, path in queued], [r["origin_domain"] for r, _ in queued],
+             [r["origin_message_id"] for r, _ in queued], [r["recipient"] for r, _ in queued],
+             [r["state"] for r, _ in queued],
+             [parse_datetime(r["at"]) if isinstance(r["at"], str) else r["at"] for r, _ in queued],
+             [r["domain"] for r, _ in queued], [r.get("error", "") for r, _ in queued], [path for _, path in queued]],
         )
     peers = sorted({p for p in hops.values() if p})
     if peers:
         transaction.on_commit(lambda: receipt_links_kick(peers))
-    return len(items)
+    return len(queued)
 
 
 def receipts_queue(*, delivery_ids: Iterable[int]) -> int:

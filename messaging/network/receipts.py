@@ -7,7 +7,7 @@ delivered) or dead (messaging.delivery.dead_letters) here, a receipt
     {"origin_domain", "origin_message_id", "recipient", "state": "delivered" | "dead", "at",
      "domain": where it happened, "error"}
 
-travels back towards the origin (next_hop(origin)), in the `receipts` list of the same signed
+travels back towards the origin, in the `receipts` list of the same signed
 /internal/v1/forward call messages use. Every domain on the way that holds the message (a copy, or
 the original) moves its `forwarding`/`forwarded` row for that recipient to delivered (delivered_at =
 `at`) or dead (last_error "dead at domain-03: ..."), and passes the receipt on until the origin.
@@ -17,8 +17,11 @@ of the state change: messaging.network.receipt_queue) and leaves through `Receip
 receipt sender on the outbound skeleton (foundation.outbound): one sender per link, held back by the
 link's backoff, batches bounded by rows and bytes. A receipt is never dropped after some number of
 retries: while its link fails it waits (the console lists it), and the sweep moves it to another
-path when its link is down for long (messaging.network.queue). Domains on the message's path that
-are not on the receipt's way back keep `forwarded`.
+path when its link is down for long (messaging.network.queue). A receipt carries its `path` (the
+domains it passed through) and never goes back to one of them: where the only way on is back, it
+waits where it is until a way forward opens, so receipts whose origin is away wait rather than
+circulate; past FORWARD_HOP_LIMIT it is applied but not passed on. Domains on the message's path
+that are not on the receipt's way back keep `forwarded`.
 """
 
 from __future__ import annotations
@@ -46,11 +49,18 @@ WAITING = states_sql((DeliveryState.FORWARDING.value, DeliveryState.FORWARDED.va
 RECEIPT_STATES = (DeliveryState.DELIVERED.value, DeliveryState.DEAD.value)
 
 
-def receipt_parse(ord_: int, item) -> dict:
-    """A receipt of a call, checked (PeerRefused 400 otherwise)."""
+def receipt_parse(ord_: int, item, *, sender: str) -> dict:
+    """A receipt of a call from `sender`, checked (PeerRefused 400 otherwise). Its `path` (the
+    domains it passed through, ending with the caller) is [sender] where a caller sends none."""
     where = f"receipts[{ord_}]"
     if not isinstance(item, dict):
         raise PeerRefused(400, f"{where} must be an object")
+    path = item.get("path", [sender])
+    if (not isinstance(path, list) or not path or len(path) > 64
+            or not all(isinstance(d, str) and d and len(d) <= 64 and "," not in d for d in path)):
+        raise PeerRefused(400, f"{where}: path must be a non-empty list of domain names")
+    if path[-1] != sender:
+        raise PeerRefused(400, f"{where}: path must end with the calling domain ({sender})")
     for key, max_len in (("origin_domain", 64), ("recipient", 96), ("domain", 64), ("at", 64)):
         if not isinstance(item.get(key), str) or not item[key] or len(item[key]) > max_len:
             raise PeerRefused(400, f"{where}: {key} must be a non-empty string of at most {max_len} characters")
@@ -65,7 +75,8 @@ def receipt_parse(ord_: int, item) -> dict:
     if at is None or at.tzinfo is None:
         raise PeerRefused(400, f"{where}: at must be an ISO 8601 time with its offset")
     return {"origin_domain": item["origin_domain"], "origin_message_id": oid, "recipient": item["recipient"],
-            "state": item["state"], "at": item["at"], "domain": item["domain"], "error": item.get("error", "")[:400]}
+            "state": item["state"], "at": item["at"], "domain": item["domain"], "error": item.get("error", "")[:400],
+            "path": path}
 
 
 def receipts_apply(items: list[dict]) -> int:
@@ -158,11 +169,11 @@ class ReceiptSender(LinkQueueSender):
         with transaction.atomic():
             failed = ReceiptForward.objects.filter(pk__in=[r.pk for r in batch.items], peer=self.peer).update(
                 attempts=F("attempts") + 1, last_error=error.reason)
-        health = link_failed(peer=self.peer, error=error.reason)
+        health = link_failed(peer=self.peer, error=error.reason, answered=error.status is not None)
         return Failed(failed=failed, retry_at=health.retry_at)
 
 
 def receipts_link_send(*, peer: str) -> Outcome:
     """Send the receipts waiting on the link to `peer` until none is left, the link fails, or its
     backoff holds it back."""
-    return send_batches(ReceiptSender(peer))
+    return send_batches(ReceiptSender(peer), budget_seconds=settings.FORWARD_TASK_BUDGET_SECONDS)

@@ -38,7 +38,8 @@ class LinkState:
         return bool(self.enabled) and self.called and self.health.up
 
     def text(self, now: datetime | None = None) -> str:
-        """'up', 'down since <time> (for N s)', 'disabled', 'not called yet' or 'no link configured'."""
+        """'up', 'down since <time> (for N s)' (and whether it still answers pings), 'disabled',
+        'not called yet' or 'no link configured'."""
         h = self.health
         if self.enabled is None:
             return "no link configured"
@@ -53,6 +54,8 @@ class LinkState:
         text = f"down since {since:%Y-%m-%d %H:%M:%S} UTC (for {seconds} s)"
         if seconds > settings.LINK_DOWN_AFTER_SECONDS:
             text += ", routed around"
+        if h.last_failure_kind == "call" and h.last_ok_at and h.last_failure_at and h.last_ok_at > h.last_failure_at:
+            text += "; answers pings, its calls failed"
         return text
 
 

@@ -6,9 +6,10 @@ or raises `PeerError` with a reason an operator can read ("domain-02: connection
 "domain-02 answered 403: bad signature").
 
 In: `peer_request_check` is what every internal endpoint does first: the calling domain must be a
-neighbour over an enabled link, the signature must hold with that link's secret, the timestamp must
-be within FORWARD_MAX_SKEW_SECONDS and the nonce unused (Redis remembers it for twice that window).
-Anything else is refused (`PeerRefused`) before the body is looked at.
+neighbour, the signature must hold with that link's secret, the timestamp must be within
+FORWARD_MAX_SKEW_SECONDS, the nonce unused (Redis remembers it for twice that window) and the link
+enabled. Anything else is refused (`PeerRefused`) before the body is parsed; a caller that is not a
+neighbour is told so without a domain's name (only a signed caller hears which link is disabled).
 
 Payloads name apps by app name, never by primary key: each domain has its own database.
 """
@@ -17,22 +18,29 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
 from django.conf import settings
 from django.db.models import Q
 
-from apps_registry.models import Domain, DomainLink
+from apps_registry.models import DomainLink
+from apps_registry.selectors import domain_call_url
 from foundation import signed_calls
 from foundation.outbound import CallFailed
 from foundation.outgoing import Answer, OutgoingError, outgoing_client, outgoing_post, run_outgoing
 from foundation.transport.redis_clients import sync_client
 
+log = logging.getLogger(__name__)
+
 FORWARD_PATH = "/internal/v1/forward"  # deliveries, confirmations and receipts
 PUBLISH_PATH = "/internal/v1/publishes"  # channel publishes (the flood)
 PING_PATH = "/internal/v1/ping"  # link probes
 MAX_BODY_BYTES = 32 * 1024 * 1024
+# The refusal of a call from a domain not linked to this one (or from anyone else): it names nobody.
+NOT_A_NEIGHBOUR = "not a signed call from a neighbour over an enabled link"
 # The most of a neighbour's answer that is read (a flood answer names at most 1,000 refusals of 500
 # characters); a longer answer is a failed call.
 MAX_ANSWER_BYTES = 1024 * 1024
@@ -50,23 +58,31 @@ class PeerRefused(Exception):
     reason: str
 
 
-def peer_base_url(domain: Domain) -> str | None:
-    """Where a domain's internal endpoints are: its first http(s) URL, else its first ws(s) URL's
-    origin (ws://host:8002/ws -> http://host:8002)."""
-    urls = [str(u) for u in (domain.urls or [])]
-    for url in urls:
-        if url.startswith(("http://", "https://")):
-            return url.rstrip("/")
-    for url in urls:
-        if url.startswith(("ws://", "wss://")):
-            scheme, rest = url.split("://", 1)
-            return f"{'https' if scheme == 'wss' else 'http'}://{rest.split('/', 1)[0]}"
-    return None
+LINK_CACHE_SECONDS = 1.0
+_links: dict[tuple[str, str], tuple[float, DomainLink | None]] = {}
 
 
 def link_between(a: str, b: str) -> DomainLink | None:
+    """The link between two domains (either way round), as the database has it now: what a call
+    coming in is checked against (a link disabled, or its secret changed, counts at once)."""
     return (DomainLink.objects.select_related("n1", "n2")
             .filter(Q(n1__name=a, n2__name=b) | Q(n1__name=b, n2__name=a)).first())
+
+
+def _link_to(peer: str) -> DomainLink | None:
+    """The link to `peer` for a call going out, re-read at most every LINK_CACHE_SECONDS per
+    process (every batch, probe and FAST hop needs it): a change is at most that late, as the
+    graph is, and the receiver, which reads it afresh, refuses what it must."""
+    here = settings.DOMAIN_NAME
+    now = time.monotonic()
+    cached = _links.get((here, peer))
+    if cached is None or now - cached[0] > LINK_CACHE_SECONDS:
+        cached = _links[here, peer] = (now, link_between(here, peer))
+    return cached[1]
+
+
+def link_cache_clear() -> None:
+    _links.clear()
 
 
 @dataclass(frozen=True)
@@ -83,17 +99,17 @@ class PeerCall:
 def peer_call_prepare(*, peer: str, path: str, payload: dict) -> PeerCall:
     """The signed call of `payload` to `peer`'s internal `path`; PeerError when there is no way to it."""
     here = settings.DOMAIN_NAME
-    link = link_between(here, peer)
+    link = _link_to(peer)
     if link is None:
         raise PeerError(f"{peer}: no link between {here} and {peer}")
     if not link.enabled:
         raise PeerError(f"{peer}: the link {here} - {peer} is disabled")
     domain = link.n2 if link.n1.name == here else link.n1
-    base = peer_base_url(domain)
+    base = domain_call_url(domain.urls)
     if base is None:
         raise PeerError(f"{peer}: the domain lists no http:// or ws:// URL")
     body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-    headers = signed_calls.signed_headers(secret=link.shared_secret, sender=here, method="POST", path=path, body=body)
+    headers = signed_calls.signed_headers(secret=link.secrets_valid(), sender=here, method="POST", path=path, body=body)
     headers["Content-Type"] = "application/json"
     return PeerCall(peer=peer, url=base + path, body=body, headers=headers)
 
@@ -175,7 +191,7 @@ def _answer_read(peer: str, answer: Answer) -> dict:
     try:
         return json.loads(answer.body)
     except ValueError:
-        raise PeerError(f"{peer} answered {answer.status} with a body that is not JSON") from None
+        raise PeerError(f"{peer} answered {answer.status} with a body that is not JSON", status=answer.status) from None
 
 
 def peer_call(*, peer: str, path: str, payload: dict) -> dict:
@@ -190,6 +206,19 @@ def _network_reason(exc: OutgoingError) -> str:
     return text[:300]
 
 
+def peer_body(request) -> bytes:
+    """The call's body, up to MAX_BODY_BYTES: what the internal endpoints advertise and the senders'
+    FORWARD_BATCH_BYTES stays well under. Read past `request.body`, whose limit is the public API's
+    (DATA_UPLOAD_MAX_MEMORY_SIZE) and whose refusal is an HTML page a sender cannot read."""
+    length = request.META.get("CONTENT_LENGTH") or ""
+    if length.isascii() and length.isdigit() and len(length) < 12 and int(length) > MAX_BODY_BYTES:
+        raise PeerRefused(413, f"body over {MAX_BODY_BYTES} bytes")
+    body = request.read(MAX_BODY_BYTES + 1)
+    if len(body) > MAX_BODY_BYTES:
+        raise PeerRefused(413, f"body over {MAX_BODY_BYTES} bytes")
+    return body
+
+
 def peer_request_check(request) -> tuple[str, dict]:
     """(calling domain, JSON payload) of a genuine call from a neighbour; PeerRefused otherwise."""
     sender = request.headers.get(signed_calls.DOMAIN_HEADER, "")
@@ -198,17 +227,17 @@ def peer_request_check(request) -> tuple[str, dict]:
     here = settings.DOMAIN_NAME
     link = link_between(here, sender)
     if link is None:
-        raise PeerRefused(403, f"{sender} is not linked to {here}")
-    if not link.enabled:
-        raise PeerRefused(403, f"the link {here} - {sender} is disabled")
-    body = request.body
-    if len(body) > MAX_BODY_BYTES:
-        raise PeerRefused(413, f"body over {MAX_BODY_BYTES} bytes")
+        # Said to a caller whose call proves nothing: no domain is named (the log names them).
+        log.warning("internal call refused: %r is not linked to %s", sender, here)
+        raise PeerRefused(403, NOT_A_NEIGHBOUR)
+    body = peer_body(request)
     refusal, signature = signed_calls.signature_refusal(
-        secret=link.shared_secret, header=request.headers.get(signed_calls.SIGNATURE_HEADER),
+        secret=link.secrets_valid(), header=request.headers.get(signed_calls.SIGNATURE_HEADER),
         method=request.method, path=request.get_full_path(), body=body, max_skew=settings.FORWARD_MAX_SKEW_SECONDS)
     if refusal is not None:
         raise PeerRefused(403, refusal)
+    if not link.enabled:  # a genuine neighbour's call: it may hear which link is off
+        raise PeerRefused(403, f"the link {here} - {sender} is disabled")
     if not signed_calls.nonce_first_use(redis=sync_client(), sender=sender, nonce=signature.nonce,
                                         ttl=2 * settings.FORWARD_MAX_SKEW_SECONDS):
         raise PeerRefused(409, "replayed call (nonce already used)")

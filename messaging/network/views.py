@@ -1,7 +1,10 @@
 """The internal endpoints neighbours call (signed, messaging.network.transport). Thin: check the
-call, hand the payload to one service, answer JSON. Refusals are 4xx with `{"error": reason}`."""
+call, hand the payload to one service, answer JSON. Refusals are 4xx with `{"error": reason}`; a
+failure here is a JSON 500 too, never an HTML page (the calling domain logs and shows the reason)."""
 
 from __future__ import annotations
+
+import logging
 
 from django.conf import settings
 from django.http import JsonResponse
@@ -10,6 +13,8 @@ from django.views.decorators.http import require_POST
 
 from messaging.network import flood, intake
 from messaging.network.transport import PeerRefused, peer_request_check
+
+log = logging.getLogger(__name__)
 
 
 def _checked(request, service):
@@ -21,6 +26,10 @@ def _checked(request, service):
         answer = service(sender=sender, payload=payload)
     except PeerRefused as refused:
         return JsonResponse({"error": refused.reason}, status=refused.status)
+    except Exception as exc:  # noqa: BLE001  (answered as JSON; the traceback goes to the log)
+        log.exception("internal call from %s failed", sender)
+        return JsonResponse({"error": f"{settings.DOMAIN_NAME} failed to take the call: {type(exc).__name__}"},
+                            status=500)
     return JsonResponse(answer)
 
 

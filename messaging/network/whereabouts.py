@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from messaging.models import Delivery, DeliveryState
-from messaging.network.queue import destination
+from messaging.network.links import destination
 
 
 def delivery_where(delivery: Delivery) -> str:

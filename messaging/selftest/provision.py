@@ -23,9 +23,11 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from apps_registry.models import ApiKey, AuthMode, ClientApp, Domain, SelftestRun, UserDistribution
 from apps_registry.selectors import app_snapshots_clear, user_id_parse
@@ -149,7 +151,9 @@ def selftest_begin(*, app_name: str | None = None, webhook_url: str | None = Non
             app = _throwaway_app(domain)
             users = [f"{app.app_name}-{1000 + i}" for i in range(1, THROWAWAY_USERS + 1)]
             master, skipped, name = app.master_user_id, "", app.app_name
-        key, raw_key = api_key_create(app=app, name=f"selftest {name}")
+        # The run's key lasts as long as its users' tokens: a run nobody ends leaves no key that works.
+        key, raw_key = api_key_create(app=app, name=f"selftest {name}",
+                                      expires_at=timezone.now() + timedelta(seconds=TOKEN_SECONDS))
         channel = f"selftest.{secrets.token_hex(6)}"
         secret = None
         endpoint_id = None

@@ -11,6 +11,8 @@ from messaging.streams.ws import PushStreamConsumer
 websocket_urlpatterns = [
     re_path(r"^ws/messages/?$", PushStreamConsumer.as_asgi()),
     re_path(r"^ws/?$", ClientConsumer.as_asgi()),
+    # A domain's bare URL (the linker seed lists them without a path: ws://host:8002): the same endpoint.
+    re_path(r"^$", ClientConsumer.as_asgi()),
 ]
 
 stream_urlpatterns = [

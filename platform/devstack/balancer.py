@@ -44,6 +44,8 @@ CHECK_INTERVAL = "1s"
 TUNNEL_TIMEOUT = "1h"
 CLIENT_SERVER_TIMEOUT = "60s"
 COMPOSE_PORT = 8000
+COMPOSE_INTERNAL_PORT = 8001  # the calls between domains (_internal_frontend)
+INTERNAL_PREFIX = "/internal/"
 COMPOSE_MAX_WEB_NODES = 10
 COMPOSE_FILE = Path(__file__).resolve().parents[1] / "haproxy.cfg"
 
@@ -80,6 +82,19 @@ def _frontend(bind: str) -> list[str]:
         f"    bind {bind}",
         "    option forwardfor",
         "    http-request set-header X-Forwarded-Proto http",
+        f"    default_backend {BACKEND}",
+        "",
+    ]
+
+
+def _internal_frontend(bind: str) -> list[str]:
+    """Where neighbouring domains call (/internal/*: forwarding, the flood, pings, the meta pull):
+    a listener of its own, to be reached over the network between the domains only, that serves
+    nothing else; the public frontend serves everything else and not /internal/ (404)."""
+    return [
+        "frontend internal",
+        f"    bind {bind}",
+        f"    http-request deny deny_status 404 unless {{ path_beg {INTERNAL_PREFIX} }}",
         f"    default_backend {BACKEND}",
         "",
     ]
@@ -125,7 +140,8 @@ def haproxy_config(*, port: int, servers: Sequence[Server], host: str = "127.0.0
 
 def compose_config() -> str:
     """docker-compose.yml's configuration: up to COMPOSE_MAX_WEB_NODES replicas of the `web`
-    service, found by docker's DNS (resolved again while running, so `--scale web=N` is followed)."""
+    service, found by docker's DNS (resolved again while running, so `--scale web=N` is followed);
+    /internal/* only on COMPOSE_INTERNAL_PORT, which compose publishes on the private interface."""
     lines = _common("# docker-compose.yml's load balancer. Generated: python -m devstack.balancer --compose")
     lines += [
         "resolvers docker",
@@ -133,7 +149,9 @@ def compose_config() -> str:
         "    hold valid 5s",
         "",
     ]
-    lines += _frontend(f"*:{COMPOSE_PORT}") + _backend_head()
+    public = _frontend(f"*:{COMPOSE_PORT}")
+    public.insert(-2, f"    http-request deny deny_status 404 if {{ path_beg {INTERNAL_PREFIX} }}")
+    lines += public + _internal_frontend(f"*:{COMPOSE_INTERNAL_PORT}") + _backend_head()
     lines.append(f"    server-template web {COMPOSE_MAX_WEB_NODES} web:{COMPOSE_PORT} check resolvers docker init-addr none")
     lines += _stats("*:8404")
     return "\n".join(lines) + "\n"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-COLOURS = {"web": "\033[36m", "worker": "\033[33m", "hooks": "\033[34m", "beat": "\033[35m", "lb": "\033[31m",
+COLOURS = {"web": "\033[36m", "worker": "\033[33m", "outbound": "\033[34m", "beat": "\033[35m", "lb": "\033[31m",
            "run": "\033[32m"}
 RESET = "\033[0m"
 _print_lock = threading.Lock()

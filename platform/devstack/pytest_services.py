@@ -29,6 +29,10 @@ def worker_root() -> os.PathLike | None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_load_initial_conftests(early_config, parser, args):
+    # Which test process a connection is, in pg_stat_activity (a worker replaces what it inherited).
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker or "DB_APPLICATION_NAME" not in os.environ:
+        os.environ["DB_APPLICATION_NAME"] = f"pytest-{worker or 'main'}"
     urls_hand_over(os.environ)
     root = worker_root()
     if root is not None:

@@ -4,8 +4,8 @@
 
 Starts (or reuses) the embedded services when no DATABASE_URL / REDIS_URL is set, migrates,
 ensures the demo app and an admin login, then runs the web node(s), WORKERS Celery workers (routing
-and the default queue), a webhook worker (the webhooks queue only: tenants' receivers never hold a
-thread that routing needs) and Celery beat with prefixed logs.
+and the default queue), an outbound worker (the webhooks and forwarding queues: tenants' receivers
+and neighbour domains never hold a thread that routing needs) and Celery beat with prefixed logs.
 
 With one web node (the default) it serves on PORT itself. With WEB_NODES=N, HAProxy (installed from
 Debian's package when missing, devstack.sysdeps) listens on PORT in front of web nodes web-1..web-N
@@ -119,7 +119,7 @@ def _workers(port: int, count: int) -> list[Child]:
     celery = str(Path(sys.executable).parent / "celery")
     names = ["worker"] if count == 1 else [f"worker-{i}" for i in range(1, count + 1)]
     return [Child(name, [celery, "-A", "config", "worker", "-l", "INFO", "-n", f"{name}-{port}@%h",
-                         "-Q", "celery,routing,forwarding"]) for name in names]
+                         "-Q", "celery,routing"]) for name in names]
 
 
 def _balancer(host: str, port: int, nodes: list[Child], stats_port: int) -> Child:
@@ -170,8 +170,10 @@ def main() -> int:
     ports = side_ports(port, web_count + 1) if web_count > 1 else []  # the nodes', then the stats page's
     nodes = _web_nodes(env, host, port, ports[:-1])
     workers = [*_workers(port, worker_count),
-               Child("hooks", [celery, "-A", "config", "worker", "-l", "INFO", "-n", f"webhooks-{port}@%h",
-                               "-Q", "webhooks"])]
+               # Calls that wait on others (tenants' webhook URLs, neighbour domains): never on the
+               # routing worker's threads.
+               Child("outbound", [celery, "-A", "config", "worker", "-l", "INFO", "-n", f"outbound-{port}@%h",
+                                  "-Q", "webhooks,forwarding"])]
     beat = Child("beat", [celery, "-A", "config", "beat", "-l", "INFO",
                           "-s", str(embedded.var_dir() / "celerybeat-schedule")])
     stats_port = ports[-1] if ports else None

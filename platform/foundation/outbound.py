@@ -41,6 +41,7 @@ import logging
 import random
 import secrets
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -173,12 +174,14 @@ def _lock_connection_drop(conn) -> None:
 
 
 def lock_held_elsewhere(key: str) -> bool:
-    """Whether some session holds `key` now (the console; tests). A bigint advisory key shows in
-    pg_locks as its high and low 32 bits (classid, objid), with objsubid 1."""
+    """Whether some session holds `key` now in this database (the console; tests). A bigint
+    advisory key shows in pg_locks as its high and low 32 bits (classid, objid), with objsubid 1;
+    advisory locks belong to a database (another database's holder of the same key is not one)."""
     with connection.cursor() as cur:
         cur.execute(
             "WITH k AS (SELECT hashtextextended(%s, 0) AS h)"
             " SELECT EXISTS (SELECT 1 FROM pg_locks, k WHERE locktype = 'advisory' AND granted AND objsubid = 1"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
             " AND classid = ((h >> 32) & 4294967295)::oid AND objid = (h & 4294967295)::oid)", [key])
         return bool(cur.fetchone()[0])
 
@@ -271,7 +274,7 @@ class Outcome:
     failed: int = 0  # in a call that failed: an attempt counted
     dead: int = 0  # of those, out of attempts
     calls: int = 0
-    skipped: str = ""  # why nothing (more) was tried: "busy", "held back", "not now"
+    skipped: str = ""  # why nothing (more) was tried: "busy", "held back", "not now", "budget"
     error: str = ""
 
     def as_dict(self) -> dict:
@@ -284,12 +287,18 @@ def _no_lock() -> Iterator[bool]:
     yield True
 
 
-def send_batches(sender: Sender, *, max_batches: int | None = None) -> Outcome:
+def send_batches(sender: Sender, *, max_batches: int | None = None, budget_seconds: float | None = None) -> Outcome:
     """Run `sender` through the skeleton's steps (the module docstring) until its queue is empty,
-    a call fails, it is held back, or `max_batches` calls were made."""
+    a call fails, it is held back, `max_batches` calls were made, or `budget_seconds` have passed
+    (`skipped` "budget": more may wait; the caller hands the rest to a new run, so a long queue never
+    holds one worker thread for longer than that and a call's deadline)."""
     outcome = Outcome(sender.name, sender.lock_key)
     limits = sender.limits()
+    started = time.monotonic()
     while max_batches is None or outcome.calls < max_batches:
+        if budget_seconds is not None and outcome.calls and time.monotonic() - started >= budget_seconds:
+            outcome.skipped = "budget"
+            return outcome
         with (one_at_a_time(sender.lock_key) if sender.lock_key else _no_lock()) as held:
             if not held:
                 outcome.skipped = "busy"

@@ -38,6 +38,8 @@ import httpcore
 import httpx
 from django.conf import settings
 
+from foundation.loop_local import loop_local
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 # Cloud instance metadata (AWS, GCP, Azure, OpenStack on IPv4; AWS on IPv6): credentials live there.
@@ -152,9 +154,6 @@ class _CheckedTransport(httpx.AsyncHTTPTransport):
             network_backend=_CheckedBackend())
 
 
-_clients: dict[tuple[int, str], httpx.AsyncClient] = {}
-
-
 def outgoing_client(name: str, *, max_connections: int, max_keepalive: int, checked: bool = True) -> httpx.AsyncClient:
     """One client (and connection pool) per event loop and purpose: building one loads the CA
     bundle, far too slow to do per call. Never follows redirects, ignores proxy variables (a proxy
@@ -163,15 +162,13 @@ def outgoing_client(name: str, *, max_connections: int, max_keepalive: int, chec
     `checked=False` skips the address filter, for addresses the operator configured (the
     neighbouring domains of the network, which are usually on private networks); the deadline and
     the answer cap hold all the same."""
-    key = (id(asyncio.get_running_loop()), name)
-    client = _clients.get(key)
-    if client is None:
+    def make() -> httpx.AsyncClient:
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_keepalive)
         transport = (_CheckedTransport(limits) if checked else
                      httpx.AsyncHTTPTransport(verify=httpx.create_ssl_context(), limits=limits, trust_env=False))
-        client = httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False)
-        _clients[key] = client
-    return client
+        return httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False)
+
+    return loop_local(("outgoing", name), make)
 
 
 # --- one call ------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import secrets
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 DOMAIN_HEADER = "Switchboard-Domain"
@@ -33,13 +34,15 @@ def signature_compute(*, secret: str, timestamp: int, nonce: str, method: str, p
     return hmac.new(secret.encode(), head + body, hashlib.sha256).hexdigest()
 
 
-def signed_headers(*, secret: str, sender: str, method: str, path: str, body: bytes,
+def signed_headers(*, secret: str | Sequence[str], sender: str, method: str, path: str, body: bytes,
                    timestamp: int | None = None, nonce: str | None = None) -> dict[str, str]:
-    """The headers that sign a call (or an answer) from `sender`, made now."""
+    """The headers that sign a call (or an answer) from `sender`, made now: one `v1` value per
+    secret (two while a secret rotates, so the receiver may know either)."""
     t = int(time.time()) if timestamp is None else timestamp
     n = nonce or secrets.token_hex(16)
-    sig = signature_compute(secret=secret, timestamp=t, nonce=n, method=method, path=path, body=body)
-    return {DOMAIN_HEADER: sender, SIGNATURE_HEADER: f"t={t},n={n},{SCHEME}={sig}"}
+    sigs = ",".join(f"{SCHEME}={signature_compute(secret=s, timestamp=t, nonce=n, method=method, path=path, body=body)}"
+                    for s in ([secret] if isinstance(secret, str) else secret))
+    return {DOMAIN_HEADER: sender, SIGNATURE_HEADER: f"t={t},n={n},{sigs}"}
 
 
 @dataclass(frozen=True)
@@ -72,9 +75,10 @@ def signature_parse(header: str | None) -> Signature | None:
     return Signature(timestamp=timestamp, nonce=nonce, values=tuple(parts.get(SCHEME, [])))
 
 
-def signature_refusal(*, secret: str, header: str | None, method: str, path: str, body: bytes,
+def signature_refusal(*, secret: str | Sequence[str], header: str | None, method: str, path: str, body: bytes,
                       max_skew: int, now: float | None = None) -> tuple[str | None, Signature | None]:
-    """Why a signed call must be refused (None: the signature holds), and the parsed signature.
+    """Why a signed call must be refused (None: the signature holds with `secret`, or one of them),
+    and the parsed signature.
 
     Replays are the caller's second step (`nonce_first_use`), once the signature is known to be
     genuine: a forged call must not be able to burn a nonce.
@@ -84,11 +88,12 @@ def signature_refusal(*, secret: str, header: str | None, method: str, path: str
         return "missing or malformed signature", None
     if abs((time.time() if now is None else now) - signature.timestamp) > max_skew:
         return f"timestamp outside the allowed {max_skew} s window", signature
-    expected = signature_compute(secret=secret, timestamp=signature.timestamp, nonce=signature.nonce,
-                                 method=method, path=path, body=body)
-    if not any(hmac.compare_digest(expected, value) for value in signature.values if value.isascii()):
-        return "bad signature", signature
-    return None, signature
+    for key in [secret] if isinstance(secret, str) else secret:
+        expected = signature_compute(secret=key, timestamp=signature.timestamp, nonce=signature.nonce,
+                                     method=method, path=path, body=body)
+        if any(hmac.compare_digest(expected, value) for value in signature.values if value.isascii()):
+            return None, signature
+    return "bad signature", signature
 
 
 def nonce_first_use(*, redis, sender: str, nonce: str, ttl: int) -> bool:

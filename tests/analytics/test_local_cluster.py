@@ -1,5 +1,6 @@
 """Both jobs under spark-submit on Spark's local-cluster master: a driver and two executor
-processes, as on a real cluster, so nothing may depend on state local to the driver."""
+processes, as on a real cluster, so nothing may depend on state local to the driver (the two run
+in one application, tests/analytics/both_jobs.py, so the JVMs start once)."""
 
 from __future__ import annotations
 
@@ -23,19 +24,22 @@ pytestmark = pytest.mark.django_db  # reads the module's committed scenario
 MASTER = "local-cluster[2,1,1024]"
 
 
-def spark_submit(job: str, lake: str, out: str) -> None:
+def spark_submit(lake: str, outs: dict[str, str]) -> None:
+    """Both jobs, each with its own arguments, in one application on the local cluster
+    (tests/analytics/both_jobs.py): one driver and two executors started once."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
+    window = ["--since", DAY.isoformat(), "--until", (DAY + timedelta(days=1)).isoformat()]
     argv = [str(Path(sys.executable).parent / "spark-submit"), "--master", MASTER,
             "--properties-file", str(ROOT / "platform" / "spark-defaults.conf"),
             "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=4",
             "--conf", "spark.executor.memory=512m",
             "--conf", f"spark.driver.extraJavaOptions={TEST_JVM_OPTIONS}",
             "--conf", f"spark.executor.extraJavaOptions={TEST_JVM_OPTIONS}",
-            str(ROOT / "analytics" / "jobs" / f"{job}.py"),
-            "--lake", lake, "--since", DAY.isoformat(), "--until", (DAY + timedelta(days=1)).isoformat(), "--out", out]
+            str(ROOT / "tests" / "analytics" / "both_jobs.py"),
+            "--lake", lake, *window, "--out", outs["presence"], "--", "--lake", lake, *window, "--out", outs["backlog"]]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    assert f'"job": "{job}"' in done.stdout
+    assert '"job": "presence"' in done.stdout and '"job": "backlog"' in done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +48,10 @@ def reports(module_scenario):
         a_day_of_sessions(activity)
         deliveries_with_known_answers(activity)
         lake_export()
-        found = {}
-        for kind in ("presence", "backlog"):
-            out = lake.url(f"{ds.REPORTS}/{kind}/cluster")
-            spark_submit(kind, lake.url(), out)
-            found[kind] = report_load(kind=kind, since=DAY, until=DAY + timedelta(days=1), results=out)
-        return found
+        outs = {kind: lake.url(f"{ds.REPORTS}/{kind}/cluster") for kind in ("presence", "backlog")}
+        spark_submit(lake.url(), outs)
+        return {kind: report_load(kind=kind, since=DAY, until=DAY + timedelta(days=1), results=out)
+                for kind, out in outs.items()}
 
     return module_scenario(build)
 

@@ -168,3 +168,69 @@ def test_a_master_user_id_must_be_a_user_of_its_app():
 clientApps:
   - {appName: NEWS, appId: news-app, masterUserId: OTHER-1}
 """)
+
+
+NEWS_WITH_SETTINGS = """
+  - appName: NEWS
+    appId: news-app
+    masterUserId: NEWS-1
+    settings:
+      allowedOrigins: ["https://news.example"]
+      maxTokenLifetimeSeconds: 600
+      maxConnectionsPerUser: 3
+"""
+
+
+def test_the_settings_that_protect_an_apps_users_travel_in_the_file_and_back():
+    config_import(text=EXAMPLE.read_text() + NEWS_WITH_SETTINGS)
+    news = ClientApp.objects.get(app_name="NEWS")
+    assert (news.allowed_origins, news.max_token_lifetime_seconds, news.max_connections_per_user) == (
+        ["https://news.example"], 600, 3)
+    exported = yaml.safe_load(config_export())
+    [entry] = [a for a in exported["clientApps"] if a["appName"] == "NEWS"]
+    # Only what differs from the defaults is written.
+    assert entry["settings"] == {"allowedOrigins": ["https://news.example"], "maxTokenLifetimeSeconds": 600,
+                                 "maxConnectionsPerUser": 3}
+    ClientApp.objects.filter(app_name="NEWS").delete()
+    config_import(text=yaml.safe_dump(exported))
+    again = ClientApp.objects.get(app_name="NEWS")
+    assert (again.allowed_origins, again.max_token_lifetime_seconds, again.max_connections_per_user) == (
+        ["https://news.example"], 600, 3)
+
+
+def test_a_file_without_settings_keeps_the_apps_but_a_mirror_takes_the_metas_defaults_included():
+    config_import(text=EXAMPLE.read_text() + NEWS_WITH_SETTINGS)
+    without = EXAMPLE.read_text() + NEWS_WITH_SETTINGS.split("    settings:")[0]
+    config_import(text=without)
+    assert ClientApp.objects.get(app_name="NEWS").allowed_origins == ["https://news.example"]  # left alone
+    config_import(text=without, mirror=True)  # the meta dropped them: so does the mirror
+    news = ClientApp.objects.get(app_name="NEWS")
+    assert (news.allowed_origins, news.max_token_lifetime_seconds, news.max_connections_per_user) == ([], 86400, 10)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ("{maxTokenLifetime: 5}", "unknown setting(s) maxTokenLifetime"),
+    ("{maxConnectionsPerUser: 0}", "settings.maxConnectionsPerUser: Ensure this value is greater than or equal to 1."),
+    ("{allowedOrigins: https://news.example}", "settings.allowedOrigins must be a list of origins"),
+    ("{confirmationEnabled: 1}", "settings.confirmationEnabled must be true or false"),
+    ("{retentionDays: true}", "settings.retentionDays must be a number"),
+])
+def test_a_bad_setting_is_refused_naming_the_app_and_nothing_is_written(settings, message):
+    text = EXAMPLE.read_text() + f"""
+  - appName: NEWS
+    appId: news-app
+    masterUserId: NEWS-1
+    settings: {settings}
+"""
+    with pytest.raises(ConfigError, match="clientApps\\[5\\] \\(NEWS\\)") as refused:
+        config_import(text=text)
+    assert message in str(refused.value)
+    assert not ClientApp.objects.exists()
+
+
+def test_a_link_secret_changed_by_a_file_or_a_pull_keeps_the_old_one_valid_for_the_overlap():
+    link_entry = "domainLinks:\n  - {n1: domain-01, n2: domain-02, sharedSecret: %s}\n"
+    head = "domains:\n  - {name: domain-01, urls: []}\n  - {name: domain-02, urls: []}\n"
+    config_import(text=head + link_entry % ("a" * 43))
+    config_import(text=head + link_entry % ("b" * 43), mirror=True)
+    assert DomainLink.objects.get().secrets_valid() == ["b" * 43, "a" * 43]

@@ -14,7 +14,7 @@ from django.core.management import CommandError, call_command
 from apps_registry.config_io import config_export, config_import
 from apps_registry.meta import EXPORT_PATH, MetaPullError, meta_pull
 from apps_registry.models import ClientApp, Domain, DomainLink, MetaState
-from foundation.signed_calls import ANSWER_METHOD, SIGNATURE_HEADER, signature_refusal, signed_headers
+from foundation.signed_calls import ANSWER_METHOD, DOMAIN_HEADER, SIGNATURE_HEADER, signature_refusal, signed_headers
 from tests.apps_registry.test_routing import EXAMPLE
 from tests.factories import make_app, make_domain
 
@@ -72,6 +72,16 @@ def test_a_replayed_call_is_refused(client, meta_settings):
     again = client.get(EXPORT_PATH, headers=headers)
     assert again.status_code == 403
     assert again.json() == {"error": "refused: nonce already used (a replayed call)"}
+
+
+def test_a_replayed_call_under_another_domains_name_is_refused_too(client, meta_settings):
+    # The Switchboard-Domain header is not signed: a recorded call sent again under other names
+    # must not get the configuration, with its secrets, once per name.
+    first, headers = _signed_get(client)
+    assert first.status_code == 200
+    for name in ("domain-03", "domain-99", ""):
+        again = client.get(EXPORT_PATH, headers={**headers, DOMAIN_HEADER: name})
+        assert (again.status_code, again.json()) == (403, {"error": "refused: nonce already used (a replayed call)"})
 
 
 def test_a_domain_without_meta_secret_exports_nothing(client, settings):
@@ -272,3 +282,38 @@ def test_a_domain_told_to_pull_without_the_secret_is_warned(settings):
     assert [w.id for w in check_meta_role(None)] == ["switchboard.W013"]
     settings.META_SECRET = SECRET
     assert check_meta_role(None) == []
+
+
+def _network_warnings() -> dict[str, list[str]]:
+    from django.core.checks import run_checks
+
+    found: dict[str, list[str]] = {}
+    for m in run_checks(include_deployment_checks=True):
+        if m.id in ("switchboard.W014", "switchboard.W015", "switchboard.W016", "switchboard.W017"):
+            found.setdefault(m.id, []).append(m.msg)
+    return found
+
+
+def test_check_deploy_warns_of_a_network_in_the_clear_or_signed_with_short_secrets(settings):
+    settings.DOMAIN_NAME = "domain-01"
+    settings.META_URL, settings.META_SECRET = "http://meta.example:8001", "short"
+    here = make_domain("domain-01")
+    clear = make_domain("domain-02", urls=["ws://10.0.0.2:8002/ws"])
+    local = make_domain("domain-03", urls=["http://127.0.0.1:8003"])
+    safe = make_domain("domain-04", urls=["https://domain-04.example", "wss://domain-04.example/ws"])
+    DomainLink.objects.create(n1=here, n2=clear, shared_secret="x" * 31)
+    DomainLink.objects.create(n1=here, n2=local)
+    DomainLink.objects.create(n1=safe, n2=here)
+    warnings = _network_warnings()
+    assert warnings == {
+        "switchboard.W014": ["META_URL (http://meta.example:8001) is not https: the configuration it pulls, with "
+                             "every secret, travels in the clear."],
+        "switchboard.W015": ["META_SECRET is shorter than 32 bytes."],
+        "switchboard.W016": ["Calls to neighbour domain-02 go to http://10.0.0.2:8002, not https: forwarded "
+                             "messages travel in the clear."],
+        "switchboard.W017": ["The link domain-01 - domain-02 has a shared secret shorter than 32 bytes."],
+    }
+    settings.META_URL, settings.META_SECRET = "https://meta.example", "m" * 32
+    DomainLink.objects.filter(n2=clear).update(shared_secret="y" * 43)
+    Domain.objects.filter(pk=clear.pk).update(urls=["https://10.0.0.2:8443", "ws://10.0.0.2:8002/ws"])
+    assert _network_warnings() == {}

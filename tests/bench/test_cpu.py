@@ -110,14 +110,15 @@ def test_the_probe_sees_children_that_live_and_die_between_samples():
         "        burn(0.1)\n"
         "        os._exit(0)\n"
         "    os.waitpid(pid, 0)\n"
+        "print('done', flush=True)\n"
         "time.sleep(30)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", burn])
+    proc = subprocess.Popen([sys.executable, "-c", burn], stdout=subprocess.PIPE, text=True)
     try:
         time.sleep(0.1)
-        probe = CpuProbe({"group": [proc.pid]}, interval=5.0)  # no sample lands while the children live
+        probe = CpuProbe({"group": [proc.pid]}, interval=60.0)  # no sample lands while the children live
         probe.start()
-        time.sleep(1.2)
+        assert proc.stdout.readline().strip() == "done"  # the three children burned and were reaped
         window = probe.stop()
     finally:
         proc.kill()

@@ -88,12 +88,26 @@ def test_composes_haproxy_cfg_is_the_generated_one_and_haproxy_accepts_it():
     assert "server-template web 10 web:8000 check resolvers docker init-addr none" in section(text, "backend web")
 
 
-def test_compose_and_make_run_share_every_rule_but_the_servers(config):
+def test_compose_and_make_run_share_every_rule_but_the_servers_and_composes_internal_listener(config):
     def rules(text: str) -> list[str]:
-        return [line for line in text.splitlines()[1:]
-                if line and not re.match(r"\s*(bind|server|server-template|nameserver|hold)\b|resolvers", line)]
+        kept, internal = [], False
+        for line in text.splitlines()[1:]:
+            internal = line == "frontend internal" or (internal and line.startswith(" "))
+            if (line and not internal and "path_beg /internal/" not in line
+                    and not re.match(r"\s*(bind|server|server-template|nameserver|hold)\b|resolvers", line)):
+                kept.append(line)
+        return kept
 
     assert rules(config) == rules(balancer.compose_config())
+
+
+def test_compose_serves_the_calls_between_domains_only_on_the_internal_listener():
+    compose = balancer.compose_config()
+    assert "http-request deny deny_status 404 if { path_beg /internal/ }" in section(compose, "frontend switchboard")
+    internal = section(compose, "frontend internal")
+    assert "bind *:8001" in internal and "http-request deny deny_status 404 unless { path_beg /internal/ }" in internal
+    published = (balancer.COMPOSE_FILE.parents[1] / "docker-compose.yml").read_text()
+    assert '"${INTERNAL_BIND:-127.0.0.1}:${INTERNAL_PORT:-8001}:8001"' in published  # private, by default loopback
 
 
 def test_one_web_node_keeps_the_plain_shape_on_the_port_itself():
@@ -114,7 +128,7 @@ def test_three_web_nodes_get_their_own_node_id_and_port_and_trust_haproxy():
 def test_workers_are_numbered_when_there_are_several():
     assert [w.name for w in supervise._workers(8000, 1)] == ["worker"]
     assert [w.name for w in supervise._workers(8000, 2)] == ["worker-1", "worker-2"]
-    assert all("celery,routing,forwarding" in w.argv for w in supervise._workers(8000, 2))
+    assert all("celery,routing" in w.argv for w in supervise._workers(8000, 2))
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "three"])

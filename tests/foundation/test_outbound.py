@@ -212,6 +212,14 @@ def test_a_sender_sends_its_queue_in_order_in_bounded_batches_until_it_is_empty(
     assert (outcome.sent, outcome.calls, outcome.failed, outcome.skipped) == (5, 3, 0, "")
 
 
+def test_a_sender_out_of_its_time_budget_stops_after_the_call_in_hand_and_says_more_waits():
+    queue = Queue(items=[("a", 10), ("b", 10), ("c", 10), ("d", 10)], rows=1)
+    first = send_batches(queue, budget_seconds=0)  # one call always; then the budget is spent
+    assert (queue.sent, first.skipped) == ([["a"]], "budget")
+    rest = send_batches(queue, budget_seconds=60)
+    assert (queue.sent[1:], rest.skipped, queue.items) == ([["b"], ["c"], ["d"]], "", [])
+
+
 def test_a_failed_call_counts_an_attempt_on_its_items_and_stops_until_the_backoff_lets_it_go_again():
     queue = Queue(items=[("a", 1), ("b", 1), ("c", 1)], answers=[CallFailed("domain-02: connection refused")])
     outcome = send_batches(queue)

@@ -77,3 +77,19 @@ def test_subscribing_tells_the_users_live_connections_to_join(api, live_connecti
     with django_capture_on_commit_callbacks(execute=True):
         api.unsubscribe("news", "ANZ-7001")
     assert received(channel) == {"type": "channel.leave", "channel": "news"}
+
+
+def test_a_user_homed_in_another_domain_is_refused_by_name_and_nothing_is_kept_here(api, http):
+    # ANZ-9000001 lives in domain-09: its subscriptions are kept (and read by its connections) there.
+    for method, path in [("PUT", "/api/v1/channels/news/subscribers/ANZ-9000001"),
+                         ("DELETE", "/api/v1/channels/news/subscribers/ANZ-9000001"),
+                         ("GET", "/api/v1/users/ANZ-9000001/subscriptions"),
+                         ("PUT", "/api/v1/users/ANZ-9000001/follows/ANZ-2"),
+                         ("DELETE", "/api/v1/users/ANZ-9000001/follows/ANZ-2")]:
+        answer = http.request(method, path)
+        assert answer.status_code == 421, (method, path, answer.text)
+        assert answer.json()["error"] == "homed_elsewhere" and answer.json()["domain"] == "domain-09"
+        assert "ANZ-9000001 lives in domain-09" in answer.json()["detail"]
+    assert not Subscription.objects.exists()
+    # Following a user homed elsewhere is the follower's business, kept at the follower's home: fine.
+    assert api.follow("ANZ-1", "ANZ-9000001")["created"] is True

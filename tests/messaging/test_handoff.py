@@ -77,7 +77,7 @@ def _queues_of_workers(text: str) -> list[str]:
     return re.findall(r'-Q"?,? "?([a-z,]+)', text)  # `-Q a,b` (a command line) or `"-Q", "a,b"` (an argv)
 
 
-def test_webhook_calls_have_a_worker_of_their_own_in_make_run_compose_and_the_procfile():
+def test_webhook_and_forwarding_calls_have_a_worker_of_their_own_in_make_run_compose_and_the_procfile():
     procfile = (ROOT / "platform" / "Procfile").read_text()
     supervise = (ROOT / "platform" / "devstack" / "supervise.py").read_text()
     services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
@@ -85,9 +85,10 @@ def test_webhook_calls_have_a_worker_of_their_own_in_make_run_compose_and_the_pr
     for where, workers in (("Procfile", _queues_of_workers(procfile)), ("supervise", _queues_of_workers(supervise)),
                            ("compose", [c.split("-Q ")[1].split()[0] for c in compose])):
         served = [set(queues.split(",")) for queues in workers]
-        assert {WEBHOOK_QUEUE} in served, where  # a worker that serves webhook calls only
+        # The outbound worker: the calls that wait on others (tenants' receivers, neighbour domains).
+        assert {WEBHOOK_QUEUE, FORWARDING_QUEUE} in served, where
         assert any(ROUTING_QUEUE in q for q in served), where
-        assert not any(ROUTING_QUEUE in q and WEBHOOK_QUEUE in q for q in served), where
+        assert not any(ROUTING_QUEUE in q and (WEBHOOK_QUEUE in q or FORWARDING_QUEUE in q) for q in served), where
 
 
 def test_every_task_the_door_names_is_one_the_workers_run():

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from apps_registry.models import Domain
+from apps_registry.selectors import app_snapshots_clear
 from foundation.transport.sockets import run_async
 from messaging.connection.handlers import on_auth_client
 from messaging.connection.life import ConnectionLife
@@ -73,3 +74,15 @@ def test_no_redirect_for_a_user_without_a_home_nor_for_other_refusals(anz_on_two
     anz_on_two_domains.distributions.filter(range_from=9000000).delete()
     assert "redirect" not in _auth_client("ANZ-9000001").written[0]["data"]  # homed nowhere
     assert "redirect" not in _auth_client("ANZ-x").written[0]["data"]  # not a user id
+
+
+@pytest.mark.parametrize(("listed", "redirect"), [
+    ("ws://10.0.0.9:8002", "ws://10.0.0.9:8002/ws"),  # as the linker seed lists domains
+    ("wss://domain-09.example/", "wss://domain-09.example/ws"),
+    ("wss://domain-09.example/?region=eu", "wss://domain-09.example/ws?region=eu"),
+    ("ws://10.0.0.9:8000/switchboard/ws", "ws://10.0.0.9:8000/switchboard/ws"),  # a path of its own is kept
+])
+def test_a_redirect_from_a_domain_url_without_a_path_points_at_the_ws_endpoint(anz_on_two_domains, listed, redirect):
+    Domain.objects.filter(name="domain-09").update(urls=[listed])
+    app_snapshots_clear()
+    assert _auth_client("ANZ-9000001").written[0]["data"]["redirect"] == redirect

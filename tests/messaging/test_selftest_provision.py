@@ -3,12 +3,15 @@ throwaway users of a named app; ending the run removes exactly what it was given
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import jwt
 import pytest
 from django.utils import timezone
 
 from apps_registry.models import ApiKey, ClientApp, SelftestRun
 from apps_registry.selectors import app_snapshot
+from apps_registry.services import api_key_authenticate
 from messaging.models import Mailbox, Message
 from messaging.selftest.provision import SelftestRefused, selftest_begin, selftest_end
 from tests.factories import make_app, make_domain
@@ -29,6 +32,18 @@ def test_a_run_without_an_app_gets_a_throwaway_app_whose_users_live_on_this_doma
     assert selftest_end(name=grant.name) is True
     assert not ClientApp.objects.filter(app_name=grant.app_name).exists()
     assert not SelftestRun.objects.exists()
+
+
+def test_the_key_a_run_is_given_stops_working_when_its_tokens_do_even_if_nobody_ends_the_run(settings):
+    make_domain(settings.DOMAIN_NAME)
+    grant = selftest_begin()
+    key = api_key_authenticate(raw_key=grant.api_key)
+    token_expiry = jwt.decode(grant.users[next(iter(grant.users))], app_snapshot(grant.app_name).token_secret,
+                              algorithms=["HS256"])["exp"]
+    assert key is not None and abs(key.expires_at.timestamp() - token_expiry) < 5
+    ApiKey.objects.filter(pk=key.pk).update(expires_at=timezone.now() - timedelta(seconds=1))  # the run's hour is over
+    assert api_key_authenticate(raw_key=grant.api_key) is None
+    assert ApiKey.objects.get(pk=key.pk).state == "expired"
 
 
 def test_a_run_on_a_named_app_uses_unused_users_and_leaves_the_app_as_it_was():

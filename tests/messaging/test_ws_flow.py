@@ -27,6 +27,15 @@ def test_online_recipient_gets_the_message_and_the_sender_its_confirmation(node)
         assert confirmation["data"]["reference"] == "ref-1"
 
 
+def test_a_client_at_the_domains_bare_url_is_served_as_at_ws(node):
+    # The linker seed lists domains as ws://host:port, without a path: that URL works as is.
+    with node.client(path="/") as alice, node.client() as bob:
+        assert alice.auth("ANZ-1003")["data"]["isAuthenticated"] is True
+        bob.auth("ANZ-1004")
+        alice.message("ANZ-1004", "from the bare url")
+        assert bob.recv_type("MESSAGE")["data"]["content"] == "from the bare url"
+
+
 def test_no_confirmation_without_a_reference_or_when_the_sender_declines_it(node):
     with node.client() as alice, node.client() as bob:
         alice.auth("ANZ-1011")

@@ -31,8 +31,8 @@ def test_make_run_brings_up_web_worker_and_beat_and_sigterm_stops_them_all(proce
     children = psutil.Process(proc.popen.pid).children(recursive=True)
     roles = " ".join(" ".join(c.cmdline()) for c in children)
     assert "config.web" in roles and "worker" in roles and "beat" in roles
-    assert "-Q webhooks" in roles  # the webhook worker, beside the routing worker
-    for prefix in ("web    |", "worker |", "hooks  |", "beat   |"):
+    assert "-Q webhooks,forwarding" in roles  # the outbound worker, beside the routing worker
+    for prefix in ("web      |", "worker   |", "outbound |", "beat     |"):
         deadline = time.monotonic() + 30
         while prefix not in proc.output() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -74,7 +74,7 @@ def test_make_run_with_three_web_nodes_serves_behind_haproxy_and_restarts_them_o
     wait_http(f"http://127.0.0.1:{port}/readyz", proc, timeout=90)
     wait_for(lambda: "Ctrl-C stops everything" in proc.output(), timeout=30)
     assert "HAProxy in front of web-1, web-2, web-3" in proc.output()
-    assert len(_children_named(proc, "-Q celery,routing,forwarding")) == 2  # WORKERS=2
+    assert len(_children_named(proc, "-Q celery,routing")) == 2  # WORKERS=2
     nodes = {name: (node.pid, _port(node)) for name, node in _web_nodes(proc).items()}
     assert sorted(nodes) == ["web-1", "web-2", "web-3"]
     stats_port = int(re.search(r"its stats: http://localhost:(\d+)/", proc.output()).group(1))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from celery.schedules import crontab
 
-from .env import database_from_url, env_bool, env_float, env_int, env_list, env_str
+from .env import database_from_url, env_bool, env_float, env_int, env_list, env_str, process_label
 from .network import *  # noqa: F403  (the domain network's settings, and NETWORK_BEAT_SCHEDULE)
 
 BASE_DIR = Path(__file__).resolve().parents[3]
@@ -159,8 +159,7 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # hundreds of consumers each awaiting a channel-layer send must never hit that ceiling.
 REDIS_MAX_CONNECTIONS = env_int("REDIS_MAX_CONNECTIONS", 2000)
 DB_CONN_MAX_AGE = env_int("DB_CONN_MAX_AGE", 60)
-# The per-message statements are prepared once per connection (foundation.db); off for a pooler in
-# transaction mode that does not keep prepared statements.
+# Per-message statements prepared once per connection (foundation.db); off behind a transaction-mode pooler.
 DB_PREPARED_STATEMENTS = env_bool("DB_PREPARED_STATEMENTS", True)
 # /metrics outside DEBUG: a scraper shows this token (Authorization: Bearer …) or comes from one of
 # these addresses/networks; anyone else gets 403.
@@ -211,6 +210,7 @@ def service_settings(database_url: str, redis_url: str) -> dict:
     database = database_from_url(database_url)
     database["CONN_MAX_AGE"] = DB_CONN_MAX_AGE
     database["CONN_HEALTH_CHECKS"] = True
+    database["OPTIONS"].setdefault("application_name", process_label(env_str("DB_APPLICATION_NAME", "switchboard")))
     if DB_PREPARED_STATEMENTS:
         # psycopg prepares nothing while this is None (Django's default). Only foundation.db's
         # server-binding cursors prepare; the ORM's cursors bind on the client and never do.
@@ -309,7 +309,7 @@ API_IDEMPOTENCY_HOURS = env_int("API_IDEMPOTENCY_HOURS", 24)
 PRESENCE_HEARTBEAT_SECONDS = env_int("PRESENCE_HEARTBEAT_SECONDS", 5)
 PRESENCE_NODE_TIMEOUT = env_int("PRESENCE_NODE_TIMEOUT", 20)  # no heartbeat for this long = dead node
 PRESENCE_SNAPSHOT_PAGE = env_int("PRESENCE_SNAPSHOT_PAGE", 1000)  # users per ONLINE_USERS frame (master)
-
+PRESENCE_MASTER_RESYNC_SECONDS = env_float("PRESENCE_MASTER_RESYNC_SECONDS", 10.0)  # presence.master_view
 # --- analytics ---------------------------------------------------------------------------------
 ANALYTICS_LAKE = env_str("ANALYTICS_LAKE", str(VAR_DIR / "lake"))  # a folder, or any URI pyarrow and Spark read
 SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
@@ -388,7 +388,7 @@ CELERY_DB_REUSE_MAX = env_int("CELERY_DB_REUSE_MAX", 1000)
 CELERY_WORKER_POOL = env_str("WORKER_POOL", "threads")
 CELERY_WORKER_CONCURRENCY = env_int("WORKER_CONCURRENCY", 4)
 # Webhook calls wait on tenants' receivers: their own queue, served by their own worker (`-Q webhooks`),
-# never by the routing worker (`-Q celery,routing,forwarding`). The names are messaging.handoff's.
+# never by the routing worker (`-Q celery,routing`). The names are messaging.handoff's.
 CELERY_TASK_ROUTES = {"messaging.tasks.route_deliveries": {"queue": "routing"}, "messaging.tasks.webhook_deliver": {"queue": "webhooks"}, **NETWORK_TASK_ROUTES}  # noqa: F405,E501
 HANDOFF_DISPATCHER = "messaging.handoff.CeleryDispatcher"  # how named work reaches the workers: the broker
 # Every task's time limit (soft: SoftTimeLimitExceeded inside the task; hard: the pool kills it). Only

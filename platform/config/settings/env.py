@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
 from django.core.exceptions import ImproperlyConfigured
@@ -72,3 +74,14 @@ def database_from_url(url: str) -> dict:
         "PORT": str(parsed.port or ""),
         "OPTIONS": query,
     }
+
+
+def process_label(name: str) -> str:
+    """`name`, what this process is (web, worker, beat, or manage.py's command) and its pid, as a
+    Postgres application_name (at most 63 bytes): an operator can tell which process holds a lock
+    or a long transaction."""
+    argv = sys.argv
+    role = next((r for r in ("web", "worker", "beat") if r in argv or f"config.{r}" in argv), None)
+    if role is None:
+        role = argv[1] if len(argv) > 1 and not argv[1].startswith("-") else Path(argv[0]).name
+    return f"{name} {role} {os.getpid()}"[:63]

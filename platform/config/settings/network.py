@@ -24,10 +24,20 @@ FORWARD_BATCH_BYTES = env_int("FORWARD_BATCH_BYTES", 1024 * 1024)
 # A link's failed call is retried after base x 2^(failures-1) s, capped, with jitter.
 FORWARD_RETRY_BASE_SECONDS = env_float("FORWARD_RETRY_BASE_SECONDS", 1.0)
 FORWARD_RETRY_MAX_SECONDS = env_float("FORWARD_RETRY_MAX_SECONDS", 60.0)
+# A link's sender task stops after this many seconds (and hands the rest to a new task): a long
+# queue never holds a forwarding thread for longer than this and one call's deadline.
+FORWARD_TASK_BUDGET_SECONDS = env_float("FORWARD_TASK_BUDGET_SECONDS", 20.0)
 # Beat: forwarding queues whose retry is due are sent again (and a lost task is made up for).
 FORWARD_SWEEP_SECONDS = env_float("FORWARD_SWEEP_SECONDS", 2.0)
 # A neighbour that has not answered for longer than this is routed around where another path exists.
 LINK_DOWN_AFTER_SECONDS = env_float("LINK_DOWN_AFTER_SECONDS", 15.0)
+# A neighbour that said it has no way on to a domain (it refused an item for it, or handed one back)
+# is passed over for that domain this long where another path exists; then it is tried again.
+ROUTE_BLOCK_SECONDS = env_float("ROUTE_BLOCK_SECONDS", 30.0)
+# Beat: every neighbour is told who of this domain's apps' users is online (and what this domain heard
+# of the others) this often; a domain not heard of for PRESENCE_REMOTE_TTL_SECONDS has nobody online.
+PRESENCE_GOSSIP_SECONDS = env_float("PRESENCE_GOSSIP_SECONDS", 2.0)
+PRESENCE_REMOTE_TTL_SECONDS = env_float("PRESENCE_REMOTE_TTL_SECONDS", 20.0)
 # Beat: every neighbour is probed this often (a signed ping), so a link's state is live without traffic.
 LINK_PROBE_SECONDS = env_float("LINK_PROBE_SECONDS", 5.0)
 # A probe not answered within this many seconds counts as a failure (probes run in parallel).
@@ -40,6 +50,9 @@ META_URL = env_str("META_URL", "")
 # The secret every domain of the network shares with its meta domain (signs the pull and the export).
 META_SECRET = env_str("META_SECRET", "")
 META_PULL_SECONDS = env_float("META_PULL_SECONDS", 30.0)
+# How long a link's replaced secret stays valid after a change (both ends sign with both and accept
+# either): longer than the two ends can be apart, a pull interval and a pull that fails a few times.
+LINK_SECRET_OVERLAP_SECONDS = env_float("LINK_SECRET_OVERLAP_SECONDS", 900.0)
 
 NETWORK_BEAT_SCHEDULE: dict[str, dict] = {
     # Every neighbour pinged: each link's state is live without traffic (messaging.network.probes).
@@ -49,17 +62,25 @@ NETWORK_BEAT_SCHEDULE: dict[str, dict] = {
     # Links whose retry is due are sent again, a lost sender task is made up for, and the queues of
     # links that are down move to another path where one exists (messaging.network.queue).
     "forward-sweep": {"task": "messaging.tasks.forward_sweep", "schedule": FORWARD_SWEEP_SECONDS},
+    # Who is online, told to the neighbours (messaging.network.presence_gossip); a late round is worthless.
+    "gossip-presence": {"task": "messaging.tasks.gossip_presence", "schedule": PRESENCE_GOSSIP_SECONDS,
+                        "options": {"expires": PRESENCE_GOSSIP_SECONDS}},
 }
 if META_URL:
     # A pull that waited longer than its period is worthless: the next one is already due.
     NETWORK_BEAT_SCHEDULE["meta-pull"] = {"task": "apps_registry.tasks.meta_pull", "schedule": META_PULL_SECONDS,
                                           "options": {"expires": META_PULL_SECONDS}}
-# Merged into CELERY_TASK_ROUTES (base.py). The senders wait on neighbours: queue "forwarding"
-# (messaging.handoff.FORWARDING_QUEUE), which a worker must serve (`-Q celery,routing,forwarding`).
+# Merged into CELERY_TASK_ROUTES (base.py). Everything that waits on a neighbour (the link senders,
+# FAST hops, probes, the meta pull) is on queue "forwarding" (messaging.handoff.FORWARDING_QUEUE),
+# served by the outbound worker (`-Q webhooks,forwarding`), never by the routing worker's threads.
 NETWORK_TASK_ROUTES: dict[str, dict] = {
     "messaging.tasks.flood_link": {"queue": "forwarding"},
     "messaging.tasks.forward_link": {"queue": "forwarding"},
     "messaging.tasks.forward_receipts": {"queue": "forwarding"},
+    "messaging.tasks.forward_fast": {"queue": "forwarding"},
+    "messaging.tasks.probe_links": {"queue": "forwarding"},
+    "messaging.tasks.gossip_presence": {"queue": "forwarding"},
+    "apps_registry.tasks.meta_pull": {"queue": "forwarding"},
 }
 
 from .exchange import *  # noqa: E402, F403  (issue 19's settings, in their own module)

@@ -7,28 +7,23 @@ admin). Pools are sized for hundreds of concurrent consumers: redis-py's asyncio
 
 from __future__ import annotations
 
-import asyncio
 import os
 
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
-_async_clients: dict[int, aioredis.Redis] = {}
+from foundation.loop_local import loop_local
+
 _pubsub_namespace: tuple[str, str] | None = None
 _sync_client: tuple[int, redis.Redis] | None = None
 
 
 def async_client() -> aioredis.Redis:
-    loop_id = id(asyncio.get_running_loop())
-    client = _async_clients.get(loop_id)
-    if client is None:
-        client = aioredis.Redis.from_url(
-            settings.REDIS_URL, max_connections=settings.REDIS_MAX_CONNECTIONS, socket_timeout=5,
-            socket_connect_timeout=5, retry_on_timeout=True, health_check_interval=30,
-        )
-        _async_clients[loop_id] = client
-    return client
+    return loop_local("redis", lambda: aioredis.Redis.from_url(
+        settings.REDIS_URL, max_connections=settings.REDIS_MAX_CONNECTIONS, socket_timeout=5,
+        socket_connect_timeout=5, retry_on_timeout=True, health_check_interval=30,
+    ))
 
 
 def sync_client() -> redis.Redis:

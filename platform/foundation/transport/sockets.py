@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 from collections.abc import Coroutine, Iterable
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from channels.layers import get_channel_layer
 from channels_redis.pubsub import RedisPubSubChannelLayer
@@ -56,6 +56,13 @@ class PresenceEvent(TypedDict):
     frame: str
     user_id: str  # whom the frame is about,
     online: bool  # and what it says: the master's connection writes it only while it is still true
+    domain: NotRequired[str]  # a user of another domain (presence.remote): checked against that domain's list
+
+
+class PresenceResyncEvent(TypedDict):
+    """A master user's connection compares what it told with who is online (presence.master_view)."""
+
+    type: Literal["presence.resync"]
 
 
 class ExchangeEventsEvent(TypedDict):
@@ -79,8 +86,8 @@ class ChannelMembershipEvent(TypedDict):
     channel: str
 
 
-Event = (MessageDeliverEvent | MessageFastEvent | PresenceEvent | ConnectionCloseEvent | ChannelMembershipEvent
-         | ExchangeEventsEvent)
+Event = (MessageDeliverEvent | MessageFastEvent | PresenceEvent | PresenceResyncEvent | ConnectionCloseEvent
+         | ChannelMembershipEvent | ExchangeEventsEvent)
 
 
 def message_deliver_event(items: list[DeliverItem]) -> MessageDeliverEvent:
@@ -91,8 +98,15 @@ def message_fast_event(frame: str) -> MessageFastEvent:
     return {"type": "message.fast", "frame": frame}
 
 
-def presence_event(frame: str, *, user_id: str, online: bool) -> PresenceEvent:
-    return {"type": "presence.event", "frame": frame, "user_id": user_id, "online": online}
+def presence_event(frame: str, *, user_id: str, online: bool, domain: str | None = None) -> PresenceEvent:
+    event: PresenceEvent = {"type": "presence.event", "frame": frame, "user_id": user_id, "online": online}
+    if domain is not None:
+        event["domain"] = domain
+    return event
+
+
+def presence_resync_event() -> PresenceResyncEvent:
+    return {"type": "presence.resync"}
 
 
 def exchange_events_event(frames: list[str]) -> ExchangeEventsEvent:

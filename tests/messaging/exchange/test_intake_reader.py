@@ -34,6 +34,6 @@ def test_intake_entries_join_the_tcp_stream_and_are_trimmed_once_committed():
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
     try:
-        asyncio.run(scenario())
+        asyncio.run(asyncio.wait_for(scenario(), 60))
     finally:
         redis.delete(key)

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from foundation import signed_calls
 from messaging.channels.models import ChannelMessage
+from messaging.network import flood, transport
 from messaging.network.transport import PING_PATH, PUBLISH_PATH
 
 pytestmark = pytest.mark.django_db
@@ -66,13 +69,20 @@ def test_a_replayed_call_is_refused(client, net_ring, path):
 def test_a_call_from_a_domain_that_is_not_a_neighbour_is_refused(client, net_ring, path):
     # domain-03 is in the network but not linked to domain-01; its link secret to 02 proves nothing here.
     status, answer = call(client, path, {}, sender="domain-03", secret="secret-domain-02-domain-03")
-    assert (status, answer) == (403, {"error": "domain-03 is not linked to domain-01"})
+    assert (status, answer) == (403, {"error": "not a signed call from a neighbour over an enabled link"})
 
 
 @pytest.mark.parametrize("path", [PUBLISH_PATH, PING_PATH])
 def test_a_call_over_a_disabled_link_is_refused(client, net_ring, path):
     net_ring.disable("domain-01", "domain-02")
     assert call(client, path, {}) == (403, {"error": "the link domain-01 - domain-02 is disabled"})
+    # Unsigned, the same call learns nothing of this domain or its links.
+    assert call(client, path, {}, secret="guessed") == (403, {"error": "bad signature"})
+
+
+def test_a_caller_that_is_no_neighbour_hears_no_domain_name(client, net_ring):
+    status, answer = call(client, PING_PATH, {}, sender="domain-77", secret="guessed")
+    assert status == 403 and "domain-01" not in answer["error"] and "domain-77" not in answer["error"]
 
 
 def test_a_publish_over_the_hop_limit_is_refused(client, net_ring, settings):
@@ -86,3 +96,51 @@ def test_a_publish_over_the_hop_limit_is_refused(client, net_ring, settings):
 def test_a_malformed_call_is_refused_with_its_reason(client, net_ring):
     assert call(client, PUBLISH_PATH, {"publishes": "all of them"}) == (400, {
         "error": "publishes must be a non-empty list"})
+
+
+def test_a_call_larger_than_the_public_apis_body_limit_is_taken_whole(client, net_ring, settings):
+    # The public API refuses bodies over DATA_UPLOAD_MAX_MEMORY_SIZE; a neighbour's call is allowed
+    # what the internal endpoints advertise (a backlog after an outage comes in big calls).
+    big = "x" * 60_000
+    payload = {"publishes": [publish_item(f"{n}{big}", offset=n) for n in range(1, 51)]}
+    assert len(json.dumps(payload)) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    assert call(client, PUBLISH_PATH, payload) == (200, {"stored": 50, "duplicates": 0, "refused": []})
+    assert ChannelMessage.objects.count() == 50
+
+
+def test_a_call_over_the_internal_limit_is_refused_as_json_before_its_body_is_read(client, net_ring, monkeypatch):
+    monkeypatch.setattr(transport, "MAX_BODY_BYTES", 1000)
+    assert call(client, PUBLISH_PATH, {"publishes": [publish_item("x" * 2000)]}) == (413, {
+        "error": "body over 1000 bytes"})
+    assert not ChannelMessage.objects.exists()
+
+
+def test_a_failure_while_storing_a_call_is_answered_as_json_naming_this_domain(client, net_ring, monkeypatch):
+    def broken(**_):
+        raise RuntimeError("the disk is full")
+
+    monkeypatch.setattr(flood, "publishes_accept", broken)
+    assert call(client, PUBLISH_PATH, {"publishes": [publish_item()]}) == (500, {
+        "error": "domain-01 failed to take the call: RuntimeError"})
+
+
+def test_a_rotated_link_secret_fails_no_call_while_the_two_ends_switch_apart(client, net_ring, settings):
+    link = net_ring.link_of("domain-01", "domain-02")
+    old = link.shared_secret
+    link.shared_secret = "n" * 43  # domain-01 switches first (an admin edit, or its pull)
+    link.save()
+    # domain-02 has not pulled yet: it signs with the old secret alone, and domain-01 still hears it.
+    assert call(client, PING_PATH, {}, secret=old) == (200, {"domain": "domain-01"})
+    assert call(client, PING_PATH, {}, secret="n" * 43) == (200, {"domain": "domain-01"})
+    # What domain-01 sends carries both signatures, so domain-02 hears it whichever secret it holds.
+    prepared = transport.peer_call_prepare(peer="domain-02", path=PING_PATH, payload={})
+    for known in (old, "n" * 43):
+        reason, _ = signed_calls.signature_refusal(secret=known, header=prepared.headers[signed_calls.SIGNATURE_HEADER],
+                                                   method="POST", path=PING_PATH, body=prepared.body, max_skew=60)
+        assert reason is None
+    # Once the overlap is over, the old secret is no longer heard nor signed with.
+    type(link).objects.filter(pk=link.pk).update(previous_secret_until=timezone.now() - timedelta(seconds=1))
+    assert call(client, PING_PATH, {}, secret=old) == (403, {"error": "bad signature"})
+    transport.link_cache_clear()  # a sender re-reads its links every LINK_CACHE_SECONDS
+    prepared = transport.peer_call_prepare(peer="domain-02", path=PING_PATH, payload={})
+    assert prepared.headers[signed_calls.SIGNATURE_HEADER].count("v1=") == 1

@@ -3,22 +3,31 @@ the way, arrive in order, and their origin learns where they are."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.test import override_settings
 from django.utils import timezone
 
+from apps_registry.selectors import app_snapshot
 from foundation.outbound import Limits
+from foundation.outgoing import Answer
 from messaging.api.serializers import DeliverySerializer
+from messaging.delivery.dead_letters import dead_letters_requeue
 from messaging.delivery.retry import deliveries_fail
+from messaging.fast import message_fast_send
+from messaging.handoff import FAST_FORWARD_TASK, FORWARD_LINK_TASK, ROUTE_TASK
 from messaging.models import Delivery, Message
 from messaging.network.intake import forward_accept
 from messaging.network.models import LinkHealth
 from messaging.network.outbox import link_forward, payload_build, queue_peek
 from messaging.network.queue import forward_sweep
-from messaging.network.transport import PeerRefused
+from messaging.network.transport import PeerRefused, wire_use
 from messaging.protocol import delivery_frame
+from messaging.tasks import forward_link
+from tests.network import OneByOneWire
 
 pytestmark = pytest.mark.django_db
 
@@ -77,8 +86,8 @@ def test_a_repeated_call_stores_nothing_new_and_a_later_call_adds_only_the_missi
         again = forward_accept(sender=origin, payload=payload)
         payload["messages"][0]["recipients"] = [NEAR, "ANZ-1000006"]
         more = forward_accept(sender=origin, payload=payload)
-    assert again == {"stored": 0, "duplicates": 1, "receipts": 0}
-    assert more == {"stored": 1, "duplicates": 1, "receipts": 0}
+    assert again == {"stored": 0, "duplicates": 1, "receipts": 0, "refused": []}
+    assert more == {"stored": 1, "duplicates": 1, "receipts": 0, "refused": []}
     with net.at("domain-02"):
         assert Message.objects.filter(origin_message_id=payload["messages"][0]["origin_message_id"]).count() == 1
 
@@ -103,7 +112,7 @@ def test_one_senders_messages_to_one_recipient_arrive_in_order_across_domains(ne
 def test_the_payload_keeps_every_recipients_order_when_messages_share_recipients():
     class Row:
         def __init__(self, recipient, message_id):
-            self.recipient, self.message_id, self.app_id = recipient, message_id, 1
+            self.recipient, self.message_id, self.app_id, self.revive = recipient, message_id, 1, False
             self.message = {"id": message_id}
 
     # b's mailbox: 3 then 1; a's: 1 then 2; c's: 2 then 3 would be a cycle, which mailboxes never make.
@@ -121,8 +130,14 @@ def test_a_link_that_refuses_keeps_its_queue_in_order_counting_attempts_then_dea
     health = LinkHealth.objects.get(peer="domain-02")
     assert (health.up, health.last_error, health.retry_at is not None) == (False, "domain-02: connection refused", True)
     assert link_forward(peer="domain-02")["skipped"] == "held back"  # the backoff holds the queue until retry_at
+    # The link's retries come faster than the row's: only a retry at or after the row's own retry
+    # time (the app's delivery backoff) counts one of its attempts.
+    LinkHealth.objects.update(retry_at=None)
+    assert link_forward(peer="domain-02")["failed"] == 1
+    assert row(sent, NEAR).attempts == 1
     for _ in range(2):
         LinkHealth.objects.update(retry_at=None)
+        Delivery.objects.filter(pk=waiting.pk).update(next_attempt_at=timezone.now() - timedelta(hours=1))  # due
         link_forward(peer="domain-02")
     dead = row(sent, NEAR)
     assert (dead.state, dead.attempts, dead.last_error) == ("dead", 3, "forwarding to domain-02 failed: connection refused")
@@ -161,17 +176,13 @@ def _payload(**overrides) -> dict:
 
 
 @pytest.mark.parametrize(("overrides", "status", "reason"), [
-    ({"path": [f"domain-{i:02d}" for i in range(1, 12)]}, 422, "hop limit (10) exceeded"),
-    ({"app": "NOPE"}, 422, "app 'NOPE' is not known in domain-02"),
     ({"origin_message_id": "9"}, 400, "origin_message_id must be a positive whole number"),
     ({"recipients": []}, 400, "recipients must be a non-empty list"),
     ({"kind": "fast"}, 400, "kind must be one of"),
     ({"path": ["domain-04"]}, 400, "path must run from the origin domain"),
 ])
-def test_a_malformed_or_over_hop_call_is_refused_and_stores_nothing(net, overrides, status, reason):
+def test_a_malformed_call_is_refused_and_stores_nothing(net, overrides, status, reason):
     payload = _payload(**overrides)
-    if "path" in overrides and status == 422:
-        payload["messages"][0]["path"][-1] = "domain-01"
     with net.at("domain-02"), pytest.raises(PeerRefused) as refused:
         forward_accept(sender="domain-01", payload=payload)
     assert refused.value.status == status and reason in refused.value.reason
@@ -179,19 +190,89 @@ def test_a_malformed_or_over_hop_call_is_refused_and_stores_nothing(net, overrid
         assert not Message.objects.filter(origin_message_id=9).exists()
 
 
-def test_a_message_dead_at_its_home_is_reported_dead_at_the_origin_with_where_and_why(net):
-    sent = net.send(ALICE, FAR)
-    net.pump()
+def test_a_message_the_domain_cannot_take_is_refused_alone_and_the_rest_of_the_call_is_stored(net):
+    over_hop = [f"domain-{i:02d}" for i in range(10, 20)] + ["domain-01"]
+    payload = {"messages": [
+        _payload(origin_message_id=9)["messages"][0],
+        _payload(origin_message_id=10, app="NOPE")["messages"][0],
+        _payload(origin_message_id=11, origin_domain="domain-10", path=over_hop)["messages"][0],
+        _payload(origin_message_id=12)["messages"][0],
+    ]}
+    with net.at("domain-02"):
+        answer = forward_accept(sender="domain-01", payload=payload)
+        stored = sorted(Message.objects.values_list("origin_message_id", flat=True))
+    assert answer == {"stored": 2, "duplicates": 0, "receipts": 0, "refused": [
+        {"index": 1, "reason": "app 'NOPE' is not known in domain-02"},
+        {"index": 2, "reason": "hop limit (10) exceeded: 11 hops"}]}
+    assert stored == [9, 12]
+
+
+class RefusingWire(OneByOneWire):
+    """domain-02 as a neighbour that stores a call's messages but refuses the second one alone."""
+
+    def __init__(self):
+        self.payloads: list[dict] = []
+
+    def post(self, call, *, deadline):
+        payload = json.loads(call.body)
+        self.payloads.append(payload)
+        answer = {"stored": len(payload["messages"]) - 1, "duplicates": 0, "receipts": 0,
+                  "refused": [{"index": 1, "reason": "app 'ANZ' is not known in domain-02"}]}
+        return Answer(200, json.dumps(answer).encode(), complete=True)
+
+
+def test_a_message_the_neighbour_refuses_alone_is_dead_with_its_reason_and_its_batch_goes_on(net):
+    sent = [net.send(ALICE, [NEAR], f"m{i}") for i in range(3)]
+    previous = wire_use(wire := RefusingWire())
+    try:
+        net.pump()
+    finally:
+        wire_use(previous)
+    assert [[m["content"] for m in p["messages"]] for p in wire.payloads] == [["m0", "m1", "m2"]]
+    assert [row(m, NEAR).state for m in sent] == ["forwarded", "dead", "forwarded"]
+    assert row(sent[1], NEAR).last_error == "domain-02 refused it: app 'ANZ' is not known in domain-02"
+    assert LinkHealth.objects.get(peer="domain-02").up  # the link itself is fine
+
+
+def dies_at_home(net, sent: int) -> Message:
+    """FAR's copy at domain-03 (its home) used its last attempt ("push failed: boom"); the receipt
+    has travelled back. Returns that copy."""
     at_03 = net.copy("domain-03", sent)
     with net.at("domain-03"):
         Delivery.objects.filter(message=at_03).update(state="sent", claim=7, attempts=2)
         deliveries_fail(claims=[(row(at_03.id, FAR).id, 7)], error="push failed: boom")
     net.pump()
+    return at_03
+
+
+def test_a_message_dead_at_its_home_is_reported_dead_at_the_origin_with_where_and_why(net):
+    sent = net.send(ALICE, FAR)
+    net.pump()
+    dies_at_home(net, sent)
     origin_row = row(sent, FAR)
     assert (origin_row.state, origin_row.last_error) == ("dead", "dead at domain-03: push failed: boom")
 
 
-def test_the_queue_of_a_link_down_too_long_moves_to_another_path_recipient_by_recipient(net):
+def test_a_dead_letter_that_died_downstream_re_queued_at_the_origin_is_tried_again_there_and_arrives(net):
+    sent = net.send(ALICE, FAR, "second chance")
+    net.pump()
+    at_03 = dies_at_home(net, sent)
+    assert row(sent, FAR).state == "dead"  # at the origin, where the operator looks
+    assert dead_letters_requeue(delivery_ids=[row(sent, FAR).id]) == 1
+    net.pump()
+    home = net.row("domain-03", at_03.id, FAR)
+    assert (home.state, home.attempts) == ("pending", 0)  # back in FAR's mailbox, with fresh attempts
+    assert net.row("domain-02", net.copy("domain-02", sent).id, FAR).state == "forwarded"
+    assert row(sent, FAR).state == "forwarded"
+    net.deliver(FAR, at="domain-03")
+    net.pump()
+    assert row(sent, FAR).state == "delivered"
+    assert net.mailbox("domain-03", FAR) == [sent]  # once
+
+
+def waiting_on_a_down_link(net) -> list[int]:
+    """A detour 01 - 04 - 03 besides the line; domain-02 down; three messages for FAR waiting on the
+    link to domain-02 (the shortest path), which has been down long enough to be routed around."""
     net.link("domain-01", "domain-04")
     net.link("domain-04", "domain-03")
     net.down.add("domain-02")
@@ -199,6 +280,11 @@ def test_the_queue_of_a_link_down_too_long_moves_to_another_path_recipient_by_re
     net.pump()
     assert {row(s, FAR).forward_to for s in sent} == {"domain-02"}  # the shortest path first
     LinkHealth.objects.filter(peer="domain-02").update(down_since=timezone.now() - timedelta(minutes=5))
+    return sent
+
+
+def test_the_queue_of_a_link_down_too_long_moves_to_another_path_recipient_by_recipient(net):
+    sent = waiting_on_a_down_link(net)
     result = forward_sweep()
     assert result["rerouted"] == {"domain-04": 3}
     assert [(row(s, FAR).state, row(s, FAR).forward_to) for s in sent] == [("forwarding", "domain-04")] * 3
@@ -206,6 +292,19 @@ def test_the_queue_of_a_link_down_too_long_moves_to_another_path_recipient_by_re
     link_forward(peer="domain-04")
     net.pump()
     assert net.mailbox("domain-03", FAR) == sent
+
+
+def test_a_message_sent_while_its_recipients_queue_waits_on_a_link_routed_around_keeps_its_place(net):
+    sent = waiting_on_a_down_link(net)
+    # Routed around now (the next hop is domain-04), but before the sweep moved the older ones:
+    sent.append(net.send(ALICE, FAR, "m3"))
+    net.pump()
+    assert {row(s, FAR).forward_to for s in sent} == {"domain-02"}  # behind the others, not ahead of them
+    assert forward_sweep()["rerouted"] == {"domain-04": 4}
+    net.dispatcher.clear()
+    link_forward(peer="domain-04")
+    net.pump()
+    assert net.mailbox("domain-03", FAR) == sent  # in the order sent
 
 
 def test_the_queue_peek_names_the_origin_and_path_of_a_message_stored_here_first(net):
@@ -252,8 +351,84 @@ def test_a_message_that_dies_on_the_way_is_reported_dead_at_the_origin_with_the_
         LinkHealth.objects.update(retry_at=None)
         with net.at("domain-02"):
             LinkHealth.objects.update(retry_at=None)
+            Delivery.objects.filter(state="forwarding").update(next_attempt_at=None)  # their retry time came
             link_forward(peer="domain-03")
         net.pump()
     origin_row = row(sent, FAR)
     assert (origin_row.state, origin_row.last_error) == (
         "dead", "dead at domain-02: forwarding to domain-03 failed: connection refused")
+
+
+class Listener:
+    """A live connection of a user, as the presence cache records it, whose socket is a Redis
+    subscription this test reads (the channel layer publishes to the connection's channel)."""
+
+    def __init__(self, user_id: str):
+        import redis
+
+        from foundation.transport.sockets import run_async
+        from presence import cache
+
+        self.channel = f"test.fast.{user_id}"
+        self.pubsub = redis.Redis.from_url(settings.REDIS_URL).pubsub()
+        self.pubsub.subscribe(self.channel)
+        self.pubsub.get_message(timeout=1)  # the subscription's confirmation
+        run_async(cache.connection_add(user_id=user_id, channel_name=self.channel, node_id="test-node", acks=False,
+                                       limit=10))
+        self.user_id, self._cache = user_id, cache
+
+    def frames(self) -> list[dict]:
+        from channels.layers import get_channel_layer
+
+        layer, got = get_channel_layer(), []
+        while (message := self.pubsub.get_message(timeout=0.5)) is not None:
+            if message["type"] == "message":
+                got.append(json.loads(layer.deserialize(message["data"])["frame"]))
+        return got
+
+    def close(self) -> None:
+        from foundation.transport.sockets import run_async
+
+        run_async(self._cache.connection_remove(user_id=self.user_id, channel_name=self.channel, node_id="test-node"))
+        self.pubsub.close()
+
+
+def test_a_fast_message_reaches_a_user_connected_at_its_home_two_domains_away_and_is_never_stored(net):
+    far = Listener(FAR)
+    try:
+        with net.at("domain-01"):
+            reached = message_fast_send(app=app_snapshot("ANZ"), sender=ALICE, recipients=[FAR], content="quick",
+                                        reference="r-1")
+        assert reached == 0  # nobody connected here; it went on
+        net.pump()
+        [frame] = far.frames()
+    finally:
+        far.close()
+    assert (frame["type"], frame["data"]["from"], frame["data"]["content"]) == ("MESSAGE", ALICE, "quick")
+    fast_calls = [(c.sender, c.peer, c.payload["fast"][0]["path"]) for c in net.calls if "fast" in c.payload]
+    assert fast_calls == [("domain-01", "domain-02", ["domain-01"]), ("domain-02", "domain-03", ["domain-01", "domain-02"])]
+    for domain in ("domain-01", "domain-02", "domain-03"):
+        with net.at(domain):
+            assert not Message.objects.filter(content="quick").exists()  # FAST: stored nowhere
+
+
+def test_a_fast_message_for_an_unreachable_home_is_dropped_without_retry(net):
+    net.down.add("domain-02")
+    with net.at("domain-01"):
+        message_fast_send(app=app_snapshot("ANZ"), sender=ALICE, recipients=[FAR], content="quick")
+    handed = net.pump()
+    assert [h.task for h in handed] == [FAST_FORWARD_TASK]  # one try, nothing queued after it
+    assert net.waiting() == []
+
+
+def test_a_long_queue_is_sent_in_runs_of_a_bounded_time_each_handing_the_rest_to_the_next(net, settings):
+    settings.FORWARD_TASK_BUDGET_SECONDS = 0  # one call per run
+    settings.FORWARD_BATCH_SIZE = 1
+    sent = [net.send(ALICE, NEAR, f"m{i}") for i in range(3)]
+    net.pump(only=ROUTE_TASK)
+    net.dispatcher.clear()
+    forward_link("domain-02")  # the task a worker runs: one call, then the rest handed on
+    assert [t.args for t in net.waiting(FORWARD_LINK_TASK)] == [["domain-02"]]
+    assert [row(s, NEAR).state for s in sent] == ["forwarded", "forwarding", "forwarding"]
+    net.pump()
+    assert [row(s, NEAR).state for s in sent] == ["forwarded"] * 3

@@ -14,7 +14,14 @@ from apps_registry.models import Domain
 from foundation.outgoing import Answer, OutgoingError
 from messaging.handoff import FLOOD_TASK, FORWARD_LINK_TASK, FORWARD_RECEIPTS_TASK
 from messaging.network import probes
-from messaging.network.links import link_failed, link_received, link_succeeded, links_down, next_hop
+from messaging.network.links import (
+    link_failed,
+    link_held_back,
+    link_received,
+    link_succeeded,
+    links_down,
+    next_hop,
+)
 from messaging.network.models import LinkHealth
 from messaging.network.transport import HttpWire, wire_use
 from tests.neighbour import FakeNeighbour
@@ -164,6 +171,35 @@ def test_a_probe_pings_every_neighbour_over_an_enabled_link_and_records_its_stat
     # Its queues go now, not at their next retry: deliveries, channel publishes and receipts.
     assert [(h.task, h.args) for h in net_ring.waiting()] == [
         (FORWARD_LINK_TASK, ["domain-02"]), (FLOOD_TASK, ["domain-02"]), (FORWARD_RECEIPTS_TASK, ["domain-02"])]
+
+
+def test_an_answered_probe_never_clears_the_backoff_a_failing_send_earned(net_ring, pings):
+    # domain-02 answers pings but failed the link's last call (it erred on the batch): the batch
+    # waits for the retry it earned instead of being sent, and its rows' attempts used, at each probe.
+    with net_ring.at("domain-01"):
+        link_failed(peer="domain-02", error="domain-02 answered 500: domain-02 failed to take the call", answered=True)
+        [result] = [r for r in probes.links_probe() if r.peer == "domain-02"]
+        health = LinkHealth.objects.get(peer="domain-02")
+        assert result.ok and result.held_back and not result.recovered
+        assert link_held_back("domain-02") and (health.up, health.failures) == (False, 1)
+        assert net_ring.waiting() == []  # nothing sent at the probe
+        assert "answers pings, its calls failed" in probes_state("domain-02")
+        link_succeeded(peer="domain-02")  # the retry's call goes through
+        assert not link_held_back("domain-02")
+
+
+def test_an_answered_probe_clears_the_backoff_of_a_neighbour_that_was_out_of_reach(net_ring, pings):
+    with net_ring.at("domain-01"):
+        link_failed(peer="domain-02", error="domain-02: connection refused")  # a send, while it was down
+        [result] = [r for r in probes.links_probe() if r.peer == "domain-02"]
+        assert result.ok and result.recovered and not link_held_back("domain-02")
+        assert (FORWARD_LINK_TASK, ["domain-02"]) in [(h.task, h.args) for h in net_ring.waiting()]
+
+
+def probes_state(peer: str) -> str:
+    from messaging.network.selectors import link_states
+
+    return {s.peer: s.text() for s in link_states()}[peer]
 
 
 def test_a_ping_answered_by_another_domain_is_a_failure(net_ring, pings):

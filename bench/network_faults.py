@@ -1,0 +1,207 @@
+"""The domain network under ordinary faults: ACK-mode users on all four domains of a ring sending
+RELIABLE messages to users homed on the other domains, while domains stop and start, web nodes are
+killed and links are disabled and enabled, at random, for `--minutes`.
+
+    python -m bench.network_faults [--minutes 5] [--users 3] [--rate 1.5] [--seed 7] [--json FILE]
+
+The ring (devstack.ring) runs on databases of its own (`switchboard_faults_ring_*`, on the Postgres
+server `make run` uses, dropped after) and a Redis server of its own. The users are the protocol
+page's good clients (tests.loadclients.Peer: ACK every message, reconnect with jitter, fetch what
+was missed, resend what was not accepted, with the same clientMessageId); each connects to its home
+domain. One fault at a time, healed before the next: a domain (02, 03 or 04) stopped for 8-20 s; a
+domain's web node killed (SIGKILL) and started again by the ring's crash watch; a link disabled on
+the meta domain for 8-20 s. At the end the sending stops, everything is healed, and the run waits for
+the network to settle. It answers (exit 1 if any fails):
+
+- every message the server accepted was delivered to its recipient (by its content: ids differ
+  per domain);
+- no message is dead on any domain;
+- none was delivered again after the recipient's ACK had left it (in the killed web node's socket
+  buffer an ACK can die with it: counted apart, as the rolling-restart test does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psycopg
+
+from bench.network import ring_ports
+from bench.platform_proc import platform_env, private_redis
+from devstack.ring import Ring
+from devstack.ring_plan import DOMAIN_COUNT
+from tests.loadclients import Peer
+
+HOMES = {1: 10, 2: 1_000_010, 3: 3_000_010, 4: 6_000_010}  # the first user number used on each domain
+FAULT_ENV = {"DEBUG": "false", "DRAIN_SECONDS": "1", "DRAIN_GRACE_SECONDS": "3", "FORWARD_SWEEP_SECONDS": "1",
+             "LINK_PROBE_SECONDS": "1", "LINK_DOWN_AFTER_SECONDS": "3", "META_PULL_SECONDS": "2",
+             "PRESENCE_HEARTBEAT_SECONDS": "1", "PRESENCE_NODE_TIMEOUT": "4"}
+LINK_SQL = """update apps_registry_domainlink l set enabled = %s from apps_registry_domain d1, apps_registry_domain d2
+               where l.n1_id = d1.id and l.n2_id = d2.id
+                 and ((d1.name = %s and d2.name = %s) or (d1.name = %s and d2.name = %s))"""
+RING_LINKS = [(1, 2), (2, 3), (3, 4), (1, 4)]
+
+
+def say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+class Faults:
+    def __init__(self, ring: Ring, rng: random.Random):
+        self.ring, self.rng = ring, rng
+        self.log: list[dict] = []
+
+    def _name(self, n: int) -> str:
+        return f"domain-0{n}"
+
+    def one(self) -> None:
+        kind = self.rng.choice(["stop", "kill", "link"])
+        began = time.monotonic()
+        if kind == "stop":
+            n = self.rng.choice([2, 3, 4])  # domain-01 is the meta: the link faults go through it
+            hold = self.rng.uniform(8, 20)
+            say(f"fault: {self._name(n)} stopped for {hold:.0f} s")
+            self.ring.stop_domain(n)
+            time.sleep(hold)
+            self.ring.start_domain(n)
+            what = f"{self._name(n)} stopped {hold:.0f} s"
+        elif kind == "kill":
+            n = self.rng.randint(1, DOMAIN_COUNT)
+            web = self.ring.children[n][0]
+            say(f"fault: the web node of {self._name(n)} killed")
+            web.proc.kill()
+            web.proc.wait(10)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not web.running():
+                self.ring.restart_crashed()  # its crash watch: started again after a second
+                time.sleep(0.5)
+            if not web.running():
+                raise SystemExit(f"the web node of {self._name(n)} did not come back")
+            what = f"{self._name(n)} web node killed"
+        else:
+            a, b = self.rng.choice(RING_LINKS)
+            hold = self.rng.uniform(8, 20)
+            say(f"fault: link {self._name(a)} - {self._name(b)} disabled for {hold:.0f} s")
+            self._link(a, b, False)
+            time.sleep(hold)
+            self._link(a, b, True)
+            what = f"link {a}-{b} disabled {hold:.0f} s"
+        self.log.append({"fault": what, "seconds": round(time.monotonic() - began, 1)})
+
+    def _link(self, a: str | int, b: str | int, enabled: bool) -> None:
+        with psycopg.connect(self.ring.database_url(1), autocommit=True) as conn:
+            conn.execute(LINK_SQL, (enabled, self._name(a), self._name(b), self._name(b), self._name(a)))
+
+
+def _users(per_domain: int) -> dict[int, list[str]]:
+    return {n: [f"ANZ-{HOMES[n] + i}" for i in range(per_domain)] for n in HOMES}
+
+
+def _settle(peers: list[Peer], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _missing(peers) and all(not p.unaccepted() for p in peers):
+            return
+        for peer in peers:
+            peer.fetch()
+        time.sleep(2)
+
+
+def _missing(peers: list[Peer]) -> dict[str, list[str]]:
+    by_user = {p.user: p for p in peers}
+    received = {p.user: set(p.record.contents.values()) for p in peers}
+    missing: dict[str, list[str]] = {}
+    for peer in peers:
+        with peer.lock:
+            accepted = [(s.to, s.content) for s in peer.record.sent.values() if s.message_id is not None]
+        for to, content in accepted:
+            if to in by_user and content not in received[to]:
+                missing.setdefault(to, []).append(content)
+    return missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--users", type=int, default=3, help="senders per domain")
+    parser.add_argument("--rate", type=float, default=1.5, help="messages per second per user")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--log-dir", type=Path)
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    env = platform_env()
+    with tempfile.TemporaryDirectory(prefix="faults-ring-") as tmp, private_redis(Path(tmp)) as redis_url:
+        ports = ring_ports()
+        ring = Ring(Path(tmp) / "ring", env["DATABASE_URL"], redis_url, ports=ports,
+                    database_prefix="switchboard_faults_ring_", env_overrides=FAULT_ENV,
+                    log_dir=args.log_dir or Path(tmp) / "logs", base_env=env)
+        try:
+            say(f"starting the ring on ports {ports} ...")
+            ring.start()
+            users = _users(args.users)
+            everyone = [u for us in users.values() for u in us]
+            peers = []
+            for n, mine in users.items():
+                others = [u for u in everyone if u not in mine]
+                peers += [Peer(u, ring.ws_url(n), others, args.rate) for u in mine]
+            for peer in peers:
+                peer.start()
+            deadline = time.monotonic() + 60
+            while not all(p.connected.is_set() for p in peers) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            for peer in peers:
+                peer.sending.set()
+            say(f"{len(peers)} users sending {args.rate}/s each for {args.minutes} minutes, with faults")
+            faults = Faults(ring, rng)
+            end = time.monotonic() + args.minutes * 60
+            while time.monotonic() < end:
+                time.sleep(rng.uniform(3, 8))
+                if time.monotonic() < end - 10:
+                    faults.one()
+            for peer in peers:
+                peer.sending.clear()
+            say("sending stopped; waiting for the network to settle")
+            _settle(peers, timeout=180)
+            accepted = sum(len(p.accepted()) for p in peers)
+            missing = _missing(peers)
+            if missing:
+                say(f"missing, by recipient: { {u: len(v) for u, v in missing.items()} }")
+            dead = {}
+            for n in ring.domains():
+                with psycopg.connect(ring.database_url(n), autocommit=True) as conn:
+                    dead[f"domain-0{n}"] = conn.execute("select count(*) from messaging_delivery where state = 'dead'"
+                                                        ).fetchone()[0]
+            again_after_ack = sum(len(p.record.after_ack) for p in peers)
+            result = {
+                "minutes": args.minutes, "users": len(peers), "rate_per_user": args.rate, "seed": args.seed,
+                "faults": faults.log, "accepted": accepted, "unaccepted": sum(len(p.unaccepted()) for p in peers),
+                "missing": sum(len(v) for v in missing.values()), "dead": dead,
+                "delivered_again_after_ack": again_after_ack,
+                "closes": sum(len(p.record.close_codes) for p in peers),
+                "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()},
+            }
+            for peer in peers:
+                threading.Thread(target=peer.leave, daemon=True).start()
+        finally:
+            ring.stop()
+            ring.reset()
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    ok = result["missing"] == 0 and not any(dead.values()) and result["unaccepted"] == 0
+    say("PASS" if ok else f"FAIL: {result['missing']} missing, dead {dead}, {result['unaccepted']} never accepted")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
