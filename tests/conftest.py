@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import traceback
+
 import pytest
 from django.conf import settings
 from django.db import connections, transaction
@@ -75,16 +78,81 @@ def _left_in_a_transaction() -> list[str]:
     return left
 
 
+# Where each connection's outermost atomic block was entered: named when a transaction is found
+# left open (_abandoned_transactions).
+_atomic_enter = transaction.Atomic.__enter__
+
+
+def _atomic_enter_noted(self):
+    _atomic_enter(self)
+    conn = transaction.get_connection(self.using)
+    if len(conn.atomic_blocks) == 1:
+        conn._entered_at = traceback.extract_stack(limit=14)[:-1]
+
+
+transaction.Atomic.__enter__ = _atomic_enter_noted
+ABANDONED_AFTER_SECONDS = 15
+_watch: list = []
+
+
+def _abandoned_transactions() -> list[str]:
+    """Transactions of this process idle for longer than ABANDONED_AFTER_SECONDS: on any thread, a
+    transaction nobody is working in. Each is described (its thread, where its atomic block was
+    entered, its last statement) and ended on the server, so the rest of the run is not held up."""
+    import gc
+
+    import psycopg
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    default = connections["default"]
+    if not _watch:
+        params = {**default.get_connection_params(), "dbname": "postgres", "application_name": "pytest-watch"}
+        try:
+            _watch.append(psycopg.connect(**params, autocommit=True))
+        except psycopg.Error:
+            _watch.append(None)  # a server whose maintenance database is out of reach: not watched
+    if _watch[0] is None:
+        return []
+    label = default.settings_dict["OPTIONS"].get("application_name", "")
+    rows = _watch[0].execute(
+        "SELECT pid, now() - state_change, query FROM pg_stat_activity WHERE application_name = %s"
+        " AND state = 'idle in transaction' AND now() - state_change > make_interval(secs => %s)",
+        [label, ABANDONED_AFTER_SECONDS]).fetchall()
+    if not rows:
+        return []
+    wrappers = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, BaseDatabaseWrapper) and obj.connection is not None and not obj.connection.closed:
+            wrappers[obj.connection.info.backend_pid] = obj
+    threads = {t.ident: t.name for t in threading.enumerate()}
+    found = []
+    for pid, idle, query in rows:
+        conn = wrappers.get(pid)
+        where = "".join(traceback.format_list(getattr(conn, "_entered_at", []) or [])) or "(no atomic block recorded)\n"
+        found.append(
+            f"backend {pid} idle in transaction for {idle} after {query[:200]!r}; thread "
+            f"{threads.get(getattr(conn, '_thread_ident', None), 'gone') if conn else '(no wrapper found)'}, "
+            f"in_atomic_block={getattr(conn, 'in_atomic_block', None)}, atomic entered at:\n{where}")
+        _watch[0].execute("SELECT pg_terminate_backend(%s)", [pid])
+    return found
+
+
 @pytest.hookimpl(wrapper=True, trylast=True)
 def pytest_runtest_teardown(item, nextitem):
     """A test that leaves the test thread's connection inside a transaction fails here, by name,
     instead of silently holding every later test of its worker inside that transaction (their
-    writes never commit; the export's horizon and other processes wait on its locks)."""
+    writes never commit; the export's horizon and other processes wait on its locks). So does one
+    after which a transaction of this process on any thread has been left idle (described)."""
+    abandoned = _abandoned_transactions()  # before the fixtures' teardown, which might wait on its locks
     outcome = yield
     left = _left_in_a_transaction()
     if left:
         raise AssertionError(f"{item.nodeid} left its database connection ({', '.join(left)}) inside a "
                              "transaction after teardown; rolled back")
+    abandoned += _abandoned_transactions()
+    if abandoned:
+        raise AssertionError(f"after {item.nodeid}, transactions of this process were left open:\n"
+                             + "\n".join(abandoned))
     return outcome
 
 

@@ -280,8 +280,28 @@ def route_holding(*, peer: str, targets: Iterable[str]) -> None:
 def must_hold(peer: str, target: str, visited: Iterable[str]) -> bool:
     """Whether an item for `target` that came through `visited` goes to `peer` although `peer` has
     no way on to `target` now: no other way is left from here, so `peer` is to hold it (its onward
-    link is where the item waits) rather than refuse it."""
-    return peer in link_state().blocked_towards(target) and next_hop(target, visited=visited) == peer
+    link is where the item waits) rather than refuse it. That is so where `peer` is the best link
+    there is, and also where the only other way is a link that is down: the item waits at `peer`,
+    behind the items of its recipient that went there before it, rather than here on the down link,
+    from where it would overtake them once that link is back."""
+    visited = list(visited)
+    state = link_state()
+    if peer not in state.blocked_towards(target):
+        return False
+    hop = next_hop(target, visited=visited)
+    return hop == peer or (hop in state.down and peer not in visited and way_on(target, visited=visited) is None)
+
+
+def route_around_to(target: str, *, visited: Iterable[str] = ()) -> str | None:
+    """Where an item goes that a neighbour refused because it has no way on to `target`: another
+    neighbour that is up and has a way on; else the best link there is where that one is up (it
+    holds the item: must_hold). None where the best is a link that is down: the item stays with the
+    neighbour that refused it, which is to hold it."""
+    visited = list(visited)
+    hop = way_on(target, visited=visited)
+    if hop is None:
+        hop = next_hop(target, visited=visited)
+    return None if hop in link_state().down else hop
 
 
 def link_health_rows_ensure(peers: Iterable[str]) -> None:

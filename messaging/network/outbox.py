@@ -40,7 +40,7 @@ from messaging.network.links import (
     link_state,
     link_succeeded,
     must_hold,
-    next_hop,
+    route_around_to,
     route_blocked,
 )
 from messaging.network.transport import FORWARD_PATH, peer_call
@@ -317,9 +317,11 @@ class LinkSender(LinkQueueSender):
 
     def _route_around(self, rows: list[Queued], targets: set[str], reasons: dict[int, str]) -> int:
         """Rows the neighbour has no way on for: it is passed over for `targets` a while
-        (links.route_blocked), and each row moves to the link of its next hop now, where that is
-        another; the others stay on this link, in order, and go again at once marked `hold` (the
-        neighbour keeps them waiting on its onward link, as this domain would). One refused although
+        (links.route_blocked), and each row moves to the link of another neighbour that is up
+        (links.route_around_to); the others stay on this link, in order, and go again at once marked
+        `hold` (the neighbour keeps them waiting on its onward link, as this domain would, behind the
+        rows of their recipients it already has), rather than wait here on a link that is down, from
+        where they would overtake those once it is back. One refused although
         it was marked (a neighbour that cannot hold it) goes back to routing, an attempt counted."""
         if not rows:
             return 0
@@ -328,7 +330,7 @@ class LinkSender(LinkQueueSender):
         stuck: dict[str, list[int]] = {}
         for row in rows:
             home = destination(row.recipient)
-            hop = next_hop(home, visited=row.message["path"][:-1]) if home else None
+            hop = route_around_to(home, visited=row.message["path"][:-1]) if home else None
             if hop is not None and hop != self.peer:
                 moves.setdefault(hop, []).append(row.delivery_id)
             elif row.held:

@@ -94,3 +94,29 @@ def test_the_admin_shows_which_neighbour_is_passed_over_for_which_domain(net_rin
     page = operator.get("/admin/messaging/linkhealth/").content.decode()
     assert "no way on to (routed around)" in page.lower()
     assert "domain-03 (" in page  # domain-02 said it has no way on to domain-03
+
+
+BOB = "ANZ-1000003"  # homed in domain-02
+
+
+def test_with_the_home_down_what_went_round_and_what_comes_after_wait_together_further_on_and_arrive_in_order(net_ring):
+    net_ring.down.add("domain-02")
+    net_ring.cut_link("domain-01", "domain-02")
+    net_ring.cut_link("domain-03", "domain-02")
+    first = [net_ring.send(ALICE, BOB, f"first {i}") for i in range(3)]
+    net_ring.pump()  # round through domain-04; domain-03 has no way on and is asked to hold them
+    later = [net_ring.send(ALICE, BOB, f"later {i}") for i in range(3)]
+    net_ring.pump()  # domain-04 has no way on now either: the later ones do not wait on the down link
+    sent = first + later
+    assert [(r.state, r.forward_to) for r in (net_ring.row("domain-01", s, BOB) for s in sent)] == \
+        [("forwarded", "domain-04")] * 6
+    waiting = [net_ring.row("domain-03", net_ring.copy("domain-03", s).id, BOB) for s in sent]
+    assert [(w.state, w.forward_to) for w in waiting] == [("forwarding", "domain-02")] * 6  # together, in order
+    net_ring.down.clear()
+    net_ring.cut.clear()
+    for here in ("domain-01", "domain-03"):
+        with net_ring.at(here):
+            LinkHealth.objects.filter(peer="domain-02").update(up=True, down_since=None, retry_at=None, failures=0)
+            forward_sweep()
+    net_ring.pump()
+    assert net_ring.mailbox("domain-02", BOB) == sent  # each once, in the order they were sent
