@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -19,6 +21,9 @@ DEVELOPMENT_SETTINGS = {"config.settings.local", "config.settings.test"}
 
 
 def main() -> None:
+    # `kill -USR2 <pid>` prints what every thread of a command is doing, to its stderr: how an
+    # operator (or a test about to kill it) sees where a command that does not stop is stuck.
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
     if os.environ["DJANGO_SETTINGS_MODULE"] in DEVELOPMENT_SETTINGS:
         from devstack.embedded import urls_hand_over

@@ -6,9 +6,10 @@ small dedicated pool. Each thread keeps its connection (no per-call health check
 SELECT 1 per frame); a call that fails drops its connection if it is broken, so a restarted
 Postgres costs one failed call (GENERAL_ERROR to the client), not a dead thread. A call that
 returns with a transaction still open on its thread's connection (an atomic block entered and never
-left) is logged as the error it is, and that connection is closed, so the server rolls the
-transaction back: a pooled thread never carries one call's transaction, and its row locks, into the
-next call, where it would stay open for the life of the process.
+left, or autocommit left off by a failure on the way out of one) is logged as the error it is, and
+that connection is closed, so the server rolls the transaction back: a pooled thread never carries
+one call's transaction, and its row locks, into the next call, where it would stay open for the
+life of the process.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import psycopg
 from django.conf import settings
 from django.db import close_old_connections, connection
 
@@ -44,8 +46,20 @@ def _call(fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
         close_old_connections()  # closes connections that errored and are no longer usable
         raise
     finally:
-        if connection.in_atomic_block:
+        if _transaction_left_open():
             _transaction_abandon(fn)
+
+
+def _transaction_left_open() -> bool:
+    """Whether this thread's connection is still in a transaction (three flags read, no query): an
+    atomic block entered and never left, or autocommit left off, which happens when leaving the
+    outermost block fails to turn it back on (its COMMIT is done, but every later block on the
+    connection then runs as a savepoint of one transaction that is never committed)."""
+    if connection.in_atomic_block:
+        return True
+    raw = connection.connection
+    return raw is not None and not raw.closed and (
+        not connection.autocommit or raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE)
 
 
 def _transaction_abandon(fn: Callable) -> None:

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import connections, transaction
 from django.test import TransactionTestCase
 from pytest_django import fixtures as _pytest_django_fixtures
+from pytest_django import plugin as _pytest_django_plugin
 
 # pytest-django sets up the test database only for the aliases the selected tests mark
 # (django_db); a run of system tests that commit through django_db_blocker (tests/processes.py
@@ -24,6 +25,28 @@ def _always_the_default_database(items):
 
 
 _pytest_django_fixtures._get_databases_for_setup = _always_the_default_database
+
+
+# pytest-django blocks database access outside django_db tests by replacing the connection class's
+# ensure_connection, for every thread of the process. The platform's own threads in the test process
+# (the in-process node's database lanes and heartbeat, its worker) are not the test's: blocked in the
+# middle of their work, an atomic block's way out fails after its COMMIT, before autocommit is back
+# on, and every later block of that thread runs inside one transaction nobody ends (its locks held
+# for the rest of the run). The block applies to the test's own thread only.
+def _block_the_test_thread_only(self):
+    self._save_active_wrapper()
+    real = self._real_ensure_connection
+
+    def ensure_connection(conn, *args, **kwargs):
+        if threading.current_thread() is threading.main_thread():
+            self._blocking_wrapper()
+        return real(conn, *args, **kwargs)
+
+    self._dj_db_wrapper.ensure_connection = ensure_connection
+    return _pytest_django_plugin._DatabaseBlockerContextManager(self)
+
+
+_pytest_django_plugin.DjangoDbBlocker.block = _block_the_test_thread_only
 
 
 # A transactional test (django_db(transaction=True)) ends with Django's `flush`: TRUNCATE of every

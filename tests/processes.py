@@ -132,7 +132,16 @@ class ProcessFactory:
             try:
                 proc.popen.wait(20)
             except subprocess.TimeoutExpired:
+                stacks_dump(proc)
                 proc.kill()
+
+
+def stacks_dump(proc: Proc) -> None:
+    """A process that did not stop when told writes its threads' stacks to its log before it is
+    killed (manage.py commands answer SIGUSR2 so; other processes are not asked)."""
+    if proc.alive() and "manage.py" in " ".join(map(str, proc.popen.args)):
+        os.kill(proc.popen.pid, signal.SIGUSR2)
+        time.sleep(0.5)
 
 
 def wait_http(url: str, proc: Proc, timeout: float = 60) -> None:

@@ -49,7 +49,13 @@ def test_ctrl_c_in_the_middle_of_a_check_still_cleans_up(processes, operator_key
             break
     time.sleep(0.5)  # inside reliable+confirmation's wait
     proc.send_signal(signal.SIGINT)
-    rest, err = proc.communicate(timeout=30)
+    try:
+        rest, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR2)  # its threads' stacks, to its stderr (manage.py)
+        time.sleep(0.5)
+        proc.kill()
+        pytest.fail(f"selftest still running 30 s after Ctrl-C; its threads:\n{proc.communicate()[1][-8000:]}")
 
     assert proc.returncode == 130, "".join(seen) + rest + err
     assert re.search(r"^ok    cleanup +\d+ ms  selftest_\w+ removed$", rest, re.MULTILINE), rest
