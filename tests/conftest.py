@@ -275,22 +275,3 @@ def _fresh_app_snapshots():
     graph_cache_clear()  # the domain graph is cached for a second too (messaging.network.links)
     yield
 
-
-# Modules that share a costly per-worker start-up (a Spark JVM for the analytics tests, a Chromium
-# for the browser tests) run on one pytest-xdist worker, so it starts once; every other module is a
-# unit of work of its own, as under `--dist loadscope`.
-SHARED_START_UP = ("tests/analytics/", "tests/browser/")
-
-
-@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook (absent under -p no:xdist)
-def pytest_xdist_make_scheduler(config, log):
-    if config.getoption("dist") != "loadscope":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class SharedStartUpScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return next((folder for folder in SHARED_START_UP if nodeid.startswith(folder)), None) \
-                or super()._split_scope(nodeid)
-
-    return SharedStartUpScheduling(config, log)

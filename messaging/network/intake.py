@@ -342,6 +342,18 @@ def _take_back(pairs: list[tuple[int, str]], sender: str) -> list[int]:
     return _route_again(pairs, where=f"d.state = {FORWARDED} AND d.forward_to = %s", params=[sender])
 
 
+def _revive_passed_on(items: list[Incoming], delivery_ids: list[int]) -> None:
+    """A re-queued dead letter new here (it came another way than the first time) gets a new
+    delivery marked `revive`, which carries the re-queue on to where the copy that died is."""
+    pairs = [(m.origin, m.origin_id, r) for m in items for r in m.revive]
+    if pairs and delivery_ids:
+        with hot_cursor() as cur:
+            cur.execute("UPDATE messaging_delivery d SET revive = true FROM unnest(%s::text[], %s::bigint[], %s::text[])"
+                        " AS t(origin, oid, recipient), messaging_message m WHERE m.origin_domain = t.origin"
+                        " AND m.origin_message_id = t.oid AND d.message_id = m.id AND d.recipient = t.recipient"
+                        " AND d.id = ANY(%s::bigint[])", [*map(list, zip(*pairs, strict=True)), delivery_ids])
+
+
 def messages_store_forwarded(items: list[Incoming], *, sender: str) -> tuple[int, int]:
     """Store a call's messages (inside the caller's transaction); (new deliveries, duplicates).
     Routing gets the new deliveries once the transaction commits."""
@@ -358,6 +370,7 @@ def messages_store_forwarded(items: list[Incoming], *, sender: str) -> tuple[int
     # Neither stored nor here after two passes: the message collided with another unique key (a
     # second confirmation of one message, message_confirmed_once): a duplicate, not an error.
     duplicates += sum(len(m.recipients) for m in todo)
+    _revive_passed_on(items, delivery_ids)
     if delivery_ids:
         transaction.on_commit(lambda: routing_enqueue(delivery_ids))
     return len(delivery_ids), duplicates

@@ -66,6 +66,7 @@ def test_a_stopped_domain_leaves_the_others_serving_and_comes_back_with_the_same
     assert ring.query(2, "select count(*) from apps_registry_userdistribution") == [(4,)]
     with ring.client(2, "ANZ-1500000"):
         pass
+    _links_up_everywhere(ring)
 
 
 FORWARD_PATH = "/internal/v1/forward"
@@ -75,6 +76,15 @@ def _copy_path(ring, n: int, content: str) -> str | None:
     """The forward path of domain n's copy of the message with `content` (None: no copy there)."""
     rows = ring.query(n, "select forward_path from messaging_message where content = %s", (content,))
     return rows[0][0] if rows else None
+
+
+def _links_up_everywhere(ring) -> None:
+    """Every domain has seen each of its links answer again since one was stopped (probes run every
+    second), and its processes' link state (cached for a second) has read it: the next message takes
+    a shortest path, not the detour of the outage."""
+    assert _eventually(lambda: all(ring.query(n, "select count(*) from messaging_linkhealth where not up") == [(0,)]
+                                   for n in ring.domains()), 30)
+    time.sleep(1.5)
 
 
 def _eventually(check, timeout: float = 30.0, every: float = 0.2):
@@ -242,6 +252,51 @@ def test_a_backlog_of_large_messages_for_a_stopped_domain_waits_and_arrives_whol
     assert ring.query(2, "select count(*) from messaging_delivery where recipient = 'ANZ-1000003'") == [(BACKLOG,)]
     assert ring.query(1, "select count(*) from messaging_delivery where recipient = 'ANZ-1000003'"
                          " and state = 'dead'") == [(0,)]
+    _links_up_everywhere(ring)
+
+
+def _anz_attempts_everywhere(ring, attempts: int) -> None:
+    """ANZ's maximum delivery attempts set on the meta (domain-01), and pulled by every domain."""
+    ring.query(1, "update apps_registry_clientapp set max_delivery_attempts = %s where app_name = 'ANZ'", (attempts,))
+    statement = "select max_delivery_attempts from apps_registry_clientapp where app_name = 'ANZ'"
+    assert _eventually(lambda: all(ring.query(n, statement) == [(attempts,)] for n in (1, 2, 3, 4)), 30)
+
+
+def test_a_message_that_died_at_its_home_domain_re_queued_at_the_origin_is_tried_there_again_and_arrives(ring):
+    far, content = "ANZ-3000011", "a second chance"
+    (usual,), = ring.query(1, "select max_delivery_attempts from apps_registry_clientapp where app_name = 'ANZ'")
+    _anz_attempts_everywhere(ring, 2)
+    try:
+        with ring.client(3, far, acks=True) as careless, ring.client(1, "ANZ-11") as alice:
+            alice.message(far, content)
+            assert _messages_from(careless, "ANZ-11", 1) == [content]  # pushed, never acknowledged
+            # Not acknowledged within DELIVERY_ACK_TIMEOUT, twice: dead at domain-03, and its receipt
+            # makes the origin's record dead too (the operator looks at the origin).
+            dead = _eventually(lambda: ring.query(
+                1, "select d.id, d.last_error from messaging_delivery d join messaging_message m on m.id = d.message_id"
+                   " where m.content = %s and d.state = 'dead'", (content,)), 60)
+            assert dead and "domain-03" in dead[0][1], dead
+    finally:
+        _anz_attempts_everywhere(ring, usual)
+    answer = httpx.post(f"{ring.http_url(1)}/api/v1/dead-letters/requeue", json={"ids": [dead[0][0]]},
+                        headers={"Authorization": f"Bearer {ring.api_key(1)}"}, timeout=10)
+    assert answer.json() == {"requeued": 1}, answer.text
+    # Sent on from the origin with `revive`: the copy that died at domain-03 is back in the mailbox,
+    # with fresh attempts, waiting for its recipient.
+    at_home = "select d.state, d.attempts from messaging_delivery d join messaging_message m on m.id = d.message_id" \
+              " where m.content = %s"
+    assert _eventually(lambda: ring.query(3, at_home, (content,)) == [("pending", 0)], 30), [
+        ring.query(n, "select d.state, d.attempts, d.forward_to, d.last_error, m.forward_path from messaging_delivery d"
+                      " join messaging_message m on m.id = d.message_id where m.content = %s", (content,))
+        for n in (1, 2, 3, 4)]
+    with ring.client(3, far) as back:
+        frames = back.fetch(10)[0] + back.recv_all(quiet=2)
+        assert [f["data"]["content"] for f in frames if f["type"] == "MESSAGE"] == [content]  # once
+    assert _eventually(lambda: ring.query(
+        1, "select d.state from messaging_delivery d join messaging_message m on m.id = d.message_id"
+           " where m.content = %s", (content,)) == [("delivered",)], 30)
+    assert ring.query(3, "select count(*) from messaging_delivery d join messaging_message m on m.id = d.message_id"
+                         " where m.content = %s", (content,)) == [(1,)]
 
 
 def test_a_subscribe_sent_to_a_domain_that_is_not_the_users_home_is_refused_naming_the_home(ring):

@@ -270,6 +270,24 @@ def test_a_dead_letter_that_died_downstream_re_queued_at_the_origin_is_tried_aga
     assert net.mailbox("domain-03", FAR) == [sent]  # once
 
 
+def test_a_downstream_dead_letter_re_queued_while_its_first_way_is_closed_goes_another_way_and_is_revived(net):
+    net.link("domain-01", "domain-04")
+    net.link("domain-04", "domain-03")
+    sent = net.send(ALICE, FAR, "second chance, another way")
+    net.pump()
+    at_03 = dies_at_home(net, sent)  # it went 01 - 02 - 03
+    net.disable("domain-01", "domain-02")
+    assert dead_letters_requeue(delivery_ids=[row(sent, FAR).id]) == 1
+    net.pump()
+    # domain-04 never had it: its new copy carries the re-queue on, and domain-03 revives the copy that died.
+    assert net.copy("domain-04", sent).forward_path == "domain-01"
+    home = net.row("domain-03", at_03.id, FAR)
+    assert (home.state, home.attempts) == ("pending", 0)
+    net.deliver(FAR, at="domain-03")
+    net.pump()
+    assert net.mailbox("domain-03", FAR) == [sent]  # once
+
+
 def waiting_on_a_down_link(net) -> list[int]:
     """A detour 01 - 04 - 03 besides the line; domain-02 down; three messages for FAR waiting on the
     link to domain-02 (the shortest path), which has been down long enough to be routed around."""
