@@ -25,7 +25,7 @@ from django.db import transaction
 from foundation.db import hot_cursor
 from foundation.outbound import one_at_a_time
 from messaging.delivery.retry import deliveries_fail
-from messaging.delivery.sql import FORWARDING, SENT
+from messaging.delivery.sql import FORWARDED, FORWARDING, SENT
 from messaging.handoff import forward_links_kick, receipt_links_kick
 from messaging.network.links import (
     destination,
@@ -66,7 +66,7 @@ def deliveries_queue_on_links(*, homes: dict[int, str], token: int) -> QueueOutc
         # Each row's message path, and the link its recipient's oldest waiting row is on (if any).
         cur.execute(
             f"""
-            SELECT d.id, m.forward_path,
+            SELECT d.id, m.forward_path, d.app_id, d.recipient,
                    (SELECT o.forward_to FROM messaging_delivery o
                      WHERE o.app_id = d.app_id AND o.recipient = d.recipient AND o.state = {FORWARDING}
                      ORDER BY o.seq LIMIT 1)
@@ -75,17 +75,23 @@ def deliveries_queue_on_links(*, homes: dict[int, str], token: int) -> QueueOutc
             """,
             [sorted(homes)],
         )
-        rows = {delivery_id: (path, behind) for delivery_id, path, behind in cur.fetchall()}
+        rows = {delivery_id: (path, (app_id, recipient), behind)
+                for delivery_id, path, app_id, recipient, behind in cur.fetchall()}
     hops: dict[tuple[str, str], str | None] = {}
-    queue_ids, queue_peers = [], []
-    no_route: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    chosen: dict[int, str | None] = {}
     for delivery_id, home in sorted(homes.items()):
-        path, behind = rows.get(delivery_id, ("", None))
+        path, _, behind = rows.get(delivery_id, ("", None, None))
         if (home, path) not in hops:
             hops[home, path] = next_hop(home, visited=path_of(path))
         hop = hops[home, path]
         if hop is not None and behind and behind not in path_of(path):
             hop = behind
+        chosen[delivery_id] = hop
+    _keep_on_the_detour(chosen, rows)
+    queue_ids, queue_peers = [], []
+    no_route: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for delivery_id, home in sorted(homes.items()):
+        hop = chosen[delivery_id]
         if hop is None:
             no_route[home].append((delivery_id, token))
         else:
@@ -111,6 +117,41 @@ def deliveries_queue_on_links(*, homes: dict[int, str], token: int) -> QueueOutc
         peers = sorted(set(queued))
         transaction.on_commit(lambda: forward_links_kick(peers))
     return QueueOutcome(queued=len(queued), no_route=sum(len(c) for c in no_route.values()))
+
+
+def _keep_on_the_detour(chosen: dict[int, str | None], rows: dict[int, tuple]) -> None:
+    """Deliveries about to wait on a link that is down (every other way is blocked too) whose
+    recipient's earlier messages went on another way, still in flight there (`forwarded`, no
+    receipt yet): they follow those instead, over a link that is up (where they are held:
+    links.must_hold), rather than wait here and overtake them once the down link is back."""
+    down = links_down()
+    stuck = {rows[i][1] for i, hop in chosen.items() if hop in down and i in rows}
+    if not stuck:
+        return
+    pinned = detours_of(sorted(stuck))
+    around = set(neighbours()) - down
+    for delivery_id, hop in chosen.items():
+        if hop in down and delivery_id in rows:
+            path, key, _ = rows[delivery_id]
+            detour = pinned.get(key)
+            if detour in around and detour not in path_of(path):
+                chosen[delivery_id] = detour
+
+
+def detours_of(recipients: list[tuple[int, str]]) -> dict[tuple[int, str], str]:
+    """(app id, recipient) -> the link its newest message still in flight further on went by."""
+    with hot_cursor() as cur:
+        cur.execute(
+            f"""
+            SELECT k.app_id, k.recipient,
+                   (SELECT o.forward_to FROM messaging_delivery o
+                     WHERE o.app_id = k.app_id AND o.recipient = k.recipient AND o.state = {FORWARDED}
+                     ORDER BY o.seq DESC LIMIT 1)
+              FROM unnest(%s::bigint[], %s::text[]) AS k(app_id, recipient)
+            """,
+            [[a for a, _ in recipients], [r for _, r in recipients]],
+        )
+        return {(a, r): peer for a, r, peer in cur.fetchall() if peer}
 
 
 # --- the sweep ----------------------------------------------------------------------------------
@@ -153,7 +194,7 @@ def queue_reroute(*, peer: str) -> dict[str, int]:
                 continue
             (hop,) = hops
             if hop in (None, peer):
-                hop = _hand_back_to(home, paths, down=peer)
+                hop = _hand_back_to(home, paths, down=peer) or _detour(app_id, recipient, paths)
             if hop is None:
                 continue
             with hot_cursor() as cur:
@@ -179,6 +220,15 @@ def _hand_back_to(home: str, paths: list[str], *, down: str) -> str | None:
             or back in state.holding_towards(home)):  # it has no other way: they wait here
         return None
     return back
+
+
+def _detour(app_id: int, recipient: str, paths: list[str]) -> str | None:
+    """The link up that a recipient's earlier messages went on by, still in flight there (see
+    _keep_on_the_detour), where its rows waiting on a down link can follow them; None: they wait."""
+    detour = detours_of([(app_id, recipient)]).get((app_id, recipient))
+    if detour in set(neighbours()) - links_down() and all(detour not in path_of(p) for p in paths):
+        return detour
+    return None
 
 
 def receipts_reroute(*, peer: str) -> dict[str, int]:

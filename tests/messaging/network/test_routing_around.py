@@ -107,11 +107,15 @@ def test_with_the_home_down_what_went_round_and_what_comes_after_wait_together_f
     net_ring.pump()  # round through domain-04; domain-03 has no way on and is asked to hold them
     later = [net_ring.send(ALICE, BOB, f"later {i}") for i in range(3)]
     net_ring.pump()  # domain-04 has no way on now either: the later ones do not wait on the down link
-    sent = first + later
+    with net_ring.at("domain-01"):
+        assert "domain-02" in LinkHealth.objects.get(peer="domain-04").blocked
+    last = [net_ring.send(ALICE, BOB, f"last {i}") for i in range(3)]
+    net_ring.pump()  # routed knowing that every way is closed: they follow the earlier ones all the same
+    sent = first + later + last
     assert [(r.state, r.forward_to) for r in (net_ring.row("domain-01", s, BOB) for s in sent)] == \
-        [("forwarded", "domain-04")] * 6
+        [("forwarded", "domain-04")] * 9
     waiting = [net_ring.row("domain-03", net_ring.copy("domain-03", s).id, BOB) for s in sent]
-    assert [(w.state, w.forward_to) for w in waiting] == [("forwarding", "domain-02")] * 6  # together, in order
+    assert [(w.state, w.forward_to) for w in waiting] == [("forwarding", "domain-02")] * 9  # together, in order
     net_ring.down.clear()
     net_ring.cut.clear()
     for here in ("domain-01", "domain-03"):
