@@ -4,7 +4,6 @@ Redis intake) until SIGTERM/SIGINT, then flushed. `manage.py eventsource` is its
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 
@@ -41,6 +40,17 @@ def exchange_build(*, app_id: int, label: str) -> Exchange:
                     client_buffer_bytes=settings.EXCHANGE_CLIENT_BUFFER_BYTES)
 
 
+async def task_stop(task: asyncio.Task, *, again_after: float = 1.0) -> None:
+    """Cancel `task` and wait until it has ended, cancelling again every `again_after` seconds: a
+    cancellation that lands in a library's own timeout (a Redis read with `block`) can be swallowed
+    there, and the task would then run on while its caller waits for ever."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=again_after)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s ended with an error", task.get_name(), exc_info=task.exception())
+
+
 async def exchange_serve(*, exchange: Exchange, host: str, event_port: int, client_port: int,
                          intake: bool = True, ready: asyncio.Event | None = None) -> None:
     loop = asyncio.get_running_loop()
@@ -61,8 +71,6 @@ async def exchange_serve(*, exchange: Exchange, host: str, event_port: int, clie
     for server in servers:
         server.close()
     if reader is not None:
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
+        await task_stop(reader)
     await exchange.close()
     print(f"eventsource stopped at applied_seq={exchange.engine.applied_seq}", flush=True)

@@ -37,3 +37,28 @@ def test_intake_entries_join_the_tcp_stream_and_are_trimmed_once_committed():
         asyncio.run(asyncio.wait_for(scenario(), 60))
     finally:
         redis.delete(key)
+
+
+def test_stopping_the_reader_ends_it_even_when_a_cancellation_is_swallowed_on_the_way():
+    from messaging.exchange.service import task_stop
+
+    reads = []
+
+    async def reader_that_swallows_one_cancellation() -> None:
+        swallowed = False
+        while True:
+            try:
+                await asyncio.sleep(0.05)  # a Redis read with `block`
+                reads.append(1)
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed = True  # what a library's timeout may do with a cancellation that races it
+
+    async def scenario() -> bool:
+        task = asyncio.create_task(reader_that_swallows_one_cancellation())
+        await asyncio.sleep(0.1)
+        await asyncio.wait_for(task_stop(task, again_after=0.2), 5)
+        return task.cancelled()
+
+    assert asyncio.run(scenario())
