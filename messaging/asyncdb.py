@@ -46,34 +46,32 @@ def _call(fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
         close_old_connections()  # closes connections that errored and are no longer usable
         raise
     finally:
-        if _transaction_left_open():
-            _transaction_abandon(fn)
+        if transaction_left_open(connection):
+            log.error("%s returned inside a transaction it never ended: rolled back, its connection replaced",
+                      getattr(fn, "__qualname__", fn))
+            connection_discard(connection)
 
 
-def _transaction_left_open() -> bool:
-    """Whether this thread's connection is still in a transaction (three flags read, no query): an
+def transaction_left_open(conn) -> bool:
+    """Whether a connection of this thread is still in a transaction (three flags read, no query): an
     atomic block entered and never left, or autocommit left off, which happens when leaving the
     outermost block fails to turn it back on (its COMMIT is done, but every later block on the
     connection then runs as a savepoint of one transaction that is never committed)."""
-    if connection.in_atomic_block:
+    if conn.in_atomic_block:
         return True
-    raw = connection.connection
+    raw = conn.connection
     return raw is not None and not raw.closed and (
-        not connection.autocommit or raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE)
+        not conn.autocommit or raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE)
 
 
-def _transaction_abandon(fn: Callable) -> None:
-    log.error("%s returned inside a transaction it never ended: rolled back, its connection replaced",
-              getattr(fn, "__qualname__", fn))
-    connection.close()  # the server rolls the transaction back
-    # What connect() resets, so the next call connects afresh instead of being refused as "in an
-    # atomic block" (the block's owner is gone and will never leave it).
-    connection.connection = None
-    connection.in_atomic_block = False
-    connection.closed_in_transaction = False
-    connection.needs_rollback = False
-    connection.atomic_blocks = []
-    connection.savepoint_ids = []
+def connection_discard(conn) -> None:
+    """Close a connection of this thread that was left in a transaction (the server rolls it back),
+    and reset what connect() resets, so the next use connects afresh instead of being refused as "in
+    an atomic block" (the block's owner is gone and will never leave it)."""
+    conn.close()
+    conn.connection = None
+    conn.in_atomic_block = conn.closed_in_transaction = conn.needs_rollback = False
+    conn.atomic_blocks, conn.savepoint_ids = [], []
 
 
 async def run_db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

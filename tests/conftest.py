@@ -88,17 +88,12 @@ TransactionTestCase._fixture_teardown = _tables_emptied
 
 def _left_in_a_transaction() -> list[str]:
     """The aliases whose connection on this (the test's) thread is still inside a transaction."""
-    left = []
-    for conn in connections.all(initialized_only=True):
-        raw = conn.connection
-        open_on_server = raw is not None and not raw.closed and raw.info.transaction_status != 0  # not IDLE
-        if conn.in_atomic_block or open_on_server:
-            left.append(conn.alias)
-            conn.close()  # the server rolls it back; the next test connects afresh
-            conn.connection = None
-            conn.in_atomic_block = conn.closed_in_transaction = conn.needs_rollback = False
-            conn.atomic_blocks, conn.savepoint_ids = [], []
-    return left
+    from messaging.asyncdb import connection_discard, transaction_left_open
+
+    left = [conn for conn in connections.all(initialized_only=True) if transaction_left_open(conn)]
+    for conn in left:
+        connection_discard(conn)  # the server rolls it back; the next test connects afresh
+    return [conn.alias for conn in left]
 
 
 # Where each connection's outermost atomic block was entered: named when a transaction is found

@@ -129,13 +129,10 @@ def _keep_on_the_detour(chosen: dict[int, str | None], rows: dict[int, tuple]) -
     if not stuck:
         return
     pinned = detours_of(sorted(stuck))
-    around = set(neighbours()) - down
     for delivery_id, hop in chosen.items():
         if hop in down and delivery_id in rows:
             path, key, _ = rows[delivery_id]
-            detour = pinned.get(key)
-            if detour in around and detour not in path_of(path):
-                chosen[delivery_id] = detour
+            chosen[delivery_id] = _usable_detour(pinned.get(key), [path]) or hop
 
 
 def detours_of(recipients: list[tuple[int, str]]) -> dict[tuple[int, str], str]:
@@ -225,7 +222,11 @@ def _hand_back_to(home: str, paths: list[str], *, down: str) -> str | None:
 def _detour(app_id: int, recipient: str, paths: list[str]) -> str | None:
     """The link up that a recipient's earlier messages went on by, still in flight there (see
     _keep_on_the_detour), where its rows waiting on a down link can follow them; None: they wait."""
-    detour = detours_of([(app_id, recipient)]).get((app_id, recipient))
+    return _usable_detour(detours_of([(app_id, recipient)]).get((app_id, recipient)), paths)
+
+
+def _usable_detour(detour: str | None, paths: list[str]) -> str | None:
+    """`detour` where it is a neighbour over a link that is up and on none of `paths`; else None."""
     if detour in set(neighbours()) - links_down() and all(detour not in path_of(p) for p in paths):
         return detour
     return None
