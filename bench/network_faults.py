@@ -17,7 +17,9 @@ the network to settle. It answers (exit 1 if any fails):
   per domain);
 - no message is dead on any domain;
 - none was delivered again after the recipient's ACK had left it (in the killed web node's socket
-  buffer an ACK can die with it: counted apart, as the rolling-restart test does).
+  buffer an ACK can die with it: counted apart, as the rolling-restart test does);
+- in every recipient's mailbox at its home, each sender's messages stand in the order they were
+  sent (by the sender's counter in the content).
 """
 
 from __future__ import annotations
@@ -129,6 +131,27 @@ def _missing(peers: list[Peer]) -> dict[str, list[str]]:
     return missing
 
 
+def _out_of_order(ring: Ring, users: dict[int, list[str]]) -> dict[str, list[tuple[int, int]]]:
+    """Per "sender to recipient": the pairs (earlier, later) of the sender's counters that stand the
+    other way round in the recipient's mailbox at its home domain (mailbox order: seq)."""
+    wrong: dict[str, list[tuple[int, int]]] = {}
+    for n in ring.domains():
+        with psycopg.connect(ring.database_url(n), autocommit=True) as conn:
+            rows = conn.execute(
+                "select d.recipient, m.content from messaging_delivery d join messaging_message m on m.id = d.message_id"
+                " where d.recipient = any(%s) order by d.recipient, d.seq", [users[n]]).fetchall()
+        last: dict[str, int] = {}
+        for _recipient, content in rows:
+            sender, _, counter = content.rpartition(" #")
+            if not counter.isdigit():
+                continue
+            key = f"{sender} (mailbox at domain-0{n})"
+            if last.get(key, 0) > int(counter):
+                wrong.setdefault(key, []).append((last[key], int(counter)))
+            last[key] = max(last.get(key, 0), int(counter))
+    return wrong
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=5.0)
@@ -181,12 +204,16 @@ def main(argv: list[str] | None = None) -> int:
                 with psycopg.connect(ring.database_url(n), autocommit=True) as conn:
                     dead[f"domain-0{n}"] = conn.execute("select count(*) from messaging_delivery where state = 'dead'"
                                                         ).fetchone()[0]
+            wrong_order = _out_of_order(ring, users)
+            if wrong_order:
+                say(f"out of order: {wrong_order}")
             again_after_ack = sum(len(p.record.after_ack) for p in peers)
             result = {
                 "minutes": args.minutes, "users": len(peers), "rate_per_user": args.rate, "seed": args.seed,
                 "faults": faults.log, "accepted": accepted, "unaccepted": sum(len(p.unaccepted()) for p in peers),
                 "missing": sum(len(v) for v in missing.values()), "dead": dead,
                 "delivered_again_after_ack": again_after_ack,
+                "out_of_order": sum(len(v) for v in wrong_order.values()),
                 "closes": sum(len(p.record.close_codes) for p in peers),
                 "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()},
             }
@@ -198,8 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
-    ok = result["missing"] == 0 and not any(dead.values()) and result["unaccepted"] == 0
-    say("PASS" if ok else f"FAIL: {result['missing']} missing, dead {dead}, {result['unaccepted']} never accepted")
+    ok = (result["missing"] == 0 and not any(dead.values()) and result["unaccepted"] == 0
+          and result["out_of_order"] == 0)
+    say("PASS" if ok else f"FAIL: {result['missing']} missing, dead {dead}, {result['unaccepted']} never accepted,"
+                          f" {result['out_of_order']} out of order")
     return 0 if ok else 1
 
 

@@ -53,27 +53,52 @@ FORWARD_RECEIPTS_TASK = "messaging.tasks.forward_receipts"
 FORWARDING_QUEUE = "forwarding"
 FLOOD_TASK = "messaging.tasks.flood_link"  # a link's queue of channel publishes
 FAST_FORWARD_TASK = "messaging.tasks.forward_fast"  # a FAST item for users homed elsewhere
-# "A wake-up of this domain's flood sender to `peer` is on its way": publishes made before the sender
-# starts need no wake-up of their own (it sends the whole queue). Expires, so a wake-up lost with a
-# worker (or a "forwarding" queue nobody serves) costs one task per link per this many seconds, not
-# one per publish.
-FLOOD_WAKE_KEY = "sb:flood:wake:{here}:{peer}"
-FLOOD_WAKE_SECONDS = 10
+# A link's senders are woken once: while a wake-up of one is on its way (handed over, its task not
+# yet started), what is queued for it meanwhile needs no wake-up of its own (the sender takes the
+# whole queue). The mark expires, so a wake-up lost with a worker (or a "forwarding" queue nobody
+# serves) costs one task per link per WAKE_SECONDS, not one per item; the sweeps make up for it.
+WAKE_KEY = "sb:wake:{here}:{task}:{peer}"
+WAKE_SECONDS = 10
+# Receipts are no one's wait (the origin's console shows them, nobody is blocked on them): their
+# sender is woken this long after the first receipt of a quiet link, so one call carries what a
+# burst of deliveries wrote meanwhile rather than a call per routing batch.
+RECEIPT_LINGER_SECONDS = 0.25
+# A sender task that finds its link's sender busy looks again this much later (woken like any other,
+# so one such task per link is on its way at most): what was queued just after the running sender's
+# last look is sent then, not at the next sweep.
+BUSY_LOOK_AGAIN_SECONDS = 0.5
 
 
 # --- the dispatcher -------------------------------------------------------------------------------
 
 
 class Dispatcher(Protocol):
-    def dispatch(self, task: str, args: list, queue: str) -> None:
-        """Have the task named `task` run with `args` (JSON-serialisable), on `queue`'s workers."""
+    def dispatch(self, task: str, args: list, queue: str, *, countdown: float = 0.0) -> None:
+        """Have the task named `task` run with `args` (JSON-serialisable), on `queue`'s workers
+        (not before `countdown` seconds)."""
+
+    def wake(self, task: str, peer: str, queue: str, *, countdown: float = 0.0, again: bool = False) -> None:
+        """`task` with [peer], unless a wake-up of it is already on its way (not yet `woken`);
+        `again`: whatever is on its way (a sweep making up for a wake-up lost with a worker)."""
+
+    def woken(self, task: str, peer: str) -> None:
+        """`task` for `peer` has started: what is queued from now on wakes it again."""
 
 
 class CeleryDispatcher:
-    """Production: each task goes to the broker, on its queue."""
+    """Production: each task goes to the broker, on its queue; a wake-up on its way is a mark in
+    Redis (WAKE_KEY), set with the task and cleared when it starts."""
 
-    def dispatch(self, task: str, args: list, queue: str) -> None:
-        current_app.send_task(task, args=args, queue=queue)
+    def dispatch(self, task: str, args: list, queue: str, *, countdown: float = 0.0) -> None:
+        current_app.send_task(task, args=args, queue=queue, countdown=countdown or None)
+
+    def wake(self, task: str, peer: str, queue: str, *, countdown: float = 0.0, again: bool = False) -> None:
+        key = WAKE_KEY.format(here=settings.DOMAIN_NAME, task=task, peer=peer)
+        if sync_client().set(key, b"1", nx=not again, ex=WAKE_SECONDS + int(countdown)):
+            self.dispatch(task, [peer], queue, countdown=countdown)
+
+    def woken(self, task: str, peer: str) -> None:
+        sync_client().delete(WAKE_KEY.format(here=settings.DOMAIN_NAME, task=task, peer=peer))
 
 
 @dataclass(frozen=True)
@@ -102,9 +127,19 @@ class InlineDispatcher:
     def context(self) -> Any:
         return None
 
-    def dispatch(self, task: str, args: list, queue: str) -> None:
+    def dispatch(self, task: str, args: list, queue: str, *, countdown: float = 0.0) -> None:
         with self._lock:
             self.waiting.append(Handed(task, list(args), queue, self.context()))
+
+    def wake(self, task: str, peer: str, queue: str, *, countdown: float = 0.0, again: bool = False) -> None:
+        """A wake-up on its way is one waiting here (in the same context)."""
+        handed = Handed(task, [peer], queue, self.context())
+        with self._lock:
+            if again or handed not in self.waiting:
+                self.waiting.append(handed)
+
+    def woken(self, task: str, peer: str) -> None:
+        pass  # taken off `waiting` as it runs
 
     def run(self, handed: Handed) -> Any:
         return task_run(handed.task, handed.args)
@@ -164,22 +199,12 @@ def webhook_calls_enqueue(delivery_ids: Sequence, claim: int) -> None:
         _dispatcher.dispatch(WEBHOOK_TASK, [str(delivery_id), claim], WEBHOOK_QUEUE)
 
 
-def flood_links_enqueue(peers: Sequence[str]) -> None:
+def flood_links_enqueue(peers: Sequence[str], *, again: bool = False) -> None:
     """Wake the channel-publish sender of each link to `peers`, unless a wake-up is already on its
-    way (one sender runs per link at a time; the flood sweep makes up for a wake-up that is lost)."""
-    if not peers:
-        return
-    pipe = sync_client().pipeline(transaction=False)
-    for peer in peers:
-        pipe.set(FLOOD_WAKE_KEY.format(here=settings.DOMAIN_NAME, peer=peer), b"1", nx=True, ex=FLOOD_WAKE_SECONDS)
-    for peer, first in zip(peers, pipe.execute(), strict=True):
-        if first:
-            _dispatcher.dispatch(FLOOD_TASK, [peer], FORWARDING_QUEUE)
-
-
-def flood_link_woken(peer: str) -> None:
-    """The link's sender starts: a publish from now on needs a wake-up of its own again."""
-    sync_client().delete(FLOOD_WAKE_KEY.format(here=settings.DOMAIN_NAME, peer=peer))
+    way (one sender runs per link at a time). `again`: the flood sweep, making up for a wake-up
+    lost with a worker."""
+    for peer in sorted(set(peers)):
+        _dispatcher.wake(FLOOD_TASK, peer, FORWARDING_QUEUE, again=again)
 
 
 def link_recovered_enqueue(peer: str) -> None:
@@ -188,17 +213,31 @@ def link_recovered_enqueue(peer: str) -> None:
         _dispatcher.dispatch(task, [peer], FORWARDING_QUEUE)
 
 
-def forward_links_kick(peers: Sequence[str]) -> None:
-    """Wake the sender of each link (one task per neighbour; a sender already running makes the
-    extra task a no-op, messaging.network.outbox)."""
+def forward_links_kick(peers: Sequence[str], *, again: bool = False) -> None:
+    """Wake the sender of each link, unless a wake-up is already on its way (a sender already
+    running makes an extra task a no-op, messaging.network.outbox). `again`: forward_sweep, making
+    up for a wake-up lost with a worker."""
     for peer in sorted(set(peers)):
-        _dispatcher.dispatch(FORWARD_LINK_TASK, [peer], FORWARDING_QUEUE)
+        _dispatcher.wake(FORWARD_LINK_TASK, peer, FORWARDING_QUEUE, again=again)
 
 
-def receipt_links_kick(peers: Sequence[str]) -> None:
-    """Wake the receipt sender of each link (messaging.network.receipts)."""
+def receipt_links_kick(peers: Sequence[str], *, again: bool = False) -> None:
+    """Wake the receipt sender of each link (messaging.network.receipts) RECEIPT_LINGER_SECONDS
+    from now, unless a wake-up is already on its way (`again`: the sweep, at once)."""
     for peer in sorted(set(peers)):
-        _dispatcher.dispatch(FORWARD_RECEIPTS_TASK, [peer], FORWARDING_QUEUE)
+        _dispatcher.wake(FORWARD_RECEIPTS_TASK, peer, FORWARDING_QUEUE,
+                         countdown=0.0 if again else RECEIPT_LINGER_SECONDS, again=again)
+
+
+def link_sender_woken(task: str, peer: str) -> None:
+    """A link's sender task starts: what is queued from now on needs a wake-up of its own again."""
+    _dispatcher.woken(task, peer)
+
+
+def link_sender_busy(task: str, peer: str) -> None:
+    """A link's sender task found another run sending: wake it once more, BUSY_LOOK_AGAIN_SECONDS
+    from now, for what was queued after that run's last look (its wake-up found the run busy)."""
+    _dispatcher.wake(task, peer, FORWARDING_QUEUE, countdown=BUSY_LOOK_AGAIN_SECONDS)
 
 
 def fast_forward_enqueue(item: dict) -> None:

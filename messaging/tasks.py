@@ -19,9 +19,13 @@ from messaging.delivery.dead_nodes import dead_nodes_settle
 from messaging.delivery.expiry import deliveries_expire
 from messaging.delivery.retry import deliveries_sweep
 from messaging.handoff import (
-    flood_link_woken,
+    FLOOD_TASK,
+    FORWARD_LINK_TASK,
+    FORWARD_RECEIPTS_TASK,
     flood_links_enqueue,
     forward_links_kick,
+    link_sender_busy,
+    link_sender_woken,
     receipt_links_kick,
     routing_enqueue,
     webhook_calls_enqueue,
@@ -149,10 +153,12 @@ def flood_link(peer: str) -> dict:
     and at once: one sender per link (the second finds it busy); its retry policy is the rows'
     own (attempts, dead after the app's max_delivery_attempts), and flood_sweep makes up for a
     wake-up that is lost."""
-    flood_link_woken(peer)
+    link_sender_woken(FLOOD_TASK, peer)
     outcome = flood_link_send(peer=peer)
     if outcome.skipped == "budget":  # more waits: a new run, so no thread is held for long
         flood_links_enqueue([peer])
+    elif outcome.skipped == "busy":  # another run is sending: a look once it is likely done
+        link_sender_busy(FLOOD_TASK, peer)
     return outcome.as_dict()
 
 
@@ -170,9 +176,12 @@ def forward_link(peer: str) -> dict:
     link at a time (an advisory lock); a second run returns at once. Its retry policy is the
     link's own backoff (LinkHealth.retry_at) and the rows' attempts, not Celery's: the beat's
     forward_sweep wakes the link again when its retry is due, and makes up for a lost task."""
+    link_sender_woken(FORWARD_LINK_TASK, peer)
     result = link_forward(peer=peer)
     if result["skipped"] == "budget":  # more waits: a new run, so no thread is held for long
         forward_links_kick([peer])
+    elif result["skipped"] == "busy":  # another run is sending: a look once it is likely done
+        link_sender_busy(FORWARD_LINK_TASK, peer)
     return result
 
 
@@ -195,7 +204,10 @@ def forward_receipts(peer: str) -> dict:
     """Send the receipts waiting on the link to `peer` (messaging.network.receipts). Safe twice:
     one sender per link at a time. Its retry policy is the link's backoff: the receipts wait in
     their table, and the beat's forward_sweep wakes the link again when its retry is due."""
+    link_sender_woken(FORWARD_RECEIPTS_TASK, peer)
     outcome = receipts_link_send(peer=peer)
     if outcome.skipped == "budget":  # more waits: a new run, so no thread is held for long
         receipt_links_kick([peer])
+    elif outcome.skipped == "busy":  # another run is sending: a look once it is likely done
+        link_sender_busy(FORWARD_RECEIPTS_TASK, peer)
     return outcome.as_dict()

@@ -40,7 +40,7 @@ from apps_registry.services import distribution_create
 from foundation.outgoing import Answer, OutgoingError
 from foundation.transport.redis_clients import sync_client
 from messaging.delivery.delivered import deliveries_mark_delivered
-from messaging.handoff import FLOOD_WAKE_KEY, Handed, InlineDispatcher, dispatcher_use, task_run
+from messaging.handoff import WAKE_KEY, Handed, InlineDispatcher, dispatcher_use, task_run
 from messaging.models import Delivery, Message
 from messaging.network import links
 from messaging.network.models import LinkHealth
@@ -236,9 +236,9 @@ class Network:
 
 
 def _flood_wakes_forget() -> None:
-    """The flood's "a wake-up is on its way" marks (messaging.handoff) of earlier tests' domains."""
+    """The "a wake-up is on its way" marks (messaging.handoff) of earlier tests' domains."""
     client = sync_client()
-    keys = list(client.scan_iter(FLOOD_WAKE_KEY.format(here="*", peer="*")))
+    keys = list(client.scan_iter(WAKE_KEY.format(here="*", task="*", peer="*")))
     if keys:
         client.delete(*keys)
 

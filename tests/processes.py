@@ -288,11 +288,20 @@ class PrivateRedis:
     def kill(self) -> None:
         pid = int((self.dir / "redis.pid").read_text())
         subprocess.run(["kill", "-9", str(pid)], check=True)
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # gone once its port refuses connections
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            except OSError:
+                return
+            time.sleep(0.02)
+        raise TimeoutError("private Redis still answers after kill -9")
 
 
 @pytest.fixture
 def private_redis(tmp_path):
+    """A test asks for it before `processes`: its processes are then stopped (drained) while their
+    Redis still answers, and it is killed after them."""
     server = PrivateRedis(tmp_path)
     server.start()
     yield server

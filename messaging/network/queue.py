@@ -87,7 +87,7 @@ def deliveries_queue_on_links(*, homes: dict[int, str], token: int) -> QueueOutc
         if hop is not None and behind and behind not in path_of(path):
             hop = behind
         chosen[delivery_id] = hop
-    _keep_on_the_detour(chosen, rows)
+    _keep_on_the_detour(chosen, rows, homes)
     queue_ids, queue_peers = [], []
     no_route: dict[str, list[tuple[int, int]]] = defaultdict(list)
     for delivery_id, home in sorted(homes.items()):
@@ -119,24 +119,37 @@ def deliveries_queue_on_links(*, homes: dict[int, str], token: int) -> QueueOutc
     return QueueOutcome(queued=len(queued), no_route=sum(len(c) for c in no_route.values()))
 
 
-def _keep_on_the_detour(chosen: dict[int, str | None], rows: dict[int, tuple]) -> None:
-    """Deliveries about to wait on a link that is down (every other way is blocked too) whose
-    recipient's earlier messages went on another way, still in flight there (`forwarded`, no
-    receipt yet): they follow those instead, over a link that is up (where they are held:
-    links.must_hold), rather than wait here and overtake them once the down link is back."""
+def _keep_on_the_detour(chosen: dict[int, str | None], rows: dict[int, tuple], homes: dict[int, str]) -> None:
+    """Deliveries whose recipient's earlier messages went on another way than the one chosen now
+    and are still in flight there (`forwarded`, no receipt yet) follow them over that way, rather
+    than overtake them on a shorter one (a detour that has just ended: the home, or the link to it,
+    is back) or wait here on a link that is down and overtake them once it is back. The way
+    followed must be a link that is up and not lead back through the message's path; a neighbour
+    that has said it has no way on is followed only where the way chosen is down (it holds them:
+    links.must_hold), else the shorter way is taken. Rows queued behind their recipient's rows
+    waiting on a link (`behind`) stay there unless that link is down: the sweep moves them together."""
     down = links_down()
-    stuck = {rows[i][1] for i, hop in chosen.items() if hop in down and i in rows}
-    if not stuck:
+
+    def may_follow(delivery_id: int, hop: str | None) -> bool:
+        return hop is not None and delivery_id in rows and (hop in down or not rows[delivery_id][2])
+
+    recipients = {rows[i][1] for i, hop in chosen.items() if may_follow(i, hop)}
+    pinned = detours_of(sorted(recipients)) if recipients else {}
+    if not pinned:
         return
-    pinned = detours_of(sorted(stuck))
+    state = link_state()
     for delivery_id, hop in chosen.items():
-        if hop in down and delivery_id in rows:
-            path, key, _ = rows[delivery_id]
-            chosen[delivery_id] = _usable_detour(pinned.get(key), [path]) or hop
+        if not may_follow(delivery_id, hop):
+            continue
+        path, key, _ = rows[delivery_id]
+        detour = _usable_detour(pinned.get(key), [path])
+        if detour is not None and (hop in down or detour not in state.blocked_towards(homes[delivery_id])):
+            chosen[delivery_id] = detour
 
 
 def detours_of(recipients: list[tuple[int, str]]) -> dict[tuple[int, str], str]:
-    """(app id, recipient) -> the link its newest message still in flight further on went by."""
+    """(app id, recipient) -> the link its newest message still in flight further on went by (one
+    index probe per recipient: delivery_in_flight)."""
     with hot_cursor() as cur:
         cur.execute(
             f"""
@@ -258,7 +271,7 @@ def _receipts_sweep(down: set[str]) -> tuple[list[str], dict[str, int]]:
                 rerouted[hop] += count
     waiting = set(ReceiptForward.objects.exclude(peer="").order_by().values_list("peer", flat=True).distinct())
     due = sorted(waiting - links_held_back(waiting))
-    receipt_links_kick(due)
+    receipt_links_kick(due, again=True)  # also where a wake-up was lost with a worker
     return due, dict(rerouted)
 
 
@@ -277,7 +290,7 @@ def forward_sweep() -> dict:
                 rerouted[hop] = rerouted.get(hop, 0) + count
     waiting = sorted(set(links_waiting()))
     due = sorted(set(waiting) - links_held_back(waiting))
-    forward_links_kick(due)
+    forward_links_kick(due, again=True)  # also where a wake-up was lost with a worker
     receipts_due, receipts_rerouted = _receipts_sweep(links_down())
     return {"kicked": due, "rerouted": rerouted, "receipts_kicked": receipts_due,
             "receipts_rerouted": receipts_rerouted}

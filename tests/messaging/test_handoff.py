@@ -17,17 +17,22 @@ from django.conf import settings
 from config.celery import app
 from messaging import tasks
 from messaging.handoff import (
+    FORWARD_LINK_TASK,
     FORWARD_RECEIPTS_TASK,
     FORWARDING_QUEUE,
     ROUTE_TASK,
     ROUTING_QUEUE,
     ROUTING_TASK_MAX_IDS,
+    WAKE_KEY,
     WEBHOOK_QUEUE,
     WEBHOOK_TASK,
     CeleryDispatcher,
     InlineDispatcher,
     dispatcher,
     dispatcher_use,
+    forward_links_kick,
+    link_sender_woken,
+    receipt_links_kick,
     routing_enqueue,
     webhook_calls_enqueue,
 )
@@ -124,14 +129,71 @@ def test_the_inline_pump_runs_handed_work_through_the_workers_task_functions_in_
 
 
 def test_a_links_flood_sender_is_woken_once_however_many_publishes_wait_for_it(redis_client, broker):
-    from messaging.handoff import FLOOD_TASK, flood_link_woken, flood_links_enqueue
+    from messaging.handoff import FLOOD_TASK, flood_links_enqueue
 
-    wakes = ("sb:flood:wake:domain-01:domain-02", "sb:flood:wake:domain-01:domain-04")
+    wakes = [WAKE_KEY.format(here="domain-01", task=FLOOD_TASK, peer=p) for p in ("domain-02", "domain-04")]
     redis_client.delete(FORWARDING_QUEUE, *wakes)
     for _ in range(3):
         flood_links_enqueue(["domain-02", "domain-04"])
     assert _queued(redis_client, FORWARDING_QUEUE) == [(FLOOD_TASK, ["domain-02"]), (FLOOD_TASK, ["domain-04"])]
-    flood_link_woken("domain-02")  # the sender started: what is published from now on wakes it again
+    link_sender_woken(FLOOD_TASK, "domain-02")  # the sender started: what is published from now on wakes it again
     flood_links_enqueue(["domain-02", "domain-04"])
     assert _queued(redis_client, FORWARDING_QUEUE)[2:] == [(FLOOD_TASK, ["domain-02"])]
     redis_client.delete(FORWARDING_QUEUE, *wakes)
+
+
+def _etas(redis_client, queue: str) -> list[str | None]:
+    return [json.loads(raw)["headers"].get("eta") for raw in reversed(redis_client.lrange(queue, 0, -1))]
+
+
+def test_a_links_sender_is_woken_once_per_burst_its_receipts_a_moment_later_and_the_sweep_wakes_it_regardless(
+        redis_client, broker):
+    wakes = [WAKE_KEY.format(here="domain-01", task=t, peer="domain-02") for t in (FORWARD_LINK_TASK, FORWARD_RECEIPTS_TASK)]
+    redis_client.delete(FORWARDING_QUEUE, *wakes)
+    for _ in range(5):  # five routing batches queue rows on the link before its sender starts
+        forward_links_kick(["domain-02"])
+        receipt_links_kick(["domain-02"])
+    assert _queued(redis_client, FORWARDING_QUEUE) == [(FORWARD_LINK_TASK, ["domain-02"]),
+                                                       (FORWARD_RECEIPTS_TASK, ["domain-02"])]
+    link_eta, receipts_eta = _etas(redis_client, FORWARDING_QUEUE)
+    assert link_eta is None and receipts_eta is not None  # receipts linger, to go in one call
+    link_sender_woken(FORWARD_LINK_TASK, "domain-02")  # it started: what is queued from now on wakes it again
+    forward_links_kick(["domain-02"])
+    receipt_links_kick(["domain-02"])
+    assert _queued(redis_client, FORWARDING_QUEUE)[2:] == [(FORWARD_LINK_TASK, ["domain-02"])]
+    forward_links_kick(["domain-02"], again=True)  # the sweep: a wake-up may have been lost with its worker
+    receipt_links_kick(["domain-02"], again=True)
+    assert _queued(redis_client, FORWARDING_QUEUE)[3:] == [(FORWARD_LINK_TASK, ["domain-02"]),
+                                                          (FORWARD_RECEIPTS_TASK, ["domain-02"])]
+    redis_client.delete(FORWARDING_QUEUE, *wakes)
+
+
+@pytest.mark.django_db
+def test_a_links_sender_that_finds_another_run_sending_looks_again_a_moment_later(redis_client, broker):
+    import threading
+
+    from foundation.outbound import one_at_a_time
+    from messaging.network.outbox import link_lock_key
+
+    wake = WAKE_KEY.format(here=settings.DOMAIN_NAME, task=FORWARD_LINK_TASK, peer="domain-02")
+    redis_client.delete(FORWARDING_QUEUE, wake)
+    taken, release = threading.Event(), threading.Event()
+
+    def another_worker() -> None:  # another worker's run, at work on the link
+        with one_at_a_time(link_lock_key("domain-02")) as held:
+            assert held
+            taken.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=another_worker)
+    worker.start()
+    try:
+        assert taken.wait(10)
+        assert tasks.forward_link("domain-02")["skipped"] == "busy"
+        forward_links_kick(["domain-02"])  # rows queued meanwhile: that look is on its way already
+    finally:
+        release.set()
+        worker.join()
+    assert _queued(redis_client, FORWARDING_QUEUE) == [(FORWARD_LINK_TASK, ["domain-02"])]
+    assert _etas(redis_client, FORWARDING_QUEUE)[0] is not None  # a moment later, when that run is likely done
+    redis_client.delete(FORWARDING_QUEUE, wake)

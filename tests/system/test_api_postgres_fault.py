@@ -54,7 +54,7 @@ def test_the_api_answers_503_while_postgres_is_down_and_fully_recovers(own_proce
         assert refused and all(r == (503, "unavailable") for r in refused), refused  # the outage was felt
         deadline = time.monotonic() + 120
         while not _ready(port) and time.monotonic() < deadline:
-            time.sleep(0.5)
+            time.sleep(0.1)
         assert _ready(port), proc.output()[-3000:]
         for _ in range(40):
             assert api.message(answers["s-0"])["content"] == "m-0"

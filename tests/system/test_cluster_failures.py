@@ -76,7 +76,7 @@ def test_users_of_a_killed_web_node_reconnect_to_another_and_fetch_what_they_mis
             while len(seen) < 20 and time.monotonic() < deadline:
                 messages, _ = back.fetch(100)
                 seen.update({m["data"]["id"]: m["data"]["content"] for m in messages})
-                time.sleep(0.5)
+                time.sleep(0.1)
             # "before the crash" may come again if the node died before recording its delivery:
             # at-least-once, with the same id, so the client's view holds it once.
             seen.pop(before["data"]["id"], None)
@@ -85,10 +85,18 @@ def test_users_of_a_killed_web_node_reconnect_to_another_and_fetch_what_they_mis
              timeout=30)
 
 
-def test_presence_is_announced_once_per_user_across_two_nodes(processes):
-    node_a = processes.web("web-a")
-    node_b = processes.web("web-b")
-    processes.worker("worker")
+@pytest.fixture(scope="module")
+def two_nodes(module_processes):
+    """Two web nodes and a worker with the default settings, shared by the tests below (none of
+    them stops or kills a process)."""
+    node_a = module_processes.web("web-a")
+    node_b = module_processes.web("web-b")
+    module_processes.worker("worker")
+    return node_a, node_b
+
+
+def test_presence_is_announced_once_per_user_across_two_nodes(two_nodes):
+    node_a, node_b = two_nodes
     with WsClient(node_a.ws_url) as master:
         master.auth("ANZ-123223")
         # The same user opens connections on both nodes at the same moment.
@@ -113,10 +121,8 @@ def test_presence_is_announced_once_per_user_across_two_nodes(processes):
         assert master.recv_type("USER_DISCONNECTED")["data"] == {"userId": "ANZ-22001"}
 
 
-def test_a_message_reaches_a_user_connected_to_the_other_node(processes):
-    node_a = processes.web("web-a")
-    node_b = processes.web("web-b")
-    processes.worker("worker")
+def test_a_message_reaches_a_user_connected_to_the_other_node(two_nodes):
+    node_a, node_b = two_nodes
     with WsClient(node_a.ws_url) as alice, WsClient(node_b.ws_url) as bob:
         alice.auth("ANZ-23001")
         bob.auth("ANZ-23002")

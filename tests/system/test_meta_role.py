@@ -77,7 +77,7 @@ def test_a_mirror_pulls_the_metas_configuration_and_its_web_node_follows_a_chang
             domain=Domain.objects.get(name="domain-01")))
         assert "configuration applied" in _manage(mirror_db, "meta_pull", META_URL=meta.url,
                                                   META_SECRET=SECRET).stdout
-        wait_for(lambda: _reply(mirror, "ANZ-9000001").get("redirect") == meta.ws_url, timeout=15, interval=1)
+        wait_for(lambda: _reply(mirror, "ANZ-9000001").get("redirect") == meta.ws_url, timeout=15, interval=0.2)
 
         again = _manage(mirror_db, "meta_pull", META_URL=meta.url, META_SECRET=SECRET)
         assert again.returncode == 0 and "configuration unchanged" in again.stdout

@@ -20,7 +20,7 @@ def _presence_of(master: WsClient, event: str, user: str, timeout: float) -> dic
     return master.recv_until(lambda f: f["type"] == event and f["data"]["userId"] == user, timeout=timeout)
 
 
-def test_a_disconnect_during_a_redis_outage_leaves_no_ghost(processes, private_redis, tmp_path):
+def test_a_disconnect_during_a_redis_outage_leaves_no_ghost(private_redis, processes, tmp_path):
     env = {**FAST_FAILURE_ENV, "REDIS_URL": private_redis.url}
     web = processes.web("web", **env)
     processes.worker("worker", **env)

@@ -12,7 +12,7 @@ from tests.wsclient import WsClient
 pytestmark = pytest.mark.system
 
 
-def test_messages_sent_around_a_redis_restart_all_arrive(processes, private_redis, tmp_path):
+def test_messages_sent_around_a_redis_restart_all_arrive(private_redis, processes, tmp_path):
     env = {**FAST_FAILURE_ENV, "REDIS_URL": private_redis.url}
     web = processes.web("web", **env)
     processes.worker("worker", **env)

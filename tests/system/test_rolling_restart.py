@@ -115,7 +115,7 @@ class Load:
             peer.sending.clear()
         deadline = time.monotonic() + timeout
         while (missing := self.missing()) and time.monotonic() < deadline:
-            time.sleep(0.5)
+            time.sleep(0.1)
         for peer in self.peers:
             peer.fetch()
         wait_for(lambda: all(p.record.left_missing == 0 for p in self.peers), timeout=20)

@@ -40,9 +40,22 @@ def test_make_run_brings_up_web_worker_and_beat_and_sigterm_stops_them_all(proce
 
     proc.popen.send_signal(signal.SIGTERM)
     assert proc.popen.wait(60) == 0
-    time.sleep(0.5)
-    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not _still_running(children)
     assert time.monotonic() - started < 120
+
+
+def _still_running(children: list[psutil.Process], timeout: float = 5) -> list[psutil.Process]:
+    """Those of `children` still running (a zombie has exited) once all have exited or `timeout` passed."""
+    def running(child: psutil.Process) -> bool:
+        try:
+            return child.is_running() and child.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + timeout
+    while (left := [c for c in children if running(c)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 def _web_nodes(proc) -> dict[str, psutil.Process]:
@@ -70,7 +83,7 @@ def test_make_run_with_three_web_nodes_serves_behind_haproxy_and_restarts_them_o
     port = free_port()
     proc = processes.spawn("supervise-lb", [sys.executable, "-m", "devstack.supervise"], port=port,
                            PORT=str(port), WEB_NODES="3", WORKERS="2", ADMIN_PASSWORD="a-long-test-password",
-                           SWITCHBOARD_VAR_DIR=str(tmp_path), DRAIN_SECONDS="2", DRAIN_GRACE_SECONDS="2")
+                           SWITCHBOARD_VAR_DIR=str(tmp_path), DRAIN_SECONDS="1", DRAIN_GRACE_SECONDS="2")
     wait_http(f"http://127.0.0.1:{port}/readyz", proc, timeout=90)
     wait_for(lambda: "Ctrl-C stops everything" in proc.output(), timeout=30)
     assert "HAProxy in front of web-1, web-2, web-3" in proc.output()
@@ -104,8 +117,7 @@ def test_make_run_with_three_web_nodes_serves_behind_haproxy_and_restarts_them_o
     children = psutil.Process(proc.popen.pid).children(recursive=True)
     proc.popen.send_signal(signal.SIGTERM)
     assert proc.popen.wait(60) == 0
-    time.sleep(0.5)
-    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    assert not _still_running(children)
 
 
 def test_the_rolling_restart_command_without_a_running_make_run_says_so(processes, tmp_path):

@@ -89,7 +89,7 @@ def test_reliable_messages_are_delivered_promptly_while_another_apps_receivers_d
 
     assert len(latencies) == MESSAGES and max(latencies) < 3.0, latencies
     assert failed_meanwhile < 12  # the messages went while DRP's calls were still hanging
-    wait_for(lambda: _failed(drip_app).count() == 12, timeout=90, interval=0.5)
+    wait_for(lambda: _failed(drip_app).count() == 12, timeout=90, interval=0.1)
     for row in _failed(drip_app):
         assert (row.state, row.attempts, row.last_status) == ("retrying", 1, None)
         assert row.last_error == f"no answer within {DEADLINE} s"

@@ -26,6 +26,8 @@ WEBHOOK_ENV = {
     "WEBHOOK_RETRY_MAX_SECONDS": "1",
     "WEBHOOK_MAX_ATTEMPTS": "3",
     "WEBHOOK_TIMEOUT_SECONDS": "3",
+    # A message never ACKed dies (one attempt, app WHK) this long after its push: the shortest there is.
+    "DELIVERY_ACK_TIMEOUT": "1",
 }
 
 

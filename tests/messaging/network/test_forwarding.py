@@ -21,6 +21,7 @@ from messaging.fast import message_fast_send
 from messaging.handoff import FAST_FORWARD_TASK, FORWARD_LINK_TASK, ROUTE_TASK
 from messaging.models import Delivery, Message
 from messaging.network.intake import forward_accept
+from messaging.network.links import link_succeeded
 from messaging.network.models import LinkHealth
 from messaging.network.outbox import link_forward, payload_build, queue_peek
 from messaging.network.queue import forward_sweep
@@ -323,6 +324,26 @@ def test_a_message_sent_while_its_recipients_queue_waits_on_a_link_routed_around
     link_forward(peer="domain-04")
     net.pump()
     assert net.mailbox("domain-03", FAR) == sent  # in the order sent
+
+
+def test_a_message_sent_just_after_a_detour_ends_follows_its_recipients_messages_still_on_the_detour(net):
+    sent = waiting_on_a_down_link(net)
+    forward_sweep()
+    link_forward(peer="domain-04")  # on the detour, not yet passed on by domain-04
+    assert [row(s, FAR).state for s in sent] == ["forwarded"] * 3
+    net.down.clear()
+    link_succeeded(peer="domain-02")  # domain-02 answers again
+    sent.append(net.send(ALICE, FAR, "m3"))  # the shorter way is open again
+    net.dispatcher.pump(only=lambda handed: handed.context != "domain-04")
+    assert row(sent[-1], FAR).forward_to == "domain-04"  # behind the others, not ahead of them by domain-02
+    net.pump()
+    assert net.mailbox("domain-03", FAR) == sent  # in the order sent
+    net.deliver(FAR, at="domain-03")
+    net.pump()
+    later = net.send(ALICE, FAR, "m4")  # nothing in flight on the detour any more: the short way again
+    net.pump()
+    assert row(later, FAR).forward_to == "domain-02"
+    assert net.mailbox("domain-03", FAR) == [*sent, later]
 
 
 def test_the_queue_peek_names_the_origin_and_path_of_a_message_stored_here_first(net):
