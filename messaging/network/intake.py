@@ -36,6 +36,7 @@ from messaging.network import receipts
 from messaging.network.fast_forward import fast_accept, fast_parse
 from messaging.network.links import destination, link_received, route_blocked, route_holding, way_on
 from messaging.network.presence_gossip import PresenceRefused, presence_accept, presence_parse
+from messaging.network.selectors import WaitingHere
 from messaging.network.transport import PeerRefused
 from messaging.store import deliveries_append_sql, messages_insert_sql
 
@@ -139,12 +140,14 @@ def _refusal(item: Incoming, app_name: str) -> str:
 
 
 class _WayOn:
-    """The homes of an item's recipients this domain has no way on to now (links.way_on): its
-    onward links there are down, or lead only back the way it came. Such an item is refused with
-    `blocked`, and its sender routes it another way (or keeps it) instead of leaving it to wait here."""
+    """The homes of an item's recipients this domain has no way on to now (links.way_on; its links
+    there are down, or lead only back). Such an item is refused with `blocked` (its sender routes it
+    another way, or keeps it), unless its recipient's earlier messages wait here: it waits behind
+    them rather than overtake them another way (the sweep hands the queue back as a whole)."""
 
     def __init__(self):
         self.known: dict[tuple[str, tuple[str, ...]], bool] = {}
+        self.queued = WaitingHere()
 
     def blocked(self, item: Incoming) -> list[str]:
         out = set()
@@ -155,7 +158,7 @@ class _WayOn:
             key = (home, tuple(item.path))
             if key not in self.known:
                 self.known[key] = way_on(home, visited=item.path) is None
-            if self.known[key]:
+            if self.known[key] and not self.queued.waiting(item.app_id, recipient):
                 out.add(home)
         return sorted(out)
 

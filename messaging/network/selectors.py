@@ -1,4 +1,5 @@
-"""Reads of the domain network: each link's live state as this domain sees it (the admin, /metrics)."""
+"""Reads of the domain network: each link's live state as this domain sees it (the admin, /metrics),
+and which recipients have messages waiting on a link here."""
 
 from __future__ import annotations
 
@@ -10,7 +11,22 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps_registry.models import DomainLink
+from messaging.models import Delivery, DeliveryState
 from messaging.network.models import LinkHealth
+
+
+class WaitingHere:
+    """Whether a recipient has messages waiting on a link here (`forwarding`): asked once per
+    recipient (the intake asks only for those whose home it has no way on to now)."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[int, str], bool] = {}
+
+    def waiting(self, app_id: int, recipient: str) -> bool:
+        if (app_id, recipient) not in self._known:
+            self._known[app_id, recipient] = Delivery.objects.filter(
+                app_id=app_id, recipient=recipient, state=DeliveryState.FORWARDING.value).exists()
+        return self._known[app_id, recipient]
 
 
 def configured_links() -> dict[str, bool]:

@@ -346,6 +346,26 @@ def test_a_message_sent_just_after_a_detour_ends_follows_its_recipients_messages
     assert net.mailbox("domain-03", FAR) == [*sent, later]
 
 
+def test_a_message_for_a_recipient_whose_earlier_ones_wait_further_on_waits_behind_them_not_another_way(net):
+    net.link("domain-01", "domain-04")
+    net.link("domain-04", "domain-03")  # another way, open all along
+    net.cut.add(frozenset(("domain-02", "domain-03")))  # calls 02 -> 03 fail from now on
+    sent = [net.send(ALICE, FAR, f"m{i}") for i in range(3)]
+    net.pump()
+    assert net.mailbox("domain-02", FAR) == sent  # taken by domain-02, waiting on its link to 03
+    net.cut_link("domain-02", "domain-03")  # and down there for long: domain-02 has no way on now
+    sent.append(net.send(ALICE, FAR, "m3"))
+    net.pump()
+    assert net.mailbox("domain-02", FAR) == sent  # behind the others, not refused and sent round by 04
+    assert net.mailbox("domain-03", FAR) == [] and net.mailbox("domain-04", FAR) == []
+    net.cut.clear()
+    with net.at("domain-02"):
+        link_succeeded(peer="domain-03")
+        link_forward(peer="domain-03")
+    net.pump()
+    assert net.mailbox("domain-03", FAR) == sent  # in the order sent
+
+
 def test_the_queue_peek_names_the_origin_and_path_of_a_message_stored_here_first(net):
     sent = net.send(ALICE, NEAR, "x", confirmation_requested=True, reference="r")
     net.pump()
