@@ -66,7 +66,7 @@ RECEIPT_LINGER_SECONDS = 0.25
 # A sender task that finds its link's sender busy looks again this much later (woken like any other,
 # so one such task per link is on its way at most): what was queued just after the running sender's
 # last look is sent then, not at the next sweep.
-BUSY_LOOK_AGAIN_SECONDS = 0.5
+BUSY_LOOK_AGAIN_SECONDS = 0.1
 
 
 # --- the dispatcher -------------------------------------------------------------------------------
