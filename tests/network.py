@@ -25,6 +25,8 @@ search_path), and everything the product does runs through its real doors:
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -37,6 +39,7 @@ from django.utils import timezone
 from apps_registry.models import ClientApp, Domain, DomainLink
 from apps_registry.selectors import app_snapshots_clear
 from apps_registry.services import distribution_create
+from foundation.outbound import one_at_a_time
 from foundation.outgoing import Answer, OutgoingError
 from foundation.transport.redis_clients import sync_client
 from messaging.delivery.delivered import deliveries_mark_delivered
@@ -235,17 +238,41 @@ class Network:
                         .values_list("message__origin_message_id", flat=True))
 
 
-def _flood_wakes_forget() -> None:
-    """The "a wake-up is on its way" marks (messaging.handoff) of earlier tests' domains."""
+@contextmanager
+def held_by_another_worker(lock_key: str) -> Iterator[None]:
+    """Another worker's sender at work on a link (holding `lock_key`) for the block."""
+    taken, release = threading.Event(), threading.Event()
+
+    def another_worker() -> None:
+        with one_at_a_time(lock_key) as held:
+            assert held
+            taken.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=another_worker)
+    worker.start()
+    try:
+        assert taken.wait(10)
+        yield
+    finally:
+        release.set()
+        worker.join()
+
+
+def _redis_left_forget() -> None:
+    """What the played domains leave in the test Redis: "a wake-up is on its way" marks
+    (messaging.handoff) and the presence lists heard from other domains (presence.remote, alive
+    for a gossip TTL: a later test's master would see those users online)."""
     client = sync_client()
-    keys = list(client.scan_iter(WAKE_KEY.format(here="*", task="*", peer="*")))
+    patterns = (WAKE_KEY.format(here="*", task="*", peer="*"), "sb:rp:*", "sb:rpv:*", "sb:rpd:*")
+    keys = [key for pattern in patterns for key in client.scan_iter(pattern)]
     if keys:
         client.delete(*keys)
 
 
 def _network(handoff, edges: list[tuple[str, str]]):
     links.graph_cache_clear()
-    _flood_wakes_forget()
+    _redis_left_forget()
     with connection.cursor() as cur:
         for domain in DOMAINS[1:]:
             cur.execute(f"DROP SCHEMA IF EXISTS {_schema(domain)} CASCADE; CREATE SCHEMA {_schema(domain)}")
@@ -270,7 +297,7 @@ def _network(handoff, edges: list[tuple[str, str]]):
     finally:
         wire_use(previous_wire)
         dispatcher_use(previous_dispatcher)
-        _flood_wakes_forget()
+        _redis_left_forget()
         app_snapshots_clear()
         links.graph_cache_clear()
         _search_path(DOMAINS[0])

@@ -170,30 +170,14 @@ def test_a_links_sender_is_woken_once_per_burst_its_receipts_a_moment_later_and_
 
 @pytest.mark.django_db
 def test_a_links_sender_that_finds_another_run_sending_looks_again_a_moment_later(redis_client, broker):
-    import threading
-
-    from foundation.outbound import one_at_a_time
     from messaging.network.outbox import link_lock_key
+    from tests.network import held_by_another_worker
 
     wake = WAKE_KEY.format(here=settings.DOMAIN_NAME, task=FORWARD_LINK_TASK, peer="domain-02")
     redis_client.delete(FORWARDING_QUEUE, wake)
-    taken, release = threading.Event(), threading.Event()
-
-    def another_worker() -> None:  # another worker's run, at work on the link
-        with one_at_a_time(link_lock_key("domain-02")) as held:
-            assert held
-            taken.set()
-            release.wait(10)
-
-    worker = threading.Thread(target=another_worker)
-    worker.start()
-    try:
-        assert taken.wait(10)
+    with held_by_another_worker(link_lock_key("domain-02")):
         assert tasks.forward_link("domain-02")["skipped"] == "busy"
         forward_links_kick(["domain-02"])  # rows queued meanwhile: that look is on its way already
-    finally:
-        release.set()
-        worker.join()
     assert _queued(redis_client, FORWARDING_QUEUE) == [(FORWARD_LINK_TASK, ["domain-02"])]
     assert _etas(redis_client, FORWARDING_QUEUE)[0] is not None  # a moment later, when that run is likely done
     redis_client.delete(FORWARDING_QUEUE, wake)

@@ -4,12 +4,10 @@ ring in one database (tests/network.py): each domain its own tables, calls to th
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 
 from apps_registry.selectors import app_snapshot
-from foundation.outbound import one_at_a_time
 from foundation.outgoing import Answer
 from messaging.channels.models import ChannelMessage
 from messaging.channels.services import channel_history, channel_publish
@@ -20,6 +18,7 @@ from messaging.network.flood_sender import flood_link_send, flood_links_due, flo
 from messaging.network.models import ChannelForward, LinkHealth
 from messaging.network.transport import PeerRefused, wire_use
 from messaging.server_sends import server_channel_publish
+from tests.network import held_by_another_worker
 
 pytestmark = pytest.mark.django_db
 
@@ -246,23 +245,8 @@ def test_a_publish_the_neighbour_refuses_alone_is_dead_with_its_reason_and_the_r
 
 def test_one_sender_per_link_at_a_time(net_ring):
     publish(net_ring, 1)
-    taken, release = threading.Event(), threading.Event()
-
-    def another_worker() -> None:  # another worker's sender, at work on the link
-        with one_at_a_time(flood_lock_key("domain-02")) as held:
-            assert held
-            taken.set()
-            release.wait(10)
-
-    worker = threading.Thread(target=another_worker)
-    worker.start()
-    try:
-        assert taken.wait(10)
-        with net_ring.at("domain-01"):
-            assert flood_link_send(peer="domain-02").skipped == "busy"
-    finally:
-        release.set()
-        worker.join()
+    with held_by_another_worker(flood_lock_key("domain-02")), net_ring.at("domain-01"):
+        assert flood_link_send(peer="domain-02").skipped == "busy"
     with net_ring.at("domain-01"):
         assert flood_link_send(peer="domain-02").sent == 1
 
