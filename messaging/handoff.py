@@ -199,12 +199,11 @@ def webhook_calls_enqueue(delivery_ids: Sequence, claim: int) -> None:
         _dispatcher.dispatch(WEBHOOK_TASK, [str(delivery_id), claim], WEBHOOK_QUEUE)
 
 
-def flood_links_enqueue(peers: Sequence[str], *, again: bool = False) -> None:
+def flood_links_enqueue(peers: Sequence[str]) -> None:
     """Wake the channel-publish sender of each link to `peers`, unless a wake-up is already on its
-    way (one sender runs per link at a time). `again`: the flood sweep, making up for a wake-up
-    lost with a worker."""
+    way (one sender runs per link at a time; the flood sweep makes up for a wake-up that is lost)."""
     for peer in sorted(set(peers)):
-        _dispatcher.wake(FLOOD_TASK, peer, FORWARDING_QUEUE, again=again)
+        _dispatcher.wake(FLOOD_TASK, peer, FORWARDING_QUEUE)
 
 
 def link_recovered_enqueue(peer: str) -> None:
@@ -229,15 +228,19 @@ def receipt_links_kick(peers: Sequence[str], *, again: bool = False) -> None:
                          countdown=0.0 if again else RECEIPT_LINGER_SECONDS, again=again)
 
 
-def link_sender_woken(task: str, peer: str) -> None:
-    """A link's sender task starts: what is queued from now on needs a wake-up of its own again."""
+def link_sender_run(task: str, peer: str, send: Callable[[], dict]) -> dict:
+    """Run a link's sender task (`task` for `peer`; `send` drains its queue and returns its outcome
+    as a dict): what is queued from the start on needs a wake-up of its own again; a run stopped by
+    its time budget hands the rest to a new one at once (no thread is held for long), and one that
+    found another run sending looks again BUSY_LOOK_AGAIN_SECONDS later, for what was queued after
+    that run's last look (its wake-up found the run busy)."""
     _dispatcher.woken(task, peer)
-
-
-def link_sender_busy(task: str, peer: str) -> None:
-    """A link's sender task found another run sending: wake it once more, BUSY_LOOK_AGAIN_SECONDS
-    from now, for what was queued after that run's last look (its wake-up found the run busy)."""
-    _dispatcher.wake(task, peer, FORWARDING_QUEUE, countdown=BUSY_LOOK_AGAIN_SECONDS)
+    outcome = send()
+    if outcome["skipped"] == "budget":
+        _dispatcher.wake(task, peer, FORWARDING_QUEUE)
+    elif outcome["skipped"] == "busy":
+        _dispatcher.wake(task, peer, FORWARDING_QUEUE, countdown=BUSY_LOOK_AGAIN_SECONDS)
+    return outcome
 
 
 def fast_forward_enqueue(item: dict) -> None:

@@ -23,10 +23,7 @@ from messaging.handoff import (
     FORWARD_LINK_TASK,
     FORWARD_RECEIPTS_TASK,
     flood_links_enqueue,
-    forward_links_kick,
-    link_sender_busy,
-    link_sender_woken,
-    receipt_links_kick,
+    link_sender_run,
     routing_enqueue,
     webhook_calls_enqueue,
 )
@@ -153,13 +150,7 @@ def flood_link(peer: str) -> dict:
     and at once: one sender per link (the second finds it busy); its retry policy is the rows'
     own (attempts, dead after the app's max_delivery_attempts), and flood_sweep makes up for a
     wake-up that is lost."""
-    link_sender_woken(FLOOD_TASK, peer)
-    outcome = flood_link_send(peer=peer)
-    if outcome.skipped == "budget":  # more waits: a new run, so no thread is held for long
-        flood_links_enqueue([peer])
-    elif outcome.skipped == "busy":  # another run is sending: a look once it is likely done
-        link_sender_busy(FLOOD_TASK, peer)
-    return outcome.as_dict()
+    return link_sender_run(FLOOD_TASK, peer, lambda: flood_link_send(peer=peer).as_dict())
 
 
 @shared_task(acks_late=True)
@@ -176,13 +167,7 @@ def forward_link(peer: str) -> dict:
     link at a time (an advisory lock); a second run returns at once. Its retry policy is the
     link's own backoff (LinkHealth.retry_at) and the rows' attempts, not Celery's: the beat's
     forward_sweep wakes the link again when its retry is due, and makes up for a lost task."""
-    link_sender_woken(FORWARD_LINK_TASK, peer)
-    result = link_forward(peer=peer)
-    if result["skipped"] == "budget":  # more waits: a new run, so no thread is held for long
-        forward_links_kick([peer])
-    elif result["skipped"] == "busy":  # another run is sending: a look once it is likely done
-        link_sender_busy(FORWARD_LINK_TASK, peer)
-    return result
+    return link_sender_run(FORWARD_LINK_TASK, peer, lambda: link_forward(peer=peer))
 
 
 @shared_task(acks_late=True)
@@ -204,10 +189,4 @@ def forward_receipts(peer: str) -> dict:
     """Send the receipts waiting on the link to `peer` (messaging.network.receipts). Safe twice:
     one sender per link at a time. Its retry policy is the link's backoff: the receipts wait in
     their table, and the beat's forward_sweep wakes the link again when its retry is due."""
-    link_sender_woken(FORWARD_RECEIPTS_TASK, peer)
-    outcome = receipts_link_send(peer=peer)
-    if outcome.skipped == "budget":  # more waits: a new run, so no thread is held for long
-        receipt_links_kick([peer])
-    elif outcome.skipped == "busy":  # another run is sending: a look once it is likely done
-        link_sender_busy(FORWARD_RECEIPTS_TASK, peer)
-    return outcome.as_dict()
+    return link_sender_run(FORWARD_RECEIPTS_TASK, peer, lambda: receipts_link_send(peer=peer).as_dict())

@@ -129,20 +129,16 @@ def _keep_on_the_detour(chosen: dict[int, str | None], rows: dict[int, tuple], h
     links.must_hold), else the shorter way is taken. Rows queued behind their recipient's rows
     waiting on a link (`behind`) stay there unless that link is down: the sweep moves them together."""
     down = links_down()
-
-    def may_follow(delivery_id: int, hop: str | None) -> bool:
-        return hop is not None and delivery_id in rows and (hop in down or not rows[delivery_id][2])
-
-    recipients = {rows[i][1] for i, hop in chosen.items() if may_follow(i, hop)}
-    pinned = detours_of(sorted(recipients)) if recipients else {}
+    following = [i for i, hop in chosen.items()
+                 if hop is not None and i in rows and (hop in down or not rows[i][2])]
+    pinned = detours_of(sorted({rows[i][1] for i in following})) if following else {}
     if not pinned:
         return
     state = link_state()
-    for delivery_id, hop in chosen.items():
-        if not may_follow(delivery_id, hop):
-            continue
+    up = set(neighbours()) - down
+    for delivery_id in following:
         path, key, _ = rows[delivery_id]
-        detour = _usable_detour(pinned.get(key), [path])
+        hop, detour = chosen[delivery_id], _usable_detour(pinned.get(key), [path], up)
         if detour is not None and (hop in down or detour not in state.blocked_towards(homes[delivery_id])):
             chosen[delivery_id] = detour
 
@@ -235,12 +231,13 @@ def _hand_back_to(home: str, paths: list[str], *, down: str) -> str | None:
 def _detour(app_id: int, recipient: str, paths: list[str]) -> str | None:
     """The link up that a recipient's earlier messages went on by, still in flight there (see
     _keep_on_the_detour), where its rows waiting on a down link can follow them; None: they wait."""
-    return _usable_detour(detours_of([(app_id, recipient)]).get((app_id, recipient)), paths)
+    up = set(neighbours()) - links_down()
+    return _usable_detour(detours_of([(app_id, recipient)]).get((app_id, recipient)), paths, up)
 
 
-def _usable_detour(detour: str | None, paths: list[str]) -> str | None:
-    """`detour` where it is a neighbour over a link that is up and on none of `paths`; else None."""
-    if detour in set(neighbours()) - links_down() and all(detour not in path_of(p) for p in paths):
+def _usable_detour(detour: str | None, paths: list[str], up: set[str]) -> str | None:
+    """`detour` where it is among `up` (neighbours over a link that is up) and on none of `paths`."""
+    if detour in up and all(detour not in path_of(p) for p in paths):
         return detour
     return None
 

@@ -17,6 +17,7 @@ from django.conf import settings
 from config.celery import app
 from messaging import tasks
 from messaging.handoff import (
+    FLOOD_TASK,
     FORWARD_LINK_TASK,
     FORWARD_RECEIPTS_TASK,
     FORWARDING_QUEUE,
@@ -30,12 +31,14 @@ from messaging.handoff import (
     InlineDispatcher,
     dispatcher,
     dispatcher_use,
+    flood_links_enqueue,
     forward_links_kick,
-    link_sender_woken,
     receipt_links_kick,
     routing_enqueue,
     webhook_calls_enqueue,
 )
+from messaging.network.outbox import link_lock_key
+from tests.network import held_by_another_worker
 
 
 @pytest.fixture
@@ -118,8 +121,6 @@ def test_the_composition_root_chose_the_broker_for_production_and_the_inline_pum
 def test_the_inline_pump_runs_handed_work_through_the_workers_task_functions_in_order(handoff, redis_client):
     redis_client.delete(ROUTING_QUEUE, FORWARDING_QUEUE)
     routing_enqueue([101, 102])
-    from messaging.handoff import receipt_links_kick
-
     receipt_links_kick(["domain-02"])
     assert [(h.task, h.args, h.queue) for h in handoff.tasks()] == [
         (ROUTE_TASK, [[101, 102]], ROUTING_QUEUE), (FORWARD_RECEIPTS_TASK, ["domain-02"], FORWARDING_QUEUE)]
@@ -129,14 +130,12 @@ def test_the_inline_pump_runs_handed_work_through_the_workers_task_functions_in_
 
 
 def test_a_links_flood_sender_is_woken_once_however_many_publishes_wait_for_it(redis_client, broker):
-    from messaging.handoff import FLOOD_TASK, flood_links_enqueue
-
     wakes = [WAKE_KEY.format(here="domain-01", task=FLOOD_TASK, peer=p) for p in ("domain-02", "domain-04")]
     redis_client.delete(FORWARDING_QUEUE, *wakes)
     for _ in range(3):
         flood_links_enqueue(["domain-02", "domain-04"])
     assert _queued(redis_client, FORWARDING_QUEUE) == [(FLOOD_TASK, ["domain-02"]), (FLOOD_TASK, ["domain-04"])]
-    link_sender_woken(FLOOD_TASK, "domain-02")  # the sender started: what is published from now on wakes it again
+    dispatcher().woken(FLOOD_TASK, "domain-02")  # the sender started: what is published from now on wakes it again
     flood_links_enqueue(["domain-02", "domain-04"])
     assert _queued(redis_client, FORWARDING_QUEUE)[2:] == [(FLOOD_TASK, ["domain-02"])]
     redis_client.delete(FORWARDING_QUEUE, *wakes)
@@ -157,7 +156,7 @@ def test_a_links_sender_is_woken_once_per_burst_its_receipts_a_moment_later_and_
                                                        (FORWARD_RECEIPTS_TASK, ["domain-02"])]
     link_eta, receipts_eta = _etas(redis_client, FORWARDING_QUEUE)
     assert link_eta is None and receipts_eta is not None  # receipts linger, to go in one call
-    link_sender_woken(FORWARD_LINK_TASK, "domain-02")  # it started: what is queued from now on wakes it again
+    dispatcher().woken(FORWARD_LINK_TASK, "domain-02")  # it started: what is queued from now on wakes it again
     forward_links_kick(["domain-02"])
     receipt_links_kick(["domain-02"])
     assert _queued(redis_client, FORWARDING_QUEUE)[2:] == [(FORWARD_LINK_TASK, ["domain-02"])]
@@ -170,9 +169,6 @@ def test_a_links_sender_is_woken_once_per_burst_its_receipts_a_moment_later_and_
 
 @pytest.mark.django_db
 def test_a_links_sender_that_finds_another_run_sending_looks_again_a_moment_later(redis_client, broker):
-    from messaging.network.outbox import link_lock_key
-    from tests.network import held_by_another_worker
-
     wake = WAKE_KEY.format(here=settings.DOMAIN_NAME, task=FORWARD_LINK_TASK, peer="domain-02")
     redis_client.delete(FORWARDING_QUEUE, wake)
     with held_by_another_worker(link_lock_key("domain-02")):
