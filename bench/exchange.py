@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 from analytics.bench_sandbox import bench_database
-from bench.compare import find_postgres
 from bench.cpu import CpuProbe
 from bench.exchange_model import clients_choose, events_generate, expected_lines, wire_bytes
 from bench.platform_proc import REPO_ROOT, platform_env
+from bench.servers import find_postgres
 from devstack.embedded import free_port
 
 

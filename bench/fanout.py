@@ -34,8 +34,8 @@ from pathlib import Path
 import httpx
 import websockets
 
-from bench.compare import free_port, relay_server
 from bench.platform_proc import REPO_ROOT, platform_env, platform_processes
+from bench.servers import free_port, relay_server
 
 CHANNEL = "bench.fanout"
 APP_ID = "app-id-343"

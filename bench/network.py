@@ -33,9 +33,9 @@ from pathlib import Path
 import psycopg
 import websockets
 
-from bench.compare import find_postgres, find_redis, free_port
 from bench.cpu import CpuProbe
 from bench.platform_proc import platform_env, private_redis
+from bench.servers import find_postgres, find_redis, free_port
 from devstack.ring import Ring
 
 APP_ID = "app-id-343"

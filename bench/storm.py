@@ -38,9 +38,9 @@ from pathlib import Path
 import jwt
 import psutil
 
-from bench.compare import find_postgres, find_redis, free_port
 from bench.cpu import CpuProbe
 from bench.platform_proc import REPO_ROOT, RunningPlatform, platform_env, platform_processes
+from bench.servers import find_postgres, find_redis, free_port
 from bench.storm_client import Login, client_process
 
 APP_ID = "app-id-343"

@@ -177,7 +177,8 @@ def pytest_runtest_teardown(item, nextitem):
 @pytest.fixture
 def benchmarks_alone():
     """No benchmark of another test worker runs meanwhile: the benchmark tests count the benchmark
-    databases on the server before and after."""
+    databases on the server before and after (so every test that starts a benchmark platform takes
+    this, the storm's included)."""
     import fcntl
 
     from devstack.embedded import var_dir

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from analytics.bench_sandbox import DATABASE_PREFIX, MARKER_TABLE, database_of
-from bench.compare import free_port
 from bench.platform_proc import platform_processes
+from bench.servers import free_port
 
 
 def _contents(url: str) -> dict[str, int]:

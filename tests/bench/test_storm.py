@@ -19,7 +19,7 @@ def test_a_client_frame_is_masked_with_the_zero_key_and_server_frames_are_cut_wh
 
 
 @pytest.mark.timeout(900)
-def test_a_storm_of_fifty_clients_comes_back_whole_and_is_reported(tmp_path, capsys):
+def test_a_storm_of_fifty_clients_comes_back_whole_and_is_reported(tmp_path, capsys, benchmarks_alone):
     out = tmp_path / "storm.json"
 
     assert storm.main(["--clients", "50", "--rounds", "1", "--client-procs", "1", "--settle", "0.5",
