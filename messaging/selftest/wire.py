@@ -15,6 +15,8 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
+WAIT_SLICE_SECONDS = 0.5  # the longest a wait for a frame goes without looking at signals (Ctrl-C)
+
 Frame = dict[str, Any]
 
 
@@ -70,7 +72,9 @@ class Socket:
             if left <= 0:
                 raise CheckFailed(f"timed out after {limit:g} s waiting for {what}")
             try:
-                frame = json.loads(self.ws.recv(timeout=left))
+                # In slices: Ctrl-C's SIGINT may land on the connection's reader thread, and the main
+                # thread only runs its handler (KeyboardInterrupt) once its own wait ends.
+                frame = json.loads(self.ws.recv(timeout=min(left, WAIT_SLICE_SECONDS)))
             except TimeoutError:
                 continue
             except ConnectionClosed as exc:
