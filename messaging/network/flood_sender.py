@@ -29,7 +29,17 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from foundation.db import hot_cursor
-from foundation.outbound import Batch, CallFailed, Failed, Limits, Outcome, Settled, out_of_attempts, send_batches
+from foundation.outbound import (
+    Batch,
+    CallFailed,
+    Failed,
+    Limits,
+    Outcome,
+    Settled,
+    head_sql,
+    out_of_attempts,
+    send_batches,
+)
 from messaging.network.flood import path_parse
 from messaging.network.links import LinkQueueSender, link_failed, link_succeeded, links_held_back, neighbours
 from messaging.network.models import ChannelForward
@@ -52,8 +62,7 @@ class Queued:
 
 
 # The head of the link's flood queue, as long as the running size stays within the byte limit.
-_QUEUE_SQL = f"""
-SELECT q.* FROM (
+_QUEUE_SQL = head_sql(f"""
     SELECT f.id, f.path, a.app_name, c.name, p.content, p.publisher, p.origin_domain, p.origin_offset, p."offset",
            octet_length(p.content) + {ROW_OVERHEAD_BYTES} AS size,
            sum(octet_length(p.content) + {ROW_OVERHEAD_BYTES}) OVER w AS running, row_number() OVER w AS n
@@ -65,8 +74,7 @@ SELECT q.* FROM (
     WINDOW w AS (ORDER BY f.id)
      ORDER BY f.id
      LIMIT %(rows)s
-) q WHERE q.running <= %(bytes)s OR q.n = 1
-"""
+""")
 
 DIES = out_of_attempts("f.attempts + 1", "a.max_delivery_attempts")
 
@@ -83,14 +91,14 @@ class FloodSender(LinkQueueSender):
             cur.execute(_QUEUE_SQL, {"peer": self.peer, "rows": limits.rows, "bytes": limits.bytes})
             rows = cur.fetchall()
         batch = []
-        for row_id, path, app, channel, content, publisher, origin, origin_offset, offset, size, _, _ in rows:
+        for row_id, path, app, channel, content, publisher, origin, origin_offset, offset, size, _, _, _ in rows:
             batch.append(Queued(row_id, {
                 "app": app, "channel": channel, "content": content, "publisher": publisher,
                 # Blank origin: published here, under this domain's offset.
                 "origin_domain": origin or here, "origin_offset": origin_offset if origin else offset,
                 "path": list(path_parse(path) or (here,)),
             }, size))
-        return Batch(items=batch)
+        return Batch(items=batch, drained=limits.drained(fetched=rows[-1][-1] if rows else 0, kept=len(rows)))
 
     def send(self, batch: Batch[Queued]) -> dict:
         answer = peer_call(peer=self.peer, path=PUBLISH_PATH, payload={"publishes": [q.publish for q in batch.items]})

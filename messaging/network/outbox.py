@@ -27,7 +27,7 @@ from django.conf import settings
 from django.db import transaction
 
 from foundation.db import hot_cursor
-from foundation.outbound import Batch, CallFailed, Failed, Limits, Settled, out_of_attempts, send_batches
+from foundation.outbound import Batch, CallFailed, Failed, Limits, Settled, head_sql, out_of_attempts, send_batches
 from messaging.delivery.dead_letters import dead_letters_announce
 from messaging.delivery.retry import retry_backoff
 from messaging.delivery.sql import DEAD, FORWARDED, FORWARDING, MOVED_COLUMNS, RETRYING, lock_sql
@@ -71,8 +71,7 @@ class Queued:
 
 # The head of the link's queue, as long as the running size stays within the byte limit (the first
 # row always: a message larger than the limit goes alone).
-_QUEUE_SQL = f"""
-SELECT q.* FROM (
+_QUEUE_SQL = head_sql(f"""
     SELECT d.id, d.app_id, d.recipient, m.id, a.app_name, m.sender, m.kind, m.content, m.reference,
            m.confirmation_requested, m.client_message_id, m.origin_domain, m.origin_message_id, m.forward_path,
            m.confirms_origin, c.id, c.origin_domain, c.origin_message_id, d.revive,
@@ -86,8 +85,7 @@ SELECT q.* FROM (
     WINDOW w AS (ORDER BY d.forward_to, d.app_id, d.recipient, d.seq)
      ORDER BY d.forward_to, d.app_id, d.recipient, d.seq
      LIMIT %(rows)s
-) q WHERE q.running <= %(bytes)s OR q.n = 1
-"""
+""")
 
 
 def _origin(here: str, message_id: int, origin_domain: str, origin_message_id: int | None) -> tuple[str, int]:
@@ -97,16 +95,17 @@ def _origin(here: str, message_id: int, origin_domain: str, origin_message_id: i
     return origin_domain, origin_message_id
 
 
-def queue_peek(*, peer: str, limits: Limits) -> list[Queued]:
+def queue_peek(*, peer: str, limits: Limits) -> tuple[list[Queued], bool]:
     """The oldest rows queued on the link to `peer`, each recipient's in mailbox order, as many as
-    `limits` allow."""
+    `limits` allow, and whether they are the whole queue (Limits.drained)."""
     here = settings.DOMAIN_NAME
     with hot_cursor() as cur:
         cur.execute(_QUEUE_SQL, {"peer": peer, "rows": max(1, limits.rows), "bytes": limits.bytes})
         rows = cur.fetchall()
     out = []
     for (delivery_id, app_id, recipient, message_id, app_name, sender, kind, content, reference, confirm, cmid,
-         origin_domain, origin_id, forward_path, confirms_origin, c_id, c_origin, c_origin_id, revive, size, _, _) in rows:
+         origin_domain, origin_id, forward_path, confirms_origin, c_id, c_origin, c_origin_id, revive, size, _, _,
+         _) in rows:
         origin, oid = _origin(here, message_id, origin_domain, origin_id)
         confirms = ""
         if c_id is not None:
@@ -120,7 +119,7 @@ def queue_peek(*, peer: str, limits: Limits) -> list[Queued]:
             "confirmation_requested": confirm, "client_message_id": cmid, "origin_domain": origin,
             "origin_message_id": oid, "path": path, "confirms": confirms,
         }, size=size, revive=revive))
-    return out
+    return out, limits.drained(fetched=rows[-1][-1] if rows else 0, kept=len(rows))
 
 
 def payload_build(rows: list[Queued]) -> list[dict]:
@@ -249,10 +248,10 @@ class LinkSender(LinkQueueSender):
 
     def take(self, limits: Limits) -> Batch[Queued]:
         hop_limit = int(settings.FORWARD_HOP_LIMIT)
-        rows = queue_peek(peer=self.peer, limits=limits)
+        rows, drained = queue_peek(peer=self.peer, limits=limits)
         # A message that already made FORWARD_HOP_LIMIT hops after its origin goes no further.
         over = [(r, f"hop limit ({hop_limit}) reached") for r in rows if len(r.message["path"]) > hop_limit]
-        return Batch(items=[r for r in rows if len(r.message["path"]) <= hop_limit], refused=over)
+        return Batch(items=[r for r in rows if len(r.message["path"]) <= hop_limit], refused=over, drained=drained)
 
     def send(self, batch: Batch[Queued]) -> tuple[list[int], dict]:
         """The call; returns the payload's message ids in payload order (what the answer's refusals
@@ -307,24 +306,25 @@ class LinkSender(LinkQueueSender):
                 if isinstance(item.get("blocked"), list):
                     blocked[order[item["index"]]] = [d for d in item["blocked"] if isinstance(d, str)]
         sent = _rows_forwarded(peer=self.peer, ids=[r.delivery_id for r in batch.items if r.message_id not in refused])
-        self._route_around(
+        again = self._route_around(
             [r for r in batch.items if r.message_id in blocked], {d for ds in blocked.values() for d in ds},
             {m: refused[m] for m in blocked})
         dead = self.give_up([(r, f"{self.peer} refused it: {refused[r.message_id]}")
                              for r in batch.items if r.message_id in refused and r.message_id not in blocked])
         link_succeeded(peer=self.peer, forwarded=sent)
-        return Settled(sent=sent, refused=dead)
+        return Settled(sent=sent, refused=dead, again=again)
 
-    def _route_around(self, rows: list[Queued], targets: set[str], reasons: dict[int, str]) -> int:
+    def _route_around(self, rows: list[Queued], targets: set[str], reasons: dict[int, str]) -> bool:
         """Rows the neighbour has no way on for: it is passed over for `targets` a while
         (links.route_blocked), and each row moves to the link of another neighbour that is up
         (links.route_around_to); the others stay on this link, in order, and go again at once marked
         `hold` (the neighbour keeps them waiting on its onward link, as this domain would, behind the
         rows of their recipients it already has), rather than wait here on a link that is down, from
         where they would overtake those once it is back. One refused although
-        it was marked (a neighbour that cannot hold it) goes back to routing, an attempt counted."""
+        it was marked (a neighbour that cannot hold it) goes back to routing, an attempt counted.
+        Returns whether any stay on this link to go again."""
         if not rows:
-            return 0
+            return False
         route_blocked(peer=self.peer, targets=targets)
         moves: dict[str, list[int]] = {}
         stuck: dict[str, list[int]] = {}
@@ -336,13 +336,14 @@ class LinkSender(LinkQueueSender):
             elif row.held:
                 reason = f"{self.peer} has no way on: {reasons[row.message_id]}"
                 stuck.setdefault(reason, []).append(row.delivery_id)
-        moved = sum(_rows_move(peer=self.peer, ids=ids, to=hop) for hop, ids in moves.items())
+        for hop, ids in moves.items():
+            _rows_move(peer=self.peer, ids=ids, to=hop)
         for reason, ids in stuck.items():
             _rows_fail(peer=self.peer, ids=ids, error=reason, routed_again=True)
         if moves:
             peers = sorted(moves)
             transaction.on_commit(lambda: forward_links_kick(peers))
-        return moved
+        return sum(map(len, moves.values())) + sum(map(len, stuck.values())) < len(rows)
 
     def fail(self, batch: Batch[Queued], error: CallFailed) -> Failed:
         health = link_failed(peer=self.peer, error=error.reason, answered=error.status is not None)

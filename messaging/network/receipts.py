@@ -154,7 +154,8 @@ class ReceiptSender(LinkQueueSender):
 
     def take(self, limits: Limits) -> Batch[ReceiptForward]:
         rows = list(ReceiptForward.objects.filter(peer=self.peer).order_by("id")[:limits.rows])
-        return Batch(items=rows[:limits.cut([ROW_BYTES] * len(rows))])
+        kept = limits.cut([ROW_BYTES] * len(rows))
+        return Batch(items=rows[:kept], drained=limits.drained(fetched=len(rows), kept=kept))
 
     def send(self, batch: Batch[ReceiptForward]) -> dict:
         return peer_call(peer=self.peer, path=FORWARD_PATH, payload={"receipts": [r.as_payload() for r in batch.items]})

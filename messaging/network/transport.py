@@ -6,7 +6,8 @@ or raises `PeerError` with a reason an operator can read ("domain-02: connection
 "domain-02 answered 403: bad signature").
 
 In: `peer_request_check` is what every internal endpoint does first: the calling domain must be a
-neighbour, the signature must hold with that link's secret, the timestamp must be within
+neighbour, the signature must hold with that link's secret (read afresh when the cached one
+refuses it), the timestamp must be within
 FORWARD_MAX_SKEW_SECONDS, the nonce unused (Redis remembers it for twice that window) and the link
 enabled. Anything else is refused (`PeerRefused`) before the body is parsed; a caller that is not a
 neighbour is told so without a domain's name (only a signed caller hears which link is disabled).
@@ -63,20 +64,21 @@ _links: dict[tuple[str, str], tuple[float, DomainLink | None]] = {}
 
 
 def link_between(a: str, b: str) -> DomainLink | None:
-    """The link between two domains (either way round), as the database has it now: what a call
-    coming in is checked against (a link disabled, or its secret changed, counts at once)."""
+    """The link between two domains (either way round), as the database has it now."""
     return (DomainLink.objects.select_related("n1", "n2")
             .filter(Q(n1__name=a, n2__name=b) | Q(n1__name=b, n2__name=a)).first())
 
 
-def _link_to(peer: str) -> DomainLink | None:
-    """The link to `peer` for a call going out, re-read at most every LINK_CACHE_SECONDS per
-    process (every batch, probe and FAST hop needs it): a change is at most that late, as the
-    graph is, and the receiver, which reads it afresh, refuses what it must."""
+def _link_to(peer: str, *, fresh: bool = False) -> DomainLink | None:
+    """The link between this domain and `peer`, re-read at most every LINK_CACHE_SECONDS per
+    process (every call out and every call in needs it; `fresh`: now). A change is at most that
+    late, as the graph is: a link disabled refuses calls within that time, and a secret changed is
+    read afresh by a call in whose signature the cached secrets refuse (the rotation window keeps
+    the old secret valid meanwhile, so a call out signed with it still passes)."""
     here = settings.DOMAIN_NAME
     now = time.monotonic()
     cached = _links.get((here, peer))
-    if cached is None or now - cached[0] > LINK_CACHE_SECONDS:
+    if fresh or cached is None or now - cached[0] > LINK_CACHE_SECONDS:
         cached = _links[here, peer] = (now, link_between(here, peer))
     return cached[1]
 
@@ -225,15 +227,24 @@ def peer_request_check(request) -> tuple[str, dict]:
     if not sender or len(sender) > 64 or not sender.isascii():
         raise PeerRefused(403, f"missing or malformed {signed_calls.DOMAIN_HEADER} header")
     here = settings.DOMAIN_NAME
-    link = link_between(here, sender)
+    link = _link_to(sender)
     if link is None:
         # Said to a caller whose call proves nothing: no domain is named (the log names them).
         log.warning("internal call refused: %r is not linked to %s", sender, here)
         raise PeerRefused(403, NOT_A_NEIGHBOUR)
     body = peer_body(request)
-    refusal, signature = signed_calls.signature_refusal(
-        secret=link.secrets_valid(), header=request.headers.get(signed_calls.SIGNATURE_HEADER),
-        method=request.method, path=request.get_full_path(), body=body, max_skew=settings.FORWARD_MAX_SKEW_SECONDS)
+
+    def refusal_by(checked: DomainLink):
+        return signed_calls.signature_refusal(
+            secret=checked.secrets_valid(), header=request.headers.get(signed_calls.SIGNATURE_HEADER),
+            method=request.method, path=request.get_full_path(), body=body, max_skew=settings.FORWARD_MAX_SKEW_SECONDS)
+
+    refusal, signature = refusal_by(link)
+    if refusal is not None:  # the secret may have changed since the link was cached
+        link = _link_to(sender, fresh=True)
+        if link is None:
+            raise PeerRefused(403, NOT_A_NEIGHBOUR)
+        refusal, signature = refusal_by(link)
     if refusal is not None:
         raise PeerRefused(403, refusal)
     if not link.enabled:  # a genuine neighbour's call: it may hear which link is off

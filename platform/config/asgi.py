@@ -1,4 +1,5 @@
-"""ASGI entry point for daphne: HTTP goes to Django (SSE streams to their own app), WebSockets to
+"""ASGI entry point for daphne: HTTP goes to Django (SSE streams to their own app; the calls between
+domains, /internal/, to Django without the site's middleware: foundation.lean_http), WebSockets to
 the Channels consumers."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from django.urls import re_path  # noqa: E402
 django_asgi_app = get_asgi_application()
 
 from foundation import daphne_adapter  # noqa: E402
+from foundation.lean_http import lean_asgi_application  # noqa: E402
 
 daphne_adapter.install()
 
@@ -21,7 +23,8 @@ from config.routing import stream_urlpatterns, websocket_urlpatterns  # noqa: E4
 
 application = ProtocolTypeRouter(
     {
-        "http": URLRouter([*stream_urlpatterns, re_path(r"", django_asgi_app)]),
+        "http": URLRouter([*stream_urlpatterns, re_path(r"^internal/", lean_asgi_application()),
+                           re_path(r"", django_asgi_app)]),
         "websocket": URLRouter(websocket_urlpatterns),
     }
 )

@@ -10,7 +10,8 @@ only its SQL and its payload; `send_batches` runs the steps, the same for all of
    returns at once (`busy`). A link's queue must leave in order: two senders posting overlapping
    batches could let the neighbour store a recipient's later messages before its earlier ones;
 2. **held back?** the sender's own backoff says "not yet" (a link that failed is retried at its
-   `retry_at`): nothing is taken (`held back`);
+   `retry_at`): nothing is taken (`held back`). Asked once per run: a run stops at its first
+   failure, so after a call that was answered nothing of its own can hold it back;
 3. **take a batch**, bounded by rows and by bytes (`Limits`): a backlog of large messages never
    becomes one call the other side refuses for its size;
 4. **send**: one call, which must answer within its deadline (foundation.outgoing: a deadline for
@@ -19,7 +20,11 @@ only its SQL and its payload; `send_batches` runs the steps, the same for all of
    and those out of attempts (`out_of_attempts`) are dead-lettered with the reason the call gave.
    Items refused before any call (the sender's own rules, such as a hop limit) die with their reason.
 
-Then the next batch, until the queue is empty or a call fails. The sender decides where a retry is
+Then the next batch, until the queue is empty or a call fails. A batch its sender took as the
+whole queue (`Batch.drained`) ends the run once it is settled (unless the settling left items to go
+again at once, `Settled.again`), without a look at an empty queue:
+what is queued after the take has a wake-up of its own (messaging.handoff clears a sender's wake-up
+mark when its run starts, so a row committed after that wakes a run that starts after it). The sender decides where a retry is
 scheduled (its `Backoff`: the link's retry time, or the row's next attempt) and what "dead" means
 for its rows; the skeleton decides when each step happens, so a retry and a give-up are recorded
 the same way everywhere.
@@ -208,18 +213,36 @@ class Limits:
             total += size
         return min(len(sizes), max(1, self.rows))
 
+    def drained(self, *, fetched: int, kept: int) -> bool:
+        """Whether a take that found `fetched` rows at the head of its queue (at most `rows`) and
+        kept `kept` of them for the call saw the whole queue."""
+        return fetched < max(1, self.rows) and kept == fetched
+
+
+def head_sql(inner: str) -> str:
+    """The head of a queue within a call's `Limits`, in SQL. `inner` selects the queue's rows in
+    order with `size`, `running` (the running total of the sizes) and `n` (their row number), LIMIT
+    %(rows)s; this keeps those within %(bytes)s (the first always, so a row larger than the limit
+    goes alone), in order, and adds a last column, how many rows `inner` found (Limits.drained)."""
+    return (f"WITH q AS ({inner}) SELECT q.*, (SELECT count(*) FROM q) AS fetched FROM q"
+            " WHERE q.running <= %(bytes)s OR q.n = 1 ORDER BY q.n")
+
 
 @dataclass
 class Batch(Generic[Item]):
     items: list[Item]
     # Given up on before any call, with the reason (the sender's own rules: a hop limit).
     refused: list[tuple[Item, str]] = field(default_factory=list)
+    # The take saw the whole queue (nothing was left behind the batch): the run ends once it is
+    # settled. False where the sender cannot tell: the run looks again.
+    drained: bool = False
 
 
 @dataclass(frozen=True)
 class Settled:
     sent: int = 0  # taken by the other side (stored, or already had)
     refused: int = 0  # refused by the other side item by item: dead with its reason
+    again: bool = False  # some items stay queued to go again at once: the run looks again
 
 
 @dataclass(frozen=True)
@@ -295,6 +318,7 @@ def send_batches(sender: Sender, *, max_batches: int | None = None, budget_secon
     outcome = Outcome(sender.name, sender.lock_key)
     limits = sender.limits()
     started = time.monotonic()
+    asked = False  # held_back() is asked once per run
     while max_batches is None or outcome.calls < max_batches:
         if budget_seconds is not None and outcome.calls and time.monotonic() - started >= budget_seconds:
             outcome.skipped = "budget"
@@ -303,9 +327,11 @@ def send_batches(sender: Sender, *, max_batches: int | None = None, budget_secon
             if not held:
                 outcome.skipped = "busy"
                 return outcome
-            if sender.held_back():
-                outcome.skipped = "held back"
-                return outcome
+            if not asked:
+                asked = True
+                if sender.held_back():
+                    outcome.skipped = "held back"
+                    return outcome
             batch = sender.take(limits)
             if batch.refused:
                 given_up = sender.give_up(batch.refused)
@@ -337,6 +363,8 @@ def send_batches(sender: Sender, *, max_batches: int | None = None, budget_secon
             outcome.refused += settled.refused
             SENT.labels(sender.name, "sent").inc(settled.sent)
             SENT.labels(sender.name, "refused").inc(settled.refused)
+            if batch.drained and not settled.again:
+                return outcome
         # The lock is free between batches: rows queued while it was held (their wake-up found
         # this sender busy) are in the next take.
     return outcome

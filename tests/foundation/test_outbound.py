@@ -159,17 +159,23 @@ class Queue:
     attempts: dict[str, int] = field(default_factory=dict)
     dead: dict[str, str] = field(default_factory=dict)
     put_back_count: int = 0
+    knows_drained: bool = False  # its take says when it saw the whole queue
+    takes: int = 0
+    held_asked: int = 0
 
     def limits(self) -> Limits:
         return Limits(rows=self.rows, bytes=1000)
 
     def held_back(self) -> bool:
+        self.held_asked += 1
         return self.held
 
     def take(self, limits: Limits) -> Batch:
-        head = self.items[:limits.rows]
-        head = head[:limits.cut([size for _, size in head])]
-        return Batch(items=[i for i in head if not i[0].startswith("!")],
+        self.takes += 1
+        fetched = self.items[:limits.rows]
+        head = fetched[:limits.cut([size for _, size in fetched])]
+        drained = self.knows_drained and limits.drained(fetched=len(fetched), kept=len(head))
+        return Batch(items=[i for i in head if not i[0].startswith("!")], drained=drained,
                      refused=[(i, "refused before any call") for i in head if i[0].startswith("!")])
 
     def send(self, batch: Batch):
@@ -210,6 +216,27 @@ def test_a_sender_sends_its_queue_in_order_in_bounded_batches_until_it_is_empty(
     outcome = send_batches(queue)
     assert queue.sent == [["a", "b"], ["c"], ["d", "e"]] and queue.items == []
     assert (outcome.sent, outcome.calls, outcome.failed, outcome.skipped) == (5, 3, 0, "")
+
+
+def test_a_run_whose_batch_was_the_whole_queue_ends_after_it_without_looking_again():
+    queue = Queue(items=[("a", 10), ("b", 10), ("c", 10)], rows=2, knows_drained=True)
+    outcome = send_batches(queue)
+    assert queue.sent == [["a", "b"], ["c"]] and queue.items == []
+    assert (outcome.calls, queue.takes) == (2, 2)  # no third look at an empty queue
+    queue.items = [("d", 900), ("e", 900)]  # cut for bytes: more was left behind the first call
+    send_batches(queue)
+    assert queue.sent[2:] == [["d"], ["e"]] and queue.takes == 4
+
+
+def test_a_sender_that_cannot_tell_looks_at_its_queue_once_more_before_it_stops():
+    queue = Queue(items=[("a", 10)], rows=2)
+    send_batches(queue)
+    assert queue.sent == [["a"]] and queue.takes == 2
+
+
+def test_a_run_asks_whether_it_is_held_back_once_not_before_every_batch():
+    queue = Queue(items=[("a", 1), ("b", 1), ("c", 1)], rows=1)
+    assert send_batches(queue).calls == 3 and queue.held_asked == 1
 
 
 def test_a_sender_out_of_its_time_budget_stops_after_the_call_in_hand_and_says_more_waits():

@@ -372,7 +372,7 @@ def test_the_queue_peek_names_the_origin_and_path_of_a_message_stored_here_first
     sent_payload = net.calls[0].payload["messages"][0]
     assert {k: sent_payload[k] for k in ("origin_domain", "origin_message_id", "path", "confirmation_requested")} == {
         "origin_domain": "domain-01", "origin_message_id": sent, "path": ["domain-01"], "confirmation_requested": True}
-    assert queue_peek(peer="domain-02", limits=Limits(rows=10, bytes=1 << 20)) == []
+    assert queue_peek(peer="domain-02", limits=Limits(rows=10, bytes=1 << 20)) == ([], True)
 
 
 def test_the_queue_of_a_disabled_link_moves_to_another_path_at_the_next_sweep(net):

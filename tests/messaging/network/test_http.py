@@ -128,3 +128,16 @@ def test_a_call_larger_than_the_public_apis_body_limit_is_stored_whole(domain_02
     answer = _post(domain_02["node"], {"messages": messages}, secret=domain_02["link"].shared_secret)
     assert (answer.status_code, answer.json()) == (200, {"stored": 50, "duplicates": 0, "receipts": 0, "refused": []})
     assert Message.objects.filter(origin_domain="domain-01", origin_message_id__gte=1000).count() == 50
+
+
+def test_a_call_between_domains_skips_the_sites_browser_middleware_and_is_still_timed_in_metrics(domain_02):
+    node = domain_02["node"]
+    answer = _post(node, _message(origin_id=91), secret=domain_02["link"].shared_secret)
+    assert answer.json()["stored"] == 1
+    # No page headers or cookies (sessions, clickjacking, CSRF): the call is signed, not browsed.
+    assert "x-frame-options" not in answer.headers and "set-cookie" not in answer.headers
+    page = httpx.get(node.url + "/admin/login/", timeout=10)
+    assert page.headers.get("x-frame-options") == "DENY"  # the site itself keeps its middleware
+    metrics = httpx.get(node.url + "/metrics", timeout=10).text
+    assert 'switchboard_http_request_duration_seconds_count{method="POST",route="network-forward",status="2xx"}' \
+        in metrics
