@@ -22,6 +22,7 @@ from .services import (
     api_key_create,
     api_key_revoke,
     distribution_coverage_check,
+    distribution_standby_validate,
     distribution_validate,
     operator_key_revoke,
 )
@@ -30,10 +31,11 @@ from .services import (
 class DistributionForm(forms.ModelForm):
     class Meta:
         model = UserDistribution
-        fields = ["app", "domain", "range_from", "range_to"]
+        fields = ["app", "domain", "range_from", "range_to", "standby"]
 
     def clean(self):
         data = super().clean()
+        distribution_standby_validate(domain=data.get("domain"), standby=data.get("standby"))
         app = data.get("app") or getattr(self.instance, "app", None)
         if app is not None and data.get("range_from") is not None and not self._skip_db_check:
             distribution_validate(
@@ -88,7 +90,7 @@ class UserDistributionInline(admin.TabularInline):
     model = UserDistribution
     form = DistributionForm
     formset = DistributionFormSet
-    fields = ["domain", "range_from", "range_to"]
+    fields = ["domain", "range_from", "range_to", "standby"]
     extra = 0
 
 
@@ -181,9 +183,9 @@ class UserDistributionAdmin(HomesKeptAdmin):
     """Deleting is refused, one row or a bulk selection, where it would leave a user without a home."""
 
     form = DistributionForm
-    list_display = ["app", "domain", "range_from", "range_to"]
-    list_filter = ["domain", "app"]
-    list_select_related = ["app", "domain"]
+    list_display = ["app", "domain", "range_from", "range_to", "standby"]
+    list_filter = ["domain", "standby", "app"]
+    list_select_related = ["app", "domain", "standby"]
 
 
 class ApiKeyCreateForm(forms.ModelForm):

@@ -5,6 +5,8 @@ and idempotent (natural keys: domain name, link pair, app name). What a file nam
 an app's distributions are replaced by the file's list. What it does not name is left alone.
 
 Extension keys beyond the linker format: `weight`, `enabled` and `sharedSecret` on links;
+`standby` on user distributions (the domain that keeps a copy of the range's mailboxes and takes
+its users over while their home is lost: another known domain than `domainName`);
 `tokenSecret`, `authMode`, `publicChannels`, `clientSubscriptions` on apps, and `settings`: the
 app's settings that protect its users (allowed origins, token lifetime, limits, attempts,
 retention; APP_SETTINGS), written where they differ from the defaults. Importing an entry without
@@ -315,24 +317,38 @@ def _import_distributions(app: ClientApp, entries: list, where: str, summary: Im
             raise ConfigError(f"{dwhere}: unknown domain '{domain_name}'")
         range_from = _as_int(dist.get("from", 0), f"{dwhere} from")
         range_to = None if dist.get("to") is None else _as_int(dist["to"], f"{dwhere} to")
-        wanted.append((domain.pk, range_from, range_to, domain, dwhere))
-    current = sorted(app.distributions.values_list("domain_id", "range_from", "range_to"))
-    if current == sorted(w[:3] for w in wanted):
+        standby = None
+        if dist.get("standby") is not None:
+            standby = Domain.objects.filter(name=str(dist["standby"])).first()
+            if standby is None:
+                raise ConfigError(f"{dwhere}: unknown standby domain '{dist['standby']}'")
+            if standby.pk == domain.pk:
+                raise ConfigError(f"{dwhere}: the standby must be another domain than the home ({domain.name})")
+        wanted.append((domain.pk, range_from, range_to, standby.pk if standby else None, domain, standby, dwhere))
+    current = sorted(app.distributions.values_list("domain_id", "range_from", "range_to", "standby_id"),
+                     key=_distribution_order)
+    if current == sorted((w[:4] for w in wanted), key=_distribution_order):
         return
     if not mirror:
-        gap = coverage_gap(before=[UserRange(low, high) for _, low, high in current],
-                           after=[UserRange(low, high) for _, low, high, _, _ in wanted])
+        gap = coverage_gap(before=[UserRange(low, high) for _, low, high, _ in current],
+                           after=[UserRange(low, high) for _, low, high, *_ in wanted])
         if gap is not None:
             raise ConfigError(f"{where}: {homeless_message(app.app_name, gap)} (the file's userDistributions "
                               "must cover every user the app's distributions cover here)")
     app.distributions.all().delete()
-    for _, range_from, range_to, domain, dwhere in wanted:
+    for _, range_from, range_to, _, domain, standby, dwhere in wanted:
         try:
             distribution_validate(app=app, range_from=range_from, range_to=range_to)
         except ValidationError as exc:
             raise ConfigError(f"{dwhere}: {_validation_text(exc)}") from None
-        UserDistribution.objects.create(app=app, domain=domain, range_from=range_from, range_to=range_to)
+        UserDistribution.objects.create(app=app, domain=domain, range_from=range_from, range_to=range_to,
+                                        standby=standby)
         summary.created["distributions"] += 1
+
+
+def _distribution_order(row: tuple) -> tuple:
+    """(domain id, from, to, standby id) in an order None can take part in."""
+    return tuple(-1 if v is None else v for v in row)
 
 
 def config_export(*, include_secrets: bool = False) -> str:
@@ -350,7 +366,7 @@ def config_export(*, include_secrets: bool = False) -> str:
         if include_secrets:
             item["sharedSecret"] = link.shared_secret
         doc["domainLinks"].append(item)
-    apps = ClientApp.objects.prefetch_related("distributions__domain").order_by("app_name")
+    apps = ClientApp.objects.prefetch_related("distributions__domain", "distributions__standby").order_by("app_name")
     for app in apps:
         item = {"appName": app.app_name, "appId": app.app_id, "masterUserId": app.master_user_id}
         if app.auth_url:
@@ -372,6 +388,8 @@ def config_export(*, include_secrets: bool = False) -> str:
             entry: dict[str, Any] = {"domainName": d.domain.name, "from": d.range_from}
             if d.range_to is not None:
                 entry["to"] = d.range_to
+            if d.standby is not None:
+                entry["standby"] = d.standby.name
             dists.append(entry)
         if dists:
             item["userDistributions"] = dists

@@ -243,7 +243,7 @@ def _mirror_remove(doc: dict) -> str:
             app.delete()
     domain_names = {str(e.get("name")) for e in doc.get("domains") or []}
     for domain in Domain.objects.exclude(Q(name__in=domain_names) | Q(name=settings.DOMAIN_NAME)):
-        if domain.distributions.exists():
+        if domain.distributions.exists() or domain.standby_distributions.exists():
             kept.append(f"domain {domain.name} (distributions of a kept app still name it)")
         else:
             domain.delete()

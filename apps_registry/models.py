@@ -308,12 +308,19 @@ class DomainLink(models.Model):
 
 
 class UserDistribution(models.Model):
-    """Users `<app>-<from>` … `<app>-<to>` (inclusive; no `to` = no upper end) live in `domain`."""
+    """Users `<app>-<from>` … `<app>-<to>` (inclusive; no `to` = no upper end) live in `domain`.
+
+    `standby` (optional, never the home itself) is the domain that keeps a copy of their mailboxes
+    and takes them over while their home is lost (docs/architecture.md, "Standby domains")."""
 
     app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="distributions")
     domain = models.ForeignKey(Domain, on_delete=models.PROTECT, related_name="distributions")
     range_from = models.BigIntegerField("from", validators=[MinValueValidator(0)])
     range_to = models.BigIntegerField("to", null=True, blank=True, help_text="Empty means no upper end.")
+    standby = models.ForeignKey(
+        Domain, on_delete=models.PROTECT, related_name="standby_distributions", null=True, blank=True,
+        help_text="The domain that keeps a copy of these users' mailboxes and takes them over while their home "
+                  "is lost. Empty: none (the users wait for their home).")
 
     class Meta:
         ordering = ["app__app_name", "range_from"]
@@ -322,11 +329,14 @@ class UserDistribution(models.Model):
             models.CheckConstraint(
                 condition=Q(range_to__isnull=True) | Q(range_to__gte=F("range_from")), name="distribution_to_after_from"
             ),
+            models.CheckConstraint(condition=Q(standby__isnull=True) | ~Q(standby=F("domain")),
+                                   name="distribution_standby_not_home"),
         ]
 
     def __str__(self) -> str:
         upper = "" if self.range_to is None else self.range_to
-        return f"{self.app.app_name} {self.range_from}–{upper} @ {self.domain.name}"
+        standby = f" (standby {self.standby.name})" if self.standby_id else ""
+        return f"{self.app.app_name} {self.range_from}–{upper} @ {self.domain.name}{standby}"
 
     @property
     def user_range(self) -> UserRange:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 
 from .models import Domain, DomainLink
-from .selectors import user_home_domain
+from .selectors import user_distribution_of
 
 
 @dataclass
@@ -63,6 +63,7 @@ class Route:
     user_id: str
     home: str | None
     path: list[str] | None
+    standby: str | None = None  # the domain that stands by for the user's home (UserDistribution.standby)
 
     @property
     def next_hop(self) -> str | None:
@@ -73,15 +74,18 @@ class Route:
     def describe(self) -> str:
         if self.home is None:
             return f"{self.user_id} has no home domain (no user distribution covers it)"
+        standby = f" (standby: {self.standby})" if self.standby else ""
         if self.path is None:
-            return f"{self.user_id} lives in {self.home}, which is unreachable over enabled links"
-        return " -> ".join(self.path)
+            return f"{self.user_id} lives in {self.home}, which is unreachable over enabled links{standby}"
+        return " -> ".join(self.path) + standby
 
 
 def route_for_user(user_id: str, *, from_domain: str | None = None, graph: DomainGraph | None = None) -> Route:
     source = from_domain or settings.DOMAIN_NAME
-    home = user_home_domain(user_id)
-    if home is None:
+    distribution = user_distribution_of(user_id)
+    if distribution is None:
         return Route(user_id=user_id, home=None, path=None)
+    home = distribution.domain.name
     graph = graph or DomainGraph.load()
-    return Route(user_id=user_id, home=home.name, path=graph.shortest_path(source, home.name))
+    return Route(user_id=user_id, home=home, path=graph.shortest_path(source, home),
+                 standby=distribution.standby.name if distribution.standby_id else None)

@@ -49,21 +49,26 @@ def client_app_by_name(app_name: str) -> ClientApp | None:
 def user_distribution_for(*, app: ClientApp, number: int) -> UserDistribution | None:
     # Served by the (app_id, range_from) ordering; distributions per app are few.
     return (
-        UserDistribution.objects.select_related("domain")
+        UserDistribution.objects.select_related("domain", "standby")
         .filter(UserRange(number, number).overlapping_q(), app=app)
         .first()
     )
 
 
-def user_home_domain(user_id: str) -> Domain | None:
-    """The domain a user lives in, from its app's distributions; None if unknown or unassigned."""
+def user_distribution_of(user_id: str) -> UserDistribution | None:
+    """The distribution that homes a user (its domain and standby loaded); None if unknown or unassigned."""
     parsed = user_id_parse(user_id)
     if parsed is None:
         return None
     app = client_app_by_name(parsed.app_name)
     if app is None:
         return None
-    distribution = user_distribution_for(app=app, number=parsed.number)
+    return user_distribution_for(app=app, number=parsed.number)
+
+
+def user_home_domain(user_id: str) -> Domain | None:
+    """The domain a user lives in, from its app's distributions; None if unknown or unassigned."""
+    distribution = user_distribution_of(user_id)
     return distribution.domain if distribution else None
 
 

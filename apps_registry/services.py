@@ -116,11 +116,21 @@ def distribution_validate(
         )
 
 
-def distribution_create(*, app: ClientApp, domain: Domain, range_from: int, range_to: int | None) -> UserDistribution:
+def distribution_standby_validate(*, domain: Domain | None, standby: Domain | None) -> None:
+    """A standby is another domain than the home: the copy must survive the home's loss."""
+    if standby is not None and domain is not None and standby.pk == domain.pk:
+        raise ValidationError({"standby": f"The standby must be another domain than the home ({domain.name}): "
+                                          "the copy is there to survive the home's loss."})
+
+
+def distribution_create(*, app: ClientApp, domain: Domain, range_from: int, range_to: int | None,
+                        standby: Domain | None = None) -> UserDistribution:
     with transaction.atomic():
         ClientApp.objects.select_for_update().filter(pk=app.pk).first()  # serialise per app
         distribution_validate(app=app, range_from=range_from, range_to=range_to)
-        return UserDistribution.objects.create(app=app, domain=domain, range_from=range_from, range_to=range_to)
+        distribution_standby_validate(domain=domain, standby=standby)
+        return UserDistribution.objects.create(app=app, domain=domain, range_from=range_from, range_to=range_to,
+                                               standby=standby)
 
 
 def coverage_gap(*, before: Iterable[UserRange], after: Iterable[UserRange]) -> UserRange | None:

@@ -15,7 +15,8 @@ log in as any ANZ user with any token (import_config says so when it imports it)
 rules a `tokenSecret` without `authMode` switches an app to signed tokens, against the seed's
 `authEnabled: false`. Whoever closes it does so in domain-01's admin (the meta), once for all.
 Beyond the seed, ANZ's `news.*` channels are public and open to client subscriptions, so a publish
-can be watched arriving on every domain.
+can be watched arriving on every domain, and each of its ranges has a `standby` (the next domain
+round the ring: 01's users stand by on 02, 02's on 03, 03's on 04, 04's on 01).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ import yaml
 DOMAIN_COUNT = 4
 LINKS = ((1, 2), (2, 3), (3, 4), (1, 4))  # the seed's domainLinks, in its order
 ANZ_DISTRIBUTIONS = ((1, 0, 999999), (2, 1000000, 2999999), (3, 3000000, 5999999), (4, 6000000, None))
+# Beyond the seed: each range's standby domain (the next one round the ring), which keeps a copy of
+# its users' mailboxes and takes them over while their home is lost.
+STANDBY = {1: 2, 2: 3, 3: 4, 4: 1}
 META_DOMAIN = 1  # domain-01 is the meta: the others pull their configuration from it
 # Every queue a domain's one worker serves: make run's routing worker and webhook worker in one
 # (two cores, four domains), and inter-domain forwarding.
@@ -158,6 +162,7 @@ def ring_config(ports: list[int], link_secrets: dict[tuple[str, str], str]) -> d
         entry: dict = {"domainName": domain_name(n), "from": low}
         if high is not None:
             entry["to"] = high
+        entry["standby"] = domain_name(STANDBY[n])
         distributions.append(entry)
     apps.append({"appName": "ANZ", "appId": "app-id-343", "masterUserId": "ANZ-123223",
                  "authUrl": "http://localhost:4200/auth", "authEnabled": False, "userDistributions": distributions,

@@ -234,3 +234,38 @@ def test_a_link_secret_changed_by_a_file_or_a_pull_keeps_the_old_one_valid_for_t
     config_import(text=head + link_entry % ("a" * 43))
     config_import(text=head + link_entry % ("b" * 43), mirror=True)
     assert DomainLink.objects.get().secrets_valid() == ["b" * 43, "a" * 43]
+
+
+def _with_standbys(standbys: dict[str, str]) -> str:
+    """The linker example with a `standby` on ANZ's distributions (home domain -> its standby)."""
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    for app in doc["clientApps"]:
+        for dist in app.get("userDistributions") or []:
+            if dist["domainName"] in standbys:
+                dist["standby"] = standbys[dist["domainName"]]
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def test_a_ranges_standby_domain_is_imported_exported_and_changed_by_a_later_file():
+    config_import(text=_with_standbys({"domain-03": "domain-04"}))
+    row = UserDistribution.objects.get(app__app_name="ANZ", range_from=3000000)
+    assert (row.domain.name, row.standby.name) == ("domain-03", "domain-04")
+    assert UserDistribution.objects.filter(standby__isnull=False).count() == 1
+    exported = yaml.safe_load(config_export())
+    anz = next(a for a in exported["clientApps"] if a["appName"] == "ANZ")
+    assert [d.get("standby") for d in anz["userDistributions"]] == [None, None, "domain-04", None]
+    assert sum(config_import(text=config_export()).created.values()) == 0  # the same file changes nothing
+    config_import(text=_with_standbys({"domain-03": "domain-01"}))
+    row = UserDistribution.objects.get(app__app_name="ANZ", range_from=3000000)
+    assert row.standby.name == "domain-01"
+
+
+@pytest.mark.parametrize(("standby", "error"), [
+    ("domain-03", "the standby must be another domain than the home (domain-03)"),
+    ("domain-09", "unknown standby domain 'domain-09'"),
+])
+def test_a_standby_that_is_the_home_itself_or_unknown_is_refused_by_name(standby, error):
+    with pytest.raises(ConfigError, match=error.replace("(", r"\(").replace(")", r"\)")) as refused:
+        config_import(text=_with_standbys({"domain-03": standby}))
+    assert "userDistributions[2]" in str(refused.value)
+    assert not Domain.objects.exists()  # all or nothing

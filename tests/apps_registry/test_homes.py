@@ -156,3 +156,16 @@ clientApps:
     assert sorted(anz_ring.distributions.values_list("range_from", "domain__name")) == [
         (0, "domain-02"), (3000000, "domain-01")]
     assert ClientApp.objects.get(app_name="NEW").distributions.count() == 1
+
+
+def test_a_distributions_standby_is_set_in_the_admin_and_may_not_be_its_home(anz_ring, operator):
+    row = _row(anz_ring, 3000000)
+    url = f"/admin/apps_registry/userdistribution/{row.pk}/change/"
+    fields = {"app": anz_ring.pk, "domain": row.domain.pk, "range_from": 3000000, "range_to": 5999999}
+    refused = operator.post(url, {**fields, "standby": row.domain.pk})
+    assert refused.status_code == 200
+    assert "The standby must be another domain than the home (domain-03)" in refused.content.decode()
+    assert operator.post(url, {**fields, "standby": Domain.objects.get(name="domain-04").pk}).status_code == 302
+    row.refresh_from_db()
+    assert row.standby.name == "domain-04"
+    assert "domain-04" in operator.get("/admin/apps_registry/userdistribution/").content.decode()

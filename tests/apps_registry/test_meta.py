@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 
 from apps_registry.config_io import config_export, config_import
 from apps_registry.meta import EXPORT_PATH, MetaPullError, meta_pull
-from apps_registry.models import ClientApp, Domain, DomainLink, MetaState
+from apps_registry.models import ClientApp, Domain, DomainLink, MetaState, UserDistribution
 from foundation.signed_calls import ANSWER_METHOD, DOMAIN_HEADER, SIGNATURE_HEADER, signature_refusal, signed_headers
 from tests.apps_registry.test_routing import EXAMPLE
 from tests.factories import make_app, make_domain
@@ -174,6 +174,24 @@ def test_a_local_edit_is_undone_by_the_next_pull_even_when_the_meta_did_not_chan
     link = DomainLink.objects.get(n1__name="domain-01", n2__name="domain-02")
     assert (link.enabled, link.weight) == (True, 1)
     assert not meta_pull().changed
+
+
+def test_a_pull_carries_each_ranges_standby_and_keeps_a_domain_still_named_as_one(fake_meta):
+    doc = yaml.safe_load(fake_meta.document)
+    anz = next(app for app in doc["clientApps"] if app["appName"] == "ANZ")
+    anz["userDistributions"][2]["standby"] = "domain-04"
+    fake_meta.document = yaml.safe_dump(doc)
+    meta_pull()
+    row = UserDistribution.objects.get(app__app_name="ANZ", range_from=3000000)
+    assert (row.domain.name, row.standby.name) == ("domain-03", "domain-04")
+    doc["domains"] = [d for d in doc["domains"] if d["name"] != "domain-04"]
+    doc["domainLinks"] = [link for link in doc["domainLinks"] if "domain-04" not in (link["n1"], link["n2"])]
+    anz["userDistributions"] = [d for d in anz["userDistributions"] if d["domainName"] != "domain-04"]
+    doc["clientApps"] = [a for a in doc["clientApps"] if a["appName"] != "domain4"]
+    fake_meta.document = yaml.safe_dump(doc)
+    outcome = meta_pull()
+    assert Domain.objects.filter(name="domain-04").exists()  # still the standby of a range here
+    assert "domain domain-04 (distributions of a kept app still name it)" in outcome.notice
 
 
 def test_the_mirror_removes_what_the_meta_no_longer_lists(fake_meta):

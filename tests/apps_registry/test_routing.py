@@ -7,7 +7,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from apps_registry.config_io import config_import
-from apps_registry.models import DomainLink
+from apps_registry.models import Domain, DomainLink, UserDistribution
 from apps_registry.routing import DomainGraph, route_for_user
 
 pytestmark = pytest.mark.django_db
@@ -72,3 +72,11 @@ def test_route_command_prints_the_path(network):
 def test_route_command_explains_an_unknown_user(network):
     with pytest.raises(CommandError, match="no home domain"):
         call_command("route", "ZZZ-1")
+
+
+def test_route_command_names_the_users_standby_domain(network):
+    UserDistribution.objects.filter(app__app_name="ANZ", range_from=3000000).update(
+        standby=Domain.objects.get(name="domain-04"))
+    out = StringIO()
+    call_command("route", "ANZ-3123456", "--from", "domain-01", stdout=out)
+    assert out.getvalue().strip() == "domain-01 -> domain-02 -> domain-03 (standby: domain-04)"

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from apps_registry.config_io import config_import
-from apps_registry.models import ClientApp, DomainLink
+from apps_registry.models import ClientApp, DomainLink, UserDistribution
 from apps_registry.selectors import user_home_domain
 from devstack import network
 from devstack.ring_plan import WORKER_QUEUES, domain_number, ring_config_write
@@ -83,9 +83,11 @@ def test_the_ring_file_is_the_seeds_meta_example_on_this_machine_with_a_secret_p
         (link["n1"], link["n2"]) for link in seed["domainLinks"]]
     assert len({link["sharedSecret"] for link in written["domainLinks"]}) == 4
     # The seed's apps; ANZ open as there (no tokenSecret), its news.* channels public and open to
-    # client subscriptions so a publish can be watched arriving on every domain.
+    # client subscriptions so a publish can be watched arriving on every domain, and each of its
+    # ranges standing by on the next domain round the ring.
     anz = written["clientApps"][-1]
     assert (anz.pop("publicChannels"), anz.pop("clientSubscriptions")) == (["news.*"], True)
+    assert [d.pop("standby") for d in anz["userDistributions"]] == ["domain-02", "domain-03", "domain-04", "domain-01"]
     assert written["clientApps"] == seed["clientApps"]
 
 
@@ -107,6 +109,10 @@ def test_the_ring_file_imports_with_anz_users_homed_as_in_the_seed(ring):
     homes = {user: user_home_domain(user).name for user in ("ANZ-1", "ANZ-2000000", "ANZ-3123456", "ANZ-9000000")}
     assert homes == {"ANZ-1": "domain-01", "ANZ-2000000": "domain-02", "ANZ-3123456": "domain-03",
                      "ANZ-9000000": "domain-04"}
+    # Beyond the seed: every range stands by on the next domain round the ring.
+    standbys = {d.domain.name: d.standby.name for d in UserDistribution.objects.select_related("domain", "standby")}
+    assert standbys == {"domain-01": "domain-02", "domain-02": "domain-03", "domain-03": "domain-04",
+                        "domain-04": "domain-01"}
 
 
 @pytest.mark.parametrize("text, number", [("domain-02", 2), ("02", 2), ("4", 4)])
