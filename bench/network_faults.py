@@ -10,7 +10,9 @@ page's good clients (tests.loadclients.Peer: ACK every message, reconnect with j
 was missed, resend what was not accepted, with the same clientMessageId); each connects to its home
 domain. One fault at a time, healed before the next: a domain (02, 03 or 04) stopped for 8-20 s; a
 domain's web node killed (SIGKILL) and started again by the ring's crash watch; a link disabled on
-the meta domain for 8-20 s. At the end the sending stops, everything is healed, and the run waits for
+the meta domain for 8-20 s. `--wider` adds the meta domain (01) to the domains stopped, and two
+domains that are not neighbours (01 and 03, or 02 and 04) stopped together, which cuts the other
+two off from each other meanwhile. At the end the sending stops, everything is healed, and the run waits for
 the network to settle. It answers (exit 1 if any fails):
 
 - every message the server accepted was delivered to its recipient (by its content: ids differ
@@ -58,24 +60,34 @@ def say(text: str) -> None:
 
 
 class Faults:
-    def __init__(self, ring: Ring, rng: random.Random):
-        self.ring, self.rng = ring, rng
+    def __init__(self, ring: Ring, rng: random.Random, *, wider: bool = False):
+        self.ring, self.rng, self.wider = ring, rng, wider
         self.log: list[dict] = []
 
     def _name(self, n: int) -> str:
         return f"domain-0{n}"
 
     def one(self) -> None:
-        kind = self.rng.choice(["stop", "kill", "link"])
+        kind = self.rng.choice(["stop", "stop", "two", "kill", "link"] if self.wider else ["stop", "kill", "link"])
         began = time.monotonic()
-        if kind == "stop":
-            n = self.rng.choice([2, 3, 4])  # domain-01 is the meta: the link faults go through it
+        if kind in ("stop", "two"):
+            # One domain (02, 03 or 04; --wider: the meta, domain-01, too, the others keeping the
+            # configuration they pulled), or (--wider) two that are not neighbours (01 and 03, or 02
+            # and 04: the other two are cut off from each other meanwhile, and what they send each
+            # other waits).
+            if kind == "two":
+                stopped = list(self.rng.choice([(1, 3), (2, 4)]))
+            else:
+                stopped = [self.rng.choice([1, 2, 3, 4] if self.wider else [2, 3, 4])]
             hold = self.rng.uniform(8, 20)
-            say(f"fault: {self._name(n)} stopped for {hold:.0f} s")
-            self.ring.stop_domain(n)
+            names = " and ".join(self._name(n) for n in stopped)
+            say(f"fault: {names} stopped for {hold:.0f} s")
+            for n in stopped:
+                self.ring.stop_domain(n)
             time.sleep(hold)
-            self.ring.start_domain(n)
-            what = f"{self._name(n)} stopped {hold:.0f} s"
+            for n in stopped:
+                self.ring.start_domain(n)
+            what = f"{names} stopped {hold:.0f} s"
         elif kind == "kill":
             n = self.rng.randint(1, DOMAIN_COUNT)
             web = self.ring.children[n][0]
@@ -160,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--log-dir", type=Path)
+    parser.add_argument("--wider", action="store_true",
+                        help="also stop the meta domain, and two domains that are not neighbours at once")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     env = platform_env()
@@ -185,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             for peer in peers:
                 peer.sending.set()
             say(f"{len(peers)} users sending {args.rate}/s each for {args.minutes} minutes, with faults")
-            faults = Faults(ring, rng)
+            faults = Faults(ring, rng, wider=args.wider)
             end = time.monotonic() + args.minutes * 60
             while time.monotonic() < end:
                 time.sleep(rng.uniform(3, 8))
@@ -210,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
             again_after_ack = sum(len(p.record.after_ack) for p in peers)
             result = {
                 "minutes": args.minutes, "users": len(peers), "rate_per_user": args.rate, "seed": args.seed,
+                "wider": args.wider,
                 "faults": faults.log, "accepted": accepted, "unaccepted": sum(len(p.unaccepted()) for p in peers),
                 "missing": sum(len(v) for v in missing.values()), "dead": dead,
                 "delivered_again_after_ack": again_after_ack,

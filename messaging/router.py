@@ -18,7 +18,9 @@ Where a claimed delivery goes is decided in one place, `destination`: this domai
 the recipient's home domain elsewhere. A user homed elsewhere is never connected here
 (authentication sends it home), so its delivery is queued on the link to the next hop towards its
 home (messaging.network.queue), or, where no enabled link leads there, counts a failed attempt
-("no route to domain-05").
+("no route to domain-05"). Such a recipient's earlier rows that are still waiting to be routed (their
+routing task was lost with a worker, or is behind this one) are claimed and routed with the task's
+own, first: the next domain stores a recipient's messages in the order they arrive.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from foundation.transport import sockets
 from messaging.delivery.claims import ClaimedRow, deliveries_claim, deliveries_park, deliveries_release
 from messaging.delivery.retry import deliveries_fail
 from messaging.network.links import destination
-from messaging.network.queue import deliveries_queue_on_links
+from messaging.network.queue import deliveries_queue_on_links, earlier_unrouted
 from messaging.protocol import delivery_frame
 from presence import cache
 
@@ -64,6 +66,12 @@ def deliveries_route(delivery_ids: list[int]) -> RouteOutcome:
             here.append(row)
         else:
             elsewhere[row.delivery_id] = home
+    if elsewhere:  # their recipients' earlier rows whose routing was lost go first, with them
+        for row in deliveries_claim(delivery_ids=earlier_unrouted(sorted(elsewhere)), token=token):
+            if (home := destination(row.recipient)) is not None:
+                elsewhere[row.delivery_id] = home
+            else:
+                here.append(row)
     deliveries_queue_on_links(homes=elsewhere, token=token)
     outcome = _push_here(here, token)
     return RouteOutcome(outcome.pushed, outcome.offline, outcome.released, outcome.failed, len(elsewhere))

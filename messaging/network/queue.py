@@ -25,8 +25,8 @@ from django.db import transaction
 from foundation.db import hot_cursor
 from foundation.outbound import one_at_a_time
 from messaging.delivery.retry import deliveries_fail
-from messaging.delivery.sql import FORWARDED, FORWARDING, SENT
-from messaging.handoff import forward_links_kick, receipt_links_kick
+from messaging.delivery.sql import FORWARDED, FORWARDING, PENDING, RETRYING, SENT
+from messaging.handoff import ROUTING_TASK_MAX_IDS, forward_links_kick, receipt_links_kick
 from messaging.network.links import (
     destination,
     link_state,
@@ -117,6 +117,31 @@ def deliveries_queue_on_links(*, homes: dict[int, str], token: int) -> QueueOutc
         peers = sorted(set(queued))
         transaction.on_commit(lambda: forward_links_kick(peers))
     return QueueOutcome(queued=len(queued), no_route=sum(len(c) for c in no_route.values()))
+
+
+def earlier_unrouted(delivery_ids: list[int]) -> list[int]:
+    """Rows not yet routed (pending, or retrying on a timer) that stand in their recipient's mailbox
+    before the earliest of `delivery_ids` for that recipient: a routing task that takes them with
+    its own rows keeps the recipient's order where their own routing was lost (a worker stopped or
+    killed between the store and its routing task, which the sweep makes up for only later) or is
+    still on its way behind this task. Rows another task has claimed (`sent`) are its own."""
+    if not delivery_ids:
+        return []
+    with hot_cursor() as cur:
+        cur.execute(
+            f"""
+            SELECT o.id
+              FROM (SELECT d.app_id, d.recipient, min(d.seq) AS seq FROM messaging_delivery d
+                     WHERE d.id = ANY(%s::bigint[]) GROUP BY d.app_id, d.recipient) k
+              JOIN LATERAL (
+                   SELECT o.id FROM messaging_delivery o
+                    WHERE o.app_id = k.app_id AND o.recipient = k.recipient AND o.seq < k.seq
+                      AND o.state IN ({PENDING}, {RETRYING}) AND o.next_attempt_at IS NOT NULL
+                    ORDER BY o.seq LIMIT {ROUTING_TASK_MAX_IDS}) o ON true
+            """,
+            [sorted(delivery_ids)],
+        )
+        return sorted(row[0] for row in cur.fetchall())
 
 
 def _keep_on_the_detour(chosen: dict[int, str | None], rows: dict[int, tuple], homes: dict[int, str]) -> None:

@@ -491,3 +491,13 @@ def test_a_long_queue_is_sent_in_runs_of_a_bounded_time_each_handing_the_rest_to
     assert [row(s, NEAR).state for s in sent] == ["forwarded", "forwarding", "forwarding"]
     net.pump()
     assert [row(s, NEAR).state for s in sent] == ["forwarded"] * 3
+
+
+def test_a_message_whose_routing_was_lost_with_a_worker_is_not_overtaken_by_a_later_one(net):
+    first = net.send(ALICE, NEAR, "stored just before the worker died")
+    net.pump(only="no such task")  # committed: its routing task is handed over ...
+    net.dispatcher.clear()  # ... and lost with the worker; the sweep would route it only later
+    second = net.send(ALICE, NEAR, "sent once the domain was back")
+    net.pump()
+    assert net.mailbox("domain-02", NEAR) == [first, second]
+    assert net.row("domain-01", first, NEAR).state == "forwarded"
