@@ -218,8 +218,13 @@ def demo_network(django_db_setup, django_db_blocker):
                                        max_connections_per_user=3, deliveries_per_second=20, deliveries_burst=20,
                                        max_group_recipients=20, allowed_origins=["https://good.example"])
         UserDistribution.objects.create(app=lim, domain=here, range_from=0, range_to=999999)
+        # A slow frame rate (2 a second, burst 10): a flood outruns it however slowly a busy node
+        # handles each frame (at ANZ's 50 a second a slow node refills the bucket as fast as it reads).
+        rtl = ClientApp.objects.create(app_name="RTL", app_id="app-id-rtl", master_user_id="RTL-1", auth_mode="none",
+                                       rate_limit_per_second=2, rate_limit_burst=10)
+        UserDistribution.objects.create(app=rtl, domain=here, range_from=0, range_to=999999)
         app_snapshots_clear()
-    yield {"anz": anz, "bnz": bnz, "lim": lim}
+    yield {"anz": anz, "bnz": bnz, "lim": lim, "rtl": rtl}
     # Committed rows outlive the module unless removed: later tests expect an empty database.
     from presence.models import Node, PresenceEvent
 

@@ -88,8 +88,8 @@ def test_binary_frames_are_refused_politely(alice):
 
 def test_rate_limit_refuses_the_excess_and_persistent_abuse_closes_with_1008(node):
     with WsClient(node.ws_url) as flood:
-        flood.auth("ANZ-11050")
-        for _ in range(70):  # burst is 60 for this app
+        flood.auth("RTL-11050", app_id="app-id-rtl")
+        for _ in range(25):  # the app allows 2 a second, burst 10; 20 refusals in 10 s would close
             flood.send("FETCH_MISSING_MESSAGES_REQUEST", {"count": 1})
         frames = flood.recv_all(quiet=1)
         refused = [f for f in frames if f["type"] == "INVALID_MESSAGE"]
