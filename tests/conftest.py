@@ -140,8 +140,11 @@ def _abandoned_transactions() -> list[str]:
         return []
     wrappers = {}
     for obj in gc.get_objects():
-        if isinstance(obj, BaseDatabaseWrapper) and obj.connection is not None and not obj.connection.closed:
-            wrappers[obj.connection.info.backend_pid] = obj
+        try:
+            if isinstance(obj, BaseDatabaseWrapper) and obj.connection is not None and not obj.connection.closed:
+                wrappers[obj.connection.info.backend_pid] = obj
+        except ReferenceError:  # a weak proxy whose object is gone
+            continue
     threads = {t.ident: t.name for t in threading.enumerate()}
     found = []
     for pid, idle, query in rows:

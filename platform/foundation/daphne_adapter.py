@@ -47,6 +47,7 @@ import logging
 import os
 from collections.abc import Callable
 
+from autobahn.exception import Disconnected
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
@@ -339,7 +340,13 @@ def install() -> None:
     def server_send(self, content, binary=False):
         if getattr(self, "_switchboard_slow", False):
             return None  # cut off: nothing more is queued for a reader that does not read
-        original_send(self, content, binary)
+        try:
+            original_send(self, content, binary)
+        except Disconnected:
+            # The client went away while the frame was being made (autobahn refuses a send on a
+            # closed protocol): nothing is queued, as for any closed socket; the consumer's
+            # disconnect follows. Raised, it would crash the consumer, which a drain then waits on.
+            return None
         buffer = getattr(self, "_switchboard_outgoing", None)
         if buffer is not None and buffer.pending() > max_outgoing:
             log.warning("closing %s: %d bytes queued for a reader that does not keep up", self.client_addr,

@@ -101,3 +101,13 @@ def test_a_web_node_on_an_untested_daphne_serves_when_the_operator_allows_it(web
     assert REPORTED in node.output()
     node.kill(signal.SIGTERM)
     assert not node.alive()
+
+
+def test_a_frame_sent_as_its_client_goes_away_is_dropped_instead_of_crashing_the_consumer():
+    from daphne.ws_protocol import WebSocketProtocol
+
+    daphne_adapter.install()
+    protocol = WebSocketProtocol()
+    protocol.client_addr = ["127.0.0.1", 50000]
+    protocol.state = WebSocketProtocol.STATE_CLOSED  # the client closed while the frame was being made
+    assert protocol.serverSend("a frame nobody will read", False) is None
