@@ -22,6 +22,10 @@ the network to settle. It answers (exit 1 if any fails):
   buffer an ACK can die with it: counted apart, as the rolling-restart test does);
 - in every recipient's mailbox at its home, each sender's messages stand in the order they were
   sent (by the sender's counter in the content).
+
+It also reports how long the network took to settle and each accepted message's time from its
+first send to its first arrival (p50, p99, max, how many over 10 s and 30 s): a message held at
+its home for an earlier one from its origin (messaging.network.order) shows there.
 """
 
 from __future__ import annotations
@@ -143,6 +147,26 @@ def _missing(peers: list[Peer]) -> dict[str, list[str]]:
     return missing
 
 
+def _latency(peers: list[Peer]) -> dict:
+    """How long accepted messages took from their first send to their first arrival (seconds):
+    what a message held at its home for an earlier one costs shows here."""
+    seen = {}
+    for peer in peers:
+        with peer.lock:
+            seen.update(peer.record.first_seen)
+    waits = []
+    for peer in peers:
+        with peer.lock:
+            waits += [seen[s.content] - s.at for s in peer.record.sent.values()
+                      if s.message_id is not None and s.content in seen]
+    if not waits:
+        return {}
+    waits.sort()
+    at = lambda q: round(waits[min(len(waits) - 1, int(q * len(waits)))], 2)  # noqa: E731
+    return {"p50": at(0.5), "p99": at(0.99), "max": round(waits[-1], 2),
+            "over_10_s": sum(w > 10 for w in waits), "over_30_s": sum(w > 30 for w in waits)}
+
+
 def _out_of_order(ring: Ring, users: dict[int, list[str]]) -> dict[str, list[tuple[int, int]]]:
     """Per "sender to recipient": the pairs (earlier, later) of the sender's counters that stand the
     other way round in the recipient's mailbox at its home domain (mailbox order: seq)."""
@@ -208,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
             for peer in peers:
                 peer.sending.clear()
             say("sending stopped; waiting for the network to settle")
+            settle_started = time.monotonic()
             _settle(peers, timeout=180)
+            settled = round(time.monotonic() - settle_started, 1)
             accepted = sum(len(p.accepted()) for p in peers)
             missing = _missing(peers)
             if missing:
@@ -230,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 "delivered_again_after_ack": again_after_ack,
                 "out_of_order": sum(len(v) for v in wrong_order.values()),
                 "closes": sum(len(p.record.close_codes) for p in peers),
+                "settled_seconds": settled, "latency_seconds": _latency(peers),
                 "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()},
             }
             for peer in peers:

@@ -78,6 +78,10 @@ WEBHOOKS = Counter(
     "channel events; dead-letter events are recorded, and every call is made, by Celery workers, which are "
     "not scraped (see switchboard_webhook_deliveries for the cluster-wide picture)",
     ["event", "outcome"], registry=REGISTRY)
+HELD_IN_ORDER = Gauge("switchboard_network_held_in_order",
+                      "Messages stored here that wait for an earlier one from their origin domain", registry=REGISTRY)
+HELD_OLDEST = Gauge("switchboard_network_held_in_order_oldest_seconds",
+                    "How long the oldest message held in order has waited (0: none)", registry=REGISTRY)
 WEBHOOK_BACKLOG = Gauge("switchboard_webhook_deliveries",
                         "Webhook deliveries not delivered (pending, retrying) or dead, cluster-wide", ["state"],
                         registry=REGISTRY)
@@ -140,6 +144,10 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         # served by the partial index delivery_dead_letters
         cur.execute(f"SELECT count(*) FROM messaging_delivery WHERE state = {states_sql(DeliveryState.DEAD)}")
         DEAD_LETTERS.set(cur.fetchone()[0])
+        cur.execute("SELECT count(*), coalesce(extract(epoch FROM now() - min(held_at)), 0) FROM messaging_heldinorder")
+        held, oldest = cur.fetchone()
+        HELD_IN_ORDER.set(held)
+        HELD_OLDEST.set(float(oldest))
     for state, count in webhook_backlog().items():
         WEBHOOK_BACKLOG.labels(state).set(count)
     LINKS.states = link_states()

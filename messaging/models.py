@@ -137,6 +137,10 @@ class Mailbox(models.Model):
     app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="+", db_index=False)
     user_id = models.CharField(max_length=96)
     last_seq = models.BigIntegerField(default=0)
+    # How many of the mailbox's messages were stored here first (not forwarded from another domain):
+    # their Delivery.origin_seq, by which the recipient's home, where that is another domain, puts
+    # them in order (messaging.network.order). Gap-free, as last_seq is.
+    origin_last_seq = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["app", "user_id"], name="mailbox_one_per_user")]
@@ -162,6 +166,12 @@ class Delivery(models.Model):
     # A dead letter re-queued by an operator, on its way to a neighbour: the neighbour revives its own
     # dead copy rather than taking the call for a duplicate (messaging.network.intake); cleared once sent.
     revive = models.BooleanField(default=False, db_default=False)
+    # The message's place among the messages to this recipient stored first at its origin domain
+    # (Mailbox.origin_last_seq there): what the recipient's home puts each origin's messages in order
+    # by (messaging.network.order). Drawn here for a message stored here first, carried in (and on)
+    # for one that came from another domain; NULL for rows older than that order, or from a domain
+    # that does not send it.
+    origin_seq = models.BigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField()
     sent_at = models.DateTimeField(null=True, blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
@@ -256,7 +266,7 @@ class IdempotencyKey(models.Model):
 # The tables declared in messaging's rooms belong to this app: importing them registers them.
 from messaging.channels.models import Channel, ChannelMessage, Subscription  # noqa: E402
 from messaging.exchange.models import ExchangeState, Follow  # noqa: E402
-from messaging.network.models import ChannelForward, LinkHealth, ReceiptForward  # noqa: E402
+from messaging.network.models import ChannelForward, HeldInOrder, LinkHealth, OrderMark, ReceiptForward  # noqa: E402
 from messaging.webhooks.models import (  # noqa: E402
     WEBHOOK_ALL_EVENTS,
     WEBHOOK_OPEN_STATES,
@@ -273,7 +283,8 @@ from messaging.webhooks.models import (  # noqa: E402
 __all__ = [
     "CLAIMABLE_STATES", "DELIVERABLE_STATES", "EXPIRABLE_STATES", "UNDELIVERED_STATES", "WEBHOOK_ALL_EVENTS",
     "WEBHOOK_OPEN_STATES", "WEBHOOK_SUBSCRIBABLE_EVENTS", "Channel", "ChannelForward", "ChannelMessage", "DeadLetter", "Delivery",
-    "DeliveryState", "ExchangeState", "Follow", "IdempotencyKey", "LinkHealth", "Mailbox", "Message", "MessageKind", "ReceiptForward",
+    "DeliveryState", "ExchangeState", "Follow", "HeldInOrder", "IdempotencyKey", "LinkHealth", "Mailbox", "Message",
+    "MessageKind", "OrderMark", "ReceiptForward",
     "Subscription", "WebhookDelivery",
     "WebhookEndpoint", "WebhookEvent", "WebhookState", "states_sql", "webhook_events_all", "webhook_secret_new",
     "webhook_states_sql",

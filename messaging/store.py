@@ -69,31 +69,38 @@ def messages_insert_sql(messages: str, *, forwarded: bool = False) -> str:
     )"""
 
 
-def deliveries_append_sql(fan: str) -> str:
-    """CTEs that append a delivery per row of relation `fan` (ord, message_id, app_id, recipient) to
-    each recipient's mailbox, ending in `new_deliveries` (id, message_id).
+def deliveries_append_sql(fan: str, *, origin_seq: bool = False) -> str:
+    """CTEs that append a delivery per row of relation `fan` (ord, message_id, app_id, recipient,
+    and `origin_seq` where the messages came from another domain, carrying it: Delivery.origin_seq)
+    to each recipient's mailbox, ending in `new_deliveries` (id, message_id).
 
     - every mailbox is bumped once per statement, by the number of its new deliveries, in
       (app, user) order: the upsert holds each mailbox row lock until commit, so sequences are
       gap-free and increasing, and two statements locking overlapping mailboxes queue up in one
       global order instead of deadlocking;
-    - within a statement, one recipient's new deliveries take its sequence numbers in `ord` order.
+    - within a statement, one recipient's new deliveries take its sequence numbers in `ord` order;
+    - messages stored here first (no `origin_seq` given) also take the next numbers of the
+      mailbox's own count (Mailbox.origin_last_seq) as their origin_seq, the same way.
     """
     pending = states_sql(DeliveryState.PENDING)
+    own = "0" if origin_seq else "count(*)"
+    in_order = "mb.last_seq - count(*) OVER w + row_number() OVER (w ORDER BY f.ord)"
+    own_seq = "f.origin_seq" if origin_seq else "mb.origin_last_seq - count(*) OVER w + row_number() OVER (w ORDER BY f.ord)"
     return f"""
     mb AS (
-        INSERT INTO messaging_mailbox (app_id, user_id, last_seq)
-        SELECT app_id, recipient, count(*) FROM {fan} GROUP BY app_id, recipient ORDER BY app_id, recipient
-        ON CONFLICT (app_id, user_id) DO UPDATE SET last_seq = messaging_mailbox.last_seq + EXCLUDED.last_seq
-        RETURNING app_id, user_id, last_seq
+        INSERT INTO messaging_mailbox (app_id, user_id, last_seq, origin_last_seq)
+        SELECT app_id, recipient, count(*), {own} FROM {fan} GROUP BY app_id, recipient ORDER BY app_id, recipient
+        ON CONFLICT (app_id, user_id) DO UPDATE SET last_seq = messaging_mailbox.last_seq + EXCLUDED.last_seq,
+            origin_last_seq = messaging_mailbox.origin_last_seq + EXCLUDED.origin_last_seq
+        RETURNING app_id, user_id, last_seq, origin_last_seq
     ), new_deliveries AS (
         INSERT INTO messaging_delivery (message_id, app_id, recipient, seq, state, attempts, last_error,
-                                        created_at, next_attempt_at)
-        SELECT f.message_id, f.app_id, f.recipient,
-               mb.last_seq - count(*) OVER (PARTITION BY f.app_id, f.recipient)
-                           + row_number() OVER (PARTITION BY f.app_id, f.recipient ORDER BY f.ord),
-               {pending}, 0, '', now(), now() + make_interval(secs => {float(settings.ROUTING_DEADLINE_SECONDS)})
+                                        created_at, next_attempt_at, origin_seq)
+        SELECT f.message_id, f.app_id, f.recipient, {in_order},
+               {pending}, 0, '', now(), now() + make_interval(secs => {float(settings.ROUTING_DEADLINE_SECONDS)}),
+               {own_seq}
           FROM {fan} f JOIN mb ON mb.app_id = f.app_id AND mb.user_id = f.recipient
+        WINDOW w AS (PARTITION BY f.app_id, f.recipient)
         RETURNING id, message_id
     )"""
 

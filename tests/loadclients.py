@@ -45,6 +45,7 @@ class Sent:
     to: str
     content: str
     message_id: str | None = None  # from MESSAGE_ACCEPTED
+    at: float = field(default_factory=time.monotonic)  # when it was first sent
 
 
 @dataclass
@@ -52,6 +53,7 @@ class Record:
     sent: dict[str, Sent] = field(default_factory=dict)  # clientMessageId -> what and whether accepted
     deliveries: Counter = field(default_factory=Counter)  # message id -> MESSAGE frames received
     contents: dict[str, str] = field(default_factory=dict)  # message id -> content
+    first_seen: dict[str, float] = field(default_factory=dict)  # content -> when it first arrived
     acked: set[str] = field(default_factory=set)  # ids whose ACK left this client
     after_ack: list[str] = field(default_factory=list)  # ids delivered again after their ACK had left
     close_codes: list[int] = field(default_factory=list)  # every close this client did not ask for
@@ -193,6 +195,7 @@ class Peer(threading.Thread):
                     self.record.after_ack.append(message_id)
                 self.record.deliveries[message_id] += 1
                 self.record.contents[message_id] = data.get("content", "")
+                self.record.first_seen.setdefault(data.get("content", ""), time.monotonic())
             client.send("ACK", {"ids": [message_id]})  # raises if the socket closed: not ACKed
             with self.lock:
                 self.record.acked.add(message_id)

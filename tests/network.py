@@ -59,7 +59,8 @@ RING = [("domain-01", "domain-02"), ("domain-02", "domain-03"), ("domain-03", "d
 # What each domain keeps of its own (its database, in production).
 DOMAIN_TABLES = ("messaging_message", "messaging_delivery", "messaging_mailbox", "messaging_linkhealth",
                  "messaging_channel", "messaging_channelmessage", "messaging_channelforward",
-                 "messaging_receiptforward", "messaging_subscription")
+                 "messaging_receiptforward", "messaging_subscription", "messaging_ordermark",
+                 "messaging_heldinorder")
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,13 @@ configured link, with its live state (up; down since when, and whether it is rou
 disabled; not called yet), the last error, the last answer, what was forwarded each way, when its
 queues are retried, and the channel publishes and receipts waiting on it. Read-only; "probe now"
 pings the selected neighbours at once (needs the change permission). Messaging › Receipts waiting
-lists each receipt still on its way to its origin domain, with its attempts and last error."""
+lists each receipt still on its way to its origin domain, with its attempts and last error; Messages
+held in order, those that came before an earlier one from their origin and wait for it."""
 
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib import admin
@@ -17,7 +19,7 @@ from django.db.models.functions import Coalesce
 from apps_registry.models import DomainLink
 from foundation.admin_readonly import ACT, ReadOnlyAdminMixin
 from messaging.network.links import link_health_rows_ensure
-from messaging.network.models import ChannelForward, LinkHealth, ReceiptForward
+from messaging.network.models import ChannelForward, HeldInOrder, LinkHealth, ReceiptForward
 from messaging.network.probes import links_probe
 from messaging.network.selectors import configured_links, link_state_text
 
@@ -98,3 +100,19 @@ class ReceiptForwardAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     search_fields = ["recipient", "=origin_message_id"]
     ordering = ["id"]
     fields = readonly_fields = list_display + ["domain", "error"]
+
+
+@admin.register(HeldInOrder)
+class HeldInOrderAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Messages stored here that came before an earlier one from their origin (messaging.network.order):
+    not in their recipient's mailbox until it comes, or until NETWORK_ORDER_WAIT_SECONDS have passed."""
+
+    list_display = ["id", "recipient", "origin_domain", "origin_seq", "message", "held_at", "waits_until"]
+    list_filter = ["origin_domain"]
+    search_fields = ["recipient"]
+    ordering = ["held_at", "id"]
+    fields = readonly_fields = list_display
+
+    @admin.display(description="waits at most until")
+    def waits_until(self, obj: HeldInOrder):
+        return obj.held_at + timedelta(seconds=settings.NETWORK_ORDER_WAIT_SECONDS)

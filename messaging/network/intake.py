@@ -1,8 +1,8 @@
 """What a domain does with the deliveries, confirmations and receipts a neighbour forwards
 (POST /internal/v1/forward, after messaging.network.transport has checked the call).
 
-The payload is {"messages": [...], "receipts": [...]} (docs/protocol.md, "Between domains"). It is
-validated strictly (anything malformed is refused with 400 and nothing of the call is stored); a
+The payload is {"messages": [...], "receipts": [...]} (docs/protocol.md, "Between domains"), read
+by messaging.network.forward_payload. It is validated strictly (anything malformed is refused with 400 and nothing of the call is stored); a
 message this domain cannot take for a reason of its own (its app unknown here, over the hop limit)
 is refused alone, in the answer's `refused` list by its index in the payload, and the rest of the
 call is stored. Every message taken is stored in one transaction before the answer: the neighbour
@@ -22,199 +22,19 @@ messaging.handoff: pushed here if their home is here, forwarded again otherwise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from django.conf import settings
 from django.db import transaction
 
-from apps_registry.models import ClientApp
 from foundation.db import hot_cursor
 from messaging.delivery.sql import DEAD, FORWARDED, PENDING
 from messaging.handoff import routing_enqueue
-from messaging.models import MessageKind
 from messaging.network import receipts
-from messaging.network.fast_forward import fast_accept, fast_parse
-from messaging.network.links import destination, link_received, route_blocked, route_holding, way_on
-from messaging.network.presence_gossip import PresenceRefused, presence_accept, presence_parse
-from messaging.network.selectors import WaitingHere
-from messaging.network.transport import PeerRefused
+from messaging.network.fast_forward import fast_accept
+from messaging.network.forward_payload import Incoming, payload_parse
+from messaging.network.links import destination, link_received, route_blocked, route_holding
+from messaging.network.order import Arrival, arrivals_put_in_order
+from messaging.network.presence_gossip import presence_accept
 from messaging.store import deliveries_append_sql, messages_insert_sql
-
-KINDS = tuple(k.value for k in MessageKind)
-MAX_ITEMS = 10_000
-
-
-@dataclass
-class Incoming:
-    ord: int
-    app_id: int
-    sender: str
-    kind: str
-    content: str
-    reference: str
-    confirm: bool
-    cmid: str | None
-    origin: str
-    origin_id: int
-    path: list[str]
-    confirms: str
-    recipients: list[str]
-    revive: list[str]  # recipients whose dead copy here an operator's re-queue brings back
-    hold: bool = False  # the sender has no other way: taken even where this domain has no way on now
-
-
-def _refuse(reason: str, status: int = 400) -> PeerRefused:
-    return PeerRefused(status, reason)
-
-
-def _text(item: dict, key: str, where: str, *, max_len: int, empty: bool = True, null: bool = False) -> str | None:
-    value = item.get(key)
-    if value is None and null:
-        return None
-    if not isinstance(value, str) or len(value) > max_len or (not empty and not value):
-        raise _refuse(f"{where}: {key} must be a{'' if empty else ' non-empty'} string of at most {max_len} characters")
-    return value
-
-
-def _whole(item: dict, key: str, where: str) -> int:
-    value = item.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise _refuse(f"{where}: {key} must be a positive whole number")
-    return value
-
-
-def _message_parse(ord_: int, item, *, sender_domain: str, apps: dict[str, int]) -> Incoming:
-    where = f"messages[{ord_}]"
-    if not isinstance(item, dict):
-        raise _refuse(f"{where} must be an object")
-    app_name = _text(item, "app", where, max_len=64, empty=False)
-    kind = _text(item, "kind", where, max_len=16, empty=False)
-    if kind not in KINDS:
-        raise _refuse(f"{where}: kind must be one of {', '.join(KINDS)}")
-    confirm = item.get("confirmation_requested")
-    if not isinstance(confirm, bool):
-        raise _refuse(f"{where}: confirmation_requested must be true or false")
-    path = item.get("path")
-    if (not isinstance(path, list) or not path
-            or not all(isinstance(d, str) and d and len(d) <= 64 and "," not in d for d in path)):
-        raise _refuse(f"{where}: path must be a non-empty list of domain names")
-    origin = _text(item, "origin_domain", where, max_len=64, empty=False)
-    if path[0] != origin or path[-1] != sender_domain:
-        raise _refuse(f"{where}: path must run from the origin domain ({origin}) to the calling domain ({sender_domain})")
-    recipients = item.get("recipients")
-    if (not isinstance(recipients, list) or not recipients
-            or not all(isinstance(r, str) and r and len(r) <= 96 for r in recipients)):
-        raise _refuse(f"{where}: recipients must be a non-empty list of user ids")
-    confirms = _text(item, "confirms", where, max_len=100)
-    if confirms:
-        c_domain, _, c_id = confirms.rpartition(":")
-        if not c_domain or not c_id.isascii() or not c_id.isdigit():
-            raise _refuse(f"{where}: confirms must be \"<origin domain>:<message id>\"")
-    incoming = Incoming(
-        ord=ord_, app_id=0, sender=_text(item, "sender", where, max_len=96, empty=False), kind=kind,
-        content=_text(item, "content", where, max_len=1_000_000), reference=_text(item, "reference", where, max_len=256),
-        confirm=confirm, cmid=_text(item, "client_message_id", where, max_len=128, null=True), origin=origin,
-        origin_id=_whole(item, "origin_message_id", where), path=path, confirms=confirms,
-        recipients=sorted(set(recipients)), revive=[],
-    )
-    revive = item.get("revive", [])
-    if not isinstance(revive, list) or not set(revive) <= set(incoming.recipients):
-        raise _refuse(f"{where}: revive must be a list of the message's recipients")
-    incoming.revive = sorted(set(revive))
-    hold = item.get("hold", False)
-    if not isinstance(hold, bool):
-        raise _refuse(f"{where}: hold must be true or false")
-    incoming.hold = hold
-    incoming.app_id = apps.get(app_name, 0)
-    return incoming
-
-
-def _refusal(item: Incoming, app_name: str) -> str:
-    """Why this domain does not take a well-formed message ('' if it does): reasons of the message's
-    own, which refuse it alone."""
-    if not item.app_id:
-        return f"app {app_name!r} is not known in {settings.DOMAIN_NAME}"
-    if len(item.path) > settings.FORWARD_HOP_LIMIT:
-        return f"hop limit ({settings.FORWARD_HOP_LIMIT}) exceeded: {len(item.path)} hops"
-    return ""
-
-
-class _WayOn:
-    """The homes of an item's recipients this domain has no way on to now (links.way_on; its links
-    there are down, or lead only back). Such an item is refused with `blocked` (its sender routes it
-    another way, or keeps it), unless its recipient's earlier messages wait here: it waits behind
-    them rather than overtake them another way (the sweep hands the queue back as a whole)."""
-
-    def __init__(self):
-        self.known: dict[tuple[str, tuple[str, ...]], bool] = {}
-        self.queued = WaitingHere()
-
-    def blocked(self, item: Incoming) -> list[str]:
-        out = set()
-        for recipient in item.recipients:
-            home = destination(recipient)
-            if home is None:
-                continue
-            key = (home, tuple(item.path))
-            if key not in self.known:
-                self.known[key] = way_on(home, visited=item.path) is None
-            if self.known[key] and not self.queued.waiting(item.app_id, recipient):
-                out.add(home)
-        return sorted(out)
-
-
-@dataclass
-class Parsed:
-    messages: list[Incoming]  # those to store
-    refused: list[dict]  # {"index", "reason"} of those refused alone
-    receipts: list[dict]
-    fast: list[dict]  # FAST items: pushed here, or carried on (never stored)
-    blocked: list[str]  # the domains the caller has no way on to now (it hands back their items)
-    presence: list[dict]  # domains' lists of online users (messaging.network.presence_gossip)
-
-
-def payload_parse(*, sender: str, payload: dict) -> Parsed:
-    """The call's messages (those to store, those refused alone) and receipts, or PeerRefused
-    naming what is wrong with the call."""
-    unknown = set(payload) - {"messages", "receipts", "fast", "blocked", "presence"}
-    if unknown:
-        raise _refuse(f"unknown field(s): {', '.join(sorted(unknown))}")
-    blocked = payload.get("blocked", [])
-    if (not isinstance(blocked, list) or len(blocked) > 1000
-            or not all(isinstance(d, str) and d and len(d) <= 64 for d in blocked)):
-        raise _refuse("blocked must be a list of domain names")
-    messages, receipt_items = payload.get("messages", []), payload.get("receipts", [])
-    fast_items = payload.get("fast", [])
-    if not isinstance(messages, list) or not isinstance(receipt_items, list) or not isinstance(fast_items, list):
-        raise _refuse("messages, receipts and fast must be lists")
-    if len(messages) + len(receipt_items) + len(fast_items) > MAX_ITEMS:
-        raise _refuse(f"more than {MAX_ITEMS} items in one call", 413)
-    names = {m.get("app") for m in messages if isinstance(m, dict) and isinstance(m.get("app"), str)}
-    apps = dict(ClientApp.objects.filter(app_name__in=names).values_list("app_name", "pk"))
-    parsed = [_message_parse(i, item, sender_domain=sender, apps=apps) for i, item in enumerate(messages)]
-    taken, refused = [], []
-    ways = _WayOn()
-    for incoming, item in zip(parsed, messages, strict=True):
-        reason = _refusal(incoming, item["app"])
-        stuck = [] if reason or incoming.hold else ways.blocked(incoming)
-        if reason:
-            refused.append({"index": incoming.ord, "reason": reason})
-        elif stuck:
-            refused.append({"index": incoming.ord, "blocked": stuck,
-                            "reason": f"{settings.DOMAIN_NAME} has no way on to {', '.join(stuck)} now"})
-        else:
-            taken.append(incoming)
-    presence = payload.get("presence", [])
-    if not isinstance(presence, list) or len(presence) > MAX_ITEMS:
-        raise _refuse(f"presence must be a list of at most {MAX_ITEMS} lists")
-    try:
-        presence = [presence_parse(i, item) for i, item in enumerate(presence)]
-    except PresenceRefused as exc:
-        raise _refuse(str(exc)) from None
-    return Parsed(messages=taken, refused=refused, blocked=sorted(set(blocked)), presence=presence,
-                  receipts=[receipts.receipt_parse(i, item, sender=sender) for i, item in enumerate(receipt_items)],
-                  fast=[fast_parse(i, item, sender=sender) for i, item in enumerate(fast_items)])
-
 
 _LOCK_SQL = """
 SELECT k.ord, m.id FROM messaging_message m
@@ -233,18 +53,20 @@ WITH msgs AS (
            AS t(ord, app_id, sender, kind, content, reference, confirm, cmid, origin, confirms, origin_id, path,
                 confirms_origin)
 ), rcpts AS (
-    SELECT * FROM unnest(%(r_ord)s::int[], %(r_user)s::text[]) AS t(ord, recipient)
+    SELECT * FROM unnest(%(r_ord)s::int[], %(r_user)s::text[], %(r_oseq)s::bigint[]) AS t(ord, recipient, origin_seq)
 ), {messages_insert_sql("msgs", forwarded=True)}, old AS (
-    SELECT t.* FROM unnest(%(o_ord)s::int[], %(o_mid)s::bigint[], %(o_app)s::bigint[], %(o_user)s::text[])
-                 AS t(ord, message_id, app_id, recipient)
+    SELECT t.* FROM unnest(%(o_ord)s::int[], %(o_mid)s::bigint[], %(o_app)s::bigint[], %(o_user)s::text[],
+                           %(o_oseq)s::bigint[])
+                 AS t(ord, message_id, app_id, recipient, origin_seq)
      WHERE NOT EXISTS (SELECT 1 FROM messaging_delivery d
                         WHERE d.message_id = t.message_id AND d.recipient = t.recipient)
 ), fan AS MATERIALIZED (
-    SELECT st.ord, st.id AS message_id, st.app_id, r.recipient FROM stored st JOIN rcpts r USING (ord)
+    SELECT st.ord, st.id AS message_id, st.app_id, r.recipient, r.origin_seq FROM stored st JOIN rcpts r USING (ord)
     UNION ALL
-    SELECT ord, message_id, app_id, recipient FROM old
-), {deliveries_append_sql("fan")}
-SELECT ARRAY(SELECT ord FROM stored), ARRAY(SELECT id FROM new_deliveries ORDER BY id)
+    SELECT ord, message_id, app_id, recipient, origin_seq FROM old
+), {deliveries_append_sql("fan", origin_seq=True)}
+SELECT ARRAY(SELECT ord FROM stored ORDER BY ord), ARRAY(SELECT id FROM stored ORDER BY ord),
+       ARRAY(SELECT id FROM new_deliveries ORDER BY id)
 """
 
 
@@ -266,10 +88,11 @@ def _local_confirmed(items: list[Incoming]) -> dict[int, int]:
     return {o: mid for o, mid in wanted.items() if mid in found}
 
 
-def _store_pass(items: list[Incoming], sender: str) -> tuple[set[int], list[int], int]:
+def _store_pass(items: list[Incoming], sender: str) -> tuple[set[int], list[int], int, int]:
     """One pass: lock the messages of `items` already here, then (one statement) insert the others
-    and append the deliveries not there yet. Returns (ords handled, new delivery ids, pairs already
-    there).
+    and append the deliveries not there yet; the recipients homed here whose origin sent its
+    sequence go in by the origin's order (messaging.network.order), held where an earlier one is
+    still on its way. Returns (ords handled, new delivery ids, pairs already there, pairs held).
 
     The race this order prevents: two calls bringing the same message with a new recipient (two
     neighbours re-routing, or a retried call overlapping the first) must not both add that
@@ -294,18 +117,28 @@ def _store_pass(items: list[Incoming], sender: str) -> tuple[set[int], list[int]
         "confirms": [confirmed.get(m.ord) for m in new], "origin_id": [m.origin_id for m in new],
         "path": [",".join(m.path) for m in new],
         "confirms_origin": ["" if m.ord in confirmed else m.confirms for m in new],
-        "r_ord": [m.ord for m in new for _ in m.recipients], "r_user": [r for m in new for r in m.recipients],
-        "o_ord": [m.ord for m in old for _ in m.recipients], "o_mid": [existing[m.ord] for m in old for _ in m.recipients],
-        "o_app": [m.app_id for m in old for _ in m.recipients], "o_user": [r for m in old for r in m.recipients],
+        "r_ord": [m.ord for m in new for r in m.recipients if r not in m.in_order],
+        "r_user": [r for m in new for r in m.recipients if r not in m.in_order],
+        "r_oseq": [m.seqs.get(r) for m in new for r in m.recipients if r not in m.in_order],
+        "o_ord": [m.ord for m in old for r in m.recipients if r not in m.in_order],
+        "o_mid": [existing[m.ord] for m in old for r in m.recipients if r not in m.in_order],
+        "o_app": [m.app_id for m in old for r in m.recipients if r not in m.in_order],
+        "o_user": [r for m in old for r in m.recipients if r not in m.in_order],
+        "o_oseq": [m.seqs.get(r) for m in old for r in m.recipients if r not in m.in_order],
     }
     with hot_cursor() as cur:
         cur.execute(_STORE_SQL, params)
-        stored_ords, delivery_ids = cur.fetchone()
+        stored_ords, stored_ids, delivery_ids = cur.fetchone()
+    ids = {**{m.ord: existing[m.ord] for m in old}, **dict(zip(stored_ords, stored_ids, strict=True))}
+    placed = arrivals_put_in_order(
+        [Arrival(ids[m.ord], m.app_id, r, m.origin, m.seqs[r]) for m in items if m.ord in ids for r in m.in_order],
+        maybe_here=set(existing.values()))
     revived = _revive([(existing[m.ord], r) for m in old for r in m.revive])
     revived += _take_back([(existing[m.ord], r) for m in old for r in m.recipients], sender)
     handled = {m.ord for m in old} | set(stored_ords)
     pairs = sum(len(m.recipients) for m in items if m.ord in handled)
-    return handled, list(delivery_ids) + revived, pairs - len(delivery_ids) - len(revived)
+    new_ids = list(delivery_ids) + placed.delivery_ids
+    return handled, new_ids + revived, pairs - len(new_ids) - placed.held - len(revived), placed.held
 
 
 def _route_again(pairs: list[tuple[int, str]], *, where: str, params: list, set_also: str = "") -> list[int]:
@@ -358,17 +191,20 @@ def _revive_passed_on(items: list[Incoming], delivery_ids: list[int]) -> None:
 
 
 def messages_store_forwarded(items: list[Incoming], *, sender: str) -> tuple[int, int]:
-    """Store a call's messages (inside the caller's transaction); (new deliveries, duplicates).
-    Routing gets the new deliveries once the transaction commits."""
+    """Store a call's messages (inside the caller's transaction); (deliveries new here, held in
+    order among them; duplicates). Routing gets the new deliveries once the transaction commits."""
     delivery_ids: list[int] = []
-    duplicates = 0
+    duplicates = held = 0
+    for m in items:
+        m.in_order = [r for r in m.recipients if r in m.seqs and destination(r) is None]
     todo = items
     for _ in range(2):
         if not todo:
             break
-        handled, ids, dups = _store_pass(todo, sender)
+        handled, ids, dups, waiting = _store_pass(todo, sender)
         delivery_ids += ids
         duplicates += dups
+        held += waiting
         todo = [m for m in todo if m.ord not in handled]
     # Neither stored nor here after two passes: the message collided with another unique key (a
     # second confirmation of one message, message_confirmed_once): a duplicate, not an error.
@@ -376,7 +212,7 @@ def messages_store_forwarded(items: list[Incoming], *, sender: str) -> tuple[int
     _revive_passed_on(items, delivery_ids)
     if delivery_ids:
         transaction.on_commit(lambda: routing_enqueue(delivery_ids))
-    return len(delivery_ids), duplicates
+    return len(delivery_ids) + held, duplicates
 
 
 def forward_accept(*, sender: str, payload: dict) -> dict:

@@ -111,3 +111,48 @@ class ReceiptForward(models.Model):
         return {"origin_domain": self.origin_domain, "origin_message_id": self.origin_message_id,
                 "recipient": self.recipient, "state": self.state, "at": self.at.isoformat(),
                 "domain": self.domain, "error": self.error, "path": [d for d in self.path.split(",") if d]}
+
+
+class OrderMark(models.Model):
+    """How far the messages one origin domain sent to one recipient homed here have been put into
+    the recipient's mailbox, by the origin's own sequence for that recipient (messaging.network.order):
+    the next one expected is `last_seq` + 1. A message that comes before it (by a faster way than
+    an earlier one still on its way) waits in HeldInOrder. Written in the transaction that stores
+    what the origin sent; never goes back."""
+
+    app = models.ForeignKey("apps_registry.ClientApp", on_delete=models.CASCADE, related_name="+", db_index=False)
+    recipient = models.CharField(max_length=96)
+    origin_domain = models.CharField(max_length=64)
+    last_seq = models.BigIntegerField(default=0)
+    held = models.PositiveIntegerField(default=0)  # rows waiting in HeldInOrder (0: nothing to look up)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["app", "recipient", "origin_domain"], name="order_mark_once")]
+
+    def __str__(self) -> str:
+        return f"{self.origin_domain} -> {self.recipient}: up to {self.last_seq}"
+
+
+class HeldInOrder(models.Model):
+    """A message stored here, for a recipient homed here, that came before an earlier one of its
+    origin's (a gap in the origin's sequence, OrderMark): not in the mailbox yet. It goes in when the
+    gap is filled, or when its wait is over (NETWORK_ORDER_WAIT_SECONDS: the earlier message is taken
+    for lost on the way, and arrives late if ever). Stored durably: the neighbour that brought it has
+    been told it is stored here."""
+
+    message = models.ForeignKey("messaging.Message", on_delete=models.CASCADE, related_name="+")
+    app = models.ForeignKey("apps_registry.ClientApp", on_delete=models.CASCADE, related_name="+", db_index=False)
+    recipient = models.CharField(max_length=96)
+    origin_domain = models.CharField(max_length=64)
+    origin_seq = models.BigIntegerField()
+    held_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "message held in order"
+        verbose_name_plural = "messages held in order"
+        constraints = [models.UniqueConstraint(fields=["app", "recipient", "origin_domain", "origin_seq"],
+                                               name="held_in_order_once")]
+        indexes = [models.Index(fields=["held_at"], name="held_in_order_oldest")]
+
+    def __str__(self) -> str:
+        return f"{self.origin_domain}#{self.origin_seq} -> {self.recipient} (held)"

@@ -67,6 +67,7 @@ class Queued:
     size: int = 0  # what it counts towards FORWARD_BATCH_BYTES
     revive: bool = False  # a re-queued dead letter: the neighbour revives its dead copy
     held: bool = False  # sent with `hold` (LinkSender._to_hold)
+    seq: int | None = None  # the recipient's mailbox seq at the origin (messaging.network.order)
 
 
 # The head of the link's queue, as long as the running size stays within the byte limit (the first
@@ -75,6 +76,7 @@ _QUEUE_SQL = head_sql(f"""
     SELECT d.id, d.app_id, d.recipient, m.id, a.app_name, m.sender, m.kind, m.content, m.reference,
            m.confirmation_requested, m.client_message_id, m.origin_domain, m.origin_message_id, m.forward_path,
            m.confirms_origin, c.id, c.origin_domain, c.origin_message_id, d.revive,
+           d.origin_seq,
            octet_length(m.content) + {ROW_OVERHEAD_BYTES} AS size,
            sum(octet_length(m.content) + {ROW_OVERHEAD_BYTES}) OVER w AS running, row_number() OVER w AS n
       FROM messaging_delivery d
@@ -104,8 +106,8 @@ def queue_peek(*, peer: str, limits: Limits) -> tuple[list[Queued], bool]:
         rows = cur.fetchall()
     out = []
     for (delivery_id, app_id, recipient, message_id, app_name, sender, kind, content, reference, confirm, cmid,
-         origin_domain, origin_id, forward_path, confirms_origin, c_id, c_origin, c_origin_id, revive, size, _, _,
-         _) in rows:
+         origin_domain, origin_id, forward_path, confirms_origin, c_id, c_origin, c_origin_id, revive, origin_seq, size,
+         _, _, _) in rows:
         origin, oid = _origin(here, message_id, origin_domain, origin_id)
         confirms = ""
         if c_id is not None:
@@ -118,7 +120,7 @@ def queue_peek(*, peer: str, limits: Limits) -> tuple[list[Queued], bool]:
             "app": app_name, "sender": sender, "kind": kind, "content": content, "reference": reference,
             "confirmation_requested": confirm, "client_message_id": cmid, "origin_domain": origin,
             "origin_message_id": oid, "path": path, "confirms": confirms,
-        }, size=size, revive=revive))
+        }, size=size, revive=revive, seq=origin_seq))
     return out, limits.drained(fetched=rows[-1][-1] if rows else 0, kept=len(rows))
 
 
@@ -143,6 +145,8 @@ def _payload(rows: list[Queued]) -> list[tuple[int, dict]]:
             after[row.message_id] = set()
             indegree[row.message_id] = 0
         items[row.message_id]["recipients"].append(row.recipient)
+        if row.seq is not None:
+            items[row.message_id].setdefault("seqs", {})[row.recipient] = row.seq
         if row.revive:
             items[row.message_id].setdefault("revive", []).append(row.recipient)
         key = (row.app_id, row.recipient)

@@ -11,7 +11,8 @@ ordinary retry sweep, dead after the app's max attempts.
 `forward_sweep` (beat, every FORWARD_SWEEP_SECONDS) moves the queues of links that have been down
 for longer than LINK_DOWN_AFTER_SECONDS, or were disabled, to another path where one exists, and wakes every link
 with waiting rows whose retry is due (a sender task lost with its worker is made up for here); the
-same for the receipts waiting on links (and those that had no route when they were written).
+same for the receipts waiting on links (and those that had no route when they were written). It
+also lets go of the messages held here for an earlier one too long (messaging.network.order).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from messaging.network.links import (
     path_of,
 )
 from messaging.network.models import ReceiptForward
+from messaging.network.order import held_release_overdue
 from messaging.network.outbox import link_lock_key
 from messaging.network.receipt_queue import receipt_next_hop
 from messaging.network.receipts import receipt_lock_key
@@ -315,4 +317,4 @@ def forward_sweep() -> dict:
     forward_links_kick(due, again=True)  # also where a wake-up was lost with a worker
     receipts_due, receipts_rerouted = _receipts_sweep(links_down())
     return {"kicked": due, "rerouted": rerouted, "receipts_kicked": receipts_due,
-            "receipts_rerouted": receipts_rerouted}
+            "receipts_rerouted": receipts_rerouted, "order_given_up": held_release_overdue()}

@@ -34,6 +34,10 @@ LINK_DOWN_AFTER_SECONDS = env_float("LINK_DOWN_AFTER_SECONDS", 15.0)
 # A neighbour that said it has no way on to a domain (it refused an item for it, or handed one back)
 # is passed over for that domain this long where another path exists; then it is tried again.
 ROUTE_BLOCK_SECONDS = env_float("ROUTE_BLOCK_SECONDS", 30.0)
+# A message that reaches its recipient's home before an earlier one from the same origin waits for it
+# (messaging.network.order) at most this long; then the earlier one is taken for lost on the way, and
+# goes into the mailbox late if it ever comes. Longer than a domain on the way is usually away.
+NETWORK_ORDER_WAIT_SECONDS = env_float("NETWORK_ORDER_WAIT_SECONDS", 60.0)
 # Beat: every neighbour is told who of this domain's apps' users is online (and what this domain heard
 # of the others) this often; a domain not heard of for PRESENCE_REMOTE_TTL_SECONDS has nobody online.
 PRESENCE_GOSSIP_SECONDS = env_float("PRESENCE_GOSSIP_SECONDS", 2.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from messaging.network.intake import payload_parse
+from messaging.network.forward_payload import payload_parse
 from messaging.network.presence_gossip import presence_gossip
 from messaging.network.transport import PeerRefused
 from presence.remote import remote_apply, remote_lists
