@@ -50,6 +50,7 @@ WEBHOOK_QUEUE = "webhooks"
 # worker with the webhook calls (`-Q webhooks,forwarding`), not by the routing worker.
 FORWARD_LINK_TASK = "messaging.tasks.forward_link"
 FORWARD_RECEIPTS_TASK = "messaging.tasks.forward_receipts"
+STANDBY_TASK = "messaging.tasks.standby_copy"  # the live copy to one standby domain
 FORWARDING_QUEUE = "forwarding"
 FLOOD_TASK = "messaging.tasks.flood_link"  # a link's queue of channel publishes
 FAST_FORWARD_TASK = "messaging.tasks.forward_fast"  # a FAST item for users homed elsewhere
@@ -208,7 +209,7 @@ def flood_links_enqueue(peers: Sequence[str]) -> None:
 
 def link_recovered_enqueue(peer: str) -> None:
     """A link answers again after being down: its queues are sent now, not at their next retry."""
-    for task in (FORWARD_LINK_TASK, FLOOD_TASK, FORWARD_RECEIPTS_TASK):
+    for task in (FORWARD_LINK_TASK, FLOOD_TASK, FORWARD_RECEIPTS_TASK, STANDBY_TASK):
         _dispatcher.dispatch(task, [peer], FORWARDING_QUEUE)
 
 
@@ -218,6 +219,12 @@ def forward_links_kick(peers: Sequence[str], *, again: bool = False) -> None:
     up for a wake-up lost with a worker."""
     for peer in sorted(set(peers)):
         _dispatcher.wake(FORWARD_LINK_TASK, peer, FORWARDING_QUEUE, again=again)
+
+
+def standby_senders_kick(standbys: Sequence[str]) -> None:
+    """Wake the live-copy sender to each standby domain, unless a wake-up is already on its way."""
+    for standby in sorted(set(standbys)):
+        _dispatcher.wake(STANDBY_TASK, standby, FORWARDING_QUEUE)
 
 
 def receipt_links_kick(peers: Sequence[str], *, again: bool = False) -> None:

@@ -21,6 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from foundation.metrics import REGISTRY
 from messaging.models import DeliveryState, states_sql
 from messaging.network.selectors import LinkState, link_states
+from messaging.network.standby import copy_lag
 from messaging.webhooks.selectors import webhook_backlog
 
 CONNECTIONS = Gauge("switchboard_ws_connections", "Authenticated WebSocket connections on this node",
@@ -82,6 +83,13 @@ HELD_IN_ORDER = Gauge("switchboard_network_held_in_order",
                       "Messages stored here that wait for an earlier one from their origin domain", registry=REGISTRY)
 HELD_OLDEST = Gauge("switchboard_network_held_in_order_oldest_seconds",
                     "How long the oldest message held in order has waited (0: none)", registry=REGISTRY)
+STANDBY_LAG = Gauge("switchboard_standby_copy_lag_seconds",
+                    "How long the oldest change not yet copied to a standby domain has waited (0: none)",
+                    ["standby"], registry=REGISTRY)
+STANDBY_WAITING = Gauge("switchboard_standby_copy_waiting",
+                        "Changes of this domain's users' mailboxes not yet copied to their standby domain",
+                        ["standby"], registry=REGISTRY)
+_STANDBYS_SEEN: set[str] = set()
 WEBHOOK_BACKLOG = Gauge("switchboard_webhook_deliveries",
                         "Webhook deliveries not delivered (pending, retrying) or dead, cluster-wide", ["state"],
                         registry=REGISTRY)
@@ -151,4 +159,10 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     for state, count in webhook_backlog().items():
         WEBHOOK_BACKLOG.labels(state).set(count)
     LINKS.states = link_states()
+    lag = copy_lag()
+    _STANDBYS_SEEN.update(lag)
+    for standby in sorted(_STANDBYS_SEEN):  # one caught up reads 0, not its last lag
+        waiting, seconds = lag.get(standby, (0, 0.0))
+        STANDBY_LAG.labels(standby).set(seconds)
+        STANDBY_WAITING.labels(standby).set(waiting)
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -266,7 +266,15 @@ class IdempotencyKey(models.Model):
 # The tables declared in messaging's rooms belong to this app: importing them registers them.
 from messaging.channels.models import Channel, ChannelMessage, Subscription  # noqa: E402
 from messaging.exchange.models import ExchangeState, Follow  # noqa: E402
-from messaging.network.models import ChannelForward, HeldInOrder, LinkHealth, OrderMark, ReceiptForward  # noqa: E402
+from messaging.network.models import (  # noqa: E402
+    ChannelForward,
+    HeldInOrder,
+    LinkHealth,
+    OrderMark,
+    ReceiptForward,
+    StandbyCopy,
+    StandbyFeed,
+)
 from messaging.webhooks.models import (  # noqa: E402
     WEBHOOK_ALL_EVENTS,
     WEBHOOK_OPEN_STATES,
@@ -284,7 +292,7 @@ __all__ = [
     "CLAIMABLE_STATES", "DELIVERABLE_STATES", "EXPIRABLE_STATES", "UNDELIVERED_STATES", "WEBHOOK_ALL_EVENTS",
     "WEBHOOK_OPEN_STATES", "WEBHOOK_SUBSCRIBABLE_EVENTS", "Channel", "ChannelForward", "ChannelMessage", "DeadLetter", "Delivery",
     "DeliveryState", "ExchangeState", "Follow", "HeldInOrder", "IdempotencyKey", "LinkHealth", "Mailbox", "Message",
-    "MessageKind", "OrderMark", "ReceiptForward",
+    "MessageKind", "OrderMark", "ReceiptForward", "StandbyCopy", "StandbyFeed",
     "Subscription", "WebhookDelivery",
     "WebhookEndpoint", "WebhookEvent", "WebhookState", "states_sql", "webhook_events_all", "webhook_secret_new",
     "webhook_states_sql",

@@ -22,18 +22,22 @@ from messaging.handoff import (
     FLOOD_TASK,
     FORWARD_LINK_TASK,
     FORWARD_RECEIPTS_TASK,
+    STANDBY_TASK,
     flood_links_enqueue,
     link_sender_run,
     routing_enqueue,
+    standby_senders_kick,
     webhook_calls_enqueue,
 )
 from messaging.network.fast_forward import fast_forward
 from messaging.network.flood_sender import flood_link_send, flood_links_due
+from messaging.network.links import links_held_back
 from messaging.network.outbox import link_forward
 from messaging.network.presence_gossip import presence_gossip
 from messaging.network.probes import links_probe
 from messaging.network.queue import forward_sweep as network_forward_sweep
 from messaging.network.receipts import receipts_link_send
+from messaging.network.standby import standby_send, standbys_waiting
 from messaging.router import deliveries_route
 from messaging.webhooks.delivery import webhook_attempt, webhook_deliveries_purge, webhooks_sweep
 from presence.dead_nodes import nodes_reap
@@ -182,6 +186,22 @@ def forward_fast(item: dict) -> dict:
     """Carry a FAST item one hop towards its recipients' homes (messaging.network.fast_forward):
     once, within FORWARD_TIMEOUT_SECONDS per hop; never retried (FAST)."""
     return fast_forward(item)
+
+
+@shared_task(acks_late=True)
+def standby_copy(standby: str) -> dict:
+    """Send the live copy waiting for `standby` (messaging.network.standby). Safe twice: one sender
+    per standby at a time; its retry policy is the link's backoff (the feed waits in its table)."""
+    return link_sender_run(STANDBY_TASK, standby, lambda: standby_send(standby=standby))
+
+
+@shared_task(acks_late=True)
+def standby_sweep() -> list[str]:
+    """Beat: wake the live-copy sender of every standby with changes waiting and its link's retry due."""
+    waiting = standbys_waiting()
+    due = sorted(set(waiting) - links_held_back(waiting))
+    standby_senders_kick(due)
+    return due
 
 
 @shared_task(acks_late=True)

@@ -60,7 +60,7 @@ RING = [("domain-01", "domain-02"), ("domain-02", "domain-03"), ("domain-03", "d
 DOMAIN_TABLES = ("messaging_message", "messaging_delivery", "messaging_mailbox", "messaging_linkhealth",
                  "messaging_channel", "messaging_channelmessage", "messaging_channelforward",
                  "messaging_receiptforward", "messaging_subscription", "messaging_ordermark",
-                 "messaging_heldinorder")
+                 "messaging_heldinorder", "messaging_standbyfeed", "messaging_standbycopy")
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,10 @@ def _schema(domain: str) -> str:
 
 
 def _search_path(domain: str) -> None:
+    """Play `domain` on the connection: its tables first, and its name for its triggers (the standby feed)."""
     with connection.cursor() as cur:
         cur.execute("SET search_path TO public" if domain == DOMAINS[0] else f"SET search_path TO {_schema(domain)}, public")
+        cur.execute("SELECT set_config('switchboard.domain', %s, false)", [domain])
 
 
 def _run_on_commit_since(start: int) -> None:
@@ -279,6 +281,14 @@ def _network(handoff, edges: list[tuple[str, str]]):
             cur.execute(f"DROP SCHEMA IF EXISTS {_schema(domain)} CASCADE; CREATE SCHEMA {_schema(domain)}")
             for table in DOMAIN_TABLES:
                 cur.execute(f"CREATE TABLE {_schema(domain)}.{table} (LIKE public.{table} INCLUDING ALL)")
+            # LIKE copies no trigger: the standby feed's (migration messaging 0021), as in production.
+            cur.execute(f"""
+                CREATE TRIGGER messaging_delivery_standby_new AFTER INSERT ON {_schema(domain)}.messaging_delivery
+                    REFERENCING NEW TABLE AS standby_new FOR EACH STATEMENT
+                    EXECUTE FUNCTION public.messaging_standby_feed_new();
+                CREATE TRIGGER messaging_delivery_standby_state AFTER UPDATE ON {_schema(domain)}.messaging_delivery
+                    REFERENCING OLD TABLE AS standby_old NEW TABLE AS standby_new FOR EACH STATEMENT
+                    EXECUTE FUNCTION public.messaging_standby_feed_state();""")
     app_snapshots_clear()
     domains = {name: Domain.objects.create(name=name, urls=[f"http://{name}.test"]) for name in DOMAINS}
     app = make_app(domain=domains[DOMAINS[0]], range_to=HOMES[DOMAINS[0]][1], max_delivery_attempts=3,

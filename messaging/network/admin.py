@@ -22,6 +22,7 @@ from messaging.network.links import link_health_rows_ensure
 from messaging.network.models import ChannelForward, HeldInOrder, LinkHealth, ReceiptForward
 from messaging.network.probes import links_probe
 from messaging.network.selectors import configured_links, link_state_text
+from messaging.network.standby import copy_lag
 
 
 def _count(model=ChannelForward, **filters) -> Coalesce:
@@ -33,17 +34,28 @@ def _count(model=ChannelForward, **filters) -> Coalesce:
 @admin.register(LinkHealth)
 class LinkHealthAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = ["peer", "state", "last_error", "last_ok_at", "forwarded_out", "forwarded_in", "retry_at",
-                    "publishes_waiting", "publishes_dead", "receipts_waiting", "no_way_on_to"]
+                    "publishes_waiting", "publishes_dead", "receipts_waiting", "standby_copy", "no_way_on_to"]
     fields = readonly_fields = ["peer", "state", "last_error", "last_ok_at", "last_failure_at", "failures",
                                 "retry_at", "forwarded_out", "forwarded_in", "publishes_waiting", "publishes_dead",
-                                "receipts_waiting", "no_way_on_to", "updated_at"]
+                                "receipts_waiting", "standby_copy", "no_way_on_to", "updated_at"]
     ordering = ["peer"]
     actions = ["probe_now"]
 
     def changelist_view(self, request, extra_context=None):
         # Every neighbour gets a row, so one never called yet is listed too ("not called yet").
         link_health_rows_ensure(configured_links())
+        self._lag = copy_lag()
         return super().changelist_view(request, extra_context)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        self._lag = copy_lag()
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    @admin.display(description="standby copy (waiting, lag)")
+    def standby_copy(self, obj: LinkHealth) -> str:
+        """The live copy of this domain's users' mailboxes to this neighbour, where it is their standby."""
+        waiting, lag = getattr(self, "_lag", {}).get(obj.peer, (0, 0.0))
+        return f"{waiting} waiting, {lag:.1f} s behind" if waiting else "-"
 
     def get_queryset(self, request):
         here = settings.DOMAIN_NAME

@@ -156,3 +156,63 @@ class HeldInOrder(models.Model):
 
     def __str__(self) -> str:
         return f"{self.origin_domain}#{self.origin_seq} -> {self.recipient} (held)"
+
+
+class StandbyFeed(models.Model):
+    """A change to a delivery of a user homed here who has a standby domain (UserDistribution.standby),
+    to be copied there (messaging.network.standby): written by the database itself, in the
+    transaction that made the change (the triggers of migration 0021, so no code path that stores a
+    message or moves a delivery's state can forget it), gone once the standby has it. `new`: the
+    delivery was appended (its message goes too); otherwise its state changed."""
+
+    standby = models.CharField(max_length=64)
+    delivery_id = models.BigIntegerField()
+    new = models.BooleanField()
+    created_at = models.DateTimeField()
+    attempts = models.PositiveIntegerField(default=0, db_default=0)
+    last_error = models.CharField(max_length=500, blank=True, default="", db_default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["standby", "id"], name="standby_feed_queue")]
+
+    def __str__(self) -> str:
+        return f"{'new' if self.new else 'state of'} delivery {self.delivery_id} -> {self.standby}"
+
+
+class StandbyCopy(models.Model):
+    """A standby's copy of one delivery of a user homed at another domain (`home`), as that domain
+    last sent it (messaging.network.standby): the message and its state. Inert: nothing routes,
+    delivers or expires it here; it is what the standby's mailbox for that user starts from when it
+    takes the user over."""
+
+    home = models.CharField(max_length=64)
+    home_delivery_id = models.BigIntegerField()
+    app = models.ForeignKey("apps_registry.ClientApp", on_delete=models.CASCADE, related_name="+", db_index=False)
+    recipient = models.CharField(max_length=96)
+    seq = models.BigIntegerField()  # in the user's mailbox at the home
+    origin_seq = models.BigIntegerField(null=True, blank=True)
+    sender = models.CharField(max_length=96)
+    kind = models.CharField(max_length=16)
+    content = models.TextField()
+    reference = models.CharField(max_length=256, blank=True, default="")
+    confirmation_requested = models.BooleanField(default=False)
+    client_message_id = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001  (as Message)
+    origin_domain = models.CharField(max_length=64)  # where the message was stored first
+    origin_message_id = models.BigIntegerField()  # its id there
+    state = models.CharField(max_length=16)
+    attempts = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField()  # at the home
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    dead_at = models.DateTimeField(null=True, blank=True)
+    expired_at = models.DateTimeField(null=True, blank=True)
+    copied_at = models.DateTimeField()  # when this copy was last written here
+
+    class Meta:
+        verbose_name = "standby copy"
+        constraints = [
+            models.UniqueConstraint(fields=["home", "home_delivery_id"], name="standby_copy_once"),
+        ]
+        indexes = [models.Index(fields=["app", "recipient", "seq"], name="standby_copy_mailbox")]
+
+    def __str__(self) -> str:
+        return f"copy of {self.home}'s delivery {self.home_delivery_id} to {self.recipient} [{self.state}]"

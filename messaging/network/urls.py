@@ -9,4 +9,5 @@ urlpatterns = [
     path("forward", pooled(views.forward), name="network-forward"),
     path("publishes", pooled(views.publishes), name="network-publishes"),
     path("ping", pooled(views.ping), name="network-ping"),
+    path("standby", pooled(views.standby_copies), name="network-standby"),
 ]

@@ -11,7 +11,7 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from messaging.network import flood, intake
+from messaging.network import flood, intake, standby
 from messaging.network.transport import PeerRefused, peer_request_check
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,13 @@ def forward(request):
 def publishes(request):
     """Channel publishes from a neighbour (the flood): stored and fanned out here, passed on."""
     return _checked(request, flood.publishes_accept)
+
+
+@csrf_exempt
+@require_POST
+def standby_copies(request):
+    """The live copy of the mailboxes of a neighbour's users who stand by here: written before the answer."""
+    return _checked(request, standby.copies_accept)
 
 
 @csrf_exempt

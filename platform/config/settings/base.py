@@ -11,7 +11,7 @@ from pathlib import Path
 
 from celery.schedules import crontab
 
-from .env import database_from_url, env_bool, env_float, env_int, env_list, env_str, process_label
+from .env import database_from_url, database_options_set, env_bool, env_float, env_int, env_list, env_str, process_label
 from .network import *  # noqa: F403  (the domain network's settings, and NETWORK_BEAT_SCHEDULE)
 
 BASE_DIR = Path(__file__).resolve().parents[3]
@@ -211,16 +211,7 @@ def service_settings(database_url: str, redis_url: str) -> dict:
     database["CONN_MAX_AGE"] = DB_CONN_MAX_AGE
     database["CONN_HEALTH_CHECKS"] = True
     database["OPTIONS"].setdefault("application_name", process_label(env_str("DB_APPLICATION_NAME", "switchboard")))
-    if DB_PREPARED_STATEMENTS:
-        # psycopg prepares nothing while this is None (Django's default). Only foundation.db's
-        # server-binding cursors prepare; the ORM's cursors bind on the client and never do.
-        database["OPTIONS"].setdefault("prepare_threshold", 5)
-        # Prepared statements keep one generic plan. Left to choose, Postgres re-plans a statement
-        # whose array holds one id every time (a custom plan looks cheaper than the generic one),
-        # which cost a one-row delivered mark 0.71 ms of backend CPU instead of 0.24. Only prepared
-        # statements are affected; the ORM's are planned per execution as before.
-        options = database["OPTIONS"].get("options", "")
-        database["OPTIONS"]["options"] = f"{options} -c plan_cache_mode=force_generic_plan".strip()
+    database_options_set(database["OPTIONS"], prepared=DB_PREPARED_STATEMENTS, domain=DOMAIN_NAME)
     return {
         "DATABASE_URL": database_url,
         "REDIS_URL": redis_url,

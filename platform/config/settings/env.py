@@ -76,6 +76,22 @@ def database_from_url(url: str) -> dict:
     }
 
 
+def database_options_set(options: dict, *, prepared: bool, domain: str) -> None:
+    """The connection options every platform connection opens with."""
+    if prepared:
+        # psycopg prepares nothing while this is None (Django's default). Only foundation.db's
+        # server-binding cursors prepare; the ORM's cursors bind on the client and never do.
+        options.setdefault("prepare_threshold", 5)
+        # Prepared statements keep one generic plan. Left to choose, Postgres re-plans a statement
+        # whose array holds one id every time (a custom plan looks cheaper than the generic one),
+        # which cost a one-row delivered mark 0.71 ms of backend CPU instead of 0.24. Only prepared
+        # statements are affected; the ORM's are planned per execution as before.
+        options["options"] = f"{options.get('options', '')} -c plan_cache_mode=force_generic_plan".strip()
+    # The domain this database serves, for its triggers (the standby feed: messaging.network.standby).
+    domain = domain.replace("\\", "\\\\").replace(" ", "\\ ")
+    options["options"] = f"{options.get('options', '')} -c switchboard.domain={domain}".strip()
+
+
 def process_label(name: str) -> str:
     """`name`, what this process is (web, worker, beat, or manage.py's command) and its pid, as a
     Postgres application_name (at most 63 bytes): an operator can tell which process holds a lock

@@ -38,6 +38,9 @@ ROUTE_BLOCK_SECONDS = env_float("ROUTE_BLOCK_SECONDS", 30.0)
 # (messaging.network.order) at most this long; then the earlier one is taken for lost on the way, and
 # goes into the mailbox late if it ever comes. Longer than a domain on the way is usually away.
 NETWORK_ORDER_WAIT_SECONDS = env_float("NETWORK_ORDER_WAIT_SECONDS", 60.0)
+# Beat: the senders of the live copy to standby domains are woken this often (messaging.network.standby):
+# the copy's lag under normal load is about this long plus one call.
+STANDBY_COPY_SECONDS = env_float("STANDBY_COPY_SECONDS", 1.0)
 # Beat: every neighbour is told who of this domain's apps' users is online (and what this domain heard
 # of the others) this often; a domain not heard of for PRESENCE_REMOTE_TTL_SECONDS has nobody online.
 PRESENCE_GOSSIP_SECONDS = env_float("PRESENCE_GOSSIP_SECONDS", 2.0)
@@ -66,6 +69,9 @@ NETWORK_BEAT_SCHEDULE: dict[str, dict] = {
     # Links whose retry is due are sent again, a lost sender task is made up for, and the queues of
     # links that are down move to another path where one exists (messaging.network.queue).
     "forward-sweep": {"task": "messaging.tasks.forward_sweep", "schedule": FORWARD_SWEEP_SECONDS},
+    # The live copy of the mailboxes of users with a standby domain, sent (messaging.network.standby).
+    "standby-sweep": {"task": "messaging.tasks.standby_sweep", "schedule": STANDBY_COPY_SECONDS,
+                      "options": {"expires": STANDBY_COPY_SECONDS}},
     # Who is online, told to the neighbours (messaging.network.presence_gossip); a late round is worthless.
     "gossip-presence": {"task": "messaging.tasks.gossip_presence", "schedule": PRESENCE_GOSSIP_SECONDS,
                         "options": {"expires": PRESENCE_GOSSIP_SECONDS}},
@@ -81,6 +87,8 @@ NETWORK_TASK_ROUTES: dict[str, dict] = {
     "messaging.tasks.flood_link": {"queue": "forwarding"},
     "messaging.tasks.forward_link": {"queue": "forwarding"},
     "messaging.tasks.forward_receipts": {"queue": "forwarding"},
+    "messaging.tasks.standby_copy": {"queue": "forwarding"},
+    "messaging.tasks.standby_sweep": {"queue": "forwarding"},
     "messaging.tasks.forward_fast": {"queue": "forwarding"},
     "messaging.tasks.probe_links": {"queue": "forwarding"},
     "messaging.tasks.gossip_presence": {"queue": "forwarding"},

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from apps_registry.models import Domain
 from foundation.outgoing import Answer, OutgoingError
-from messaging.handoff import FLOOD_TASK, FORWARD_LINK_TASK, FORWARD_RECEIPTS_TASK
+from messaging.handoff import FLOOD_TASK, FORWARD_LINK_TASK, FORWARD_RECEIPTS_TASK, STANDBY_TASK
 from messaging.network import probes
 from messaging.network.links import (
     link_failed,
@@ -168,9 +168,10 @@ def test_a_probe_pings_every_neighbour_over_an_enabled_link_and_records_its_stat
         [result] = probes.links_probe()
     assert result.ok and result.recovered
     assert LinkHealth.objects.get(peer="domain-02").up is True
-    # Its queues go now, not at their next retry: deliveries, channel publishes and receipts.
+    # Its queues go now, not at their next retry: deliveries, channel publishes, receipts, standby copies.
     assert [(h.task, h.args) for h in net_ring.waiting()] == [
-        (FORWARD_LINK_TASK, ["domain-02"]), (FLOOD_TASK, ["domain-02"]), (FORWARD_RECEIPTS_TASK, ["domain-02"])]
+        (FORWARD_LINK_TASK, ["domain-02"]), (FLOOD_TASK, ["domain-02"]), (FORWARD_RECEIPTS_TASK, ["domain-02"]),
+        (STANDBY_TASK, ["domain-02"])]
 
 
 def test_an_answered_probe_never_clears_the_backoff_a_failing_send_earned(net_ring, pings):
