@@ -16,7 +16,11 @@ Per target, per round (the targets take turns, so drift on this shared machine s
 - server CPU per message over the throughput window: every process of every domain (web, worker,
   beat), the Postgres server and the Redis server (bench/cpu.py), over the messages delivered; and
   each domain's own share (its processes and its database's backends), as a domain on a machine of
-  its own would pay it: the busiest domain's share bounds what a hop costs there.
+  its own would pay it: the busiest domain's share bounds what a hop costs there;
+- the live copy to the receivers' standby domain (make network's ring gives every range one; the
+  "(no standby)" targets run with none): its worst lag in each phase, and how long after the
+  phase's last receipt it had caught up (the burst's CPU window ends only then, so the copy's cost
+  counts whole).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -39,9 +44,14 @@ from bench.cpu import CpuProbe
 from bench.platform_proc import platform_env, private_redis
 from bench.servers import find_postgres, find_redis, free_port
 from devstack.ring import Ring
+from devstack.ring_plan import STANDBY, domain_name
 
 APP_ID = "app-id-343"
-TARGETS = {"same domain": (1, 500_000), "one hop": (2, 1_500_000), "two hops": (3, 3_500_000)}
+TARGETS = {"same domain": (1, 500_000), "one hop": (2, 1_500_000), "two hops": (3, 3_500_000),
+           # The same with no standby domain anywhere (make network's ring gives every range one, so
+           # the targets above include the live copy of the receivers' mailboxes to their standby).
+           "same domain (no standby)": (1, 500_000), "one hop (no standby)": (2, 1_500_000)}
+NO_STANDBY = " (no standby)"
 SENDER_BASE = 100
 
 
@@ -68,8 +78,43 @@ async def _receive(ws, latencies: list[float], got: dict[str, int], marker: str)
         got["n"] += 1
 
 
+class _CopyLag:
+    """The live copy's lag at the receivers' home while a phase runs: every 0.25 s, the oldest change
+    not yet taken by the standby (messaging_standbyfeed); `stop` waits (up to 30 s) until the copy
+    has caught up and says how long after the phase's last receipt that was."""
+
+    def __init__(self, url: str):
+        self.url, self.worst, self.samples = url, 0.0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _lag(self, conn) -> tuple[int, float]:
+        count, lag = conn.execute("SELECT count(*), coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)"
+                                  " FROM messaging_standbyfeed").fetchone()
+        return count, float(lag)
+
+    def _run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self._stop.wait(0.25):
+                self.worst = max(self.worst, self._lag(conn)[1])
+                self.samples += 1
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        began = time.monotonic()
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while self._lag(conn)[0] and time.monotonic() - began < 30:
+                time.sleep(0.1)
+            left = self._lag(conn)[0]
+        return {"worst_lag_s": round(self.worst, 2), "caught_up_after_s": round(time.monotonic() - began, 2),
+                "left": left}
+
+
 async def _scenario(ring: Ring, target: str, args, round_no: int, probe_groups: dict[str, list[int]]) -> dict:
     domain, receiver_base = TARGETS[target]
+    _standbys(ring, on=not target.endswith(NO_STANDBY))
     senders = [await _login(ring.ws_url(1), f"ANZ-{SENDER_BASE + i}") for i in range(args.pairs)]
     receivers = [await _login(ring.ws_url(domain), f"ANZ-{receiver_base + i}") for i in range(args.pairs)]
     result: dict = {"target": target, "round": round_no}
@@ -79,6 +124,7 @@ async def _scenario(ring: Ring, target: str, args, round_no: int, probe_groups: 
         got = {"n": 0}
         marker = f"lat-{target}-{round_no}"
         readers = [asyncio.create_task(_receive(ws, latencies, got, marker)) for ws in receivers]
+        lag = _CopyLag(ring.database_url(domain))
         interval = args.pairs / args.rate
         sent = 0
 
@@ -99,7 +145,8 @@ async def _scenario(ring: Ring, target: str, args, round_no: int, probe_groups: 
             await asyncio.sleep(0.1)
         ms = sorted(x * 1000 for x in latencies)
         result["latency"] = {"sent": sent, "received": got["n"], "p50_ms": _pct(ms, 50), "p95_ms": _pct(ms, 95),
-                             "p99_ms": _pct(ms, 99), "mean_ms": round(statistics.fmean(ms), 1) if ms else None}
+                             "p99_ms": _pct(ms, 99), "mean_ms": round(statistics.fmean(ms), 1) if ms else None,
+                             "standby_copy": lag.stop()}
         for task in readers:
             task.cancel()
 
@@ -112,6 +159,7 @@ async def _scenario(ring: Ring, target: str, args, round_no: int, probe_groups: 
         backends = _backends(ring)
         probe = CpuProbe({**probe_groups, **backends})
         probe.start()
+        lag = _CopyLag(ring.database_url(domain))
         began = time.monotonic()
 
         async def burst(i: int) -> None:
@@ -125,6 +173,7 @@ async def _scenario(ring: Ring, target: str, args, round_no: int, probe_groups: 
         while got["n"] < total and time.monotonic() < end:
             await asyncio.sleep(0.05)
         wall = time.monotonic() - began
+        copy = lag.stop()  # the copy's cost counts whole: the window ends after it has caught up
         await asyncio.sleep(1.0)  # the receipts' and sweeps' tails
         window = probe.stop()
         for task in readers:
@@ -135,7 +184,7 @@ async def _scenario(ring: Ring, target: str, args, round_no: int, probe_groups: 
         result["throughput"] = {"sent": total, "received": delivered, "seconds": round(wall, 2),
                                 "per_second": round(delivered / wall, 1) if wall else None,
                                 "cpu_ms_per_message": round(sum(cpu.values()) * 1000 / max(delivered, 1), 2),
-                                "cpu_seconds": {k: round(v, 2) for k, v in cpu.items()},
+                                "cpu_seconds": {k: round(v, 2) for k, v in cpu.items()}, "standby_copy": copy,
                                 # Each domain's own processes and its database's backends (a domain
                                 # on a machine of its own pays this much): the busiest bounds a hop.
                                 "domain_ms_per_message": {d: round(v * 1000 / max(delivered, 1), 2)
@@ -199,6 +248,21 @@ def _pct(values: list[float], p: float) -> float | None:
     if not values:
         return None
     return round(values[min(len(values) - 1, int(len(values) * p / 100))], 1)
+
+
+def _standbys(ring: Ring, *, on: bool) -> None:
+    """Every domain's distributions with their standby (ring_plan.STANDBY) or with none, on all four
+    databases (the meta pull copies the meta domain's): the feed's triggers and the standby's
+    acceptance read the table itself, so this counts at once."""
+    for n in ring.domains():
+        with psycopg.connect(ring.database_url(n), autocommit=True) as conn:
+            for home, standby in STANDBY.items():
+                conn.execute("UPDATE apps_registry_userdistribution u SET standby_id = (SELECT id FROM"
+                             " apps_registry_domain WHERE name = %s AND %s) FROM apps_registry_domain h"
+                             " WHERE h.id = u.domain_id AND h.name = %s",
+                             [domain_name(standby), on, domain_name(home)])
+            if not on:
+                conn.execute("DELETE FROM messaging_standbyfeed")  # what the last target left behind
 
 
 def _backends(ring: Ring) -> dict[str, list[int]]:
@@ -265,7 +329,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a setting for every domain's processes (repeat it), e.g. WORKER_CONCURRENCY=4")
     parser.add_argument("--stages", action="store_true",
                         help="instead: where a two-hop message's time goes, stage by stage (--rate, --duration)")
-    parser.add_argument("--targets", default=",".join(TARGETS), help="a comma-separated subset of: " + ", ".join(TARGETS))
+    parser.add_argument("--targets", default="same domain,one hop,two hops",
+                        help="a comma-separated subset of: " + ", ".join(TARGETS))
     args = parser.parse_args(argv)
 
     env = platform_env()

@@ -21,7 +21,9 @@ the network to settle. It answers (exit 1 if any fails):
 - none was delivered again after the recipient's ACK had left it (in the killed web node's socket
   buffer an ACK can die with it: counted apart, as the rolling-restart test does);
 - in every recipient's mailbox at its home, each sender's messages stand in the order they were
-  sent (by the sender's counter in the content).
+  sent (by the sender's counter in the content);
+- every user's standby domain (make network's ring gives every range one) holds a live copy of
+  the user's mailbox as it is at home (seq, content, state), once the copies have caught up.
 
 It also reports how long the network took to settle and each accepted message's time from its
 first send to its first arrival (p50, p99, max, how many over 10 s and 30 s): a message held at
@@ -46,7 +48,7 @@ import psycopg
 from bench.network import ring_ports
 from bench.platform_proc import platform_env, private_redis
 from devstack.ring import Ring
-from devstack.ring_plan import DOMAIN_COUNT
+from devstack.ring_plan import DOMAIN_COUNT, STANDBY
 from tests.loadclients import Peer
 
 HOMES = {1: 10, 2: 1_000_010, 3: 3_000_010, 4: 6_000_010}  # the first user number used on each domain
@@ -167,6 +169,33 @@ def _latency(peers: list[Peer]) -> dict:
             "over_10_s": sum(w > 10 for w in waits), "over_30_s": sum(w > 30 for w in waits)}
 
 
+def _copy_mismatch(ring: Ring, users: dict[int, list[str]], timeout: float = 60) -> dict[str, int]:
+    """Per domain: how many rows of its users' mailboxes the standby's live copy does not hold as
+    they are at home (seq, content, state), once every feed has drained (at most `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        waiting = 0
+        for n in ring.domains():
+            with psycopg.connect(ring.database_url(n), autocommit=True) as conn:
+                waiting += conn.execute("select count(*) from messaging_standbyfeed").fetchone()[0]
+        if not waiting:
+            break
+        time.sleep(1)
+    wrong = {}
+    for n in ring.domains():
+        home_sql = ("select d.recipient, d.seq, m.content, d.state from messaging_delivery d join messaging_message m"
+                    " on m.id = d.message_id where d.recipient = any(%s)")
+        copy_sql = ("select recipient, seq, content, state from messaging_standbycopy where home = %s"
+                    " and recipient = any(%s)")
+        with psycopg.connect(ring.database_url(n), autocommit=True) as conn:
+            home = set(conn.execute(home_sql, [users[n]]).fetchall())
+        with psycopg.connect(ring.database_url(STANDBY[n]), autocommit=True) as conn:
+            copy = set(conn.execute(copy_sql, [f"domain-0{n}", users[n]]).fetchall())
+        if home != copy:
+            wrong[f"domain-0{n} on domain-0{STANDBY[n]}"] = len(home ^ copy)
+    return wrong
+
+
 def _out_of_order(ring: Ring, users: dict[int, list[str]]) -> dict[str, list[tuple[int, int]]]:
     """Per "sender to recipient": the pairs (earlier, later) of the sender's counters that stand the
     other way round in the recipient's mailbox at its home domain (mailbox order: seq)."""
@@ -247,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
             wrong_order = _out_of_order(ring, users)
             if wrong_order:
                 say(f"out of order: {wrong_order}")
+            copy_wrong = _copy_mismatch(ring, users)
+            if copy_wrong:
+                say(f"standby copies that differ from the home's mailbox: {copy_wrong}")
             again_after_ack = sum(len(p.record.after_ack) for p in peers)
             result = {
                 "minutes": args.minutes, "users": len(peers), "rate_per_user": args.rate, "seed": args.seed,
@@ -255,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                 "missing": sum(len(v) for v in missing.values()), "dead": dead,
                 "delivered_again_after_ack": again_after_ack,
                 "out_of_order": sum(len(v) for v in wrong_order.values()),
+                "standby_copy_differs": copy_wrong,
                 "closes": sum(len(p.record.close_codes) for p in peers),
                 "settled_seconds": settled, "latency_seconds": _latency(peers),
                 "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()},
@@ -268,9 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     ok = (result["missing"] == 0 and not any(dead.values()) and result["unaccepted"] == 0
-          and result["out_of_order"] == 0)
+          and result["out_of_order"] == 0 and not copy_wrong)
     say("PASS" if ok else f"FAIL: {result['missing']} missing, dead {dead}, {result['unaccepted']} never accepted,"
-                          f" {result['out_of_order']} out of order")
+                          f" {result['out_of_order']} out of order, standby copies differing {copy_wrong}")
     return 0 if ok else 1
 
 

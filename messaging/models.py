@@ -274,6 +274,7 @@ from messaging.network.models import (  # noqa: E402
     ReceiptForward,
     StandbyCopy,
     StandbyFeed,
+    StandbySubscription,
 )
 from messaging.webhooks.models import (  # noqa: E402
     WEBHOOK_ALL_EVENTS,
@@ -292,7 +293,7 @@ __all__ = [
     "CLAIMABLE_STATES", "DELIVERABLE_STATES", "EXPIRABLE_STATES", "UNDELIVERED_STATES", "WEBHOOK_ALL_EVENTS",
     "WEBHOOK_OPEN_STATES", "WEBHOOK_SUBSCRIBABLE_EVENTS", "Channel", "ChannelForward", "ChannelMessage", "DeadLetter", "Delivery",
     "DeliveryState", "ExchangeState", "Follow", "HeldInOrder", "IdempotencyKey", "LinkHealth", "Mailbox", "Message",
-    "MessageKind", "OrderMark", "ReceiptForward", "StandbyCopy", "StandbyFeed",
+    "MessageKind", "OrderMark", "ReceiptForward", "StandbyCopy", "StandbyFeed", "StandbySubscription",
     "Subscription", "WebhookDelivery",
     "WebhookEndpoint", "WebhookEvent", "WebhookState", "states_sql", "webhook_events_all", "webhook_secret_new",
     "webhook_states_sql",

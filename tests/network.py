@@ -60,7 +60,8 @@ RING = [("domain-01", "domain-02"), ("domain-02", "domain-03"), ("domain-03", "d
 DOMAIN_TABLES = ("messaging_message", "messaging_delivery", "messaging_mailbox", "messaging_linkhealth",
                  "messaging_channel", "messaging_channelmessage", "messaging_channelforward",
                  "messaging_receiptforward", "messaging_subscription", "messaging_ordermark",
-                 "messaging_heldinorder", "messaging_standbyfeed", "messaging_standbycopy")
+                 "messaging_heldinorder", "messaging_standbyfeed", "messaging_standbycopy",
+                 "messaging_standbysubscription")
 
 
 @dataclass(frozen=True)
@@ -288,7 +289,13 @@ def _network(handoff, edges: list[tuple[str, str]]):
                     EXECUTE FUNCTION public.messaging_standby_feed_new();
                 CREATE TRIGGER messaging_delivery_standby_state AFTER UPDATE ON {_schema(domain)}.messaging_delivery
                     REFERENCING OLD TABLE AS standby_old NEW TABLE AS standby_new FOR EACH STATEMENT
-                    EXECUTE FUNCTION public.messaging_standby_feed_state();""")
+                    EXECUTE FUNCTION public.messaging_standby_feed_state();
+                CREATE TRIGGER messaging_subscription_standby_new AFTER INSERT ON {_schema(domain)}.messaging_subscription
+                    REFERENCING NEW TABLE AS standby_new FOR EACH STATEMENT
+                    EXECUTE FUNCTION public.messaging_standby_feed_subscriptions();
+                CREATE TRIGGER messaging_subscription_standby_gone AFTER DELETE ON {_schema(domain)}.messaging_subscription
+                    REFERENCING OLD TABLE AS standby_old FOR EACH STATEMENT
+                    EXECUTE FUNCTION public.messaging_standby_feed_subscriptions();""")
     app_snapshots_clear()
     domains = {name: Domain.objects.create(name=name, urls=[f"http://{name}.test"]) for name in DOMAINS}
     app = make_app(domain=domains[DOMAINS[0]], range_to=HOMES[DOMAINS[0]][1], max_delivery_attempts=3,

@@ -28,7 +28,6 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from foundation.db import hot_cursor
 from foundation.outbound import (
     Batch,
     CallFailed,
@@ -87,9 +86,7 @@ class FloodSender(LinkQueueSender):
 
     def take(self, limits: Limits) -> Batch[Queued]:
         here = settings.DOMAIN_NAME
-        with hot_cursor() as cur:
-            cur.execute(_QUEUE_SQL, {"peer": self.peer, "rows": limits.rows, "bytes": limits.bytes})
-            rows = cur.fetchall()
+        rows, drained = self.head(_QUEUE_SQL, limits)
         batch = []
         for row_id, path, app, channel, content, publisher, origin, origin_offset, offset, size, _, _, _ in rows:
             batch.append(Queued(row_id, {
@@ -98,7 +95,7 @@ class FloodSender(LinkQueueSender):
                 "origin_domain": origin or here, "origin_offset": origin_offset if origin else offset,
                 "path": list(path_parse(path) or (here,)),
             }, size))
-        return Batch(items=batch, drained=limits.drained(fetched=rows[-1][-1] if rows else 0, kept=len(rows)))
+        return Batch(items=batch, drained=drained)
 
     def send(self, batch: Batch[Queued]) -> dict:
         answer = peer_call(peer=self.peer, path=PUBLISH_PATH, payload={"publishes": [q.publish for q in batch.items]})

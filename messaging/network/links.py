@@ -31,6 +31,7 @@ from django.utils import timezone
 
 from apps_registry.routing import DomainGraph
 from apps_registry.selectors import app_snapshot, user_id_parse
+from foundation.db import hot_cursor
 from foundation.outbound import Backoff, Batch, Limits
 from messaging.network.models import LinkHealth
 from messaging.network.transport import link_cache_clear
@@ -330,6 +331,14 @@ class LinkQueueSender:
 
     def held_back(self) -> bool:
         return link_held_back(self.peer)
+
+    def head(self, sql: str, limits: Limits) -> tuple[list[tuple], bool]:
+        """The rows of the queue's `head_sql` (foundation.outbound) for this link within `limits`, and
+        whether they are the whole queue (Limits.drained; the rows end with head_sql's count)."""
+        with hot_cursor() as cur:
+            cur.execute(sql, {"peer": self.peer, "rows": max(1, limits.rows), "bytes": limits.bytes})
+            rows = cur.fetchall()
+        return rows, limits.drained(fetched=rows[-1][-1] if rows else 0, kept=len(rows))
 
     def give_up(self, refused: list) -> int:
         return 0  # nothing is refused before a call, unless a sender says otherwise

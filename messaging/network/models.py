@@ -163,11 +163,16 @@ class StandbyFeed(models.Model):
     to be copied there (messaging.network.standby): written by the database itself, in the
     transaction that made the change (the triggers of migration 0021, so no code path that stores a
     message or moves a delivery's state can forget it), gone once the standby has it. `new`: the
-    delivery was appended (its message goes too); otherwise its state changed."""
+    delivery was appended (its message goes too); otherwise its state changed. A row without a
+    delivery is a durable subscription of such a user made (`subscribed`) or ended."""
 
     standby = models.CharField(max_length=64)
-    delivery_id = models.BigIntegerField()
+    delivery_id = models.BigIntegerField(null=True, blank=True)
     new = models.BooleanField()
+    app_id = models.BigIntegerField(null=True, blank=True)  # a subscription's
+    subscriber = models.CharField(max_length=96, blank=True, default="", db_default="")
+    channel = models.CharField(max_length=128, blank=True, default="", db_default="")
+    subscribed = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField()
     attempts = models.PositiveIntegerField(default=0, db_default=0)
     last_error = models.CharField(max_length=500, blank=True, default="", db_default="")
@@ -176,6 +181,8 @@ class StandbyFeed(models.Model):
         indexes = [models.Index(fields=["standby", "id"], name="standby_feed_queue")]
 
     def __str__(self) -> str:
+        if self.delivery_id is None:
+            return f"{self.subscriber} {'subscribed to' if self.subscribed else 'left'} {self.channel} -> {self.standby}"
         return f"{'new' if self.new else 'state of'} delivery {self.delivery_id} -> {self.standby}"
 
 
@@ -216,3 +223,20 @@ class StandbyCopy(models.Model):
 
     def __str__(self) -> str:
         return f"copy of {self.home}'s delivery {self.home_delivery_id} to {self.recipient} [{self.state}]"
+
+
+class StandbySubscription(models.Model):
+    """A standby's copy of a durable subscription of a user homed at another domain (`home`)
+    (messaging.network.standby). Inert, like StandbyCopy."""
+
+    home = models.CharField(max_length=64)
+    app = models.ForeignKey("apps_registry.ClientApp", on_delete=models.CASCADE, related_name="+", db_index=False)
+    subscriber = models.CharField(max_length=96)
+    channel = models.CharField(max_length=128)
+    copied_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["app", "subscriber", "channel"], name="standby_subscription_once")]
+
+    def __str__(self) -> str:
+        return f"copy of {self.subscriber} -> {self.channel} (home {self.home})"

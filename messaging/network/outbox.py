@@ -101,9 +101,7 @@ def queue_peek(*, peer: str, limits: Limits) -> tuple[list[Queued], bool]:
     """The oldest rows queued on the link to `peer`, each recipient's in mailbox order, as many as
     `limits` allow, and whether they are the whole queue (Limits.drained)."""
     here = settings.DOMAIN_NAME
-    with hot_cursor() as cur:
-        cur.execute(_QUEUE_SQL, {"peer": peer, "rows": max(1, limits.rows), "bytes": limits.bytes})
-        rows = cur.fetchall()
+    rows, drained = LinkSender(peer).head(_QUEUE_SQL, limits)
     out = []
     for (delivery_id, app_id, recipient, message_id, app_name, sender, kind, content, reference, confirm, cmid,
          origin_domain, origin_id, forward_path, confirms_origin, c_id, c_origin, c_origin_id, revive, origin_seq, size,
@@ -121,7 +119,7 @@ def queue_peek(*, peer: str, limits: Limits) -> tuple[list[Queued], bool]:
             "confirmation_requested": confirm, "client_message_id": cmid, "origin_domain": origin,
             "origin_message_id": oid, "path": path, "confirms": confirms,
         }, size=size, revive=revive, seq=origin_seq))
-    return out, limits.drained(fetched=rows[-1][-1] if rows else 0, kept=len(rows))
+    return out, drained
 
 
 def payload_build(rows: list[Queued]) -> list[dict]:

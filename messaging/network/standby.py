@@ -1,8 +1,8 @@
 """The live copy of a domain's users' mailboxes on their standby domain (UserDistribution.standby).
 
 At the home: the database feeds every change that matters to a standby (a delivery appended to the
-mailbox of a user with a standby, and every move of one to or from delivered, dead or expired) to
-StandbyFeed, by triggers (migration messaging 0021), in the transaction that made it. `StandbySender`
+mailbox of a user with a standby, every move of one to or from delivered, dead or expired, and each
+durable subscription of such a user made or ended) to StandbyFeed, by triggers (migration messaging 0021), in the transaction that made it. `StandbySender`
 (on the outbound skeleton, foundation.outbound: one sender per standby, calls bounded by rows and
 bytes, held back by the link's backoff) sends the feed in order, each row as the delivery is when
 it is sent (the message too, for a new one), to POST /internal/v1/standby, and deletes what the
@@ -11,8 +11,8 @@ backoff paces the calls); it catches up when the standby answers again. Beat wak
 STANDBY_COPY_SECONDS (standby_sweep); the copy's lag (the oldest row still waiting) is a metric and
 a column of the console's Link health.
 
-At the standby: `copies_accept` writes each copy to StandbyCopy, keyed by (home, delivery id there):
-a copy sent twice is written twice, the same. Inert: nothing routes or delivers a copy; it is what
+At the standby: `copies_accept` writes each copy to StandbyCopy, keyed by (home, delivery id there),
+and each subscription to StandbySubscription: a copy sent twice is written twice, the same. Inert: nothing routes or delivers a copy; it is what
 the standby would take its users over from (issue 27's takeover, not built yet).
 
 The standby must be a neighbour of the home (a link between them): the copy is signed with that
@@ -48,11 +48,13 @@ TIMES = ("created_at", "delivered_at", "dead_at", "expired_at")
 class FeedRow:
     feed_id: int
     item: dict | None  # the copy as sent; None: the delivery is gone here (nothing to copy)
+    subscription: dict | None = None  # a durable subscription made or ended
 
 
 # The head of a standby's feed in order, each row as its delivery is now (content only for new ones).
 _FEED_SQL = head_sql(f"""
-    SELECT f.id, d.id, f.new, a.app_name, d.recipient, d.seq, d.origin_seq, d.state, d.attempts,
+    SELECT f.id, f.delivery_id, sa.app_name, f.subscriber, f.channel, f.subscribed,
+           d.id, f.new, a.app_name, d.recipient, d.seq, d.origin_seq, d.state, d.attempts,
            d.created_at, d.delivered_at, d.dead_at, d.expired_at, m.sender, m.kind,
            CASE WHEN f.new THEN m.content END, m.reference, m.confirmation_requested, m.client_message_id,
            coalesce(m.origin_domain, ''), m.origin_message_id, m.id,
@@ -63,6 +65,7 @@ _FEED_SQL = head_sql(f"""
       LEFT JOIN messaging_delivery d ON d.id = f.delivery_id
       LEFT JOIN messaging_message m ON m.id = d.message_id
       LEFT JOIN apps_registry_clientapp a ON a.id = d.app_id
+      LEFT JOIN apps_registry_clientapp sa ON sa.id = f.app_id
      WHERE f.standby = %(peer)s
     WINDOW w AS (ORDER BY f.id)
      ORDER BY f.id
@@ -73,12 +76,15 @@ _FEED_SQL = head_sql(f"""
 def feed_peek(*, standby: str, limits: Limits) -> tuple[list[FeedRow], bool]:
     """The oldest rows of the feed to `standby`, as many as `limits` allow, and whether they are all."""
     here = settings.DOMAIN_NAME
-    with hot_cursor() as cur:
-        cur.execute(_FEED_SQL, {"peer": standby, "rows": max(1, limits.rows), "bytes": limits.bytes})
-        rows = cur.fetchall()
+    rows, drained = StandbySender(standby).head(_FEED_SQL, limits)
     out = []
-    for (feed_id, delivery_id, new, app, recipient, seq, origin_seq, state, attempts, created, delivered, dead,
-         expired, sender, kind, content, reference, confirm, cmid, origin, origin_id, message_id, *_) in rows:
+    for (feed_id, fed_delivery, sub_app, subscriber, channel, subscribed, delivery_id, new, app, recipient, seq,
+         origin_seq, state, attempts, created, delivered, dead, expired, sender, kind, content, reference, confirm,
+         cmid, origin, origin_id, message_id, *_) in rows:
+        if fed_delivery is None:
+            subscription = {"app": sub_app, "subscriber": subscriber, "channel": channel, "subscribed": subscribed}
+            out.append(FeedRow(feed_id, None, subscription if sub_app else None))
+            continue
         if delivery_id is None:
             out.append(FeedRow(feed_id, None))
             continue
@@ -91,7 +97,7 @@ def feed_peek(*, standby: str, limits: Limits) -> tuple[list[FeedRow], bool]:
                                "confirmation_requested": confirm, "client_message_id": cmid,
                                "origin_domain": origin or here, "origin_message_id": origin_id or message_id}
         out.append(FeedRow(feed_id, item))
-    return out, limits.drained(fetched=rows[-1][-1] if rows else 0, kept=len(rows))
+    return out, drained
 
 
 class StandbySender(LinkQueueSender):
@@ -104,8 +110,9 @@ class StandbySender(LinkQueueSender):
         return Batch(items=rows, drained=drained)
 
     def send(self, batch: Batch[FeedRow]) -> dict:
-        return peer_call(peer=self.peer, path=STANDBY_PATH,
-                         payload={"copies": [r.item for r in batch.items if r.item is not None]})
+        return peer_call(peer=self.peer, path=STANDBY_PATH, payload={
+            "copies": [r.item for r in batch.items if r.item is not None],
+            "subscriptions": [r.subscription for r in batch.items if r.subscription is not None]})
 
     def settle(self, batch: Batch[FeedRow], answer: dict) -> Settled:
         sent, _ = StandbyFeed.objects.filter(pk__in=[r.feed_id for r in batch.items]).delete()
@@ -205,18 +212,21 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
     user whose standby is this domain, in one transaction; {"copied": n, "refused": m}. A copy of a
     user who does not stand by here for `sender` (the two ends' configurations a pull apart) is
     refused alone and not written; anything malformed refuses the call (400)."""
-    if set(payload) - {"copies"} or not isinstance(payload.get("copies", []), list):
-        raise _refuse("the payload is {\"copies\": [...]}")
+    if (set(payload) - {"copies", "subscriptions"} or not isinstance(payload.get("copies", []), list)
+            or not isinstance(payload.get("subscriptions", []), list)):
+        raise _refuse("the payload is {\"copies\": [...], \"subscriptions\": [...]}")
     items = payload.get("copies", [])
-    if len(items) > MAX_COPIES:
+    if len(items) + len(payload.get("subscriptions", [])) > MAX_COPIES:
         raise _refuse(f"more than {MAX_COPIES} copies in one call", 413)
     if not Domain.objects.filter(name=sender).exists():
         raise _refuse(f"{sender} is not a domain of this network", 403)
     ranges = _standby_ranges(sender)
-    apps = dict(ClientApp.objects.filter(app_name__in={i.get("app") for i in items if isinstance(i, dict)
+    named = [*items, *payload.get("subscriptions", [])]
+    apps = dict(ClientApp.objects.filter(app_name__in={i.get("app") for i in named if isinstance(i, dict)
                                                        and isinstance(i.get("app"), str)}).values_list("app_name", "pk"))
     parsed = [_copy_parse(i, item, ranges, apps) for i, item in enumerate(items)]
     copies = [c for c in parsed if c is not None]
+    subs = [_subscription_parse(i, item, ranges, apps) for i, item in enumerate(payload.get("subscriptions", []))]
     new = [c for c in copies if c.get("message") is not None]
     states = [c for c in copies if c.get("message") is None]
     with transaction.atomic(), hot_cursor() as cur:
@@ -237,10 +247,30 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
         if states:
             cur.execute(_STATE_SQL, {"home": [sender] * len(states), "did": [c["delivery"] for c in states],
                                      **_state_params(states)})
-    if len(copies) < len(parsed):
-        log.warning("%s copied %d deliveries of users that do not stand by here: not written",
-                    sender, len(parsed) - len(copies))
-    return {"copied": len(copies), "refused": len(parsed) - len(copies)}
+        for sub in (s for s in subs if s is not None):  # in order: one made and ended ends ended
+            if sub["subscribed"]:
+                cur.execute("INSERT INTO messaging_standbysubscription (home, app_id, subscriber, channel, copied_at)"
+                            " VALUES (%s, %s, %s, %s, now()) ON CONFLICT (app_id, subscriber, channel)"
+                            " DO UPDATE SET home = EXCLUDED.home, copied_at = now()",
+                            [sender, sub["app_id"], sub["subscriber"], sub["channel"]])
+            else:
+                cur.execute("DELETE FROM messaging_standbysubscription WHERE app_id = %s AND subscriber = %s"
+                            " AND channel = %s", [sub["app_id"], sub["subscriber"], sub["channel"]])
+    refused = len(parsed) - len(copies) + sum(s is None for s in subs)
+    if refused:
+        log.warning("%s copied %d changes of users that do not stand by here: not written", sender, refused)
+    return {"copied": len(copies) + len(subs) - sum(s is None for s in subs), "refused": refused}
+
+
+def _subscription_parse(i: int, item, ranges: dict, apps: dict[str, int]) -> dict | None:
+    where = f"subscriptions[{i}]"
+    if (not isinstance(item, dict) or not isinstance(item.get("app"), str) or not isinstance(item.get("subscriber"), str)
+            or not isinstance(item.get("channel"), str) or not 0 < len(item["channel"]) <= 128
+            or not isinstance(item.get("subscribed"), bool)):
+        raise _refuse(f"{where} must be {{app, subscriber, channel, subscribed}}")
+    if item["app"] not in apps or not _covered(item["subscriber"], item["app"], ranges):
+        return None
+    return {**item, "app_id": apps[item["app"]]}
 
 
 def _state_params(copies: list[dict]) -> dict:

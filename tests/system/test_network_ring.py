@@ -140,6 +140,25 @@ def test_a_message_to_a_user_two_domains_away_arrives_on_a_shortest_path_and_the
                        == [("delivered", "domain-02")])
 
 
+def test_a_users_mailbox_is_copied_live_to_its_standby_domain_with_each_state_change(ring):
+    # make network's ring: domain-03's users stand by on domain-04 (the triggers, the beat, the
+    # forwarding worker and every connection's switchboard.domain, in real processes).
+    started = time.monotonic()
+    with ring.client(1, "ANZ-1") as alice, ring.client(3, "ANZ-3000002") as carol:
+        for i in range(3):
+            alice.message("ANZ-3000002", f"copied live {i}")
+        assert _messages_from(carol, "ANZ-1", 3) == [f"copied live {i}" for i in range(3)]
+    home_sql = ("select d.seq, m.content, d.state from messaging_delivery d join messaging_message m"
+                " on m.id = d.message_id where d.recipient = 'ANZ-3000002' order by d.seq")
+    assert _eventually(lambda: [state for *_, state in ring.query(3, home_sql)] == ["delivered"] * 3, 15)
+    home = ring.query(3, home_sql)
+    copied = "select seq, content, state from messaging_standbycopy where recipient = 'ANZ-3000002' order by seq"
+    assert _eventually(lambda: ring.query(4, copied) == home, 15), ring.query(4, copied)
+    print(f"copied with its state in {time.monotonic() - started:.1f} s")
+    assert ring.query(2, "select count(*) from messaging_standbycopy") == [(0,)]  # 02 is nobody's standby for 03
+    assert _eventually(lambda: ring.query(3, "select count(*) from messaging_standbyfeed") == [(0,)], 15)
+
+
 def test_a_fast_message_reaches_a_user_connected_two_domains_away_and_is_stored_nowhere(ring):
     with ring.client(1, "ANZ-1") as alice, ring.client(3, "ANZ-3000001") as carol:
         alice.message("ANZ-3000001", "fast over two hops", feature="FAST")

@@ -12,8 +12,9 @@ from __future__ import annotations
 import pytest
 
 from apps_registry.models import Domain, UserDistribution
+from messaging.channels.services import subscription_add, subscription_remove
 from messaging.models import Delivery
-from messaging.network.models import LinkHealth, StandbyCopy, StandbyFeed
+from messaging.network.models import LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
 from messaging.network.standby import copies_accept, copy_lag
 from messaging.tasks import standby_sweep
 
@@ -97,6 +98,21 @@ def test_users_without_a_standby_and_messages_passing_through_are_not_copied(sta
             assert not StandbyFeed.objects.exists()  # CAROL's copies at 01 and 02 are not her mailbox
     with standby_ring.at("domain-03"):
         assert StandbyFeed.objects.count() == 1
+
+
+def test_a_users_durable_subscriptions_are_copied_made_and_ended(standby_ring):
+    with standby_ring.at("domain-03"):
+        subscription_add(app_id=standby_ring.app.pk, subscriber=CAROL, channel="news")
+        subscription_add(app_id=standby_ring.app.pk, subscriber=CAROL, channel="sport")
+    copy_now(standby_ring)
+    with standby_ring.at("domain-04"):
+        assert sorted(StandbySubscription.objects.values_list("home", "subscriber", "channel")) == \
+            [("domain-03", CAROL, "news"), ("domain-03", CAROL, "sport")]
+    with standby_ring.at("domain-03"):
+        subscription_remove(app_id=standby_ring.app.pk, subscriber=CAROL, channel="news")
+    copy_now(standby_ring)
+    with standby_ring.at("domain-04"):
+        assert list(StandbySubscription.objects.values_list("channel", flat=True)) == ["sport"]
 
 
 def test_the_standby_refuses_a_copy_of_a_user_who_does_not_stand_by_there(standby_ring):
