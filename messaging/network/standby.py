@@ -116,7 +116,9 @@ class StandbySender(LinkQueueSender):
 
     def settle(self, batch: Batch[FeedRow], answer: dict) -> Settled:
         sent, _ = StandbyFeed.objects.filter(pk__in=[r.feed_id for r in batch.items]).delete()
-        link_succeeded(peer=self.peer, forwarded=sent)
+        # The link is up; the copy is not counted as forwarded (switchboard_link_forwarded_total is
+        # the network's own traffic: messages, receipts, publishes); the copy's metrics are its own.
+        link_succeeded(peer=self.peer)
         return Settled(sent=sent)
 
     def fail(self, batch: Batch[FeedRow], error: CallFailed) -> Failed:
