@@ -12,7 +12,7 @@ from django.core.checks import Tags, register
 from django.core.checks import Warning as CheckWarning
 from django.db import DatabaseError
 
-from .models import OPEN_APP_MEANING, DomainLink
+from .models import OPEN_APP_MEANING, DomainLink, UserDistribution
 from .selectors import app_names_admitting_anyone, app_names_with_auth_url_off, domain_call_url
 
 # What a shared secret must have at least: 32 bytes (HMAC-SHA256's own size; the generated ones have 43).
@@ -99,3 +99,23 @@ def check_network_transport(app_configs, **kwargs):
                 hint="Give it a long random secret in the admin or the configuration file (both ends).",
                 id="switchboard.W017"))
     return warnings
+
+
+@register(Tags.database, deploy=True)
+def check_standbys_reachable(app_configs, **kwargs):
+    """The live copy of a range's mailboxes goes to its standby over the link between the two
+    (messaging.network.standby): a standby that is not an enabled neighbour of its home never gets
+    it, and the copy waits at the home, growing."""
+    here = settings.DOMAIN_NAME
+    try:
+        standbys = set(UserDistribution.objects.filter(domain__name=here, standby__isnull=False)
+                       .values_list("standby__name", flat=True))
+        linked = {name for pair in DomainLink.objects.filter(enabled=True).values_list("n1__name", "n2__name")
+                  if here in pair for name in pair}
+    except DatabaseError:
+        return []  # check_open_apps already says the database could not be read
+    return [CheckWarning(
+        f"{name} is the standby of ranges homed on {here} but not an enabled neighbour: the live copy of their "
+        "mailboxes cannot reach it and waits here.",
+        hint=f"Link {here} and {name} (or name a neighbour as the standby).", id="switchboard.W018")
+        for name in sorted(standbys - linked)]

@@ -335,3 +335,21 @@ def test_check_deploy_warns_of_a_network_in_the_clear_or_signed_with_short_secre
     DomainLink.objects.filter(n2=clear).update(shared_secret="y" * 43)
     Domain.objects.filter(pk=clear.pk).update(urls=["https://10.0.0.2:8443", "ws://10.0.0.2:8002/ws"])
     assert _network_warnings() == {}
+
+
+def test_check_deploy_warns_of_a_standby_that_is_not_a_neighbour_of_its_home(settings):
+    from django.core.checks import run_checks
+
+    settings.DOMAIN_NAME = "domain-01"
+    here, linked, far = make_domain("domain-01"), make_domain("domain-02"), make_domain("domain-03")
+    DomainLink.objects.create(n1=here, n2=linked)
+    app = make_app(domain=here)
+    UserDistribution.objects.filter(app=app).update(standby=far)
+
+    def warnings() -> list[str]:
+        return [m.msg for m in run_checks(include_deployment_checks=True) if m.id == "switchboard.W018"]
+
+    assert warnings() == ["domain-03 is the standby of ranges homed on domain-01 but not an enabled neighbour: the "
+                          "live copy of their mailboxes cannot reach it and waits here."]
+    UserDistribution.objects.filter(app=app).update(standby=linked)
+    assert warnings() == []
