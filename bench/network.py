@@ -263,12 +263,18 @@ def _pct(values: list[float], p: float) -> float | None:
     return round(values[min(len(values) - 1, int(len(values) * p / 100))], 1)
 
 
+def _databases(ring: Ring):
+    """(domain number, an autocommit connection to its database) for each domain of the ring."""
+    for n in ring.domains():
+        yield n, psycopg.connect(ring.database_url(n), autocommit=True)
+
+
 def _standbys(ring: Ring, *, on: bool) -> None:
     """Every domain's distributions with their standby (ring_plan.STANDBY) or with none, on all four
     databases (the meta pull copies the meta domain's): the feed's triggers and the standby's
     acceptance read the table itself, so this counts at once."""
-    for n in ring.domains():
-        with psycopg.connect(ring.database_url(n), autocommit=True) as conn:
+    for _, conn in _databases(ring):
+        with conn:
             for home, standby in STANDBY.items():
                 conn.execute("UPDATE apps_registry_userdistribution u SET standby_id = (SELECT id FROM"
                              " apps_registry_domain WHERE name = %s AND %s) FROM apps_registry_domain h"
@@ -282,8 +288,8 @@ def _no_frame_rate_limit(ring: Ring) -> None:
     """The bench's senders send 300 messages back to back, scenario after scenario: the app's frame
     rate limit (per user) would refuse some ("rate limit exceeded"), and they would never arrive.
     Lifted on all four databases (the meta pull copies the meta domain's)."""
-    for n in ring.domains():
-        with psycopg.connect(ring.database_url(n), autocommit=True) as conn:
+    for _, conn in _databases(ring):
+        with conn:
             conn.execute("UPDATE apps_registry_clientapp SET rate_limit_per_second = 100000, rate_limit_burst = 100000")
     time.sleep(6)  # every process's cached app (apps_registry.selectors.SNAPSHOT_TTL, 5 s) has been read again
 
@@ -292,8 +298,8 @@ def _backends(ring: Ring) -> dict[str, list[int]]:
     """Each domain's database backends now ("db:domain-01": pids): the web nodes' and workers'
     connections are kept (DB_CONN_MAX_AGE), so these are the ones that do a burst's work."""
     out = {}
-    for n in ring.domains():
-        with psycopg.connect(ring.database_url(n), autocommit=True) as conn:
+    for n, conn in _databases(ring):
+        with conn:
             out[f"db:domain-0{n}"] = [r[0] for r in conn.execute(
                 "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")]
     return out

@@ -91,6 +91,11 @@ def _append(in_order: list[tuple[int, int, str, int | None]]) -> list[int]:
         return list(cur.fetchone()[0])
 
 
+def _columns(keys: list[Key]) -> list[list]:
+    """Keys as the three arrays the statements unnest: app ids, recipients, origins."""
+    return [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]]
+
+
 def _marks_lock(keys: list[Key]) -> dict[Key, tuple[int, int]]:
     """Each key's mark (last seq, rows held), created at 0 where there is none, locked until commit
     (in key order: two calls for overlapping recipients queue up rather than deadlock)."""
@@ -104,7 +109,7 @@ def _marks_lock(keys: list[Key]) -> dict[Key, tuple[int, int]]:
             ON CONFLICT (app_id, recipient, origin_domain) DO UPDATE SET last_seq = messaging_ordermark.last_seq
             RETURNING app_id, recipient, origin_domain, last_seq, held
             """,
-            [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]],
+            _columns(keys),
         )
         return {(a, r, o): (last, held) for a, r, o, last, held in cur.fetchall()}
 
@@ -121,7 +126,7 @@ def _held_of(keys: list[Key]) -> dict[Key, list[_Held]]:
                 ON h.app_id = k.app_id AND h.recipient = k.recipient AND h.origin_domain = k.origin
              ORDER BY h.origin_seq
             """,
-            [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]],
+            _columns(keys),
         )
         out: dict[Key, list[_Held]] = defaultdict(list)
         for a, r, o, held_id, message_id, seq in cur.fetchall():
@@ -138,8 +143,7 @@ def _marks_write(marks: dict[Key, tuple[int, int]]) -> None:
                    AS k(app_id, recipient, origin, last_seq, held)
              WHERE m.app_id = k.app_id AND m.recipient = k.recipient AND m.origin_domain = k.origin
             """,
-            [[k[0] for k in marks], [k[1] for k in marks], [k[2] for k in marks],
-             [v[0] for v in marks.values()], [v[1] for v in marks.values()]],
+            [*_columns(list(marks)), [v[0] for v in marks.values()], [v[1] for v in marks.values()]],
         )
 
 
