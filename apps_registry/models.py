@@ -32,6 +32,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
+from apps_registry.takeover import Takeover  # noqa: F401  (a model of this app, in its own module)
 from foundation.names import DOMAIN_NAME_PATTERN
 
 APP_NAME_PATTERN = r"[A-Za-z][A-Za-z0-9_.]{0,63}"

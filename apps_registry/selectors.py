@@ -8,6 +8,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
+from django.db.models import Case, F, When
+from django.db.models.functions import Coalesce
+
 from .models import USER_ID_RE, AuthMode, ClientApp, Domain, UserDistribution, UserRange
 
 
@@ -214,8 +217,12 @@ def app_snapshot_by_app_id(app_id: str) -> AppSnapshot | None:
 def _snapshot_load(app: ClientApp | None) -> AppSnapshot | None:
     snapshot = None
     if app is not None:
-        rows = list(UserDistribution.objects.filter(app=app).order_by("range_from").values_list(
-            "range_from", "range_to", "domain__name", "domain__urls"))
+        # Where a range's users live now: their home, or while it is taken over, its holder (Takeover).
+        rows = list(UserDistribution.objects.filter(app=app).order_by("range_from").annotate(
+            serving=Coalesce(Case(When(domain__takeover__held=True, then=F("domain__takeover__holder__name"))),
+                             F("domain__name")),
+            serving_urls=Coalesce(Case(When(domain__takeover__held=True, then=F("domain__takeover__holder__urls"))),
+                                  F("domain__urls"))).values_list("range_from", "range_to", "serving", "serving_urls"))
         dists = tuple((UserRange(low, high), domain) for low, high, domain, _ in rows)
         ws_urls = {domain: domain_ws_url(urls) for _, _, domain, urls in rows}
         snapshot = AppSnapshot(

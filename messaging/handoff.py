@@ -51,6 +51,7 @@ WEBHOOK_QUEUE = "webhooks"
 FORWARD_LINK_TASK = "messaging.tasks.forward_link"
 FORWARD_RECEIPTS_TASK = "messaging.tasks.forward_receipts"
 STANDBY_TASK = "messaging.tasks.standby_copy"  # the live copy to one standby domain
+GOSSIP_TASK = "messaging.tasks.gossip_presence"  # a round of the network's gossip (presence, takeovers)
 FORWARDING_QUEUE = "forwarding"
 FLOOD_TASK = "messaging.tasks.flood_link"  # a link's queue of channel publishes
 FAST_FORWARD_TASK = "messaging.tasks.forward_fast"  # a FAST item for users homed elsewhere
@@ -225,6 +226,11 @@ def standby_senders_kick(standbys: Sequence[str]) -> None:
     """Wake the live-copy sender to each standby domain, unless a wake-up is already on its way."""
     for standby in sorted(set(standbys)):
         _dispatcher.wake(STANDBY_TASK, standby, FORWARDING_QUEUE)
+
+
+def gossip_now() -> None:
+    """A gossip round now, not at the next beat (a takeover or a hand-back to tell the neighbours)."""
+    _dispatcher.dispatch(GOSSIP_TASK, [], FORWARDING_QUEUE)
 
 
 def receipt_links_kick(peers: Sequence[str], *, again: bool = False) -> None:

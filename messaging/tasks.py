@@ -29,6 +29,7 @@ from messaging.handoff import (
     standby_senders_kick,
     webhook_calls_enqueue,
 )
+from messaging.network import takeover
 from messaging.network.fast_forward import fast_forward
 from messaging.network.flood_sender import flood_link_send, flood_links_due
 from messaging.network.links import links_held_back
@@ -202,6 +203,13 @@ def standby_sweep() -> list[str]:
     due = sorted(set(waiting) - links_held_back(waiting))
     standby_senders_kick(due)
     return due
+
+
+@shared_task
+def takeover_watch() -> dict[str, str]:
+    """Beat: take over a lost home this domain stands by for, or hand one back that answers again
+    (messaging.network.takeover). Each look decides afresh: a lost run is made up by the next."""
+    return takeover.takeover_watch()
 
 
 @shared_task(acks_late=True)

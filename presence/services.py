@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from apps_registry.selectors import user_id_parse
 from foundation.transport import sockets
 from foundation.transport.frames import CLOSE_NORMAL, encode
 
@@ -203,6 +204,22 @@ def user_disconnect_everywhere_sync(*, user_id: str, reason: str) -> int:
     event = sockets.connection_close_event(CLOSE_NORMAL, reason)
     sockets.send_many_sync((c.channel_name, event) for c in conns)
     return len(conns)
+
+
+def users_close_sync(*, ranges: dict[str, list[tuple[int, int | None]]], code: int, reason: str) -> int:
+    """Close, with `code`, every connection in the cluster of the users of `ranges` (app name -> user
+    ranges): their users are served elsewhere now (a takeover, a hand-back). Returns how many."""
+    users = [u for app, app_ranges in ranges.items() for u in online.app_online_users_sync(app)
+             if (n := _number(u)) is not None and any(low <= n and (high is None or n <= high) for low, high in app_ranges)]
+    conns = [c for user_conns in cache.connections_of_many(users).values() for c in user_conns] if users else []
+    event = sockets.connection_close_event(code, reason)
+    sockets.send_many_sync((c.channel_name, event) for c in conns)
+    return len(conns)
+
+
+def _number(user_id: str) -> int | None:
+    parsed = user_id_parse(user_id)
+    return parsed.number if parsed else None
 
 
 def session_disconnect(*, session: Session, reason: str) -> None:

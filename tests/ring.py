@@ -41,6 +41,9 @@ RING_ENV = {
     "LINK_PROBE_SECONDS": "1",
     "LINK_DOWN_AFTER_SECONDS": "3",
     "META_PULL_SECONDS": "2",
+    # No takeovers unless a test asks for them (tests/system/test_network_ring.py, FAST_FAILOVER):
+    # the others stop a domain to see its neighbours wait for it.
+    "FAILOVER_SECONDS": "300",
     # What tests/processes.py gives every process it starts: local settings (not the test ones,
     # which would move Redis to the suite's database), loopback allowed for outgoing calls (the
     # other domains are on 127.0.0.1), and a short drain so a stopped domain is stopped quickly.

@@ -17,6 +17,7 @@ from messaging.network.fast_forward import fast_parse
 from messaging.network.links import destination, way_on
 from messaging.network.presence_gossip import PresenceRefused, presence_parse
 from messaging.network.selectors import WaitingHere
+from messaging.network.takeover import network_parse
 from messaging.network.transport import PeerRefused
 
 KINDS = tuple(k.value for k in MessageKind)
@@ -157,12 +158,13 @@ class Parsed:
     fast: list[dict]  # FAST items: pushed here, or carried on (never stored)
     blocked: list[str]  # the domains the caller has no way on to now (it hands back their items)
     presence: list[dict]  # domains' lists of online users (messaging.network.presence_gossip)
+    network: dict | None = None  # clocks heard and takeovers (messaging.network.takeover)
 
 
 def payload_parse(*, sender: str, payload: dict) -> Parsed:
     """The call's messages (those to store, those refused alone) and receipts, or PeerRefused
     naming what is wrong with the call."""
-    unknown = set(payload) - {"messages", "receipts", "fast", "blocked", "presence"}
+    unknown = set(payload) - {"messages", "receipts", "fast", "blocked", "presence", "network"}
     if unknown:
         raise _refuse(f"unknown field(s): {', '.join(sorted(unknown))}")
     blocked = payload.get("blocked", [])
@@ -197,6 +199,7 @@ def payload_parse(*, sender: str, payload: dict) -> Parsed:
         presence = [presence_parse(i, item) for i, item in enumerate(presence)]
     except PresenceRefused as exc:
         raise _refuse(str(exc)) from None
-    return Parsed(messages=taken, refused=refused, blocked=sorted(set(blocked)), presence=presence,
+    network = network_parse(payload["network"]) if "network" in payload else None
+    return Parsed(messages=taken, refused=refused, blocked=sorted(set(blocked)), presence=presence, network=network,
                   receipts=[receipts.receipt_parse(i, item, sender=sender) for i, item in enumerate(receipt_items)],
                   fast=[fast_parse(i, item, sender=sender) for i, item in enumerate(fast_items)])

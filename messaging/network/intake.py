@@ -34,6 +34,7 @@ from messaging.network.forward_payload import Incoming, payload_parse
 from messaging.network.links import destination, link_received, route_blocked, route_holding
 from messaging.network.order import Arrival, arrivals_put_in_order
 from messaging.network.presence_gossip import presence_accept
+from messaging.network.takeover import network_accept
 from messaging.store import deliveries_append_sql, messages_insert_sql
 
 _LOCK_SQL = """
@@ -224,6 +225,8 @@ def forward_accept(*, sender: str, payload: dict) -> dict:
     route_blocked(peer=sender, targets=parsed.blocked)
     route_holding(peer=sender, targets={home for m in parsed.messages if m.hold for r in m.recipients
                                         if (home := destination(r))})
+    if parsed.network is not None:  # first: a takeover told here routes the messages of this call
+        network_accept(parsed.network)
     with transaction.atomic():
         stored, duplicates = messages_store_forwarded(parsed.messages, sender=sender)
         applied = receipts.receipts_apply(parsed.receipts)

@@ -217,7 +217,10 @@ class StandbyCopy(models.Model):
     class Meta:
         verbose_name = "standby copy"
         constraints = [
-            models.UniqueConstraint(fields=["home", "home_delivery_id"], name="standby_copy_once"),
+            # A message is one message everywhere by where it was stored first and its id there: the
+            # home's copies, the holder's copies back and a forwarded message all meet on it.
+            models.UniqueConstraint(fields=["app", "recipient", "origin_domain", "origin_message_id"],
+                                    name="standby_copy_once_per_message"),
         ]
         indexes = [models.Index(fields=["app", "recipient", "seq"], name="standby_copy_mailbox")]
 
@@ -240,3 +243,17 @@ class StandbySubscription(models.Model):
 
     def __str__(self) -> str:
         return f"copy of {self.subscriber} -> {self.channel} (home {self.home})"
+
+
+class DomainHeard(models.Model):
+    """When this domain last heard that `domain` was alive: a newer `version` (that domain's own
+    clock, told in the network's gossip, messaging.network.takeover) arrived at `heard_at` (this
+    domain's clock, so no two clocks are compared). What a standby and its witnesses judge a home's
+    loss by, whatever path the gossip took."""
+
+    domain = models.CharField(max_length=64, unique=True)
+    version = models.BigIntegerField()
+    heard_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.domain} heard at {self.heard_at:%H:%M:%S}"

@@ -24,6 +24,7 @@ from django.conf import settings
 
 from apps_registry.models import ClientApp
 from messaging.network.links import neighbours
+from messaging.network.takeover import network_gossip
 from messaging.network.transport import FORWARD_PATH, PeerError, peer_call_prepare, peer_calls_send
 from presence import remote
 from presence.online import app_online_users_sync
@@ -35,7 +36,8 @@ MAX_USERS = 100_000  # per list in one call
 
 
 def presence_gossip() -> dict[str, str]:
-    """One round: every neighbour told what this domain knows. Returns {peer: "ok" or the error}."""
+    """One round: every neighbour told what this domain knows (and, with it, the network's clocks and
+    takeovers: messaging.network.takeover). Returns {peer: "ok" or the error}."""
     here = settings.DOMAIN_NAME
     peers = neighbours()
     if not peers:
@@ -46,11 +48,13 @@ def presence_gossip() -> dict[str, str]:
         lists.append((app_name, remote.RemoteList(here, time.time_ns(), app_online_users_sync(app_name)[:MAX_USERS])))
         lists += [(app_name, heard) for heard in remote.remote_lists(app_name)]
     calls, out = [], {}
+    network = network_gossip()
     for peer in peers:
         items = [{"app": app_name, "domain": heard.domain, "version": heard.version, "users": heard.users}
                  for app_name, heard in lists if heard.domain != peer]
         try:
-            calls.append(peer_call_prepare(peer=peer, path=FORWARD_PATH, payload={"presence": items}))
+            calls.append(peer_call_prepare(peer=peer, path=FORWARD_PATH, payload={"presence": items,
+                                                                                  "network": network}))
         except PeerError as exc:
             out[peer] = exc.reason
     for call, answer in zip(calls, peer_calls_send(calls, timeout=settings.LINK_PROBE_TIMEOUT_SECONDS), strict=True):

@@ -29,11 +29,12 @@ from django.db import transaction
 from django.db.models import F
 from django.utils.dateparse import parse_datetime
 
-from apps_registry.models import ClientApp, Domain, UserDistribution
+from apps_registry.models import ClientApp, Domain, Takeover, UserDistribution
 from apps_registry.selectors import user_id_parse
 from foundation.db import hot_cursor
 from foundation.outbound import Batch, CallFailed, Failed, Limits, Settled, head_sql, send_batches
 from messaging.network.links import LinkQueueSender, link_failed, link_succeeded
+from messaging.network.mailbox_merge import Copied, mailbox_merge
 from messaging.network.models import StandbyFeed
 from messaging.network.transport import STANDBY_PATH, PeerRefused, peer_call
 
@@ -89,13 +90,13 @@ def feed_peek(*, standby: str, limits: Limits) -> tuple[list[FeedRow], bool]:
             out.append(FeedRow(feed_id, None))
             continue
         item = {"delivery": delivery_id, "app": app, "recipient": recipient, "seq": seq, "origin_seq": origin_seq,
-                "state": state, "attempts": attempts,
+                "state": state, "attempts": attempts, "origin_domain": origin or here,
+                "origin_message_id": origin_id or message_id,
                 **{k: v.isoformat() if v else None for k, v in zip(TIMES, (created, delivered, dead, expired),
                                                                     strict=True)}}
         if new:
             item["message"] = {"sender": sender, "kind": kind, "content": content, "reference": reference,
-                               "confirmation_requested": confirm, "client_message_id": cmid,
-                               "origin_domain": origin or here, "origin_message_id": origin_id or message_id}
+                               "confirmation_requested": confirm, "client_message_id": cmid}
         out.append(FeedRow(feed_id, item))
     return out, drained
 
@@ -157,12 +158,12 @@ def _refuse(reason: str, status: int = 400) -> PeerRefused:
     return PeerRefused(status, reason)
 
 
-def _standby_ranges(home: str) -> dict[str, list[tuple[int, int | None]]]:
-    """app name -> the user ranges homed at `home` whose standby is this domain."""
+def standby_ranges(home: str, standby: str | None = None) -> dict[str, list[tuple[int, int | None]]]:
+    """app name -> the user ranges homed at `home` whose standby is `standby` (this domain)."""
     ranges: dict[str, list[tuple[int, int | None]]] = {}
     for app, low, high in UserDistribution.objects.filter(
-            domain__name=home, standby__name=settings.DOMAIN_NAME).values_list("app__app_name", "range_from",
-                                                                                 "range_to"):
+            domain__name=home, standby__name=standby or settings.DOMAIN_NAME).values_list(
+                "app__app_name", "range_from", "range_to"):
         ranges.setdefault(app, []).append((low, high))
     return ranges
 
@@ -194,12 +195,13 @@ def _copy_parse(i: int, item, ranges: dict, apps: dict[str, int]) -> dict | None
             raise _refuse(f"{where}: {key} must be an ISO 8601 time or null")
     if times["created_at"] is None:
         raise _refuse(f"{where}: created_at is required")
+    if (not isinstance(item.get("origin_domain"), str) or not 0 < len(item["origin_domain"]) <= 64
+            or not isinstance(item.get("origin_message_id"), int) or isinstance(item["origin_message_id"], bool)):
+        raise _refuse(f"{where}: origin_domain and origin_message_id must name the message")
     message = item.get("message")
     if message is not None and (not isinstance(message, dict) or not isinstance(message.get("content"), str)
-                                or not isinstance(message.get("sender"), str)
-                                or not isinstance(message.get("origin_domain"), str)
-                                or not isinstance(message.get("origin_message_id"), int)):
-        raise _refuse(f"{where}: message must carry sender, content, origin_domain and origin_message_id")
+                                or not isinstance(message.get("sender"), str)):
+        raise _refuse(f"{where}: message must carry sender and content")
     origin_seq = item.get("origin_seq")
     if origin_seq is not None and (not isinstance(origin_seq, int) or isinstance(origin_seq, bool)):
         raise _refuse(f"{where}: origin_seq must be a whole number or null")
@@ -222,16 +224,45 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
         raise _refuse(f"more than {MAX_COPIES} copies in one call", 413)
     if not Domain.objects.filter(name=sender).exists():
         raise _refuse(f"{sender} is not a domain of this network", 403)
-    ranges = _standby_ranges(sender)
+    here = settings.DOMAIN_NAME
+    ranges = standby_ranges(sender)
+    # Held here (taken over from `sender`): its copies go into the mailboxes here. This domain's own
+    # users whose standby is `sender`: it held them (a standby copies nothing else back), and this is
+    # the hand-back (messaging.network.takeover), which may come before the gossip that says so.
+    held = Takeover.objects.filter(home__name=sender, holder__name=here, held=True).exists()
+    back = standby_ranges(here, sender)
+    for app, app_ranges in back.items():
+        ranges.setdefault(app, []).extend(app_ranges)
     named = [*items, *payload.get("subscriptions", [])]
     apps = dict(ClientApp.objects.filter(app_name__in={i.get("app") for i in named if isinstance(i, dict)
                                                        and isinstance(i.get("app"), str)}).values_list("app_name", "pk"))
     parsed = [_copy_parse(i, item, ranges, apps) for i, item in enumerate(items)]
-    copies = [c for c in parsed if c is not None]
     subs = [_subscription_parse(i, item, ranges, apps) for i, item in enumerate(payload.get("subscriptions", []))]
+    copies = [c for c in parsed if c is not None]
+    kept = [sub for sub in subs if sub is not None]
+    merging = [held or _covered(c["recipient"], c["app"], back) for c in copies]
+    sub_merging = [held or _covered(sub["subscriber"], sub["app"], back) for sub in kept]
+    with transaction.atomic():
+        merged = mailbox_merge([Copied(
+            app_id=c["app_id"], recipient=c["recipient"], origin_domain=c["origin_domain"],
+            origin_message_id=c["origin_message_id"], state=c["state"], delivered_at=c["delivered_at"],
+            dead_at=c["dead_at"], expired_at=c["expired_at"], origin_seq=c.get("origin_seq"),
+            message=c.get("message")) for c, m in zip(copies, merging, strict=True) if m])
+        subscriptions_merge([sub for sub, m in zip(kept, sub_merging, strict=True) if m])
+        _copies_write(sender, [c for c, m in zip(copies, merging, strict=True) if not m],
+                      [sub for sub, m in zip(kept, sub_merging, strict=True) if not m])
+    refused = len(parsed) - len(copies) + len(subs) - len(kept)
+    if refused:
+        log.warning("%s copied %d changes of users that do not stand by here: not written", sender, refused)
+    answer = {"copied": len(copies) + len(kept), "refused": refused}
+    return {**answer, "merged": merged.appended} if held or back else answer
+
+
+def _copies_write(sender: str, copies: list[dict], subs: list[dict]) -> None:
+    """The copies of users standing by here for `sender`: written to StandbyCopy and StandbySubscription."""
     new = [c for c in copies if c.get("message") is not None]
     states = [c for c in copies if c.get("message") is None]
-    with transaction.atomic(), hot_cursor() as cur:
+    with hot_cursor() as cur:
         if new:
             cur.execute(_NEW_SQL, {
                 "home": [sender] * len(new), "did": [c["delivery"] for c in new], "app": [c["app_id"] for c in new],
@@ -242,14 +273,14 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
                 "ref": [str(c["message"].get("reference") or "")[:256] for c in new],
                 "confirm": [bool(c["message"].get("confirmation_requested")) for c in new],
                 "cmid": [c["message"].get("client_message_id") for c in new],
-                "origin": [c["message"]["origin_domain"][:64] for c in new],
-                "oid": [c["message"]["origin_message_id"] for c in new],
+                "origin": [c["origin_domain"] for c in new], "oid": [c["origin_message_id"] for c in new],
                 **_state_params(new),
             })
         if states:
-            cur.execute(_STATE_SQL, {"home": [sender] * len(states), "did": [c["delivery"] for c in states],
-                                     **_state_params(states)})
-        for sub in (s for s in subs if s is not None):  # in order: one made and ended ends ended
+            cur.execute(_STATE_SQL, {"app": [c["app_id"] for c in states], "rcpt": [c["recipient"] for c in states],
+                                     "origin": [c["origin_domain"] for c in states],
+                                     "oid": [c["origin_message_id"] for c in states], **_state_params(states)})
+        for sub in subs:  # in order: one made and ended ends ended
             if sub["subscribed"]:
                 cur.execute("INSERT INTO messaging_standbysubscription (home, app_id, subscriber, channel, copied_at)"
                             " VALUES (%s, %s, %s, %s, now()) ON CONFLICT (app_id, subscriber, channel)"
@@ -258,10 +289,21 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
             else:
                 cur.execute("DELETE FROM messaging_standbysubscription WHERE app_id = %s AND subscriber = %s"
                             " AND channel = %s", [sub["app_id"], sub["subscriber"], sub["channel"]])
-    refused = len(parsed) - len(copies) + sum(s is None for s in subs)
-    if refused:
-        log.warning("%s copied %d changes of users that do not stand by here: not written", sender, refused)
-    return {"copied": len(copies) + len(subs) - sum(s is None for s in subs), "refused": refused}
+
+
+def subscriptions_merge(subs: list[dict]) -> None:
+    """Durable subscriptions made or ended on the other side, made or ended here (fed on to no one)."""
+    with transaction.atomic(), hot_cursor() as cur:
+        cur.execute("SELECT set_config('switchboard.no_copy', 'on', true)")
+        for sub in subs:  # in order: one made and ended ends ended
+            if sub["subscribed"]:
+                cur.execute("INSERT INTO messaging_subscription (app_id, subscriber, channel, created_at)"
+                            " VALUES (%s, %s, %s, now()) ON CONFLICT DO NOTHING",
+                            [sub["app_id"], sub["subscriber"], sub["channel"]])
+            else:
+                cur.execute("DELETE FROM messaging_subscription WHERE app_id = %s AND subscriber = %s"
+                            " AND channel = %s", [sub["app_id"], sub["subscriber"], sub["channel"]])
+        cur.execute("SELECT set_config('switchboard.no_copy', '', true)")
 
 
 def _subscription_parse(i: int, item, ranges: dict, apps: dict[str, int]) -> dict | None:
@@ -292,8 +334,8 @@ SELECT *, now() FROM unnest(%(home)s::text[], %(did)s::bigint[], %(app)s::bigint
                             %(seq)s::bigint[], %(oseq)s::bigint[], %(sender)s::text[], %(kind)s::text[],
                             %(content)s::text[], %(ref)s::text[], %(confirm)s::bool[], %(cmid)s::text[],
                             %(origin)s::text[], %(oid)s::bigint[], {_STATE_ARRAYS})
-ON CONFLICT (home, home_delivery_id) DO UPDATE SET
-    state = EXCLUDED.state, attempts = EXCLUDED.attempts, delivered_at = EXCLUDED.delivered_at,
+ON CONFLICT (app_id, recipient, origin_domain, origin_message_id) DO UPDATE SET
+    home = EXCLUDED.home, home_delivery_id = EXCLUDED.home_delivery_id, seq = EXCLUDED.seq, state = EXCLUDED.state, attempts = EXCLUDED.attempts, delivered_at = EXCLUDED.delivered_at,
     dead_at = EXCLUDED.dead_at, expired_at = EXCLUDED.expired_at, copied_at = now()
 """
 
@@ -301,7 +343,7 @@ _STATE_SQL = f"""
 UPDATE messaging_standbycopy c
    SET state = t.state, attempts = t.attempts, delivered_at = t.delivered_at, dead_at = t.dead_at,
        expired_at = t.expired_at, copied_at = now()
-  FROM unnest(%(home)s::text[], %(did)s::bigint[], {_STATE_ARRAYS})
-       AS t(home, did, state, attempts, created_at, delivered_at, dead_at, expired_at)
- WHERE c.home = t.home AND c.home_delivery_id = t.did
+  FROM unnest(%(app)s::bigint[], %(rcpt)s::text[], %(origin)s::text[], %(oid)s::bigint[], {_STATE_ARRAYS})
+       AS t(app_id, recipient, origin, oid, state, attempts, created_at, delivered_at, dead_at, expired_at)
+ WHERE c.app_id = t.app_id AND c.recipient = t.recipient AND c.origin_domain = t.origin AND c.origin_message_id = t.oid
 """

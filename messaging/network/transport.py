@@ -40,6 +40,7 @@ FORWARD_PATH = "/internal/v1/forward"  # deliveries, confirmations and receipts
 PUBLISH_PATH = "/internal/v1/publishes"  # channel publishes (the flood)
 PING_PATH = "/internal/v1/ping"  # link probes
 STANDBY_PATH = "/internal/v1/standby"  # the live copy of a home's users' mailboxes to their standby
+WITNESS_PATH = "/internal/v1/witness"  # "how long have you heard nothing of this domain?" (takeovers)
 MAX_BODY_BYTES = 32 * 1024 * 1024
 # The refusal of a call from a domain not linked to this one (or from anyone else): it names nobody.
 NOT_A_NEIGHBOUR = "not a signed call from a neighbour over an enabled link"

@@ -10,4 +10,5 @@ urlpatterns = [
     path("publishes", pooled(views.publishes), name="network-publishes"),
     path("ping", pooled(views.ping), name="network-ping"),
     path("standby", pooled(views.standby_copies), name="network-standby"),
+    path("witness", pooled(views.witness), name="network-witness"),
 ]

@@ -11,7 +11,7 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from messaging.network import flood, intake, standby
+from messaging.network import flood, intake, standby, takeover
 from messaging.network.transport import PeerRefused, peer_request_check
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,13 @@ def publishes(request):
 def standby_copies(request):
     """The live copy of the mailboxes of a neighbour's users who stand by here: written before the answer."""
     return _checked(request, standby.copies_accept)
+
+
+@csrf_exempt
+@require_POST
+def witness(request):
+    """A standby asks how long this domain has heard nothing of a home it would take over."""
+    return _checked(request, takeover.witness_answer)
 
 
 @csrf_exempt

@@ -76,6 +76,13 @@ class Child:
             assert self.proc is not None
             self.proc.send_signal(signal.SIGTERM)
 
+    def kill(self) -> None:
+        """SIGKILL its whole process group at once (a crash, not a stop: nothing drains, nothing is told)."""
+        if self.running():
+            assert self.proc is not None
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
     def wait_or_kill(self, deadline: float) -> None:
         """Wait for the exit until `deadline` (time.monotonic()); then SIGKILL its whole group."""
         if self.proc is None:

@@ -259,13 +259,24 @@ class Ring:
                 where = f" (logs: {self.sink.dir})" if isinstance(self.sink, FileSink) else ""
                 raise RingError(f"{self.plan(n).name}'s web node is not ready at {web.ready_url}{where}")
 
-    def start_domain(self, n: int, timeout: float = READY_TIMEOUT) -> None:
-        """Start one stopped domain again (its database and configuration are as it left them)."""
+    def start_domain(self, n: int, timeout: float = READY_TIMEOUT, *, env: dict[str, str] | None = None) -> None:
+        """Start one stopped domain again (its database and configuration are as it left them);
+        `env`: settings its processes take from now on, over the ring's."""
         with self.lock:
             if n not in self.stopped:
                 return
+            for child in self.children[n]:
+                child.env = {**child.env, **(env or {})}
             self._start_children(n)
         self._wait_ready([n], timeout)
+
+    def kill_domain(self, n: int) -> None:
+        """Kill one domain's processes with SIGKILL, all at once: a crash (nothing drains)."""
+        with self.lock:
+            self.stopped.add(n)
+            for child in self.children[n]:
+                self._due.pop(child.name, None)
+                child.kill()
 
     def stop_domain(self, n: int) -> None:
         """Stop one domain, the others running on: its web node drains, then its worker and beat stop."""

@@ -492,3 +492,130 @@ def test_forged_replayed_and_over_hop_forwarding_calls_are_refused(ring):
     assert answer.status_code == 200 and answer.json()["stored"] == 0
     assert [(r["index"], "hop limit" in r["reason"]) for r in answer.json()["refused"]] == [(0, True)]
     assert ring.query(2, "select count(*) from messaging_message where content = 'crafted 900002'") == [(0,)]
+
+
+# --- standby domains: a home's users survive its loss (issue 27) ----------------------------------
+# The ring's RING_ENV leaves takeovers off for the tests above (FAILOVER_SECONDS 300: a domain they
+# stop waits for itself). Here domain-04, where domain-03's users stand by, takes them over after
+# 6 s of silence (a witness, domain-01, agreeing).
+FAST_FAILOVER = {"FAILOVER_SECONDS": "6", "TAKEOVER_WATCH_SECONDS": "1"}
+HOLDER_SQL = """select h.name from apps_registry_takeover t join apps_registry_domain d on d.id = t.home_id
+                  join apps_registry_domain h on h.id = t.holder_id where d.name = 'domain-03' and t.held"""
+
+
+@pytest.fixture(scope="module")
+def failover_ring(ring):
+    ring.stop_domain(4)
+    ring.start_domain(4, env=FAST_FAILOVER)
+    _links_up_everywhere(ring)
+    return ring
+
+
+def _held_by(ring, n: int) -> str | None:
+    """Who serves domain-03's users, as domain n knows it (None: domain-03 itself)."""
+    rows = ring.query(n, HOLDER_SQL)
+    return rows[0][0] if rows else None
+
+
+def _fetched(client: WsClient) -> list[dict]:
+    """Everything a fresh ACK-mode connection is given: the push after login, then a fetch."""
+    frames = client.recv_all(quiet=1.5)
+    frames += client.fetch(100)[0]
+    once = {f["data"]["id"]: f for f in frames if f["type"] == "MESSAGE"}  # a push and a fetch may both bring one
+    return list(once.values())
+
+
+def _contents(frames: list[dict], sender: str) -> list[str]:
+    return [f["data"]["content"] for f in frames if f["data"].get("from") == sender]
+
+
+def _takeover_and_hand_back(ring, *, crash: bool, carol: str, tag: str) -> None:
+    alice, bob = "ANZ-31", "ANZ-1000031"
+    with ring.client(1, alice) as a, ring.client(3, carol, acks=True) as c:
+        for i in range(3):
+            a.message(carol, f"{tag} before {i}")
+        pushed = _frames_from(c, alice, 3)
+        c.send("ACK", {"ids": [pushed[0]["data"]["id"]]})  # the first read and acknowledged, two not
+        c.recv_all(quiet=1)
+    with ring.client(1, alice) as a:
+        a.message(carol, f"{tag} unread")  # stored while carol is away
+    copied = ("select count(*) from messaging_standbycopy where recipient = %s and"
+              " state = any(%s)")
+    assert _eventually(lambda: ring.query(4, copied, (carol, ["delivered"])) == [(1,)]
+                       and ring.query(4, copied, (carol, ["pending", "sent", "retrying"])) == [(3,)], 15)
+    lost_at = time.monotonic()
+    (ring.kill_domain if crash else ring.stop_domain)(3)
+    try:
+        assert _eventually(lambda: _held_by(ring, 4) == "domain-04", 40), "domain-04 did not take over"
+        assert _eventually(lambda: _held_by(ring, 1) == "domain-04" and _held_by(ring, 2) == "domain-04", 15)
+        time.sleep(5.5)  # every process's app snapshot (SNAPSHOT_TTL 5 s) names domain-04 for carol
+        # Redirected from domain-01 to domain-04, not to the lost domain-03.
+        wrong = WsClient(ring.ws_url(1))
+        reply = wrong.auth(carol)
+        wrong.close()
+        assert reply["data"]["redirect"] == ring.ws_url(4), reply
+        with ring.client(4, carol, acks=True) as c, ring.client(1, alice) as a, ring.client(2, bob) as b:
+            print(f"{carol} logged in at domain-04 {time.monotonic() - lost_at:.1f} s after domain-03 was lost")
+            kept = _fetched(c)
+            assert _contents(kept, alice) == [f"{tag} before 1", f"{tag} before 2", f"{tag} unread"]
+            a.message(carol, f"{tag} during from 01", reference=f"{tag}-r1")
+            b.message(carol, f"{tag} during from 02", reference=f"{tag}-r2")
+            got = c.collect_frames(lambda frames: {f["data"].get("from") for f in frames
+                                                   if f["type"] == "MESSAGE"} >= {alice, bob}, 30)
+            live = [f for f in got if f["type"] == "MESSAGE"]
+            assert sorted(_contents(live, alice) + _contents(live, bob)) == [f"{tag} during from 01",
+                                                                            f"{tag} during from 02"]
+            c.send("ACK", {"ids": [f["data"]["id"] for f in kept + live]})  # everything read at domain-04
+            for sender_client, ref in ((a, f"{tag}-r1"), (b, f"{tag}-r2")):
+                confirmation = sender_client.recv_until(lambda f, ref=ref: f["type"] == "MESSAGE_CONFIRMATION"
+                                                        and f["data"].get("reference") == ref, 30)
+                assert confirmation["data"]["reference"] == ref
+            c.recv_all(quiet=1)
+            assert _eventually(lambda: ring.query(4, "select count(*) from messaging_delivery where recipient = %s"
+                                                     " and state <> 'delivered'", (carol,)) == [(0,)], 15)
+    finally:
+        ring.start_domain(3)
+    # Home again: domain-04 hands carol back once domain-03 has every change; she is sent home.
+    assert _eventually(lambda: _held_by(ring, 4) is None and _held_by(ring, 3) is None, 60), "not handed back"
+    time.sleep(5.5)
+    with ring.client(3, carol, acks=True) as c:
+        again = _fetched(c)
+        assert again == [], [f["data"]["content"] for f in again]  # nothing acknowledged at 04 comes again
+    mailbox = ring.query(3, "select m.sender, m.content, d.state from messaging_delivery d join messaging_message m"
+                            " on m.id = d.message_id where d.recipient = %s order by d.seq", (carol,))
+    assert [(s, c) for s, c, _ in mailbox if s == alice] == [(alice, f"{tag} {w}") for w in (
+        "before 0", "before 1", "before 2", "unread", "during from 01")]
+    assert [c for s, c, _ in mailbox if s == bob] == [f"{tag} during from 02"]
+    assert {state for *_, state in mailbox} == {"delivered"}
+    _links_up_everywhere(ring)
+
+
+def test_a_stopped_domains_users_are_served_by_its_standby_and_moved_home_when_it_returns(failover_ring):
+    _takeover_and_hand_back(failover_ring, crash=False, carol="ANZ-3000031", tag="stopped")
+
+
+def test_a_killed_domains_users_are_served_by_its_standby_and_moved_home_when_it_returns(failover_ring):
+    _takeover_and_hand_back(failover_ring, crash=True, carol="ANZ-3000032", tag="killed")
+
+
+def test_with_only_the_link_03_04_broken_domain_04_does_not_take_domain_03s_users(failover_ring):
+    ring = failover_ring
+    urls = {n: ring.query(1, "select urls from apps_registry_domain where name = %s", (f"domain-0{n}",))[0][0]
+            for n in (3, 4)}
+    with LinkFault(upstream_port=ring.plan(3).port) as to_03, LinkFault(upstream_port=ring.plan(4).port) as to_04:
+        _set_urls(ring, "domain-03", [to_03.url, *urls[3]])
+        _set_urls(ring, "domain-04", [to_04.url, *urls[4]])
+        try:
+            to_03.drop_from("domain-04")
+            to_04.drop_from("domain-03")
+            assert _eventually(lambda: _link_down_at(ring, 4, "domain-03") and _link_down_at(ring, 3, "domain-04"), 30)
+            time.sleep(12)  # twice the failover threshold
+            assert [_held_by(ring, n) for n in (1, 2, 3, 4)] == [None] * 4
+            with ring.client(3, "ANZ-3000033"):
+                pass  # still served at home
+        finally:
+            to_03.heal()
+            to_04.heal()
+            _set_urls(ring, "domain-03", urls[3])
+            _set_urls(ring, "domain-04", urls[4])
+    _links_up_everywhere(ring)

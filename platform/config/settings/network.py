@@ -41,6 +41,10 @@ NETWORK_ORDER_WAIT_SECONDS = env_float("NETWORK_ORDER_WAIT_SECONDS", 60.0)
 # Beat: the senders of the live copy to standby domains are woken this often (messaging.network.standby):
 # the copy's lag under normal load is about this long plus one call.
 STANDBY_COPY_SECONDS = env_float("STANDBY_COPY_SECONDS", 1.0)
+# A standby takes its home's users over (messaging.network.takeover) once the home has been silent
+# and its link down this long, and a third domain agrees; beat looks every TAKEOVER_WATCH_SECONDS.
+FAILOVER_SECONDS = env_float("FAILOVER_SECONDS", 30.0)
+TAKEOVER_WATCH_SECONDS = env_float("TAKEOVER_WATCH_SECONDS", 2.0)
 # Beat: every neighbour is told who of this domain's apps' users is online (and what this domain heard
 # of the others) this often; a domain not heard of for PRESENCE_REMOTE_TTL_SECONDS has nobody online.
 PRESENCE_GOSSIP_SECONDS = env_float("PRESENCE_GOSSIP_SECONDS", 2.0)
@@ -72,6 +76,9 @@ NETWORK_BEAT_SCHEDULE: dict[str, dict] = {
     # The live copy of the mailboxes of users with a standby domain, sent (messaging.network.standby).
     "standby-sweep": {"task": "messaging.tasks.standby_sweep", "schedule": STANDBY_COPY_SECONDS,
                       "options": {"expires": STANDBY_COPY_SECONDS}},
+    # Homes this domain stands by for, taken over when lost and handed back when they answer again.
+    "takeover-watch": {"task": "messaging.tasks.takeover_watch", "schedule": TAKEOVER_WATCH_SECONDS,
+                       "options": {"expires": TAKEOVER_WATCH_SECONDS}},
     # Who is online, told to the neighbours (messaging.network.presence_gossip); a late round is worthless.
     "gossip-presence": {"task": "messaging.tasks.gossip_presence", "schedule": PRESENCE_GOSSIP_SECONDS,
                         "options": {"expires": PRESENCE_GOSSIP_SECONDS}},
@@ -92,6 +99,7 @@ NETWORK_TASK_ROUTES: dict[str, dict] = {
     "messaging.tasks.forward_fast": {"queue": "forwarding"},
     "messaging.tasks.probe_links": {"queue": "forwarding"},
     "messaging.tasks.gossip_presence": {"queue": "forwarding"},
+    "messaging.tasks.takeover_watch": {"queue": "forwarding"},
     "apps_registry.tasks.meta_pull": {"queue": "forwarding"},
 }
 

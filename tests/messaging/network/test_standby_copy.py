@@ -118,9 +118,9 @@ def test_a_users_durable_subscriptions_are_copied_made_and_ended(standby_ring):
 def test_the_standby_refuses_a_copy_of_a_user_who_does_not_stand_by_there(standby_ring):
     copy = {"delivery": 9, "app": "ANZ", "recipient": BOB, "seq": 1, "origin_seq": 1, "state": "pending",
             "attempts": 0, "created_at": "2026-11-27T10:00:00+00:00", "delivered_at": None, "dead_at": None,
-            "expired_at": None, "message": {"sender": ALICE, "kind": "direct", "content": "x", "reference": "",
-                                            "confirmation_requested": False, "client_message_id": None,
-                                            "origin_domain": "domain-01", "origin_message_id": 5}}
+            "expired_at": None, "origin_domain": "domain-01", "origin_message_id": 5,
+            "message": {"sender": ALICE, "kind": "direct", "content": "x", "reference": "",
+                        "confirmation_requested": False, "client_message_id": None}}
     with standby_ring.at("domain-04"):
         answer = copies_accept(sender="domain-02", payload={"copies": [copy]})
         assert answer == {"copied": 0, "refused": 1}  # BOB's home is 02, and he has no standby

@@ -1,0 +1,31 @@
+"""Who serves a domain's users: the registry's record of a takeover (messaging.network.takeover).
+
+One row per home domain that has ever been taken over, kept after the hand-back (the console shows
+the last takeover and hand-back with their times). While `held`, the users of every range homed at
+`home` are served by `holder` (their standby): the app snapshots (apps_registry.selectors) name the
+holder as where they live, so logins are redirected there and messages for them routed there.
+
+Every domain holds the same rows: the holder writes them, and the network's gossip carries them to
+every domain; a row with a higher `epoch` replaces a lower one wherever it arrives, so every domain
+ends with the holder's last word however the gossip travelled. Never written by the meta pull (it is
+the network's state, not its configuration).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Takeover(models.Model):
+    home = models.OneToOneField("apps_registry.Domain", on_delete=models.CASCADE, related_name="takeover")
+    holder = models.ForeignKey("apps_registry.Domain", on_delete=models.CASCADE, related_name="+")
+    held = models.BooleanField(help_text="The holder serves the home's users now.")
+    epoch = models.PositiveBigIntegerField(help_text="Grows with every change; the higher wins everywhere.")
+    taken_at = models.DateTimeField()
+    returned_at = models.DateTimeField(null=True, blank=True)
+    manual = models.BooleanField(default=False, help_text="Asked for by an operator (planned maintenance): "
+                                                          "handed back only when asked for too.")
+    reason = models.CharField(max_length=300, blank=True, default="")
+
+    def __str__(self) -> str:
+        return f"{self.home.name} {'held by' if self.held else 'handed back by'} {self.holder.name}"

@@ -1,0 +1,328 @@
+"""A standby domain takes its home's users over when the home is lost, and hands them back (issue 27).
+
+Who serves a home's users is the registry's Takeover row (apps_registry.takeover): while `held`, the
+app snapshots name the holder where the users live, so every domain redirects their logins there and
+routes their messages there.
+
+Liveness. Every domain tells its neighbours, with each presence gossip round (every
+PRESENCE_GOSSIP_SECONDS), its own clock and every other domain's last clock it heard, and the
+Takeover rows it holds (`network_gossip`). A domain records when it first heard each newer clock of
+each domain (DomainHeard, by its own clock): "silent for" is how long no newer word of a domain came,
+by whatever path. The Takeover row with the higher epoch wins wherever it arrives.
+
+Takeover (`takeover_watch`, beat every TAKEOVER_WATCH_SECONDS, at every domain that is a standby):
+the home has been silent here for FAILOVER_SECONDS and its link from here is down for as long, and a
+third domain (a neighbour of this one, asked at POST /internal/v1/witness) agrees it has been silent
+there too, while none says it heard the home since. With only the home-standby link broken the home
+is still heard through the others, so the standby never takes over. The holder then, in one
+transaction, records the takeover and merges the copies it holds (StandbyCopy, StandbySubscription)
+into its own mailboxes (messaging.network.mailbox_merge), and tells its neighbours at once.
+
+While it holds them, the changes it makes to their mailboxes are fed back to the home (the standby
+feed's triggers, migration messaging 0022) and wait there while the home is away.
+
+Hand-back: when the home is heard again and the link to it is up (or an operator asks), the holder
+waits until the home has taken every change (its feed to the home is empty; the feed's table is
+locked, so none is added in between), then, in one transaction, re-seeds its copy (StandbyCopy) from
+the mailboxes it held, clears those mailboxes and subscriptions, records the hand-back, and closes the
+users' connections with 1012 (they reconnect and are redirected home). A home that learns it is held
+closes its own users' connections the same way (a planned takeover).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from apps_registry.models import Domain, Takeover, UserDistribution
+from apps_registry.selectors import app_snapshots_clear
+from foundation.db import hot_cursor
+from foundation.transport.frames import CLOSE_RESTART
+from messaging import handoff
+from messaging.network.mailbox_merge import Copied, mailbox_merge
+from messaging.network.models import DomainHeard, LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
+from messaging.network.standby import standby_ranges, subscriptions_merge
+from messaging.network.transport import WITNESS_PATH, PeerError, PeerRefused, peer_call_prepare, peer_calls_send
+from presence.services import users_close_sync
+
+log = logging.getLogger(__name__)
+
+MAX_TAKEOVERS = 1000
+
+
+# --- liveness ------------------------------------------------------------------------------------
+
+
+def heard_versions() -> dict[str, int]:
+    """Every domain's last clock heard here, and this domain's own now."""
+    heard = dict(DomainHeard.objects.values_list("domain", "version"))
+    heard[settings.DOMAIN_NAME] = time.time_ns()
+    return heard
+
+
+def heard_apply(heard: dict[str, int]) -> None:
+    """Record, by this domain's clock, each domain whose clock in `heard` is newer than the last heard."""
+    items = [(d, v) for d, v in heard.items() if d != settings.DOMAIN_NAME]
+    if not items:
+        return
+    with hot_cursor() as cur:
+        cur.execute("""
+            INSERT INTO messaging_domainheard AS h (domain, version, heard_at)
+            SELECT d, v, now() FROM unnest(%s::text[], %s::bigint[]) AS t(d, v) ORDER BY d
+            ON CONFLICT (domain) DO UPDATE SET version = EXCLUDED.version, heard_at = now()
+             WHERE h.version < EXCLUDED.version""", [[d for d, _ in items], [v for _, v in items]])
+
+
+def silent_seconds(domain: str) -> float | None:
+    """How long no newer word of `domain` has reached this domain (None: never heard of)."""
+    heard = DomainHeard.objects.filter(domain=domain).values_list("heard_at", flat=True).first()
+    return None if heard is None else max(0.0, (timezone.now() - heard).total_seconds())
+
+
+# --- the records, told around ---------------------------------------------------------------------
+
+
+def _record(t: Takeover) -> dict:
+    return {"home": t.home.name, "holder": t.holder.name, "held": t.held, "epoch": t.epoch,
+            "taken_at": t.taken_at.isoformat(), "returned_at": t.returned_at.isoformat() if t.returned_at else None,
+            "manual": t.manual, "reason": t.reason}
+
+
+def network_gossip() -> dict:
+    """What this domain tells each neighbour of the network's state, with its presence round."""
+    return {"heard": heard_versions(),
+            "takeovers": [_record(t) for t in Takeover.objects.select_related("home", "holder")[:MAX_TAKEOVERS]]}
+
+
+def network_parse(item) -> dict:
+    if (not isinstance(item, dict) or set(item) - {"heard", "takeovers"} or not isinstance(item.get("heard", {}), dict)
+            or not isinstance(item.get("takeovers", []), list) or len(item.get("takeovers", [])) > MAX_TAKEOVERS
+            or len(item.get("heard", {})) > MAX_TAKEOVERS):
+        raise PeerRefused(400, "network must be {\"heard\": {domain: clock}, \"takeovers\": [...]}")
+    heard = item.get("heard", {})
+    if not all(isinstance(d, str) and 0 < len(d) <= 64 and isinstance(v, int) and not isinstance(v, bool)
+               and 0 <= v < 2**63 for d, v in heard.items()):
+        raise PeerRefused(400, "network.heard must map domain names to whole numbers")
+    records = []
+    for i, r in enumerate(item.get("takeovers", [])):
+        if (not isinstance(r, dict) or not isinstance(r.get("home"), str) or not isinstance(r.get("holder"), str)
+                or not isinstance(r.get("held"), bool) or not isinstance(r.get("epoch"), int)
+                or isinstance(r.get("epoch"), bool) or not 0 < r["epoch"] < 2**63
+                or not isinstance(r.get("taken_at"), str) or parse_datetime(r["taken_at"]) is None):
+            raise PeerRefused(400, f"network.takeovers[{i}] must be a takeover record")
+        records.append(r)
+    return {"heard": heard, "takeovers": records}
+
+
+def network_accept(network: dict) -> int:
+    """Take the takeovers newer than those held here (and their effects), then the clocks heard (in
+    that order: a home that hears its neighbours again has heard of its takeover first). Returns how
+    many takeover records changed here."""
+    changed = 0
+    domains = dict(Domain.objects.values_list("name", "pk"))
+    for r in network["takeovers"]:
+        if r["home"] not in domains or r["holder"] not in domains:
+            continue
+        with transaction.atomic():
+            current = Takeover.objects.select_for_update().filter(home_id=domains[r["home"]]).first()
+            if current is not None and current.epoch >= r["epoch"]:
+                continue
+            returned = parse_datetime(r["returned_at"]) if isinstance(r.get("returned_at"), str) else None
+            Takeover.objects.update_or_create(home_id=domains[r["home"]], defaults={
+                "holder_id": domains[r["holder"]], "held": r["held"], "epoch": r["epoch"],
+                "taken_at": parse_datetime(r["taken_at"]), "returned_at": returned,
+                "manual": bool(r.get("manual")), "reason": str(r.get("reason", ""))[:300]})
+        changed += 1
+        _changed(r["home"], r["holder"], r["held"])
+    heard_apply(network["heard"])
+    return changed
+
+
+def _changed(home: str, holder: str, held: bool) -> None:
+    """Who serves `home`'s users changed: this process sees it at once (others within SNAPSHOT_TTL),
+    and the connections of those users on the side that no longer serves them close (1012)."""
+    app_snapshots_clear()
+    here = settings.DOMAIN_NAME
+    if (home == here and held) or (holder == here and not held):
+        closed = users_close_sync(ranges=standby_ranges(home, holder), code=CLOSE_RESTART,
+                                  reason=f"your users are served by {holder if held else home} now; reconnect")
+        log.warning("%s: %s's users %s; %d connections closed", here, home,
+                    f"held by {holder}" if held else "handed back", closed)
+
+
+# --- the witness --------------------------------------------------------------------------------
+
+
+def witness_answer(*, sender: str, payload: dict) -> dict:
+    """POST /internal/v1/witness {"home": name}: how long this domain has heard nothing of it."""
+    home = payload.get("home")
+    if set(payload) != {"home"} or not isinstance(home, str) or not 0 < len(home) <= 64:
+        raise PeerRefused(400, "the payload is {\"home\": <domain name>}")
+    return {"home": home, "silent_seconds": silent_seconds(home)}
+
+
+def _witnesses_agree(home: str) -> tuple[bool, str]:
+    """Whether a third domain agrees that `home` has been silent for FAILOVER_SECONDS (and none heard it)."""
+    from messaging.network.links import neighbours
+
+    threshold = settings.FAILOVER_SECONDS
+    calls = []
+    for peer in (p for p in neighbours() if p != home):
+        try:
+            calls.append(peer_call_prepare(peer=peer, path=WITNESS_PATH, payload={"home": home}))
+        except PeerError:
+            continue
+    agree, heard = [], []
+    for call, answer in zip(calls, peer_calls_send(calls, timeout=settings.LINK_PROBE_TIMEOUT_SECONDS), strict=True):
+        if isinstance(answer, PeerError):
+            continue
+        silent = answer.get("silent_seconds")
+        if silent is None or (isinstance(silent, (int, float)) and silent >= threshold):
+            agree.append(call.peer)
+        else:
+            heard.append(call.peer)
+    if heard:
+        return False, f"{', '.join(heard)} heard {home} within {threshold:g} s"
+    if not agree:
+        return False, f"no third domain answered about {home}"
+    return True, f"{home} silent for {threshold:g} s here and at {', '.join(agree)}"
+
+
+# --- takeover and hand-back -----------------------------------------------------------------------
+
+
+def _down_for(peer: str) -> float:
+    row = LinkHealth.objects.filter(peer=peer).values_list("up", "down_since").first()
+    if row is None or row[0] or row[1] is None:
+        return 0.0
+    return (timezone.now() - row[1]).total_seconds()
+
+
+def takeover_watch() -> dict[str, str]:
+    """One look at every home this domain stands by for: take it over, or hand it back, when due."""
+    here = settings.DOMAIN_NAME
+    out: dict[str, str] = {}
+    homes = sorted(set(UserDistribution.objects.filter(standby__name=here).values_list("domain__name", flat=True)))
+    for home in homes:
+        current = Takeover.objects.select_related("holder").filter(home__name=home).first()
+        if current is not None and current.held:
+            if current.holder.name == here and not current.manual:
+                silent = silent_seconds(home)
+                if silent is not None and silent < settings.LINK_DOWN_AFTER_SECONDS and _down_for(home) == 0.0:
+                    out[home] = hand_back(home)["state"]
+            continue
+        silent = silent_seconds(home)
+        if (silent is not None and silent < settings.FAILOVER_SECONDS) or _down_for(home) < settings.FAILOVER_SECONDS:
+            continue
+        agreed, why = _witnesses_agree(home)
+        out[home] = take_over(home, reason=why)["state"] if agreed else f"not taken: {why}"
+    return out
+
+
+def _epoch_next(current: Takeover | None) -> int:
+    return max(current.epoch if current else 0, time.time_ns() // 1000) + 1
+
+
+def take_over(home: str, *, manual: bool = False, reason: str = "") -> dict:
+    """Serve `home`'s users here (this domain must be their standby): record it and merge the copy."""
+    here = settings.DOMAIN_NAME
+    ranges = standby_ranges(home)
+    if not ranges:
+        raise ValueError(f"{here} is not the standby of any range homed at {home}")
+    with transaction.atomic():
+        current = Takeover.objects.select_for_update().filter(home__name=home).first()
+        if current is not None and current.held:
+            return {"state": "held" if current.holder.name == here else f"held by {current.holder.name}"}
+        Takeover.objects.update_or_create(home=Domain.objects.get(name=home), defaults={
+            "holder": Domain.objects.get(name=here), "held": True, "epoch": _epoch_next(current),
+            "taken_at": timezone.now(), "returned_at": None, "manual": manual, "reason": reason[:300]})
+        copies = [Copied(app_id=c.app_id, recipient=c.recipient, origin_domain=c.origin_domain,
+                         origin_message_id=c.origin_message_id, state=c.state, delivered_at=c.delivered_at,
+                         dead_at=c.dead_at, expired_at=c.expired_at, origin_seq=c.origin_seq,
+                         message={"sender": c.sender, "kind": c.kind, "content": c.content, "reference": c.reference,
+                                  "confirmation_requested": c.confirmation_requested})
+                  for c in StandbyCopy.objects.filter(home=home).order_by("app_id", "recipient", "seq").iterator()]
+        merged = mailbox_merge(copies)
+        subscriptions_merge([{"app_id": app, "subscriber": sub, "channel": ch, "subscribed": True} for app, sub, ch
+                             in StandbySubscription.objects.filter(home=home).values_list("app_id", "subscriber",
+                                                                                          "channel")])
+    log.warning("%s took over %s's users (%s): %d deliveries merged", here, home, reason or "by hand", merged.appended)
+    _changed(home, here, True)
+    _tell_now()
+    return {"state": "taken", "merged": merged.appended}
+
+
+_HELD_HERE = """
+  FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id
+  JOIN apps_registry_userdistribution ud ON ud.app_id = d.app_id AND ud.domain_id = %(home)s
+                                        AND ud.standby_id = %(here)s
+ WHERE messaging_user_number(d.recipient) >= ud.range_from
+   AND (ud.range_to IS NULL OR messaging_user_number(d.recipient) <= ud.range_to)
+   AND d.state NOT IN ('forwarding', 'forwarded')"""
+
+_RESEED_SQL = f"""
+INSERT INTO messaging_standbycopy (home, home_delivery_id, app_id, recipient, seq, origin_seq, sender, kind, content,
+                                   reference, confirmation_requested, client_message_id, origin_domain,
+                                   origin_message_id, state, attempts, created_at, delivered_at, dead_at,
+                                   expired_at, copied_at)
+SELECT %(home_name)s, d.id, d.app_id, d.recipient, d.seq, d.origin_seq, m.sender, m.kind, m.content, m.reference,
+       m.confirmation_requested, NULL, CASE WHEN m.origin_domain = '' THEN %(here_name)s ELSE m.origin_domain END,
+       coalesce(m.origin_message_id, m.id), d.state, d.attempts, d.created_at, d.delivered_at, d.dead_at,
+       d.expired_at, now()
+{_HELD_HERE}
+ON CONFLICT (app_id, recipient, origin_domain, origin_message_id) DO UPDATE SET
+    state = EXCLUDED.state, delivered_at = EXCLUDED.delivered_at, dead_at = EXCLUDED.dead_at,
+    expired_at = EXCLUDED.expired_at, copied_at = now()
+"""
+
+
+def hand_back(home: str, *, manual: bool = False) -> dict:
+    """Give `home` its users back once it has taken every change made here ({"state": "waiting"} until then)."""
+    here = settings.DOMAIN_NAME
+    with transaction.atomic(), hot_cursor() as cur:
+        current = Takeover.objects.select_for_update().select_related("holder").filter(home__name=home).first()
+        if current is None or not current.held or current.holder.name != here:
+            return {"state": "not held here"}
+        # No change can join the feed between this look and the commit: whoever stores one waits.
+        cur.execute("LOCK TABLE messaging_standbyfeed IN SHARE ROW EXCLUSIVE MODE")
+        waiting = StandbyFeed.objects.filter(standby=home).count()
+        if waiting:
+            transaction.on_commit(lambda: _kick(home))
+            return {"state": "waiting", "changes_waiting": waiting}
+        cur.execute("SELECT set_config('switchboard.no_copy', 'on', true)")
+        params = {"home": current.home_id, "here": current.holder_id, "home_name": home, "here_name": here}
+        cur.execute(_RESEED_SQL, params)
+        cur.execute(f"DELETE FROM messaging_delivery WHERE id IN (SELECT d.id {_HELD_HERE})", params)
+        cleared = cur.rowcount
+        cur.execute("""DELETE FROM messaging_subscription s USING apps_registry_userdistribution ud
+                        WHERE ud.app_id = s.app_id AND ud.domain_id = %(home)s AND ud.standby_id = %(here)s
+                          AND messaging_user_number(s.subscriber) >= ud.range_from
+                          AND (ud.range_to IS NULL OR messaging_user_number(s.subscriber) <= ud.range_to)""", params)
+        cur.execute("SELECT set_config('switchboard.no_copy', '', true)")
+        current.held, current.returned_at, current.epoch = False, timezone.now(), _epoch_next(current)
+        current.manual = manual or current.manual
+        current.save(update_fields=["held", "returned_at", "epoch", "manual"])
+    log.warning("%s handed %s's users back (%d deliveries it held)", here, home, cleared)
+    _changed(home, here, False)
+    _tell_now()
+    return {"state": "handed back", "deliveries": cleared}
+
+
+def _kick(home: str) -> None:
+    handoff.standby_senders_kick([home])
+
+
+def _tell_now() -> None:
+    """Tell the neighbours now, not at the next gossip round (each passes it on with its own)."""
+    transaction.on_commit(handoff.gossip_now)
+
+
+def takeovers_shown() -> list[dict]:
+    """Per home this domain knows of: who holds its users, since when, and the last hand-back."""
+    return [_record(t) for t in Takeover.objects.select_related("home", "holder").order_by("home__name")]
+
