@@ -153,6 +153,7 @@ class AppSnapshot:
     # The WebSocket URL of each domain the distributions name (the first ws:// or wss:// of its urls),
     # for the AUTH_CLIENT refusal that redirects a user to its home domain.
     domain_ws_urls: tuple[tuple[str, str], ...] = ()
+    with_standby: tuple[UserRange, ...] = ()  # the ranges with a standby domain (messaging.network.fence)
 
     def home_domain(self, number: int) -> str | None:
         for user_range, domain in self.distributions:
@@ -164,6 +165,9 @@ class AppSnapshot:
         """The home domain of a user of this app (None: not a user id of this app, or homed nowhere)."""
         parsed = user_id_parse(user_id)
         return self.home_domain(parsed.number) if parsed and parsed.app_name == self.app_name else None
+
+    def has_standby(self, number: int) -> bool:
+        return any(user_range.contains(number) for user_range in self.with_standby)
 
     def ws_url_of(self, domain: str | None) -> str | None:
         return next((url for name, url in self.domain_ws_urls if name == domain), None)
@@ -222,9 +226,10 @@ def _snapshot_load(app: ClientApp | None) -> AppSnapshot | None:
             serving=Coalesce(Case(When(domain__takeover__held=True, then=F("domain__takeover__holder__name"))),
                              F("domain__name")),
             serving_urls=Coalesce(Case(When(domain__takeover__held=True, then=F("domain__takeover__holder__urls"))),
-                                  F("domain__urls"))).values_list("range_from", "range_to", "serving", "serving_urls"))
-        dists = tuple((UserRange(low, high), domain) for low, high, domain, _ in rows)
-        ws_urls = {domain: domain_ws_url(urls) for _, _, domain, urls in rows}
+                                  F("domain__urls"))).values_list("range_from", "range_to", "serving", "serving_urls",
+                                                                  "standby_id"))
+        dists = tuple((UserRange(low, high), domain) for low, high, domain, *_ in rows)
+        ws_urls = {domain: domain_ws_url(urls) for _, _, domain, urls, _ in rows}
         snapshot = AppSnapshot(
             pk=app.pk, app_name=app.app_name, app_id=app.app_id, master_user_id=app.master_user_id,
             auth_mode=app.auth_mode, auth_url=app.auth_url, auth_enabled=app.auth_enabled,
@@ -241,6 +246,7 @@ def _snapshot_load(app: ClientApp | None) -> AppSnapshot | None:
             api_rate_limit_per_second=app.api_rate_limit_per_second, api_rate_limit_burst=app.api_rate_limit_burst,
             public_channel_patterns=tuple(app.public_channel_patterns or ()), distributions=dists,
             domain_ws_urls=tuple((domain, url) for domain, url in ws_urls.items() if url),
+            with_standby=tuple(UserRange(low, high) for low, high, *_, standby in rows if standby is not None),
         )
     return snapshot
 

@@ -35,6 +35,7 @@ from foundation.loop_local import loop_local
 from foundation.outgoing import OutgoingError, outgoing_client, outgoing_post
 from messaging.asyncdb import run_db
 from messaging.channels.names import token_is_login
+from messaging.network.fence import cut_off, cut_off_known
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ async def client_authenticate(*, app_id: str, user_id: str, token: str, origin: 
     home = app.home_domain(parsed.number)
     if home != settings.DOMAIN_NAME:
         return _refuse(f"user lives in {home or 'no domain'}; connect to that domain", app, app.ws_url_of(home))
+    if app.has_standby(parsed.number) and await _cut_off():
+        return _refuse(f"{home} is cut off from the network and serves no user with a standby now; retry", app)
     if app.auth_mode == AuthMode.AUTH_URL:
         if not app.uses_auth_url:  # switched off: refused, never admitted (issue 16)
             return _refuse("the app's auth URL is switched off; no login is admitted until it is on", app)
@@ -74,6 +77,11 @@ async def client_authenticate(*, app_id: str, user_id: str, token: str, origin: 
     if app.auth_mode == AuthMode.NONE:
         return AuthOutcome(ok=True, app=app)
     return _refuse("the app's auth mode is unknown", app)
+
+
+async def _cut_off() -> bool:
+    known = cut_off_known()
+    return known if known is not None else await run_db(cut_off)
 
 
 AUTH_URL_MAX_CONNECTIONS = 200  # per web node, every app together (each app within its own cap)

@@ -18,6 +18,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from apps_registry.models import Takeover
 from foundation.metrics import REGISTRY
 from messaging.models import DeliveryState, states_sql
 from messaging.network.selectors import LinkState, link_states
@@ -90,6 +91,14 @@ STANDBY_WAITING = Gauge("switchboard_standby_copy_waiting",
                         "Changes of this domain's users' mailboxes not yet copied to their standby domain",
                         ["standby"], registry=REGISTRY)
 _STANDBYS_SEEN: set[str] = set()
+TAKEOVER_HELD = Gauge("switchboard_takeover_held",
+                      "1 while `holder` serves the users of domain `home` (a standby's takeover), else 0",
+                      ["home", "holder"], registry=REGISTRY)
+TAKEOVER_TAKEN = Gauge("switchboard_takeover_last_taken_timestamp_seconds",
+                       "When `home`'s users were last taken over (unix time)", ["home"], registry=REGISTRY)
+TAKEOVER_RETURNED = Gauge("switchboard_takeover_last_returned_timestamp_seconds",
+                          "When `home`'s users were last handed back (unix time; 0: held now)", ["home"],
+                          registry=REGISTRY)
 WEBHOOK_BACKLOG = Gauge("switchboard_webhook_deliveries",
                         "Webhook deliveries not delivered (pending, retrying) or dead, cluster-wide", ["state"],
                         registry=REGISTRY)
@@ -165,4 +174,9 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         waiting, seconds = lag.get(standby, (0, 0.0))
         STANDBY_LAG.labels(standby).set(seconds)
         STANDBY_WAITING.labels(standby).set(waiting)
+    for home, holder, held, taken, returned in Takeover.objects.values_list(
+            "home__name", "holder__name", "held", "taken_at", "returned_at"):
+        TAKEOVER_HELD.labels(home, holder).set(1 if held else 0)
+        TAKEOVER_TAKEN.labels(home).set(taken.timestamp())
+        TAKEOVER_RETURNED.labels(home).set(returned.timestamp() if returned and not held else 0)
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -46,6 +46,7 @@ from messaging.delivery.delivered import deliveries_mark_delivered
 from messaging.handoff import WAKE_KEY, Handed, InlineDispatcher, dispatcher_use, task_run
 from messaging.models import Delivery, Message
 from messaging.network import links
+from messaging.network.fence import fence_forget
 from messaging.network.models import LinkHealth
 from messaging.network.transport import PeerCall, wire_use
 from messaging.store import OutgoingMessage, messages_store
@@ -87,6 +88,14 @@ def _search_path(domain: str) -> None:
     with connection.cursor() as cur:
         cur.execute("SET search_path TO public" if domain == DOMAINS[0] else f"SET search_path TO {_schema(domain)}, public")
         cur.execute("SELECT set_config('switchboard.domain', %s, false)", [domain])
+
+
+def _caches_clear() -> None:
+    """What a process caches of its own domain (the graph, the app snapshots, which name a range's
+    holder while its home is taken over, the fence): one process plays every domain here."""
+    links.graph_cache_clear()
+    app_snapshots_clear()
+    fence_forget()
 
 
 def _run_on_commit_since(start: int) -> None:
@@ -161,7 +170,7 @@ class Network:
         previous = self.here
         self.here = domain
         _search_path(domain)
-        links.graph_cache_clear()
+        _caches_clear()
         start = len(connection.run_on_commit)
         try:
             with override_settings(DOMAIN_NAME=domain):
@@ -170,7 +179,7 @@ class Network:
         finally:
             self.here = previous
             _search_path(previous)
-            links.graph_cache_clear()
+            _caches_clear()
 
     # --- the network's shape ---
 

@@ -4,7 +4,8 @@ disabled; not called yet), the last error, the last answer, what was forwarded e
 queues are retried, and the channel publishes and receipts waiting on it. Read-only; "probe now"
 pings the selected neighbours at once (needs the change permission). Messaging › Receipts waiting
 lists each receipt still on its way to its origin domain, with its attempts and last error; Messages
-held in order, those that came before an earlier one from their origin and wait for it."""
+held in order, those that came before an earlier one from their origin and wait for it; Takeovers,
+who serves whose users (standby domains)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ from django.contrib import admin
 from django.db.models import Count, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce
 
-from apps_registry.models import DomainLink
+from apps_registry.models import DomainLink, Takeover
 from foundation.admin_readonly import ACT, ReadOnlyAdminMixin
 from messaging.network.links import link_health_rows_ensure
 from messaging.network.models import ChannelForward, HeldInOrder, LinkHealth, ReceiptForward
 from messaging.network.probes import links_probe
 from messaging.network.selectors import configured_links, link_state_text
 from messaging.network.standby import copy_lag
+from messaging.network.takeover import hand_back
 
 
 def _count(model=ChannelForward, **filters) -> Coalesce:
@@ -128,3 +130,29 @@ class HeldInOrderAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     @admin.display(description="waits at most until")
     def waits_until(self, obj: HeldInOrder):
         return obj.held_at + timedelta(seconds=settings.NETWORK_ORDER_WAIT_SECONDS)
+
+
+@admin.register(Takeover)
+class TakeoverAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """Who serves whose users (messaging.network.takeover): each home taken over at least once, who
+    holds its users now or held them last, the last takeover and hand-back with their times. The same
+    on every domain (the network's gossip carries it). `manage.py takeover` on the standby takes a
+    home over or hands it back by hand; the action here hands back a home held by this domain."""
+
+    list_display = ["home", "serving", "taken_at", "returned_at", "manual", "reason", "epoch"]
+    list_filter = ["held", "manual"]
+    ordering = ["home__name"]
+    fields = readonly_fields = ["home", "holder", "held", "taken_at", "returned_at", "manual", "reason", "epoch"]
+    actions = ["hand_back_now"]
+
+    @admin.display(description="its users are served by")
+    def serving(self, obj: Takeover) -> str:
+        return f"{obj.holder.name} (taken over)" if obj.held else f"{obj.home.name} (home)"
+
+    @admin.action(description="Hand the selected homes back (held by this domain)", permissions=ACT)
+    def hand_back_now(self, request, queryset):
+        for takeover in queryset.select_related("home"):
+            answer = hand_back(takeover.home.name, manual=True)
+            self.message_user(request, f"{takeover.home.name}: {answer['state']}"
+                              + (f" ({answer['changes_waiting']} changes not yet taken; try again)"
+                                 if answer["state"] == "waiting" else ""))

@@ -27,8 +27,9 @@ from django.conf import settings
 from django.db import transaction
 
 from foundation.db import hot_cursor
+from messaging.delivery.sql import DELIVERED, FORWARDED, FORWARDING, UNDELIVERED
 from messaging.handoff import routing_enqueue
-from messaging.models import UNDELIVERED_STATES, DeliveryState, states_sql
+from messaging.models import DeliveryState
 from messaging.store import deliveries_append_sql
 
 FINAL = (DeliveryState.DELIVERED.value, DeliveryState.DEAD.value, DeliveryState.EXPIRED.value)
@@ -75,11 +76,11 @@ SELECT * , '', '', now() FROM unnest(%(app)s::bigint[], %(sender)s::text[], %(ki
 ON CONFLICT DO NOTHING
 """
 
-_DELIVERIES_SQL = """
+_DELIVERIES_SQL = f"""
 SELECT t.i, d.id, d.state
   FROM unnest(%(i)s::int[], %(mid)s::bigint[], %(rcpt)s::text[]) AS t(i, mid, rcpt)
   JOIN messaging_delivery d ON d.message_id = t.mid AND d.recipient = t.rcpt
- WHERE d.state NOT IN ('forwarding', 'forwarded')
+ WHERE d.state NOT IN ({FORWARDING}, {FORWARDED})
 """
 
 _APPEND_SQL = f"""
@@ -97,7 +98,7 @@ UPDATE messaging_delivery d
   FROM unnest(%(id)s::bigint[], %(state)s::text[], %(delivered_at)s::timestamptz[], %(dead_at)s::timestamptz[],
               %(expired_at)s::timestamptz[]) AS t(id, state, delivered_at, dead_at, expired_at)
  WHERE d.id = t.id AND d.state IS DISTINCT FROM t.state
-   AND (t.state = 'delivered' OR d.state IN {states_sql(UNDELIVERED_STATES)})
+   AND (t.state = {DELIVERED} OR d.state IN {UNDELIVERED})
 """
 
 

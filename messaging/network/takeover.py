@@ -44,6 +44,9 @@ from apps_registry.selectors import app_snapshots_clear
 from foundation.db import hot_cursor
 from foundation.transport.frames import CLOSE_RESTART
 from messaging import handoff
+from messaging.delivery.sql import FORWARDED, FORWARDING
+from messaging.network.fence import cut_off, fence_forget
+from messaging.network.links import neighbours
 from messaging.network.mailbox_merge import Copied, mailbox_merge
 from messaging.network.models import DomainHeard, LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
 from messaging.network.standby import standby_ranges, subscriptions_merge
@@ -168,8 +171,6 @@ def witness_answer(*, sender: str, payload: dict) -> dict:
 
 def _witnesses_agree(home: str) -> tuple[bool, str]:
     """Whether a third domain agrees that `home` has been silent for FAILOVER_SECONDS (and none heard it)."""
-    from messaging.network.links import neighbours
-
     threshold = settings.FAILOVER_SECONDS
     calls = []
     for peer in (p for p in neighbours() if p != home):
@@ -207,6 +208,8 @@ def takeover_watch() -> dict[str, str]:
     """One look at every home this domain stands by for: take it over, or hand it back, when due."""
     here = settings.DOMAIN_NAME
     out: dict[str, str] = {}
+    if (closed := _fence_close()) is not None:
+        out[here] = f"cut off from the network: {closed} connections of users with a standby closed"
     homes = sorted(set(UserDistribution.objects.filter(standby__name=here).values_list("domain__name", flat=True)))
     for home in homes:
         current = Takeover.objects.select_related("holder").filter(home__name=home).first()
@@ -222,6 +225,20 @@ def takeover_watch() -> dict[str, str]:
         agreed, why = _witnesses_agree(home)
         out[home] = take_over(home, reason=why)["state"] if agreed else f"not taken: {why}"
     return out
+
+
+def _fence_close() -> int | None:
+    """Cut off from the network (messaging.network.fence): close the connections of this domain's
+    users that have a standby, which may take them over soon (None: not cut off, or none such)."""
+    fence_forget()
+    ranges: dict[str, list[tuple[int, int | None]]] = {}
+    for app, low, high in UserDistribution.objects.filter(domain__name=settings.DOMAIN_NAME, standby__isnull=False) \
+            .values_list("app__app_name", "range_from", "range_to"):
+        ranges.setdefault(app, []).append((low, high))
+    if not ranges or not cut_off():
+        return None
+    return users_close_sync(ranges=ranges, code=CLOSE_RESTART,
+                            reason=f"{settings.DOMAIN_NAME} is cut off from the network; reconnect")
 
 
 def _epoch_next(current: Takeover | None) -> int:
@@ -257,13 +274,13 @@ def take_over(home: str, *, manual: bool = False, reason: str = "") -> dict:
     return {"state": "taken", "merged": merged.appended}
 
 
-_HELD_HERE = """
+_HELD_HERE = f"""
   FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id
   JOIN apps_registry_userdistribution ud ON ud.app_id = d.app_id AND ud.domain_id = %(home)s
                                         AND ud.standby_id = %(here)s
  WHERE messaging_user_number(d.recipient) >= ud.range_from
    AND (ud.range_to IS NULL OR messaging_user_number(d.recipient) <= ud.range_to)
-   AND d.state NOT IN ('forwarding', 'forwarded')"""
+   AND d.state NOT IN ({FORWARDING}, {FORWARDED})"""
 
 _RESEED_SQL = f"""
 INSERT INTO messaging_standbycopy (home, home_delivery_id, app_id, recipient, seq, origin_seq, sender, kind, content,

@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
 
@@ -252,12 +253,24 @@ class Ring:
         self.stopped.discard(n)
 
     def _wait_ready(self, numbers: list[int], timeout: float) -> None:
+        """Each web node answers /readyz, and each domain has heard from the network since it started
+        (until then it is cut off and serves no user with a standby: messaging.network.fence)."""
+        began = datetime.now(UTC)
         deadline = time.monotonic() + timeout
         for n in numbers:  # started together: waiting one after the other costs nothing
             web = self._web(n)
+            where = f" (logs: {self.sink.dir})" if isinstance(self.sink, FileSink) else ""
             if not wait_ready(web.ready_url or "", web.proc, max(1.0, deadline - time.monotonic())):
-                where = f" (logs: {self.sink.dir})" if isinstance(self.sink, FileSink) else ""
                 raise RingError(f"{self.plan(n).name}'s web node is not ready at {web.ready_url}{where}")
+            while not self._heard_since(n, began):
+                if time.monotonic() > deadline:
+                    raise RingError(f"{self.plan(n).name} has heard from no other domain{where}")
+                time.sleep(0.2)
+
+    def _heard_since(self, n: int, began: datetime) -> bool:
+        with psycopg.connect(self.database_url(n), autocommit=True, connect_timeout=10) as conn:
+            return conn.execute("SELECT count(*) FROM messaging_domainheard WHERE heard_at > %s",
+                                [began]).fetchone()[0] > 0
 
     def start_domain(self, n: int, timeout: float = READY_TIMEOUT, *, env: dict[str, str] | None = None) -> None:
         """Start one stopped domain again (its database and configuration are as it left them);

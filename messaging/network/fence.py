@@ -1,0 +1,68 @@
+"""The home's side of "two domains never serve the same users at once": a domain cut off from the
+network stops serving its users that have a standby, before that standby may take them over.
+
+A domain is cut off when no newer word of any other domain has reached it (DomainHeard, the
+network's gossip: messaging.network.takeover) for FENCE_SECONDS: half the failover threshold, and
+never less than three gossip rounds. A standby takes over only after FAILOVER_SECONDS of silence,
+so by then its home has stopped admitting those users (AUTH_CLIENT refused, no redirect: the client
+retries) and closed their connections (takeover_watch, 1012). A domain that has just started is cut
+off until the first gossip reaches it, so it cannot admit users a standby took over while it was
+away before it has heard so. A domain in no network (no neighbour) is never cut off.
+
+Read at most every FENCE_CACHE_SECONDS per process (one query), so a login costs no query.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from django.conf import settings
+from django.utils import timezone
+
+from apps_registry.models import DomainLink
+from messaging.network.models import DomainHeard
+
+FENCE_CACHE_SECONDS = 1.0
+_cache: tuple[float, bool] | None = None
+_lock = threading.Lock()
+
+
+def fence_seconds() -> float:
+    return max(settings.FAILOVER_SECONDS / 2, 3 * settings.PRESENCE_GOSSIP_SECONDS)
+
+
+def _cut_off_now() -> bool:
+    here = settings.DOMAIN_NAME
+    if not DomainLink.objects.filter(enabled=True).filter(n1__name=here).exists() and \
+            not DomainLink.objects.filter(enabled=True, n2__name=here).exists():
+        return False
+    last = DomainHeard.objects.order_by("-heard_at").values_list("heard_at", flat=True).first()
+    return last is None or (timezone.now() - last).total_seconds() > fence_seconds()
+
+
+def cut_off() -> bool:
+    """Whether this domain is cut off from the network now (cached for FENCE_CACHE_SECONDS)."""
+    global _cache
+    now = time.monotonic()
+    with _lock:
+        if _cache is not None and now - _cache[0] < FENCE_CACHE_SECONDS:
+            return _cache[1]
+    value = _cut_off_now()
+    with _lock:
+        _cache = (now, value)
+    return value
+
+
+def cut_off_known() -> bool | None:
+    """The cached answer when it is fresh (no I/O: safe on an event loop); None when only a query can tell."""
+    with _lock:
+        if _cache is not None and time.monotonic() - _cache[0] < FENCE_CACHE_SECONDS:
+            return _cache[1]
+    return None
+
+
+def fence_forget() -> None:
+    global _cache
+    with _lock:
+        _cache = None

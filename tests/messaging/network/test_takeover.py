@@ -1,0 +1,190 @@
+"""A standby domain takes its home's users over when the home is lost, and hands them back when it
+returns (messaging.network.takeover), on the one-database ring: domain-03's users stand by on
+domain-04; domain-01 and domain-02 are the third domains that may witness.
+
+    domain-01 ── domain-02
+        │            │
+    domain-04 ── domain-03      CAROL is homed on 03, standing by on 04
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from apps_registry.models import Domain, Takeover, UserDistribution
+from apps_registry.selectors import app_snapshot
+from messaging.channels.models import Subscription
+from messaging.channels.services import subscription_add
+from messaging.models import Delivery
+from messaging.network.fence import cut_off
+from messaging.network.mailbox_merge import Copied, mailbox_merge
+from messaging.network.models import DomainHeard, LinkHealth, StandbyCopy, StandbyFeed
+from messaging.network.presence_gossip import presence_gossip
+from messaging.network.takeover import hand_back, network_accept, take_over, takeover_watch
+from messaging.tasks import standby_sweep
+
+pytestmark = pytest.mark.django_db
+
+ALICE, BOB, CAROL = "ANZ-17", "ANZ-1000003", "ANZ-3000007"  # homed on 01, 02 and 03
+
+
+@pytest.fixture
+def standby_ring(net_ring):
+    UserDistribution.objects.filter(domain__name="domain-03").update(standby=Domain.objects.get(name="domain-04"))
+    return net_ring
+
+
+def copy_now(net, at: str = "domain-03") -> None:
+    with net.at(at):
+        standby_sweep()
+    net.pump()
+
+
+def heard(net, at: str, of: str, seconds_ago: float) -> None:
+    """`at` last heard a newer word of `of` that long ago."""
+    with net.at(at):
+        DomainHeard.objects.update_or_create(domain=of, defaults={
+            "version": 1, "heard_at": timezone.now() - timedelta(seconds=seconds_ago)})
+
+
+def lost(net, home: str = "domain-03") -> None:
+    """The home is down: calls to it fail, its neighbours have seen its links down for a minute,
+    and nobody has heard of it for as long."""
+    net.down.add(home)
+    for n in ("domain-01", "domain-02", "domain-04"):
+        heard(net, n, home, 60)
+    for neighbour in ("domain-02", "domain-04"):
+        with net.at(neighbour):
+            LinkHealth.objects.update_or_create(peer=home, defaults={
+                "up": False, "down_since": timezone.now() - timedelta(seconds=60), "last_error": f"{home}: refused"})
+
+
+def mailbox(net, at: str) -> list[tuple[str, str]]:
+    with net.at(at):
+        return list(Delivery.objects.filter(recipient=CAROL).order_by("seq").values_list("message__content", "state"))
+
+
+def held_by(net, at: str) -> str | None:
+    with net.at(at):
+        row = Takeover.objects.filter(home__name="domain-03", held=True).values_list("holder__name", flat=True)
+        return row.first()
+
+
+def test_a_standby_takes_over_a_lost_home_only_when_a_third_domain_agrees_it_is_silent(standby_ring):
+    net = standby_ring
+    for i in range(3):
+        net.send(ALICE, CAROL, f"before {i}")
+    net.pump()
+    net.deliver(CAROL, at="domain-03")
+    net.send(ALICE, CAROL, "unread")
+    net.pump()
+    copy_now(net)
+    lost(net)
+    heard(net, "domain-01", "domain-03", 1)  # domain-01 still hears domain-03 (through domain-02)
+    with net.at("domain-04"):
+        assert takeover_watch() == {"domain-03": "not taken: domain-01 heard domain-03 within 30 s"}
+    assert held_by(net, "domain-04") is None
+    heard(net, "domain-01", "domain-03", 60)
+    with net.at("domain-04"):
+        assert takeover_watch() == {"domain-03": "taken"}
+        assert app_snapshot("ANZ").home_of(CAROL) == "domain-04"
+    assert mailbox(net, "domain-04") == [("before 0", "delivered"), ("before 1", "delivered"),
+                                         ("before 2", "delivered"), ("unread", "pending")]
+    # Told around with the next gossip; every domain sends carol's messages to domain-04 from then on.
+    with net.at("domain-04"):
+        presence_gossip()
+    with net.at("domain-01"):
+        presence_gossip()
+    net.pump()
+    assert [held_by(net, n) for n in ("domain-01", "domain-02", "domain-04")] == ["domain-04"] * 3
+    net.send(BOB, CAROL, "during", at="domain-02")
+    net.pump()
+    assert mailbox(net, "domain-04")[-1] == ("during", "pending")
+
+
+def test_a_home_that_is_only_cut_off_from_its_standby_is_not_taken_over(standby_ring):
+    net = standby_ring
+    net.cut_link("domain-03", "domain-04")
+    for n in ("domain-01", "domain-02"):
+        heard(net, n, "domain-03", 1)
+    heard(net, "domain-04", "domain-03", 2)  # its word comes round through 02 and 01
+    with net.at("domain-04"):
+        LinkHealth.objects.filter(peer="domain-03").update(down_since=timezone.now() - timedelta(minutes=5))
+        assert takeover_watch() == {}
+    assert held_by(net, "domain-04") is None
+
+
+def test_the_holder_hands_back_once_the_home_has_every_change_and_nothing_comes_twice(standby_ring):
+    net = standby_ring
+    net.send(ALICE, CAROL, "before")
+    net.pump()
+    with net.at("domain-03"):
+        subscription_add(app_id=net.app.pk, subscriber=CAROL, channel="news")
+    copy_now(net)
+    lost(net)
+    with net.at("domain-04"):
+        assert take_over("domain-03")["state"] == "taken"
+        assert list(Subscription.objects.filter(subscriber=CAROL).values_list("channel", flat=True)) == ["news"]
+        subscription_add(app_id=net.app.pk, subscriber=CAROL, channel="sport")
+    net.send(ALICE, CAROL, "during")  # domain-01 learned of the takeover
+    with net.at("domain-01"):
+        network_accept({"heard": {}, "takeovers": [{
+            "home": "domain-03", "holder": "domain-04", "held": True, "epoch": 10**17, "taken_at": "2026-11-28T00:00:00Z"}]})
+    net.pump()
+    net.deliver(CAROL, at="domain-04")  # she read both at domain-04
+    net.down.clear()
+    with net.at("domain-04"):
+        first = hand_back("domain-03")
+        assert first["state"] == "waiting" and first["changes_waiting"] > 0
+        assert held_by(net, "domain-04") == "domain-04"
+    copy_now(net, at="domain-04")  # the changes made at domain-04 go home
+    with net.at("domain-04"):
+        assert not StandbyFeed.objects.exists()
+        assert hand_back("domain-03")["state"] == "handed back"
+        assert not Delivery.objects.filter(recipient=CAROL).exists()  # cleared: the home has them
+        assert sorted(StandbyCopy.objects.filter(recipient=CAROL).values_list("content", "state")) == [
+            ("before", "delivered"), ("during", "delivered")]  # standing by again, from what it held
+        assert not Subscription.objects.filter(subscriber=CAROL).exists()
+    assert mailbox(net, "domain-03") == [("before", "delivered"), ("during", "delivered")]
+    with net.at("domain-03"):
+        assert sorted(Subscription.objects.filter(subscriber=CAROL).values_list("channel", flat=True)) == [
+            "news", "sport"]
+        assert not StandbyFeed.objects.exists()  # the merge fed nothing back
+
+
+def test_a_merge_stores_each_message_once_whichever_way_it_came_first(standby_ring):
+    net = standby_ring
+    copy = Copied(app_id=net.app.pk, recipient=CAROL, origin_domain="domain-01", origin_message_id=77,
+                  state="pending", origin_seq=1, message={"sender": ALICE, "content": "once"})
+    with net.at("domain-04"):
+        assert mailbox_merge([copy, copy]).appended == 1
+        assert mailbox_merge([copy]).appended == 0
+        assert mailbox_merge([Copied(**{**copy.__dict__, "state": "delivered", "message": None})]).states == 1
+        assert mailbox_merge([copy]).states == 0  # a copy never undelivers
+    assert mailbox(net, "domain-04") == [("once", "delivered")]
+
+
+def test_the_higher_epoch_wins_wherever_the_gossip_brings_a_takeover(standby_ring):
+    net = standby_ring
+    record = {"home": "domain-03", "holder": "domain-04", "held": True, "epoch": 5, "taken_at": "2026-11-28T00:00:00Z"}
+    with net.at("domain-02"):
+        assert network_accept({"heard": {}, "takeovers": [record]}) == 1
+        assert network_accept({"heard": {}, "takeovers": [{**record, "held": False, "epoch": 4}]}) == 0
+        assert network_accept({"heard": {}, "takeovers": [{**record, "held": False, "epoch": 6}]}) == 1
+    assert held_by(net, "domain-02") is None
+
+
+def test_a_home_that_has_heard_from_no_other_domain_lately_is_cut_off(standby_ring):
+    net = standby_ring
+    with net.at("domain-03"):
+        assert cut_off()  # just started: nothing heard yet
+    heard(net, "domain-03", "domain-02", 1)
+    with net.at("domain-03"):
+        assert not cut_off()
+    heard(net, "domain-03", "domain-02", 60)
+    with net.at("domain-03"):
+        assert cut_off()
+
