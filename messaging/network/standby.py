@@ -11,9 +11,12 @@ backoff paces the calls); it catches up when the standby answers again. Beat wak
 STANDBY_COPY_SECONDS (standby_sweep); the copy's lag (the oldest row still waiting) is a metric and
 a column of the console's Link health.
 
-At the standby: `copies_accept` writes each copy to StandbyCopy, keyed by (home, delivery id there),
-and each subscription to StandbySubscription: a copy sent twice is written twice, the same. Inert: nothing routes or delivers a copy; it is what
-the standby would take its users over from (issue 27's takeover, not built yet).
+At the standby: `copies_accept` writes each copy to StandbyCopy, keyed by the message (where it was
+stored first, its id there) and recipient, and each subscription to StandbySubscription: a copy sent
+twice is written twice, the same. Inert: nothing routes or delivers a copy; it is what the standby
+takes its users over from (messaging.network.takeover). The same call merges into the receiver's own
+mailboxes (messaging.network.mailbox_merge) the copies of users it holds (taken over from the
+caller) and the changes a holder made to this domain's own users (the hand-back).
 
 The standby must be a neighbour of the home (a link between them): the copy is signed with that
 link's secret, as every call between domains is.
