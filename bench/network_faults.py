@@ -3,6 +3,7 @@ RELIABLE messages to users homed on the other domains, while domains stop and st
 killed and links are disabled and enabled, at random, for `--minutes`.
 
     python -m bench.network_faults [--minutes 5] [--users 3] [--rate 1.5] [--seed 7] [--json FILE]
+    python -m bench.network_faults --standby [--failover 10] ...   # issue 27: domains lost and taken over
 
 The ring (devstack.ring) runs on databases of its own (`switchboard_faults_ring_*`, on the Postgres
 server `make run` uses, dropped after) and a Redis server of its own. The users are the protocol
@@ -24,6 +25,12 @@ the network to settle. It answers (exit 1 if any fails):
   sent (by the sender's counter in the content);
 - every user's standby domain (make network's ring gives every range one) holds a live copy of
   the user's mailbox as it is at home (seq, content, state), once the copies have caught up.
+
+`--standby` (issue 27) loses whole domains instead, one at a time, at random: stopped or killed with
+SIGKILL for 5-40 s (the ring's FAILOVER_SECONDS is `--failover`, 10 s, so many are taken over by
+their standby), each back and handed back before the next. The users follow redirects and, while
+their home cannot be reached at all, try the other domains in turn (any of them redirects to the
+domain that serves them); the run reports the longest time a user could not log in anywhere.
 
 It also reports how long the network took to settle and each accepted message's time from its
 first send to its first arrival (p50, p99, max, how many over 10 s and 30 s): a message held at
@@ -66,14 +73,16 @@ def say(text: str) -> None:
 
 
 class Faults:
-    def __init__(self, ring: Ring, rng: random.Random, *, wider: bool = False):
-        self.ring, self.rng, self.wider = ring, rng, wider
+    def __init__(self, ring: Ring, rng: random.Random, *, wider: bool = False, standby: bool = False):
+        self.ring, self.rng, self.wider, self.standby = ring, rng, wider, standby
         self.log: list[dict] = []
 
     def _name(self, n: int) -> str:
         return f"domain-0{n}"
 
     def one(self) -> None:
+        if self.standby:
+            return self._domain_lost()
         kind = self.rng.choice(["stop", "stop", "two", "kill", "link"] if self.wider else ["stop", "kill", "link"])
         began = time.monotonic()
         if kind in ("stop", "two"):
@@ -116,6 +125,33 @@ class Faults:
             self._link(a, b, True)
             what = f"link {a}-{b} disabled {hold:.0f} s"
         self.log.append({"fault": what, "seconds": round(time.monotonic() - began, 1)})
+
+    def _domain_lost(self) -> None:
+        """--standby: one whole domain (any) stopped, or its processes killed with SIGKILL, for 5-40 s;
+        then, once it is back, wait until its standby has handed its users back (at most 90 s), so
+        that a home and its holder are never both away (never two neighbours at once)."""
+        n, crash, hold = self.rng.randint(1, DOMAIN_COUNT), self.rng.random() < 0.5, self.rng.uniform(5, 40)
+        began = time.monotonic()
+        say(f"fault: {self._name(n)} {'killed (SIGKILL)' if crash else 'stopped'} for {hold:.0f} s")
+        (self.ring.kill_domain if crash else self.ring.stop_domain)(n)
+        time.sleep(hold)
+        taken = self._held(n)
+        self.ring.start_domain(n)
+        deadline = time.monotonic() + 90
+        while self._held(n) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        back = not self._held(n)
+        say(f"  {self._name(n)} back; {'taken over, ' if taken else ''}"
+            f"{'at home' if back else 'STILL HELD'} after {time.monotonic() - began:.0f} s")
+        self.log.append({"fault": f"{self._name(n)} {'killed' if crash else 'stopped'} {hold:.0f} s",
+                         "taken_over": taken, "handed_back": back if taken else None,
+                         "seconds": round(time.monotonic() - began, 1)})
+
+    def _held(self, n: int) -> bool:
+        """Whether domain n's users are held by its standby, as the standby says."""
+        with psycopg.connect(self.ring.database_url(STANDBY[n]), autocommit=True) as conn:
+            return bool(conn.execute("select count(*) from apps_registry_takeover t join apps_registry_domain d"
+                                     " on d.id = t.home_id where d.name = %s and t.held", [self._name(n)]).fetchone()[0])
 
     def _link(self, a: str | int, b: str | int, enabled: bool) -> None:
         with psycopg.connect(self.ring.database_url(1), autocommit=True) as conn:
@@ -171,7 +207,8 @@ def _latency(peers: list[Peer]) -> dict:
 
 def _copy_mismatch(ring: Ring, users: dict[int, list[str]], timeout: float = 60) -> dict[str, int]:
     """Per domain: how many rows of its users' mailboxes the standby's live copy does not hold as
-    they are at home (seq, content, state), once every feed has drained (at most `timeout`)."""
+    they are at home (content and state, in mailbox order: after a takeover the home and the standby
+    number the messages each their own way), once every feed has drained (at most `timeout`)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         waiting = 0
@@ -183,16 +220,16 @@ def _copy_mismatch(ring: Ring, users: dict[int, list[str]], timeout: float = 60)
         time.sleep(1)
     wrong = {}
     for n in ring.domains():
-        home_sql = ("select d.recipient, d.seq, m.content, d.state from messaging_delivery d join messaging_message m"
-                    " on m.id = d.message_id where d.recipient = any(%s)")
-        copy_sql = ("select recipient, seq, content, state from messaging_standbycopy where home = %s"
-                    " and recipient = any(%s)")
+        home_sql = ("select d.recipient, m.content, d.state from messaging_delivery d join messaging_message m"
+                    " on m.id = d.message_id where d.recipient = any(%s) order by d.recipient, d.seq")
+        copy_sql = ("select recipient, content, state from messaging_standbycopy where home = %s"
+                    " and recipient = any(%s) order by recipient, seq")
         with psycopg.connect(ring.database_url(n), autocommit=True) as conn:
-            home = set(conn.execute(home_sql, [users[n]]).fetchall())
+            home = conn.execute(home_sql, [users[n]]).fetchall()
         with psycopg.connect(ring.database_url(STANDBY[n]), autocommit=True) as conn:
-            copy = set(conn.execute(copy_sql, [f"domain-0{n}", users[n]]).fetchall())
+            copy = conn.execute(copy_sql, [f"domain-0{n}", users[n]]).fetchall()
         if home != copy:
-            wrong[f"domain-0{n} on domain-0{STANDBY[n]}"] = len(home ^ copy)
+            wrong[f"domain-0{n} on domain-0{STANDBY[n]}"] = len(set(home) ^ set(copy)) or -1  # -1: order only
     return wrong
 
 
@@ -227,13 +264,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-dir", type=Path)
     parser.add_argument("--wider", action="store_true",
                         help="also stop the meta domain, and two domains that are not neighbours at once")
+    parser.add_argument("--standby", action="store_true",
+                        help="issue 27: whole domains stopped or killed at random, one at a time, long enough for"
+                             " their standby to take their users over (FAILOVER_SECONDS --failover)")
+    parser.add_argument("--failover", type=float, default=10.0, help="--standby: FAILOVER_SECONDS of the ring")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     env = platform_env()
+    fault_env = {**FAULT_ENV, **({"FAILOVER_SECONDS": str(args.failover), "TAKEOVER_WATCH_SECONDS": "1"}
+                                 if args.standby else {})}
     with tempfile.TemporaryDirectory(prefix="faults-ring-") as tmp, private_redis(Path(tmp)) as redis_url:
         ports = ring_ports()
         ring = Ring(Path(tmp) / "ring", env["DATABASE_URL"], redis_url, ports=ports,
-                    database_prefix="switchboard_faults_ring_", env_overrides=FAULT_ENV,
+                    database_prefix="switchboard_faults_ring_", env_overrides=fault_env,
                     log_dir=args.log_dir or Path(tmp) / "logs", base_env=env)
         try:
             say(f"starting the ring on ports {ports} ...")
@@ -243,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             peers = []
             for n, mine in users.items():
                 others = [u for u in everyone if u not in mine]
-                peers += [Peer(u, ring.ws_url(n), others, args.rate) for u in mine]
+                fallbacks = tuple(ring.ws_url(m) for m in ring.domains() if m != n)  # where a lost home's users try
+                peers += [Peer(u, ring.ws_url(n), others, args.rate, fallbacks=fallbacks) for u in mine]
             for peer in peers:
                 peer.start()
             deadline = time.monotonic() + 60
@@ -252,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
             for peer in peers:
                 peer.sending.set()
             say(f"{len(peers)} users sending {args.rate}/s each for {args.minutes} minutes, with faults")
-            faults = Faults(ring, rng, wider=args.wider)
+            faults = Faults(ring, rng, wider=args.wider, standby=args.standby)
             end = time.monotonic() + args.minutes * 60
             while time.monotonic() < end:
                 time.sleep(rng.uniform(3, 8))
@@ -290,6 +334,11 @@ def main(argv: list[str] | None = None) -> int:
                 "standby_copy_differs": copy_wrong,
                 "closes": sum(len(p.record.close_codes) for p in peers),
                 "settled_seconds": settled, "latency_seconds": _latency(peers),
+                "standby": args.standby, "failover_seconds": args.failover if args.standby else None,
+                # Each time a user's connection was lost: how long until it was logged in again, anywhere.
+                "longest_outage_seconds": round(max((o for p in peers for o in p.record.outages), default=0.0), 1),
+                "outages_over_30_s": sum(o > 30 for p in peers for o in p.record.outages),
+                "redirects": sum(len(p.record.redirects) for p in peers),
                 "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()},
             }
             for peer in peers:

@@ -54,19 +54,27 @@ class Record:
     deliveries: Counter = field(default_factory=Counter)  # message id -> MESSAGE frames received
     contents: dict[str, str] = field(default_factory=dict)  # message id -> content
     first_seen: dict[str, float] = field(default_factory=dict)  # content -> when it first arrived
-    acked: set[str] = field(default_factory=set)  # ids whose ACK left this client
-    after_ack: list[str] = field(default_factory=list)  # ids delivered again after their ACK had left
+    # What this client ACKed, by content where a message has one (a message keeps its content across
+    # domains, not its id: a standby that takes a user over numbers its messages its own way).
+    acked: set[str] = field(default_factory=set)
+    after_ack: list[str] = field(default_factory=list)  # delivered again after their ACK had left
     close_codes: list[int] = field(default_factory=list)  # every close this client did not ask for
     problems: list[dict] = field(default_factory=list)  # INVALID_MESSAGE, GENERAL_ERROR, refusals
     left_missing: int | None = None  # the last FETCH_MISSING_MESSAGES_COMPLETE's count
     sessions: int = 0  # connections authenticated
     connected_at: list[float] = field(default_factory=list)
+    redirects: list[str] = field(default_factory=list)  # where AUTH_CLIENT refusals sent it
+    # Each time a connection was lost (not asked for): how long until it was authenticated again, anywhere.
+    outages: list[float] = field(default_factory=list)
 
 
 class Peer(threading.Thread):
-    def __init__(self, user: str, url: str, recipients: list[str], rate: float):
+    def __init__(self, user: str, url: str, recipients: list[str], rate: float, *, fallbacks: tuple[str, ...] = ()):
+        """`fallbacks`: other domains' URLs, tried in turn while `url` cannot be reached at all (a
+        domain that does not serve the user redirects it to the one that does)."""
         super().__init__(daemon=True, name=user)
         self.user, self.url, self.rate = user, url, rate
+        self.fallbacks = list(fallbacks)
         self.recipients = [r for r in recipients if r != user]
         self.rng = random.Random(user)
         self.lock = threading.Lock()
@@ -116,30 +124,44 @@ class Peer(threading.Thread):
             raise
 
     def _run(self) -> None:
-        attempt = 0
+        attempt, url, lost_at = 0, self.url, None
+        redirected = False  # the last refusal was followed: the next one is not (no ping-pong)
         while not self._leave.is_set():
             try:
-                client = WsClient(self.url)
+                client = WsClient(url)
             except (OSError, TimeoutError, InvalidHandshake) as exc:  # InvalidStatus: HAProxy's 503
                 self._problem({"connect": repr(exc)})
-                attempt += 1
+                urls = [self.url, *self.fallbacks]
+                attempt, url = attempt + 1, urls[(urls.index(url) + 1) % len(urls)] if url in urls else self.url
                 time.sleep(reconnect_pause(self.rng, attempt))
                 continue
             try:
                 reply = client.auth(self.user, acks=True)
-                if reply["data"]["isAuthenticated"] is not True:
-                    self._problem(reply)
-                else:
-                    attempt = 0
+                if reply["data"]["isAuthenticated"] is True:
+                    attempt, redirected = 0, False
+                    if lost_at is not None:
+                        self.record.outages.append(time.monotonic() - lost_at)
+                    lost_at = None
                     self._session(client)
                     return  # left
+                self._problem(reply)
+                client.close()
+                redirect = reply["data"].get("redirect")
+                if redirect and redirect != url and not redirected:  # at once, as a client does (once)
+                    self.record.redirects.append(redirect)
+                    url, redirected = redirect, True
+                    continue
+                url, redirected = self.url, False
             except ConnectionClosed as exc:
                 with self.lock:
                     self.record.close_codes.append(close_code(exc))
+                url = self.url  # home first: it redirects where its users are served now
             except TimeoutError as exc:
                 self._problem({"timeout": str(exc)[:300]})
                 client.close()
             finally:
+                if self.connected.is_set() and lost_at is None:
+                    lost_at = time.monotonic()
                 self.connected.clear()
             if self._leave.is_set():
                 break
@@ -190,15 +212,16 @@ class Peer(threading.Thread):
                 self.record.sent[data["clientMessageId"]].message_id = data["id"]
         elif kind in ("MESSAGE", "MESSAGE_CONFIRMATION") and "id" in data:
             message_id = data["id"]
+            key = data.get("content") or message_id
             with self.lock:
-                if message_id in self.record.acked:
+                if key in self.record.acked:
                     self.record.after_ack.append(message_id)
                 self.record.deliveries[message_id] += 1
                 self.record.contents[message_id] = data.get("content", "")
                 self.record.first_seen.setdefault(data.get("content", ""), time.monotonic())
             client.send("ACK", {"ids": [message_id]})  # raises if the socket closed: not ACKed
             with self.lock:
-                self.record.acked.add(message_id)
+                self.record.acked.add(key)
         elif kind == "FETCH_MISSING_MESSAGES_COMPLETE":
             with self.lock:
                 self.record.left_missing = data["leftMissingCount"]

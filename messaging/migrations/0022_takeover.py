@@ -5,8 +5,8 @@ from django.db import migrations, models
 # The standby feed's triggers (0021) learn takeovers (apps_registry.Takeover, messaging.network.takeover):
 # - at a home, as before, the changes of its users with a standby are fed to that standby;
 # - at a standby that holds (or held) a home's users, the changes it makes to their mailboxes are fed
-#   back to the home (the hand-back takes them), except rows it only passes on (forwarding,
-#   forwarded), which reach the home as messages;
+#   back to the home (the hand-back takes them): mailbox rows only (no `forward_to`), not its own
+#   record of a message it stored first and forwarded to the home, which reaches the home as one;
 # - nothing is fed while the transaction says switchboard.no_copy = on (a merge of copies, the holder clearing its
 #   copy of the mailboxes it has handed back: that is not a change the home must make).
 _ROWS_TO_COPY = """
@@ -26,7 +26,7 @@ _FEED = f"""
         INSERT INTO messaging_standbyfeed (standby, delivery_id, new, created_at, attempts, last_error)
         SELECT {_TO}, c.id, {{new}}, now(), 0, ''
           FROM {{rows}}""" + _ROWS_TO_COPY.replace("{user}", "recipient").replace(
-    "{held}", "c.state NOT IN ('forwarding', 'forwarded')")
+    "{held}", "c.forward_to = ''")
 _SUBS = f"""
             INSERT INTO messaging_standbyfeed (standby, new, app_id, subscriber, channel, subscribed, created_at,
                                                attempts, last_error)

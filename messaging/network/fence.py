@@ -7,7 +7,8 @@ never less than three gossip rounds. A standby takes over only after FAILOVER_SE
 so by then its home has stopped admitting those users (AUTH_CLIENT refused, no redirect: the client
 retries) and closed their connections (takeover_watch, 1012). A domain that has just started is cut
 off until the first gossip reaches it, so it cannot admit users a standby took over while it was
-away before it has heard so. A domain in no network (no neighbour) is never cut off.
+away before it has heard so. A domain in no network (no neighbour), or in a network of two (no third
+domain could witness a takeover), is never cut off.
 
 Read at most every FENCE_CACHE_SECONDS per process (one query), so a login costs no query.
 """
@@ -18,9 +19,10 @@ import threading
 import time
 
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
-from apps_registry.models import DomainLink
+from apps_registry.models import Domain, DomainLink
 from messaging.network.models import DomainHeard
 
 FENCE_CACHE_SECONDS = 1.0
@@ -34,9 +36,9 @@ def fence_seconds() -> float:
 
 def _cut_off_now() -> bool:
     here = settings.DOMAIN_NAME
-    if not DomainLink.objects.filter(enabled=True).filter(n1__name=here).exists() and \
-            not DomainLink.objects.filter(enabled=True, n2__name=here).exists():
-        return False
+    if Domain.objects.count() < 3 or not DomainLink.objects.filter(Q(n1__name=here) | Q(n2__name=here),
+                                                                   enabled=True).exists():
+        return False  # no network, or no third domain to witness a takeover: nobody takes its users
     last = DomainHeard.objects.order_by("-heard_at").values_list("heard_at", flat=True).first()
     return last is None or (timezone.now() - last).total_seconds() > fence_seconds()
 

@@ -27,7 +27,7 @@ from django.conf import settings
 from django.db import transaction
 
 from foundation.db import hot_cursor
-from messaging.delivery.sql import DELIVERED, FORWARDED, FORWARDING, UNDELIVERED
+from messaging.delivery.sql import DELIVERED, UNDELIVERED
 from messaging.handoff import routing_enqueue
 from messaging.models import DeliveryState
 from messaging.store import deliveries_append_sql
@@ -76,11 +76,13 @@ SELECT * , '', '', now() FROM unnest(%(app)s::bigint[], %(sender)s::text[], %(ki
 ON CONFLICT DO NOTHING
 """
 
-_DELIVERIES_SQL = f"""
+# Mailbox rows (no `forward_to`): a row that is this domain's record of a message it forwarded to
+# the recipient's home is not the recipient's mailbox here.
+_DELIVERIES_SQL = """
 SELECT t.i, d.id, d.state
   FROM unnest(%(i)s::int[], %(mid)s::bigint[], %(rcpt)s::text[]) AS t(i, mid, rcpt)
   JOIN messaging_delivery d ON d.message_id = t.mid AND d.recipient = t.rcpt
- WHERE d.state NOT IN ({FORWARDING}, {FORWARDED})
+ WHERE d.forward_to = ''
 """
 
 _APPEND_SQL = f"""

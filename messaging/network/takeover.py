@@ -42,13 +42,15 @@ from django.utils.dateparse import parse_datetime
 from apps_registry.models import Domain, Takeover, UserDistribution
 from apps_registry.selectors import app_snapshots_clear
 from foundation.db import hot_cursor
+from foundation.outbound import one_at_a_time
 from foundation.transport.frames import CLOSE_RESTART
 from messaging import handoff
-from messaging.delivery.sql import FORWARDED, FORWARDING
+from messaging.delivery.sql import FORWARDING, PENDING
 from messaging.network.fence import cut_off, fence_forget
 from messaging.network.links import neighbours
 from messaging.network.mailbox_merge import Copied, mailbox_merge
 from messaging.network.models import DomainHeard, LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
+from messaging.network.outbox import link_lock_key
 from messaging.network.standby import standby_ranges, subscriptions_merge
 from messaging.network.transport import WITNESS_PATH, PeerError, PeerRefused, peer_call_prepare, peer_calls_send
 from presence.services import users_close_sync
@@ -214,6 +216,8 @@ def takeover_watch() -> dict[str, str]:
     for home in homes:
         current = Takeover.objects.select_related("holder").filter(home__name=home).first()
         if current is not None and current.held:
+            if current.holder.name == here and (queued := _queued_into_mailboxes(home)):
+                handoff.routing_enqueue(queued)  # rows that joined the link to the home since the takeover
             if current.holder.name == here and not current.manual:
                 silent = silent_seconds(home)
                 if silent is not None and silent < settings.LINK_DOWN_AFTER_SECONDS and _down_for(home) == 0.0:
@@ -265,22 +269,73 @@ def take_over(home: str, *, manual: bool = False, reason: str = "") -> dict:
                                   "confirmation_requested": c.confirmation_requested})
                   for c in StandbyCopy.objects.filter(home=home).order_by("app_id", "recipient", "seq").iterator()]
         merged = mailbox_merge(copies)
+        queued = _queued_into_mailboxes(home)
         subscriptions_merge([{"app_id": app, "subscriber": sub, "channel": ch, "subscribed": True} for app, sub, ch
                              in StandbySubscription.objects.filter(home=home).values_list("app_id", "subscriber",
                                                                                           "channel")])
-    log.warning("%s took over %s's users (%s): %d deliveries merged", here, home, reason or "by hand", merged.appended)
+    log.warning("%s took over %s's users (%s): %d deliveries merged, %d waiting here for %s put in their mailboxes",
+                here, home, reason or "by hand", merged.appended, len(queued), home)
+    if queued:
+        transaction.on_commit(lambda: handoff.routing_enqueue(queued))
     _changed(home, here, True)
     _tell_now()
-    return {"state": "taken", "merged": merged.appended}
+    return {"state": "taken", "merged": merged.appended, "queued": len(queued)}
 
 
-_HELD_HERE = f"""
+# What waited here on a link for the home's users (it was on its way there): their messages now,
+# put at the end of their mailboxes here (after the copy, which the home had first), in the order
+# they waited, and fed to the home as new (it does not have them) for the hand-back.
+_QUEUED_SQL = f"""
+WITH q AS (
+    SELECT d.id, d.app_id, d.recipient, row_number() OVER (PARTITION BY d.app_id, d.recipient ORDER BY d.seq) AS n
+      FROM messaging_delivery d
+      JOIN apps_registry_userdistribution ud ON ud.app_id = d.app_id AND ud.domain_id = %(home)s
+                                            AND ud.standby_id = %(here)s
+     WHERE d.state = {FORWARDING} AND d.forward_to = %(home_name)s
+       AND messaging_user_number(d.recipient) >= ud.range_from
+       AND (ud.range_to IS NULL OR messaging_user_number(d.recipient) <= ud.range_to)
+), counts AS (
+    SELECT app_id, recipient, count(*) AS c FROM q GROUP BY app_id, recipient
+), mb AS (
+    UPDATE messaging_mailbox m SET last_seq = m.last_seq + counts.c
+      FROM counts WHERE m.app_id = counts.app_id AND m.user_id = counts.recipient
+    RETURNING m.app_id, m.user_id, m.last_seq, counts.c
+), moved AS (
+    UPDATE messaging_delivery d
+       SET state = {PENDING}, forward_to = '', seq = mb.last_seq - mb.c + q.n, next_attempt_at = now(),
+           last_error = ''
+      FROM q JOIN mb ON mb.app_id = q.app_id AND mb.user_id = q.recipient
+     WHERE d.id = q.id
+    RETURNING d.id, d.seq
+), fed AS (
+    INSERT INTO messaging_standbyfeed (standby, delivery_id, new, created_at, attempts, last_error)
+    SELECT %(home_name)s, id, true, now(), 0, '' FROM moved ORDER BY seq
+)
+SELECT id FROM moved ORDER BY seq
+"""
+
+
+def _queued_into_mailboxes(home: str) -> list[int]:
+    """The rows waiting on the link to `home` for its users held here, into their mailboxes here
+    (under the link's sender lock, as the sweep moves a queue; [] when a sender holds it now: the
+    next watch does it)."""
+    here = settings.DOMAIN_NAME
+    params = {"home": Domain.objects.get(name=home).pk, "here": Domain.objects.get(name=here).pk, "home_name": home}
+    with one_at_a_time(link_lock_key(home)) as held:
+        if not held:
+            return []
+        with hot_cursor() as cur:
+            cur.execute(_QUEUED_SQL, params)
+            return [row[0] for row in cur.fetchall()]
+
+
+_HELD_HERE = """
   FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id
   JOIN apps_registry_userdistribution ud ON ud.app_id = d.app_id AND ud.domain_id = %(home)s
                                         AND ud.standby_id = %(here)s
  WHERE messaging_user_number(d.recipient) >= ud.range_from
    AND (ud.range_to IS NULL OR messaging_user_number(d.recipient) <= ud.range_to)
-   AND d.state NOT IN ({FORWARDING}, {FORWARDED})"""
+   AND d.forward_to = ''"""  # mailbox rows: not its own records of messages it forwarded (to the home)
 
 _RESEED_SQL = f"""
 INSERT INTO messaging_standbycopy (home, home_delivery_id, app_id, recipient, seq, origin_seq, sender, kind, content,

@@ -23,12 +23,13 @@ from messaging.network.fence import cut_off
 from messaging.network.mailbox_merge import Copied, mailbox_merge
 from messaging.network.models import DomainHeard, LinkHealth, StandbyCopy, StandbyFeed
 from messaging.network.presence_gossip import presence_gossip
+from messaging.network.queue import forward_sweep
 from messaging.network.takeover import hand_back, network_accept, take_over, takeover_watch
 from messaging.tasks import standby_sweep
 
 pytestmark = pytest.mark.django_db
 
-ALICE, BOB, CAROL = "ANZ-17", "ANZ-1000003", "ANZ-3000007"  # homed on 01, 02 and 03
+ALICE, BOB, CAROL, DAVE = "ANZ-17", "ANZ-1000003", "ANZ-3000007", "ANZ-6000001"  # homed on 01, 02, 03, 04
 
 
 @pytest.fixture
@@ -82,6 +83,9 @@ def test_a_standby_takes_over_a_lost_home_only_when_a_third_domain_agrees_it_is_
     net.send(ALICE, CAROL, "unread")
     net.pump()
     copy_now(net)
+    net.down.add("domain-03")
+    net.send(DAVE, CAROL, "waiting at 04", at="domain-04")  # on the link to domain-03, which fails
+    net.pump()
     lost(net)
     heard(net, "domain-01", "domain-03", 1)  # domain-01 still hears domain-03 (through domain-02)
     with net.at("domain-04"):
@@ -92,7 +96,10 @@ def test_a_standby_takes_over_a_lost_home_only_when_a_third_domain_agrees_it_is_
         assert takeover_watch() == {"domain-03": "taken"}
         assert app_snapshot("ANZ").home_of(CAROL) == "domain-04"
     assert mailbox(net, "domain-04") == [("before 0", "delivered"), ("before 1", "delivered"),
-                                         ("before 2", "delivered"), ("unread", "pending")]
+                                         ("before 2", "delivered"), ("unread", "pending"),
+                                         ("waiting at 04", "pending")]  # after the copy: the home had it first
+    with net.at("domain-04"):
+        assert list(StandbyFeed.objects.values_list("standby", "new")) == [("domain-03", True)]  # the home has it not
     # Told around with the next gossip; every domain sends carol's messages to domain-04 from then on.
     with net.at("domain-04"):
         presence_gossip()
@@ -103,6 +110,26 @@ def test_a_standby_takes_over_a_lost_home_only_when_a_third_domain_agrees_it_is_
     net.send(BOB, CAROL, "during", at="domain-02")
     net.pump()
     assert mailbox(net, "domain-04")[-1] == ("during", "pending")
+
+
+def test_a_message_that_went_round_towards_the_lost_home_comes_back_to_the_holder_once(standby_ring):
+    net = standby_ring
+    lost(net)  # domain-04 routes round: through domain-01 and domain-02, where it waits for domain-03
+    net.send(DAVE, CAROL, "round", at="domain-04")
+    net.pump()
+    with net.at("domain-04"):
+        assert take_over("domain-03")["state"] == "taken"
+    for n in ("domain-01", "domain-02"):
+        with net.at(n):
+            network_accept({"heard": {}, "takeovers": [{"home": "domain-03", "holder": "domain-04", "held": True,
+                                                        "epoch": 10**17, "taken_at": "2026-11-28T00:00:00Z"}]})
+            forward_sweep()
+    net.pump()
+    for n in ("domain-01", "domain-02"):
+        with net.at(n):
+            forward_sweep()
+    net.pump()
+    assert mailbox(net, "domain-04") == [("round", "pending")]
 
 
 def test_a_home_that_is_only_cut_off_from_its_standby_is_not_taken_over(standby_ring):
