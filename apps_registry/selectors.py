@@ -153,7 +153,8 @@ class AppSnapshot:
     # The WebSocket URL of each domain the distributions name (the first ws:// or wss:// of its urls),
     # for the AUTH_CLIENT refusal that redirects a user to its home domain.
     domain_ws_urls: tuple[tuple[str, str], ...] = ()
-    with_standby: tuple[UserRange, ...] = ()  # the ranges with a standby domain (messaging.network.fence)
+    # The ranges with a standby domain: (range, home, standby) as configured, whoever serves them now.
+    with_standby: tuple[tuple[UserRange, str, str], ...] = ()
 
     def home_domain(self, number: int) -> str | None:
         for user_range, domain in self.distributions:
@@ -167,7 +168,12 @@ class AppSnapshot:
         return self.home_domain(parsed.number) if parsed and parsed.app_name == self.app_name else None
 
     def has_standby(self, number: int) -> bool:
-        return any(user_range.contains(number) for user_range in self.with_standby)
+        return self.home_and_standby(number) is not None
+
+    def home_and_standby(self, number: int) -> tuple[str, str] | None:
+        """The user's configured home and standby (None: it has no standby)."""
+        return next(((home, standby) for user_range, home, standby in self.with_standby
+                     if user_range.contains(number)), None)
 
     def ws_url_of(self, domain: str | None) -> str | None:
         return next((url for name, url in self.domain_ws_urls if name == domain), None)
@@ -227,9 +233,9 @@ def _snapshot_load(app: ClientApp | None) -> AppSnapshot | None:
                              F("domain__name")),
             serving_urls=Coalesce(Case(When(domain__takeover__held=True, then=F("domain__takeover__holder__urls"))),
                                   F("domain__urls"))).values_list("range_from", "range_to", "serving", "serving_urls",
-                                                                  "standby_id"))
+                                                                  "standby__name", "domain__name"))
         dists = tuple((UserRange(low, high), domain) for low, high, domain, *_ in rows)
-        ws_urls = {domain: domain_ws_url(urls) for _, _, domain, urls, _ in rows}
+        ws_urls = {domain: domain_ws_url(urls) for _, _, domain, urls, *_ in rows}
         snapshot = AppSnapshot(
             pk=app.pk, app_name=app.app_name, app_id=app.app_id, master_user_id=app.master_user_id,
             auth_mode=app.auth_mode, auth_url=app.auth_url, auth_enabled=app.auth_enabled,
@@ -246,7 +252,8 @@ def _snapshot_load(app: ClientApp | None) -> AppSnapshot | None:
             api_rate_limit_per_second=app.api_rate_limit_per_second, api_rate_limit_burst=app.api_rate_limit_burst,
             public_channel_patterns=tuple(app.public_channel_patterns or ()), distributions=dists,
             domain_ws_urls=tuple((domain, url) for domain, url in ws_urls.items() if url),
-            with_standby=tuple(UserRange(low, high) for low, high, *_, standby in rows if standby is not None),
+            with_standby=tuple((UserRange(low, high), home, standby) for low, high, _, _, standby, home in rows
+                               if standby is not None),
         )
     return snapshot
 

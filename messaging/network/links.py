@@ -137,6 +137,17 @@ def destination(recipient: str) -> str | None:
     return None if home in (None, settings.DOMAIN_NAME) else home
 
 
+def copied_to(recipient: str, destination_: str) -> bool:
+    """Whether this domain is the recipient's home and `destination_` its standby, which serves it
+    now (a takeover): every message stored here for it goes there by the standby copy
+    (messaging.network.standby: the triggers feed each new one, and the holder merges it), never
+    forwarded, and the home keeps its rows parked, as its mailbox, for the hand-back."""
+    parsed = user_id_parse(recipient)
+    app = app_snapshot(parsed.app_name) if parsed else None
+    pair = app.home_and_standby(parsed.number) if app else None
+    return pair == (settings.DOMAIN_NAME, destination_)
+
+
 def path_of(forward_path: str) -> list[str]:
     """A message's path as a list, origin first ("" for one stored here first: [])."""
     return [d for d in forward_path.split(",") if d]

@@ -215,3 +215,21 @@ def test_a_home_that_has_heard_from_no_other_domain_lately_is_cut_off(standby_ri
     with net.at("domain-03"):
         assert cut_off()
 
+
+
+def test_a_message_stored_at_a_held_home_reaches_the_holder_by_the_copy_and_is_not_forwarded(standby_ring):
+    net = standby_ring
+    with net.at("domain-04"):
+        take_over("domain-03", manual=True)  # planned maintenance: domain-03 is up
+    with net.at("domain-03"):
+        network_accept({"heard": {}, "takeovers": [{"home": "domain-03", "holder": "domain-04", "held": True,
+                                                    "epoch": 10**17, "taken_at": "2026-11-28T00:00:00Z"}]})
+    net.send("ANZ-3000008", CAROL, "from a neighbour at home", at="domain-03")
+    net.pump()
+    with net.at("domain-03"):
+        row = Delivery.objects.get(recipient=CAROL)
+        assert (row.state, row.forward_to, row.next_attempt_at) == ("pending", "", None)  # parked, her mailbox
+    copy_now(net)
+    assert mailbox(net, "domain-04") == [("from a neighbour at home", "pending")]
+    with net.at("domain-01"):
+        assert not Delivery.objects.exists()  # nothing went round the network
