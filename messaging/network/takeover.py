@@ -45,7 +45,7 @@ from foundation.db import hot_cursor
 from foundation.outbound import one_at_a_time
 from foundation.transport.frames import CLOSE_RESTART
 from messaging import handoff
-from messaging.delivery.sql import FORWARDING, PENDING
+from messaging.delivery.sql import DELIVERED, FORWARDING, PENDING
 from messaging.network.fence import cut_off, fence_forget
 from messaging.network.links import neighbours
 from messaging.network.mailbox_merge import Copied, mailbox_merge
@@ -294,8 +294,13 @@ WITH q AS (
      WHERE d.state = {FORWARDING} AND d.forward_to = %(home_name)s
        AND messaging_user_number(d.recipient) >= ud.range_from
        AND (ud.range_to IS NULL OR messaging_user_number(d.recipient) <= ud.range_to)
+), had AS (  -- the home had it after all (the call went through, its answer was lost): in the copy
+    DELETE FROM messaging_delivery d USING q
+     WHERE d.id = q.id AND EXISTS (SELECT 1 FROM messaging_delivery o WHERE o.message_id = d.message_id
+                                   AND o.recipient = d.recipient AND o.forward_to = '' AND o.id <> d.id)
+    RETURNING d.id
 ), counts AS (
-    SELECT app_id, recipient, count(*) AS c FROM q GROUP BY app_id, recipient
+    SELECT app_id, recipient, count(*) AS c FROM q GROUP BY app_id, recipient  -- (a gap where one was had)
 ), mb AS (
     UPDATE messaging_mailbox m SET last_seq = m.last_seq + counts.c
       FROM counts WHERE m.app_id = counts.app_id AND m.user_id = counts.recipient
@@ -305,7 +310,7 @@ WITH q AS (
        SET state = {PENDING}, forward_to = '', seq = mb.last_seq - mb.c + q.n, next_attempt_at = now(),
            last_error = ''
       FROM q JOIN mb ON mb.app_id = q.app_id AND mb.user_id = q.recipient
-     WHERE d.id = q.id
+     WHERE d.id = q.id AND d.id NOT IN (SELECT id FROM had)
     RETURNING d.id, d.seq
 ), fed AS (
     INSERT INTO messaging_standbyfeed (standby, delivery_id, new, created_at, attempts, last_error)
@@ -342,11 +347,14 @@ INSERT INTO messaging_standbycopy (home, home_delivery_id, app_id, recipient, se
                                    reference, confirmation_requested, client_message_id, origin_domain,
                                    origin_message_id, state, attempts, created_at, delivered_at, dead_at,
                                    expired_at, copied_at)
-SELECT %(home_name)s, d.id, d.app_id, d.recipient, d.seq, d.origin_seq, m.sender, m.kind, m.content, m.reference,
+SELECT DISTINCT ON (d.app_id, d.recipient, m.origin_domain, coalesce(m.origin_message_id, m.id))
+       %(home_name)s, d.id, d.app_id, d.recipient, d.seq, d.origin_seq, m.sender, m.kind, m.content, m.reference,
        m.confirmation_requested, NULL, CASE WHEN m.origin_domain = '' THEN %(here_name)s ELSE m.origin_domain END,
        coalesce(m.origin_message_id, m.id), d.state, d.attempts, d.created_at, d.delivered_at, d.dead_at,
        d.expired_at, now()
 {_HELD_HERE}
+ ORDER BY d.app_id, d.recipient, m.origin_domain, coalesce(m.origin_message_id, m.id),
+          d.state = {DELIVERED} DESC, d.id  -- one per message, should two rows hold it: the delivered one
 ON CONFLICT (app_id, recipient, origin_domain, origin_message_id) DO UPDATE SET
     state = EXCLUDED.state, delivered_at = EXCLUDED.delivered_at, dead_at = EXCLUDED.dead_at,
     expired_at = EXCLUDED.expired_at, copied_at = now()

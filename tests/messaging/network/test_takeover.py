@@ -233,3 +233,19 @@ def test_a_message_stored_at_a_held_home_reaches_the_holder_by_the_copy_and_is_n
     assert mailbox(net, "domain-04") == [("from a neighbour at home", "pending")]
     with net.at("domain-01"):
         assert not Delivery.objects.exists()  # nothing went round the network
+
+
+def test_a_message_the_home_took_while_its_answer_was_lost_is_held_once(standby_ring):
+    net = standby_ring
+    net.send(DAVE, CAROL, "answered, answer lost", at="domain-04")
+    net.pump()
+    copy_now(net)
+    with net.at("domain-04"):  # as if the answer had been lost: the row still waits on the link
+        Delivery.objects.filter(recipient=CAROL).update(state="forwarding", forward_to="domain-03")
+    lost(net)
+    with net.at("domain-04"):
+        take_over("domain-03")
+    assert mailbox(net, "domain-04") == [("answered, answer lost", "pending")]  # the copy's, once
+    net.down.clear()
+    with net.at("domain-04"):
+        assert hand_back("domain-03")["state"] == "handed back"
