@@ -268,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="issue 27: whole domains stopped or killed at random, one at a time, long enough for"
                              " their standby to take their users over (FAILOVER_SECONDS --failover)")
     parser.add_argument("--failover", type=float, default=10.0, help="--standby: FAILOVER_SECONDS of the ring")
+    parser.add_argument("--keep", action="store_true", help="keep the ring's databases afterwards, to look into")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     env = platform_env()
@@ -312,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             missing = _missing(peers)
             if missing:
                 say(f"missing, by recipient: { {u: len(v) for u, v in missing.items()} }")
+                say(f"missing, a few: {[c for v in missing.values() for c in v][:10]}")
             dead = {}
             for n in ring.domains():
                 with psycopg.connect(ring.database_url(n), autocommit=True) as conn:
@@ -345,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
                 threading.Thread(target=peer.leave, daemon=True).start()
         finally:
             ring.stop()
-            ring.reset()
+            if not args.keep:
+                ring.reset()
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

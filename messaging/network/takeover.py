@@ -8,7 +8,7 @@ Liveness. Every domain tells its neighbours, with each presence gossip round (ev
 PRESENCE_GOSSIP_SECONDS), its own clock and every other domain's last clock it heard, and the
 Takeover rows it holds (`network_gossip`). A domain records when it first heard each newer clock of
 each domain (DomainHeard, by its own clock): "silent for" is how long no newer word of a domain came,
-by whatever path. The Takeover row with the higher epoch wins wherever it arrives.
+by whatever path (messaging.network.liveness). The Takeover row with the higher epoch wins wherever it arrives.
 
 Takeover (`takeover_watch`, beat every TAKEOVER_WATCH_SECONDS, at every domain that is a standby):
 the home has been silent here for FAILOVER_SECONDS and its link from here is down for as long, and a
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -47,46 +48,17 @@ from foundation.transport.frames import CLOSE_RESTART
 from messaging import handoff
 from messaging.delivery.sql import DELIVERED, FORWARDING, PENDING
 from messaging.network.fence import cut_off, fence_forget
-from messaging.network.links import neighbours
+from messaging.network.liveness import heard_apply, heard_versions, silent_seconds, witnesses_agree
 from messaging.network.mailbox_merge import Copied, mailbox_merge
-from messaging.network.models import DomainHeard, LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
+from messaging.network.models import LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
 from messaging.network.outbox import link_lock_key
 from messaging.network.standby import standby_ranges, subscriptions_merge
-from messaging.network.transport import WITNESS_PATH, PeerError, PeerRefused, peer_call_prepare, peer_calls_send
+from messaging.network.transport import PeerRefused
 from presence.services import users_close_sync
 
 log = logging.getLogger(__name__)
 
 MAX_TAKEOVERS = 1000
-
-
-# --- liveness ------------------------------------------------------------------------------------
-
-
-def heard_versions() -> dict[str, int]:
-    """Every domain's last clock heard here, and this domain's own now."""
-    heard = dict(DomainHeard.objects.values_list("domain", "version"))
-    heard[settings.DOMAIN_NAME] = time.time_ns()
-    return heard
-
-
-def heard_apply(heard: dict[str, int]) -> None:
-    """Record, by this domain's clock, each domain whose clock in `heard` is newer than the last heard."""
-    items = [(d, v) for d, v in heard.items() if d != settings.DOMAIN_NAME]
-    if not items:
-        return
-    with hot_cursor() as cur:
-        cur.execute("""
-            INSERT INTO messaging_domainheard AS h (domain, version, heard_at)
-            SELECT d, v, now() FROM unnest(%s::text[], %s::bigint[]) AS t(d, v) ORDER BY d
-            ON CONFLICT (domain) DO UPDATE SET version = EXCLUDED.version, heard_at = now()
-             WHERE h.version < EXCLUDED.version""", [[d for d, _ in items], [v for _, v in items]])
-
-
-def silent_seconds(domain: str) -> float | None:
-    """How long no newer word of `domain` has reached this domain (None: never heard of)."""
-    heard = DomainHeard.objects.filter(domain=domain).values_list("heard_at", flat=True).first()
-    return None if heard is None else max(0.0, (timezone.now() - heard).total_seconds())
 
 
 # --- the records, told around ---------------------------------------------------------------------
@@ -160,42 +132,6 @@ def _changed(home: str, holder: str, held: bool) -> None:
                     f"held by {holder}" if held else "handed back", closed)
 
 
-# --- the witness --------------------------------------------------------------------------------
-
-
-def witness_answer(*, sender: str, payload: dict) -> dict:
-    """POST /internal/v1/witness {"home": name}: how long this domain has heard nothing of it."""
-    home = payload.get("home")
-    if set(payload) != {"home"} or not isinstance(home, str) or not 0 < len(home) <= 64:
-        raise PeerRefused(400, "the payload is {\"home\": <domain name>}")
-    return {"home": home, "silent_seconds": silent_seconds(home)}
-
-
-def _witnesses_agree(home: str) -> tuple[bool, str]:
-    """Whether a third domain agrees that `home` has been silent for FAILOVER_SECONDS (and none heard it)."""
-    threshold = settings.FAILOVER_SECONDS
-    calls = []
-    for peer in (p for p in neighbours() if p != home):
-        try:
-            calls.append(peer_call_prepare(peer=peer, path=WITNESS_PATH, payload={"home": home}))
-        except PeerError:
-            continue
-    agree, heard = [], []
-    for call, answer in zip(calls, peer_calls_send(calls, timeout=settings.LINK_PROBE_TIMEOUT_SECONDS), strict=True):
-        if isinstance(answer, PeerError):
-            continue
-        silent = answer.get("silent_seconds")
-        if silent is None or (isinstance(silent, (int, float)) and silent >= threshold):
-            agree.append(call.peer)
-        else:
-            heard.append(call.peer)
-    if heard:
-        return False, f"{', '.join(heard)} heard {home} within {threshold:g} s"
-    if not agree:
-        return False, f"no third domain answered about {home}"
-    return True, f"{home} silent for {threshold:g} s here and at {', '.join(agree)}"
-
-
 # --- takeover and hand-back -----------------------------------------------------------------------
 
 
@@ -220,13 +156,14 @@ def takeover_watch() -> dict[str, str]:
                 handoff.routing_enqueue(queued)  # rows that joined the link to the home since the takeover
             if current.holder.name == here and not current.manual:
                 silent = silent_seconds(home)
-                if silent is not None and silent < settings.LINK_DOWN_AFTER_SECONDS and _down_for(home) == 0.0:
+                if silent is not None and silent < settings.LINK_DOWN_AFTER_SECONDS:  # it speaks again
+                    _retry_now(home)
                     out[home] = hand_back(home)["state"]
             continue
         silent = silent_seconds(home)
         if (silent is not None and silent < settings.FAILOVER_SECONDS) or _down_for(home) < settings.FAILOVER_SECONDS:
             continue
-        agreed, why = _witnesses_agree(home)
+        agreed, why = witnesses_agree(home)
         out[home] = take_over(home, reason=why)["state"] if agreed else f"not taken: {why}"
     return out
 
@@ -243,6 +180,13 @@ def _fence_close() -> int | None:
         return None
     return users_close_sync(ranges=ranges, code=CLOSE_RESTART,
                             reason=f"{settings.DOMAIN_NAME} is cut off from the network; reconnect")
+
+
+def _retry_now(home: str) -> None:
+    """A held home that speaks again (its gossip arrives) is called now: the backoff its link earned
+    while it was away (a probe alone never clears it) would hold the changes it must take first, and
+    so the hand-back, for up to the backoff's length. A call that fails earns it again."""
+    LinkHealth.objects.filter(peer=home, retry_at__gt=timezone.now() + timedelta(seconds=2)).update(retry_at=None)
 
 
 def _epoch_next(current: Takeover | None) -> int:

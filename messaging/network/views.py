@@ -11,7 +11,7 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from messaging.network import flood, intake, standby, takeover
+from messaging.network import flood, intake, liveness, standby
 from messaging.network.transport import PeerRefused, peer_request_check
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def standby_copies(request):
 @require_POST
 def witness(request):
     """A standby asks how long this domain has heard nothing of a home it would take over."""
-    return _checked(request, takeover.witness_answer)
+    return _checked(request, liveness.witness_answer)
 
 
 @csrf_exempt
