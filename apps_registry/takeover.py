@@ -26,6 +26,9 @@ class Takeover(models.Model):
     manual = models.BooleanField(default=False, help_text="Asked for by an operator (planned maintenance): "
                                                           "handed back only when asked for too.")
     reason = models.CharField(max_length=300, blank=True, default="")
+    # When this domain learned the row's current state (its own clock; not told around): a held home
+    # keeps the rows it had stored before then parked, and forwards those stored since to the holder.
+    learned_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.home.name} {'held by' if self.held else 'handed back by'} {self.holder.name}"

@@ -18,9 +18,9 @@ Where a claimed delivery goes is decided in one place, `destination`: this domai
 the recipient's home domain elsewhere. A user homed elsewhere is never connected here
 (authentication sends it home), so its delivery is queued on the link to the next hop towards its
 home (messaging.network.queue), or, where no enabled link leads there, counts a failed attempt
-("no route to domain-05"). A user's home keeps its rows parked while its standby serves it (a
-takeover, messaging.network.takeover): the standby copy carries every message stored at the home
-there. Such a recipient's earlier rows that are still waiting to be routed (their
+("no route to domain-05"). While a user's standby serves it (a takeover,
+messaging.network.takeover), its home keeps the rows it had stored before it learned so parked (the
+standby copy carried them there) and forwards the later ones. Such a recipient's earlier rows that are still waiting to be routed (their
 routing task was lost with a worker, or is behind this one) are claimed and routed with the task's
 own, first: the next domain stores a recipient's messages in the order they arrive.
 """
@@ -37,7 +37,7 @@ from foundation.outbound import claim_token
 from foundation.transport import sockets
 from messaging.delivery.claims import ClaimedRow, deliveries_claim, deliveries_park, deliveries_release
 from messaging.delivery.retry import deliveries_fail
-from messaging.network.links import copied_to, destination
+from messaging.network.links import destination, frozen_here
 from messaging.network.queue import deliveries_queue_on_links, earlier_unrouted
 from messaging.protocol import delivery_frame
 from presence import cache
@@ -67,7 +67,7 @@ def deliveries_route(delivery_ids: list[int]) -> RouteOutcome:
         home = destination(row.recipient)
         if home is None:
             here.append(row)
-        elif copied_to(row.recipient, home):  # the standby copy carries it there (a takeover)
+        elif frozen_here(row.recipient, home, row.stored_at):  # its mailbox at home, held elsewhere (a takeover)
             parked.append((row.delivery_id, token))
         else:
             elsewhere[row.delivery_id] = home
@@ -76,7 +76,7 @@ def deliveries_route(delivery_ids: list[int]) -> RouteOutcome:
         for row in deliveries_claim(delivery_ids=earlier_unrouted(sorted(elsewhere)), token=token):
             if (home := destination(row.recipient)) is None:
                 here.append(row)
-            elif copied_to(row.recipient, home):
+            elif frozen_here(row.recipient, home, row.stored_at):
                 deliveries_park(claims=[(row.delivery_id, token)])
             else:
                 elsewhere[row.delivery_id] = home

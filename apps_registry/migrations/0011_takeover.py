@@ -21,6 +21,7 @@ class Migration(migrations.Migration):
                 ('returned_at', models.DateTimeField(blank=True, null=True)),
                 ('manual', models.BooleanField(default=False, help_text='Asked for by an operator (planned maintenance): handed back only when asked for too.')),
                 ('reason', models.CharField(blank=True, default='', max_length=300)),
+                ('learned_at', models.DateTimeField(blank=True, null=True)),
                 ('holder', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='apps_registry.domain')),
                 ('home', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='takeover', to='apps_registry.domain')),
             ],

@@ -29,6 +29,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from apps_registry.models import Takeover
 from apps_registry.routing import DomainGraph
 from apps_registry.selectors import app_snapshot, user_id_parse
 from foundation.db import hot_cursor
@@ -40,6 +41,7 @@ GRAPH_CACHE_SECONDS = 1.0
 LINK_STATE_CACHE_SECONDS = 1.0
 _graph_cache: tuple[float, DomainGraph] | None = None
 _state_cache: tuple[float, LinkState] | None = None
+_learned_cache: tuple[float, dict[str, float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,8 @@ def graph() -> DomainGraph:
 def graph_cache_clear() -> None:
     """Forget the cached graph and link state (tests that change links; the admin after a change is
     at most GRAPH_CACHE_SECONDS behind anyway)."""
-    global _graph_cache, _state_cache
-    _graph_cache = _state_cache = None
+    global _graph_cache, _state_cache, _learned_cache
+    _graph_cache = _state_cache = _learned_cache = None
     link_cache_clear()
 
 
@@ -137,15 +139,26 @@ def destination(recipient: str) -> str | None:
     return None if home in (None, settings.DOMAIN_NAME) else home
 
 
-def copied_to(recipient: str, destination_: str) -> bool:
-    """Whether this domain is the recipient's home and `destination_` its standby, which serves it
-    now (a takeover): every message stored here for it goes there by the standby copy
-    (messaging.network.standby: the triggers feed each new one, and the holder merges it), never
-    forwarded, and the home keeps its rows parked, as its mailbox, for the hand-back."""
+def frozen_here(recipient: str, destination_: str, stored_at: float) -> bool:
+    """Whether this domain is the recipient's home, `destination_` its standby, which serves it now
+    (a takeover), and the row was stored here before this domain learned so: its mailbox as it was,
+    which went to the holder by the standby copy and which the home keeps, parked, for the
+    hand-back. A row stored here since is forwarded to the holder like any message, so the holder
+    puts it in order (messaging.network.order)."""
     parsed = user_id_parse(recipient)
     app = app_snapshot(parsed.app_name) if parsed else None
     pair = app.home_and_standby(parsed.number) if app else None
-    return pair == (settings.DOMAIN_NAME, destination_)
+    return pair == (settings.DOMAIN_NAME, destination_) and stored_at < _held_learned().get(settings.DOMAIN_NAME, 0.0)
+
+
+def _held_learned() -> dict[str, float]:
+    """home -> when this domain learned it is held (unix time), re-read at most every LINK_STATE_CACHE_SECONDS."""
+    global _learned_cache
+    now = time.monotonic()
+    if _learned_cache is None or now - _learned_cache[0] > LINK_STATE_CACHE_SECONDS:
+        _learned_cache = (now, {home: (learned.timestamp() if learned else time.time()) for home, learned in
+                                Takeover.objects.filter(held=True).values_list("home__name", "learned_at")})
+    return _learned_cache[1]
 
 
 def path_of(forward_path: str) -> list[str]:

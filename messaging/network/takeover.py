@@ -113,7 +113,8 @@ def network_accept(network: dict) -> int:
             Takeover.objects.update_or_create(home_id=domains[r["home"]], defaults={
                 "holder_id": domains[r["holder"]], "held": r["held"], "epoch": r["epoch"],
                 "taken_at": parse_datetime(r["taken_at"]), "returned_at": returned,
-                "manual": bool(r.get("manual")), "reason": str(r.get("reason", ""))[:300]})
+                "manual": bool(r.get("manual")), "reason": str(r.get("reason", ""))[:300],
+                "learned_at": timezone.now()})
         changed += 1
         _changed(r["home"], r["holder"], r["held"])
     heard_apply(network["heard"])
@@ -205,7 +206,8 @@ def take_over(home: str, *, manual: bool = False, reason: str = "") -> dict:
             return {"state": "held" if current.holder.name == here else f"held by {current.holder.name}"}
         Takeover.objects.update_or_create(home=Domain.objects.get(name=home), defaults={
             "holder": Domain.objects.get(name=here), "held": True, "epoch": _epoch_next(current),
-            "taken_at": timezone.now(), "returned_at": None, "manual": manual, "reason": reason[:300]})
+            "taken_at": timezone.now(), "returned_at": None, "manual": manual, "reason": reason[:300],
+            "learned_at": timezone.now()})
         copies = [Copied(app_id=c.app_id, recipient=c.recipient, origin_domain=c.origin_domain,
                          origin_message_id=c.origin_message_id, state=c.state, delivered_at=c.delivered_at,
                          dead_at=c.dead_at, expired_at=c.expired_at, origin_seq=c.origin_seq,
@@ -329,8 +331,8 @@ def hand_back(home: str, *, manual: bool = False) -> dict:
                           AND (ud.range_to IS NULL OR messaging_user_number(s.subscriber) <= ud.range_to)""", params)
         cur.execute("SELECT set_config('switchboard.no_copy', '', true)")
         current.held, current.returned_at, current.epoch = False, timezone.now(), _epoch_next(current)
-        current.manual = manual or current.manual
-        current.save(update_fields=["held", "returned_at", "epoch", "manual"])
+        current.manual, current.learned_at = manual or current.manual, timezone.now()
+        current.save(update_fields=["held", "returned_at", "epoch", "manual", "learned_at"])
     log.warning("%s handed %s's users back (%d deliveries it held)", here, home, cleared)
     _changed(home, here, False)
     _tell_now()

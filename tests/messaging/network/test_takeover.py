@@ -25,6 +25,7 @@ from messaging.network.models import DomainHeard, LinkHealth, StandbyCopy, Stand
 from messaging.network.presence_gossip import presence_gossip
 from messaging.network.queue import forward_sweep
 from messaging.network.takeover import hand_back, network_accept, take_over, takeover_watch
+from messaging.router import deliveries_route
 from messaging.tasks import standby_sweep
 
 pytestmark = pytest.mark.django_db
@@ -217,22 +218,29 @@ def test_a_home_that_has_heard_from_no_other_domain_lately_is_cut_off(standby_ri
 
 
 
-def test_a_message_stored_at_a_held_home_reaches_the_holder_by_the_copy_and_is_not_forwarded(standby_ring):
+def test_a_held_home_keeps_its_mailbox_parked_and_forwards_what_it_stores_since_to_the_holder(standby_ring):
     net = standby_ring
+    net.send("ANZ-3000008", CAROL, "before the takeover", at="domain-03")
+    net.pump()
+    copy_now(net)
     with net.at("domain-04"):
         take_over("domain-03", manual=True)  # planned maintenance: domain-03 is up
     with net.at("domain-03"):
         network_accept({"heard": {}, "takeovers": [{"home": "domain-03", "holder": "domain-04", "held": True,
                                                     "epoch": 10**17, "taken_at": "2026-11-28T00:00:00Z"}]})
-    net.send("ANZ-3000008", CAROL, "from a neighbour at home", at="domain-03")
+        frozen = Delivery.objects.get(recipient=CAROL)
+        deliveries_route([frozen.id])  # a retry, a fetch: it stays in her mailbox here, parked
+        frozen.refresh_from_db()
+        assert (frozen.state, frozen.forward_to, frozen.next_attempt_at) == ("pending", "", None)
+        # The test's one transaction stores everything at its start (now()): learned "before" that,
+        # as it is when the next message is stored in a transaction of its own.
+        Takeover.objects.update(learned_at=frozen.created_at - timedelta(seconds=1))
+    net.send("ANZ-3000008", CAROL, "after the takeover", at="domain-03")
     net.pump()
-    with net.at("domain-03"):
-        row = Delivery.objects.get(recipient=CAROL)
-        assert (row.state, row.forward_to, row.next_attempt_at) == ("pending", "", None)  # parked, her mailbox
     copy_now(net)
-    assert mailbox(net, "domain-04") == [("from a neighbour at home", "pending")]
-    with net.at("domain-01"):
-        assert not Delivery.objects.exists()  # nothing went round the network
+    with net.at("domain-03"):
+        assert Delivery.objects.get(message__content="after the takeover").forward_to == "domain-04"
+    assert mailbox(net, "domain-04") == [("before the takeover", "pending"), ("after the takeover", "pending")]
 
 
 def test_a_message_the_home_took_while_its_answer_was_lost_is_held_once(standby_ring):
