@@ -174,7 +174,7 @@ def _settle(peers: list[Peer], timeout: float) -> None:
 
 def _missing(peers: list[Peer]) -> dict[str, list[str]]:
     by_user = {p.user: p for p in peers}
-    received = {p.user: set(p.record.contents.values()) for p in peers}
+    received = {p.user: set(p.record.seen) for p in peers}
     missing: dict[str, list[str]] = {}
     for peer in peers:
         with peer.lock:
@@ -221,7 +221,8 @@ def _copy_mismatch(ring: Ring, users: dict[int, list[str]], timeout: float = 60)
     wrong = {}
     for n in ring.domains():
         home_sql = ("select d.recipient, m.content, d.state from messaging_delivery d join messaging_message m"
-                    " on m.id = d.message_id where d.recipient = any(%s) order by d.recipient, d.seq")
+                    " on m.id = d.message_id where d.recipient = any(%s) and d.forward_to = ''"
+                    " order by d.recipient, d.seq")
         copy_sql = ("select recipient, content, state from messaging_standbycopy where home = %s"
                     " and recipient = any(%s) order by recipient, seq")
         with psycopg.connect(ring.database_url(n), autocommit=True) as conn:
@@ -241,7 +242,8 @@ def _out_of_order(ring: Ring, users: dict[int, list[str]]) -> dict[str, list[tup
         with psycopg.connect(ring.database_url(n), autocommit=True) as conn:
             rows = conn.execute(
                 "select d.recipient, m.content from messaging_delivery d join messaging_message m on m.id = d.message_id"
-                " where d.recipient = any(%s) order by d.recipient, d.seq", [users[n]]).fetchall()
+                " where d.recipient = any(%s) and d.forward_to = '' order by d.recipient, d.seq",  # the mailbox
+                [users[n]]).fetchall()
         last: dict[str, int] = {}
         for _recipient, content in rows:
             sender, _, counter = content.rpartition(" #")

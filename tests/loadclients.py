@@ -54,6 +54,7 @@ class Record:
     deliveries: Counter = field(default_factory=Counter)  # message id -> MESSAGE frames received
     contents: dict[str, str] = field(default_factory=dict)  # message id -> content
     first_seen: dict[str, float] = field(default_factory=dict)  # content -> when it first arrived
+    seen: set[str] = field(default_factory=set)  # every content received (ids differ per domain, contents do not)
     # What this client ACKed, by content where a message has one (a message keeps its content across
     # domains, not its id: a standby that takes a user over numbers its messages its own way).
     acked: set[str] = field(default_factory=set)
@@ -219,6 +220,7 @@ class Peer(threading.Thread):
                 self.record.deliveries[message_id] += 1
                 self.record.contents[message_id] = data.get("content", "")
                 self.record.first_seen.setdefault(data.get("content", ""), time.monotonic())
+                self.record.seen.add(data.get("content", ""))
             client.send("ACK", {"ids": [message_id]})  # raises if the socket closed: not ACKed
             with self.lock:
                 self.record.acked.add(key)

@@ -126,6 +126,8 @@ def _changed(home: str, holder: str, held: bool) -> None:
     and the connections of those users on the side that no longer serves them close (1012)."""
     app_snapshots_clear()
     here = settings.DOMAIN_NAME
+    if home == here and not held and (queued := _queued_into_mailboxes(holder, back=True)):
+        transaction.on_commit(lambda: handoff.routing_enqueue(queued))  # what it was forwarding them meanwhile
     if (home == here and held) or (holder == here and not held):
         closed = users_close_sync(ranges=standby_ranges(home, holder), code=CLOSE_RESTART,
                                   reason=f"your users are served by {holder if held else home} now; reconnect")
@@ -236,8 +238,8 @@ WITH q AS (
     SELECT d.id, d.app_id, d.recipient, row_number() OVER (PARTITION BY d.app_id, d.recipient ORDER BY d.seq) AS n
       FROM messaging_delivery d
       JOIN apps_registry_userdistribution ud ON ud.app_id = d.app_id AND ud.domain_id = %(home)s
-                                            AND ud.standby_id = %(here)s
-     WHERE d.state = {FORWARDING} AND d.forward_to = %(home_name)s
+                                            AND ud.standby_id = %(standby)s
+     WHERE d.state = {FORWARDING} AND d.forward_to = %(peer)s
        AND messaging_user_number(d.recipient) >= ud.range_from
        AND (ud.range_to IS NULL OR messaging_user_number(d.recipient) <= ud.range_to)
 ), had AS (  -- the home had it after all (the call went through, its answer was lost): in the copy
@@ -260,18 +262,20 @@ WITH q AS (
     RETURNING d.id, d.seq
 ), fed AS (
     INSERT INTO messaging_standbyfeed (standby, delivery_id, new, created_at, attempts, last_error)
-    SELECT %(home_name)s, id, true, now(), 0, '' FROM moved ORDER BY seq
+    SELECT %(peer)s, id, true, now(), 0, '' FROM moved ORDER BY seq
 )
 SELECT id FROM moved ORDER BY seq
 """
 
 
-def _queued_into_mailboxes(home: str) -> list[int]:
+def _queued_into_mailboxes(home: str, *, back: bool = False) -> list[int]:
     """The rows waiting on the link to `home` for its users held here, into their mailboxes here
     (under the link's sender lock, as the sweep moves a queue; [] when a sender holds it now: the
-    next watch does it)."""
+    next watch does it). `back`: at a home given its users back, the rows it was forwarding to their
+    holder (`home` then names the holder), the same way."""
     here = settings.DOMAIN_NAME
-    params = {"home": Domain.objects.get(name=home).pk, "here": Domain.objects.get(name=here).pk, "home_name": home}
+    ids = dict(Domain.objects.filter(name__in=[home, here]).values_list("name", "pk"))
+    params = {"peer": home, "home": ids[here if back else home], "standby": ids[home if back else here]}
     with one_at_a_time(link_lock_key(home)) as held:
         if not held:
             return []
