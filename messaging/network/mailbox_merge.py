@@ -11,7 +11,9 @@ idempotent, whichever way a message arrived first (a copy, a forwarded message, 
   undelivered; nothing is ever undelivered by a copy (an ACK made on one side is never undone);
 - a delivery not here yet is appended to the recipient's mailbox (its next seq here, in the order
   of the copies: one sender's messages stay in their order), its message stored once, and it
-  takes the copy's state; one still undelivered is routed (pushed, if the user is connected);
+  takes the copy's state; one still undelivered is routed (pushed, if the user is connected), or
+  parked where the user is served elsewhere now (a home merging its holder's changes before the
+  hand-back: never forwarded back where it came from);
 - each origin's order to each recipient (messaging.network.order) goes on from the copies: the next
   message from that origin is expected after the last one copied.
 
@@ -30,6 +32,7 @@ from foundation.db import hot_cursor
 from messaging.delivery.sql import DELIVERED, UNDELIVERED
 from messaging.handoff import routing_enqueue
 from messaging.models import DeliveryState
+from messaging.network.links import destination
 from messaging.store import deliveries_append_sql
 
 FINAL = (DeliveryState.DELIVERED.value, DeliveryState.DEAD.value, DeliveryState.EXPIRED.value)
@@ -190,7 +193,13 @@ def mailbox_merge(copies: list[Copied]) -> Merged:
             states = cur.rowcount
         _order_marks_raise(cur, copies)
         cur.execute("SELECT set_config('switchboard.no_copy', '', true)")
-        to_route = [appended[i] for i in appended if copies[i].state not in FINAL]
+        waiting = [i for i in appended if copies[i].state not in FINAL]
+        # Served elsewhere now (a home merging its holder's changes while still held): parked, its
+        # mailbox for when the user is back, never forwarded (the copy came from where it is served).
+        parked = [appended[i] for i in waiting if destination(copies[i].recipient) is not None]
+        if parked:
+            cur.execute("UPDATE messaging_delivery SET next_attempt_at = NULL WHERE id = ANY(%s)", [parked])
+        to_route = [appended[i] for i in waiting if appended[i] not in set(parked)]
         if to_route:
             transaction.on_commit(lambda: routing_enqueue(to_route))
     return Merged(appended=len(appended), states=states)

@@ -257,3 +257,24 @@ def test_a_message_the_home_took_while_its_answer_was_lost_is_held_once(standby_
     net.down.clear()
     with net.at("domain-04"):
         assert hand_back("domain-03")["state"] == "handed back"
+
+
+def test_a_held_home_parks_what_its_holder_copies_back_and_never_forwards_it_back(standby_ring):
+    net = standby_ring
+    lost(net)
+    with net.at("domain-04"):
+        take_over("domain-03")
+    net.send(DAVE, CAROL, "while held", at="domain-04")
+    net.pump()
+    net.down.clear()  # domain-03 is back, and has heard that domain-04 holds its users
+    with net.at("domain-03"):
+        network_accept({"heard": {}, "takeovers": [{"home": "domain-03", "holder": "domain-04", "held": True,
+                                                    "epoch": 10**17, "taken_at": "2026-11-28T00:00:00Z"}]})
+        # learned before the copy comes (the test's one transaction has one now(): see above)
+        Takeover.objects.update(learned_at=timezone.now() - timedelta(hours=1))
+    copy_now(net, at="domain-04")
+    with net.at("domain-03"):
+        row = Delivery.objects.get(recipient=CAROL)
+        assert (row.message.content, row.state, row.forward_to, row.next_attempt_at) == ("while held", "pending", "",
+                                                                                          None)
+    assert mailbox(net, "domain-04") == [("while held", "pending")]  # nothing came back round
