@@ -196,10 +196,11 @@ def mailbox_merge(copies: list[Copied]) -> Merged:
         waiting = [i for i in appended if copies[i].state not in FINAL]
         # Served elsewhere now (a home merging its holder's changes while still held): parked, its
         # mailbox for when the user is back, never forwarded (the copy came from where it is served).
-        parked = [appended[i] for i in waiting if destination(copies[i].recipient) is not None]
-        if parked:
-            cur.execute("UPDATE messaging_delivery SET next_attempt_at = NULL WHERE id = ANY(%s)", [parked])
-        to_route = [appended[i] for i in waiting if appended[i] not in set(parked)]
+        elsewhere = {i for i in waiting if destination(copies[i].recipient) is not None}
+        if elsewhere:
+            cur.execute("UPDATE messaging_delivery SET next_attempt_at = NULL WHERE id = ANY(%s)",
+                        [[appended[i] for i in elsewhere]])
+        to_route = [appended[i] for i in waiting if i not in elsewhere]
         if to_route:
             transaction.on_commit(lambda: routing_enqueue(to_route))
     return Merged(appended=len(appended), states=states)

@@ -161,12 +161,16 @@ def _refuse(reason: str, status: int = 400) -> PeerRefused:
     return PeerRefused(status, reason)
 
 
+ANY_STANDBY = "*"
+
+
 def standby_ranges(home: str, standby: str | None = None) -> dict[str, list[tuple[int, int | None]]]:
-    """app name -> the user ranges homed at `home` whose standby is `standby` (this domain)."""
+    """app name -> the user ranges homed at `home` whose standby is `standby` (this domain; ANY_STANDBY:
+    any)."""
     ranges: dict[str, list[tuple[int, int | None]]] = {}
-    for app, low, high in UserDistribution.objects.filter(
-            domain__name=home, standby__name=standby or settings.DOMAIN_NAME).values_list(
-                "app__app_name", "range_from", "range_to"):
+    which = {"standby__isnull": False} if standby == ANY_STANDBY else {"standby__name": standby or settings.DOMAIN_NAME}
+    for app, low, high in UserDistribution.objects.filter(domain__name=home, **which).values_list(
+            "app__app_name", "range_from", "range_to"):
         ranges.setdefault(app, []).append((low, high))
     return ranges
 

@@ -52,7 +52,7 @@ from messaging.network.liveness import heard_apply, heard_versions, silent_secon
 from messaging.network.mailbox_merge import Copied, mailbox_merge
 from messaging.network.models import LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
 from messaging.network.outbox import link_lock_key
-from messaging.network.standby import standby_ranges, subscriptions_merge
+from messaging.network.standby import ANY_STANDBY, standby_ranges, subscriptions_merge
 from messaging.network.transport import PeerRefused
 from presence.services import users_close_sync
 
@@ -175,10 +175,7 @@ def _fence_close() -> int | None:
     """Cut off from the network (messaging.network.fence): close the connections of this domain's
     users that have a standby, which may take them over soon (None: not cut off, or none such)."""
     fence_forget()
-    ranges: dict[str, list[tuple[int, int | None]]] = {}
-    for app, low, high in UserDistribution.objects.filter(domain__name=settings.DOMAIN_NAME, standby__isnull=False) \
-            .values_list("app__app_name", "range_from", "range_to"):
-        ranges.setdefault(app, []).append((low, high))
+    ranges = standby_ranges(settings.DOMAIN_NAME, ANY_STANDBY)
     if not ranges or not cut_off():
         return None
     return users_close_sync(ranges=ranges, code=CLOSE_RESTART,
@@ -233,15 +230,19 @@ def take_over(home: str, *, manual: bool = False, reason: str = "") -> dict:
 # What waited here on a link for the home's users (it was on its way there): their messages now,
 # put at the end of their mailboxes here (after the copy, which the home had first), in the order
 # they waited, and fed to the home as new (it does not have them) for the hand-back.
+def _in_ranges(table: str, user: str) -> str:
+    """SQL: `table`'s rows whose `user` is in a range homed at %(home)s with standby %(standby)s."""
+    return f"""JOIN apps_registry_userdistribution ud ON ud.app_id = {table}.app_id AND ud.domain_id = %(home)s
+                                            AND ud.standby_id = %(standby)s
+             AND messaging_user_number({table}.{user}) >= ud.range_from
+             AND (ud.range_to IS NULL OR messaging_user_number({table}.{user}) <= ud.range_to)"""
+
+
 _QUEUED_SQL = f"""
 WITH q AS (
     SELECT d.id, d.app_id, d.recipient, row_number() OVER (PARTITION BY d.app_id, d.recipient ORDER BY d.seq) AS n
-      FROM messaging_delivery d
-      JOIN apps_registry_userdistribution ud ON ud.app_id = d.app_id AND ud.domain_id = %(home)s
-                                            AND ud.standby_id = %(standby)s
+      FROM messaging_delivery d {_in_ranges("d", "recipient")}
      WHERE d.state = {FORWARDING} AND d.forward_to = %(peer)s
-       AND messaging_user_number(d.recipient) >= ud.range_from
-       AND (ud.range_to IS NULL OR messaging_user_number(d.recipient) <= ud.range_to)
 ), had AS (  -- the home had it after all (the call went through, its answer was lost): in the copy
     DELETE FROM messaging_delivery d USING q
      WHERE d.id = q.id AND EXISTS (SELECT 1 FROM messaging_delivery o WHERE o.message_id = d.message_id
@@ -284,13 +285,9 @@ def _queued_into_mailboxes(home: str, *, back: bool = False) -> list[int]:
             return [row[0] for row in cur.fetchall()]
 
 
-_HELD_HERE = """
-  FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id
-  JOIN apps_registry_userdistribution ud ON ud.app_id = d.app_id AND ud.domain_id = %(home)s
-                                        AND ud.standby_id = %(here)s
- WHERE messaging_user_number(d.recipient) >= ud.range_from
-   AND (ud.range_to IS NULL OR messaging_user_number(d.recipient) <= ud.range_to)
-   AND d.forward_to = ''"""  # mailbox rows: not its own records of messages it forwarded (to the home)
+_HELD_HERE = f"""
+  FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id {_in_ranges("d", "recipient")}
+ WHERE d.forward_to = ''"""  # mailbox rows: not its own records of messages it forwarded (to the home)
 
 _RESEED_SQL = f"""
 INSERT INTO messaging_standbycopy (home, home_delivery_id, app_id, recipient, seq, origin_seq, sender, kind, content,
@@ -325,14 +322,12 @@ def hand_back(home: str, *, manual: bool = False) -> dict:
             transaction.on_commit(lambda: _kick(home))
             return {"state": "waiting", "changes_waiting": waiting}
         cur.execute("SELECT set_config('switchboard.no_copy', 'on', true)")
-        params = {"home": current.home_id, "here": current.holder_id, "home_name": home, "here_name": here}
+        params = {"home": current.home_id, "standby": current.holder_id, "home_name": home, "here_name": here}
         cur.execute(_RESEED_SQL, params)
         cur.execute(f"DELETE FROM messaging_delivery WHERE id IN (SELECT d.id {_HELD_HERE})", params)
         cleared = cur.rowcount
-        cur.execute("""DELETE FROM messaging_subscription s USING apps_registry_userdistribution ud
-                        WHERE ud.app_id = s.app_id AND ud.domain_id = %(home)s AND ud.standby_id = %(here)s
-                          AND messaging_user_number(s.subscriber) >= ud.range_from
-                          AND (ud.range_to IS NULL OR messaging_user_number(s.subscriber) <= ud.range_to)""", params)
+        cur.execute(f"DELETE FROM messaging_subscription WHERE id IN (SELECT s.id FROM messaging_subscription s"
+                    f" {_in_ranges('s', 'subscriber')})", params)
         cur.execute("SELECT set_config('switchboard.no_copy', '', true)")
         current.held, current.returned_at, current.epoch = False, timezone.now(), _epoch_next(current)
         current.manual, current.learned_at = manual or current.manual, timezone.now()
