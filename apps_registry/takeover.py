@@ -29,6 +29,10 @@ class Takeover(models.Model):
     # When this domain learned the row's current state (its own clock; not told around): a held home
     # keeps the rows it had stored before then parked, and forwards those stored since to the holder.
     learned_at = models.DateTimeField(null=True, blank=True)
+    # At the holder (its own clock; not told around): since when it is handing the users back. From
+    # then on it admits none of them (they retry) and has closed their connections, so no ACK reaches
+    # it in the moment it gives their mailboxes up (one read there would be lost at home).
+    returning_since = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.home.name} {'held by' if self.held else 'handed back by'} {self.holder.name}"

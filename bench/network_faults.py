@@ -144,6 +144,7 @@ class Faults:
         say(f"  {self._name(n)} back; {'taken over, ' if taken else ''}"
             f"{'at home' if back else 'STILL HELD'} after {time.monotonic() - began:.0f} s")
         self.log.append({"fault": f"{self._name(n)} {'killed' if crash else 'stopped'} {hold:.0f} s",
+                         "began": round(began, 1), "back": round(began + hold, 1),
                          "taken_over": taken, "handed_back": back if taken else None,
                          "seconds": round(time.monotonic() - began, 1)})
 
@@ -234,26 +235,49 @@ def _copy_mismatch(ring: Ring, users: dict[int, list[str]], timeout: float = 60)
     return wrong
 
 
-def _out_of_order(ring: Ring, users: dict[int, list[str]]) -> dict[str, list[tuple[int, int]]]:
+def _out_of_order(ring: Ring, users: dict[int, list[str]],
+                  detail: dict | None = None) -> dict[str, list[tuple[int, int]]]:
     """Per "sender to recipient": the pairs (earlier, later) of the sender's counters that stand the
-    other way round in the recipient's mailbox at its home domain (mailbox order: seq)."""
+    other way round in the recipient's mailbox at its home domain (mailbox order: seq). `detail`, if
+    given, takes each such pair's mailbox rows (seq, counter, origin, origin_seq, stored at), to look into."""
     wrong: dict[str, list[tuple[int, int]]] = {}
     for n in ring.domains():
         with psycopg.connect(ring.database_url(n), autocommit=True) as conn:
             rows = conn.execute(
-                "select d.recipient, m.content from messaging_delivery d join messaging_message m on m.id = d.message_id"
+                "select d.recipient, m.content, d.seq, m.origin_domain, d.origin_seq,"
+                " to_char(d.created_at, 'HH24:MI:SS.MS') from messaging_delivery d"
+                " join messaging_message m on m.id = d.message_id"
                 " where d.recipient = any(%s) and d.forward_to = '' order by d.recipient, d.seq",  # the mailbox
                 [users[n]]).fetchall()
         last: dict[str, int] = {}
-        for _recipient, content in rows:
+        mine: dict[str, list] = {}
+        for _recipient, content, *row in rows:
             sender, _, counter = content.rpartition(" #")
             if not counter.isdigit():
                 continue
             key = f"{sender} (mailbox at domain-0{n})"
+            mine.setdefault(key, []).append((row[0], int(counter), *row[1:]))
             if last.get(key, 0) > int(counter):
                 wrong.setdefault(key, []).append((last[key], int(counter)))
             last[key] = max(last.get(key, 0), int(counter))
+        if detail is not None:
+            for key in wrong:
+                if key in mine:
+                    detail[key] = mine[key]
     return wrong
+
+
+def _again_detail(peers: list[Peer], ring: Ring, began: float) -> list[dict]:
+    """Each delivery again after an ACK: when (seconds into the run) and on which domain it was ACKed
+    and came again."""
+    where = {ring.ws_url(n): f"domain-0{n}" for n in ring.domains()}
+    out = []
+    for peer in peers:
+        with peer.lock:
+            for key, acked, acked_url, again, again_url in peer.record.again:
+                out.append({"message": key, "acked": round(acked - began, 1), "acked_at": where.get(acked_url, acked_url),
+                            "again": round(again - began, 1), "again_at": where.get(again_url, again_url)})
+    return sorted(out, key=lambda a: a["again"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             for peer in peers:
                 peer.sending.set()
             say(f"{len(peers)} users sending {args.rate}/s each for {args.minutes} minutes, with faults")
+            began = time.monotonic()
             faults = Faults(ring, rng, wider=args.wider, standby=args.standby)
             end = time.monotonic() + args.minutes * 60
             while time.monotonic() < end:
@@ -321,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                 with psycopg.connect(ring.database_url(n), autocommit=True) as conn:
                     dead[f"domain-0{n}"] = conn.execute("select count(*) from messaging_delivery where state = 'dead'"
                                                         ).fetchone()[0]
-            wrong_order = _out_of_order(ring, users)
+            order_detail: dict = {}
+            wrong_order = _out_of_order(ring, users, order_detail)
             if wrong_order:
                 say(f"out of order: {wrong_order}")
             copy_wrong = _copy_mismatch(ring, users)
@@ -343,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
                 "longest_outage_seconds": round(max((o for p in peers for o in p.record.outages), default=0.0), 1),
                 "outages_over_30_s": sum(o > 30 for p in peers for o in p.record.outages),
                 "redirects": sum(len(p.record.redirects) for p in peers),
+                "again_after_ack_detail": _again_detail(peers, ring, began),
+                "out_of_order_detail": order_detail,
+                "began": round(began, 1),
                 "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()},
             }
             for peer in peers:
@@ -351,13 +380,14 @@ def main(argv: list[str] | None = None) -> int:
             ring.stop()
             if not args.keep:
                 ring.reset()
-    print(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if not k.endswith("_detail")}, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     ok = (result["missing"] == 0 and not any(dead.values()) and result["unaccepted"] == 0
-          and result["out_of_order"] == 0 and not copy_wrong)
+          and result["out_of_order"] == 0 and not copy_wrong and result["delivered_again_after_ack"] == 0)
     say("PASS" if ok else f"FAIL: {result['missing']} missing, dead {dead}, {result['unaccepted']} never accepted,"
-                          f" {result['out_of_order']} out of order, standby copies differing {copy_wrong}")
+                          f" {result['out_of_order']} out of order, standby copies differing {copy_wrong},"
+                          f" {result['delivered_again_after_ack']} delivered again after an ACK")
     return 0 if ok else 1
 
 

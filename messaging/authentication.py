@@ -35,7 +35,7 @@ from foundation.loop_local import loop_local
 from foundation.outgoing import OutgoingError, outgoing_client, outgoing_post
 from messaging.asyncdb import run_db
 from messaging.channels.names import token_is_login
-from messaging.network.fence import cut_off, cut_off_known
+from messaging.network.fence import Fence, fence, fence_known
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,12 @@ async def client_authenticate(*, app_id: str, user_id: str, token: str, origin: 
     home = app.home_domain(parsed.number)
     if home != settings.DOMAIN_NAME:
         return _refuse(f"user lives in {home or 'no domain'}; connect to that domain", app, app.ws_url_of(home))
-    if app.has_standby(parsed.number) and await _cut_off():
-        return _refuse(f"{home} is cut off from the network and serves no user with a standby now; retry", app)
+    if (configured := app.home_and_standby(parsed.number)) is not None:
+        fenced = await _fence()
+        if fenced.cut_off:
+            return _refuse(f"{home} is cut off from the network and serves no user with a standby now; retry", app)
+        if configured[0] in fenced.returning:
+            return _refuse(f"{home} is handing this user back to {configured[0]}; retry", app)
     if app.auth_mode == AuthMode.AUTH_URL:
         if not app.uses_auth_url:  # switched off: refused, never admitted (issue 16)
             return _refuse("the app's auth URL is switched off; no login is admitted until it is on", app)
@@ -79,9 +83,9 @@ async def client_authenticate(*, app_id: str, user_id: str, token: str, origin: 
     return _refuse("the app's auth mode is unknown", app)
 
 
-async def _cut_off() -> bool:
-    known = cut_off_known()
-    return known if known is not None else await run_db(cut_off)
+async def _fence() -> Fence:
+    known = fence_known()
+    return known if known is not None else await run_db(fence)
 
 
 AUTH_URL_MAX_CONNECTIONS = 200  # per web node, every app together (each app within its own cap)

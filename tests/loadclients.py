@@ -59,6 +59,9 @@ class Record:
     # domains, not its id: a standby that takes a user over numbers its messages its own way).
     acked: set[str] = field(default_factory=set)
     after_ack: list[str] = field(default_factory=list)  # delivered again after their ACK had left
+    acked_where: dict[str, tuple[float, str]] = field(default_factory=dict)  # key -> (when, URL) of its ACK
+    # Each delivery again after an ACK: (key, when and where it was ACKed, when and where it came again).
+    again: list[tuple[str, float, str, float, str]] = field(default_factory=list)
     close_codes: list[int] = field(default_factory=list)  # every close this client did not ask for
     problems: list[dict] = field(default_factory=list)  # INVALID_MESSAGE, GENERAL_ERROR, refusals
     left_missing: int | None = None  # the last FETCH_MISSING_MESSAGES_COMPLETE's count
@@ -217,6 +220,7 @@ class Peer(threading.Thread):
             with self.lock:
                 if key in self.record.acked:
                     self.record.after_ack.append(message_id)
+                    self.record.again.append((key, *self.record.acked_where[key], time.monotonic(), client.url))
                 self.record.deliveries[message_id] += 1
                 self.record.contents[message_id] = data.get("content", "")
                 self.record.first_seen.setdefault(data.get("content", ""), time.monotonic())
@@ -224,6 +228,7 @@ class Peer(threading.Thread):
             client.send("ACK", {"ids": [message_id]})  # raises if the socket closed: not ACKed
             with self.lock:
                 self.record.acked.add(key)
+                self.record.acked_where.setdefault(key, (time.monotonic(), client.url))
         elif kind == "FETCH_MISSING_MESSAGES_COMPLETE":
             with self.lock:
                 self.record.left_missing = data["leftMissingCount"]

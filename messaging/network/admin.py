@@ -155,4 +155,6 @@ class TakeoverAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
             answer = hand_back(takeover.home.name, manual=True)
             self.message_user(request, f"{takeover.home.name}: {answer['state']}"
                               + (f" ({answer['changes_waiting']} changes not yet taken; try again)"
-                                 if answer["state"] == "waiting" else ""))
+                                 if answer["state"] == "waiting" else
+                                 " (its users' connections are closing here; the hand-back goes on by itself)"
+                                 if answer["state"] == "closing" else ""))

@@ -10,23 +10,35 @@ off until the first gossip reaches it, so it cannot admit users a standby took o
 away before it has heard so. A domain in no network (no neighbour), or in a network of two (no third
 domain could witness a takeover), is never cut off.
 
-Read at most every FENCE_CACHE_SECONDS per process (one query), so a login costs no query.
+The holder's side, for the moment of a hand-back: while it hands a home's users back
+(Takeover.returning_since, messaging.network.takeover.hand_back) it admits none of them either.
+
+Read at most every FENCE_CACHE_SECONDS per process (two queries), so a login costs no query.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from apps_registry.models import Domain, DomainLink
+from apps_registry.models import Domain, DomainLink, Takeover
 from messaging.network.models import DomainHeard
 
 FENCE_CACHE_SECONDS = 1.0
-_cache: tuple[float, bool] | None = None
+
+
+@dataclass(frozen=True)
+class Fence:
+    cut_off: bool  # from the network: this domain's users with a standby are not admitted
+    returning: frozenset[str]  # the homes whose users this domain is handing back: not admitted either
+
+
+_cache: tuple[float, Fence] | None = None
 _lock = threading.Lock()
 
 
@@ -43,20 +55,27 @@ def _cut_off_now() -> bool:
     return last is None or (timezone.now() - last).total_seconds() > fence_seconds()
 
 
-def cut_off() -> bool:
-    """Whether this domain is cut off from the network now (cached for FENCE_CACHE_SECONDS)."""
+def fence() -> Fence:
+    """Which of this domain's users it does not admit now (cached for FENCE_CACHE_SECONDS)."""
     global _cache
     now = time.monotonic()
     with _lock:
         if _cache is not None and now - _cache[0] < FENCE_CACHE_SECONDS:
             return _cache[1]
-    value = _cut_off_now()
+    value = Fence(cut_off=_cut_off_now(), returning=frozenset(
+        Takeover.objects.filter(held=True, holder__name=settings.DOMAIN_NAME, returning_since__isnull=False)
+        .values_list("home__name", flat=True)))
     with _lock:
         _cache = (now, value)
     return value
 
 
-def cut_off_known() -> bool | None:
+def cut_off() -> bool:
+    """Whether this domain is cut off from the network now (cached for FENCE_CACHE_SECONDS)."""
+    return fence().cut_off
+
+
+def fence_known() -> Fence | None:
     """The cached answer when it is fresh (no I/O: safe on an event loop); None when only a query can tell."""
     with _lock:
         if _cache is not None and time.monotonic() - _cache[0] < FENCE_CACHE_SECONDS:

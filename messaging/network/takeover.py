@@ -22,10 +22,13 @@ While it holds them, the changes it makes to their mailboxes are fed back to the
 feed's triggers, migration messaging 0022) and wait there while the home is away.
 
 Hand-back: when the home is heard again and the link to it is up (or an operator asks), the holder
-waits until the home has taken every change (its feed to the home is empty; the feed's table is
-locked, so none is added in between), then, in one transaction, re-seeds its copy (StandbyCopy) from
-the mailboxes it held, clears those mailboxes and subscriptions, records the hand-back, and closes the
-users' connections with 1012 (they reconnect and are redirected home). A home that learns it is held
+first stops admitting the users (Takeover.returning_since; messaging.network.fence) and closes their
+connections with 1012, for HAND_BACK_GRACE_SECONDS: an ACK read in the moment it gives their
+mailboxes up would never reach the home, which would push that message again. Then it waits until
+the home has taken every change (its feed to the home is empty; the feed's table is locked, so none
+is added in between), and, in one transaction, re-seeds its copy (StandbyCopy) from the mailboxes it
+held, clears those mailboxes and subscriptions, and records the hand-back; the users' next login is
+redirected home. If the home falls silent again meanwhile, the holder admits them again. A home that learns it is held
 closes its own users' connections the same way (a planned takeover).
 """
 
@@ -157,11 +160,14 @@ def takeover_watch() -> dict[str, str]:
         if current is not None and current.held:
             if current.holder.name == here and (queued := _queued_into_mailboxes(home)):
                 handoff.routing_enqueue(queued)  # rows that joined the link to the home since the takeover
-            if current.holder.name == here and not current.manual:
+            # (a hand-back asked for by hand and begun goes on here too, or is given up the same way)
+            if current.holder.name == here and (not current.manual or current.returning_since is not None):
                 silent = silent_seconds(home)
                 if silent is not None and silent < settings.LINK_DOWN_AFTER_SECONDS:  # it speaks again
                     _retry_now(home)
                     out[home] = hand_back(home)["state"]
+                elif current.returning_since is not None:
+                    _returning_abandon(home)
             continue
         silent = silent_seconds(home)
         if (silent is not None and silent < settings.FAILOVER_SECONDS) or _down_for(home) < settings.FAILOVER_SECONDS:
@@ -309,8 +315,16 @@ ON CONFLICT (app_id, recipient, origin_domain, origin_message_id) DO UPDATE SET
 
 
 def hand_back(home: str, *, manual: bool = False) -> dict:
-    """Give `home` its users back once it has taken every change made here ({"state": "waiting"} until then)."""
+    """Give `home` its users back once it has taken every change made here: first stop admitting
+    them and close their connections ({"state": "closing"} for HAND_BACK_GRACE_SECONDS), then wait
+    until the home has every change ({"state": "waiting"}), then hand back."""
     here = settings.DOMAIN_NAME
+    since = _returning_start(home)
+    if since is None:
+        return {"state": "not held here"}
+    if (left := settings.HAND_BACK_GRACE_SECONDS - (timezone.now() - since).total_seconds()) > 0:
+        _users_close(home, f"{here} is handing your users back to {home}; reconnect")  # also those admitted since
+        return {"state": "closing", "seconds_left": round(left, 1)}
     with transaction.atomic(), hot_cursor() as cur:
         current = Takeover.objects.select_for_update().select_related("holder").filter(home__name=home).first()
         if current is None or not current.held or current.holder.name != here:
@@ -330,12 +344,39 @@ def hand_back(home: str, *, manual: bool = False) -> dict:
                     f" {_in_ranges('s', 'subscriber')})", params)
         cur.execute("SELECT set_config('switchboard.no_copy', '', true)")
         current.held, current.returned_at, current.epoch = False, timezone.now(), _epoch_next(current)
-        current.manual, current.learned_at = manual or current.manual, timezone.now()
-        current.save(update_fields=["held", "returned_at", "epoch", "manual", "learned_at"])
+        current.manual, current.learned_at, current.returning_since = manual or current.manual, timezone.now(), None
+        current.save(update_fields=["held", "returned_at", "epoch", "manual", "learned_at", "returning_since"])
     log.warning("%s handed %s's users back (%d deliveries it held)", here, home, cleared)
     _changed(home, here, False)
     _tell_now()
     return {"state": "handed back", "deliveries": cleared}
+
+
+def _returning_start(home: str):
+    """Since when this domain is handing `home`'s users back (from now, if it was not yet: their
+    connections close, and no web node here admits them from its next look at the fence); None
+    when it does not hold them."""
+    with transaction.atomic():
+        current = Takeover.objects.select_for_update().select_related("holder").filter(home__name=home).first()
+        if current is None or not current.held or current.holder.name != settings.DOMAIN_NAME:
+            return None
+        if current.returning_since is None:
+            current.returning_since = timezone.now()
+            current.save(update_fields=["returning_since"])
+            fence_forget()
+        return current.returning_since
+
+
+def _returning_abandon(home: str) -> None:
+    """The home fell silent again while it was being handed back: admit its users here again."""
+    if Takeover.objects.filter(home__name=home, holder__name=settings.DOMAIN_NAME, held=True,
+                               returning_since__isnull=False).update(returning_since=None):
+        fence_forget()
+        log.warning("%s: %s is silent again; not handing its users back yet", settings.DOMAIN_NAME, home)
+
+
+def _users_close(home: str, reason: str) -> int:
+    return users_close_sync(ranges=standby_ranges(home, settings.DOMAIN_NAME), code=CLOSE_RESTART, reason=reason)
 
 
 def _kick(home: str) -> None:

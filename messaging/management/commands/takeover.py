@@ -40,9 +40,11 @@ class Command(BaseCommand):
         deadline = time.monotonic() + float(options["wait"])
         while True:
             answer = hand_back(str(home), manual=True)
-            if answer["state"] != "waiting" or time.monotonic() > deadline:
+            if answer["state"] not in ("waiting", "closing") or time.monotonic() > deadline:
                 break
-            self.stderr.write(f"{home}: {answer['changes_waiting']} changes not yet taken by {home}; waiting")
+            self.stderr.write(f"{home}: {answer['changes_waiting']} changes not yet taken by {home}; waiting"
+                              if answer["state"] == "waiting" else
+                              f"{home}: its users' connections closing here ({answer['seconds_left']} s)")
             time.sleep(1.0)
         self.stdout.write(f"{home}: {answer['state']}")
         if answer["state"] not in ("handed back",):

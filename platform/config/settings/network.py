@@ -45,6 +45,9 @@ STANDBY_COPY_SECONDS = env_float("STANDBY_COPY_SECONDS", 1.0)
 # and its link down this long, and a third domain agrees; beat looks every TAKEOVER_WATCH_SECONDS.
 FAILOVER_SECONDS = env_float("FAILOVER_SECONDS", 30.0)
 TAKEOVER_WATCH_SECONDS = env_float("TAKEOVER_WATCH_SECONDS", 2.0)
+# A hand-back first stops admitting the users at the holder and closes their connections, this long
+# before it gives their mailboxes up (every web node has seen it, and their last ACKs are read).
+HAND_BACK_GRACE_SECONDS = env_float("HAND_BACK_GRACE_SECONDS", 3.0)
 # Beat: every neighbour is told who of this domain's apps' users is online (and what this domain heard
 # of the others) this often; a domain not heard of for PRESENCE_REMOTE_TTL_SECONDS has nobody online.
 PRESENCE_GOSSIP_SECONDS = env_float("PRESENCE_GOSSIP_SECONDS", 2.0)

@@ -15,11 +15,13 @@ import pytest
 from django.utils import timezone
 
 from apps_registry.models import Domain, Takeover, UserDistribution
-from apps_registry.selectors import app_snapshot
+from apps_registry.selectors import app_snapshot, app_snapshots_clear
+from foundation.transport.sockets import run_async
+from messaging.authentication import client_authenticate
 from messaging.channels.models import Subscription
 from messaging.channels.services import subscription_add
 from messaging.models import Delivery
-from messaging.network.fence import cut_off
+from messaging.network.fence import cut_off, fence, fence_forget
 from messaging.network.mailbox_merge import Copied, mailbox_merge
 from messaging.network.models import DomainHeard, LinkHealth, StandbyCopy, StandbyFeed
 from messaging.network.presence_gossip import presence_gossip
@@ -34,9 +36,19 @@ ALICE, BOB, CAROL, DAVE = "ANZ-17", "ANZ-1000003", "ANZ-3000007", "ANZ-6000001" 
 
 
 @pytest.fixture
-def standby_ring(net_ring):
+def standby_ring(net_ring, settings):
     UserDistribution.objects.filter(domain__name="domain-03").update(standby=Domain.objects.get(name="domain-04"))
+    settings.HAND_BACK_GRACE_SECONDS = 0  # handed back at the first look (the grace has a test of its own)
     return net_ring
+
+
+def login(user: str, app_id: str):
+    """AUTH_CLIENT at the domain in use, with what its web node has cached fresh (so the login reads nothing)."""
+    app_snapshots_clear()
+    app_snapshot("ANZ")
+    fence_forget()
+    fence()
+    return run_async(client_authenticate(app_id=app_id, user_id=user, token=""), timeout=30)
 
 
 def copy_now(net, at: str = "domain-03") -> None:
@@ -216,6 +228,46 @@ def test_a_home_that_has_heard_from_no_other_domain_lately_is_cut_off(standby_ri
     with net.at("domain-03"):
         assert cut_off()
 
+
+def test_a_holder_stops_admitting_the_users_it_hands_back_for_a_grace_before_it_gives_their_mailboxes_up(
+        standby_ring, settings):
+    net = standby_ring
+    settings.HAND_BACK_GRACE_SECONDS = 3
+    net.send(ALICE, CAROL, "before")
+    net.pump()
+    copy_now(net)
+    lost(net)
+    with net.at("domain-04"):
+        assert take_over("domain-03")["state"] == "taken"
+        heard(net, "domain-04", "domain-01", 0)  # not cut off itself
+        assert login(CAROL, net.app.app_id).ok
+    net.down.clear()
+    with net.at("domain-04"):
+        assert hand_back("domain-03")["state"] == "closing"
+        refused = login(CAROL, net.app.app_id)
+        assert not refused.ok and refused.reason == "domain-04 is handing this user back to domain-03; retry"
+        assert login(DAVE, net.app.app_id).ok  # its own users are admitted as ever
+        assert hand_back("domain-03")["state"] == "closing"  # the grace is not over
+        Takeover.objects.update(returning_since=timezone.now() - timedelta(seconds=4))
+        assert hand_back("domain-03")["state"] == "handed back"
+        assert login(CAROL, net.app.app_id).reason == "user lives in domain-03; connect to that domain"  # home now
+    assert mailbox(net, "domain-03") == [("before", "pending")]
+
+
+def test_a_hand_back_is_given_up_when_the_home_falls_silent_again(standby_ring, settings):
+    net = standby_ring
+    settings.HAND_BACK_GRACE_SECONDS = 3
+    lost(net)
+    with net.at("domain-04"):
+        assert take_over("domain-03")["state"] == "taken"
+        assert hand_back("domain-03")["state"] == "closing"
+    heard(net, "domain-04", "domain-03", 60)  # silent again
+    with net.at("domain-04"):
+        takeover_watch()
+        assert Takeover.objects.get(home__name="domain-03").returning_since is None
+        heard(net, "domain-04", "domain-01", 0)
+        assert login(CAROL, net.app.app_id).ok  # admitted here again
+    assert held_by(net, "domain-04") == "domain-04"
 
 
 def test_a_held_home_keeps_its_mailbox_parked_and_forwards_what_it_stores_since_to_the_holder(standby_ring):
