@@ -46,10 +46,12 @@ class AuthOutcome:
     app: AppSnapshot | None
     reason: str = ""
     redirect: str | None = None  # the user's home domain's WebSocket URL, when it lives elsewhere
+    retry: bool = False  # a refusal for now (the user is between domains): try again shortly, here or at home
 
 
-def _refuse(reason: str, app: AppSnapshot | None = None, redirect: str | None = None) -> AuthOutcome:
-    return AuthOutcome(ok=False, app=app, reason=reason, redirect=redirect)
+def _refuse(reason: str, app: AppSnapshot | None = None, redirect: str | None = None, *,
+            retry: bool = False) -> AuthOutcome:
+    return AuthOutcome(ok=False, app=app, reason=reason, redirect=redirect, retry=retry)
 
 
 async def client_authenticate(*, app_id: str, user_id: str, token: str, origin: str | None = None) -> AuthOutcome:
@@ -69,9 +71,10 @@ async def client_authenticate(*, app_id: str, user_id: str, token: str, origin: 
     if (configured := app.home_and_standby(parsed.number)) is not None:
         fenced = await _fence()
         if fenced.cut_off:
-            return _refuse(f"{home} is cut off from the network and serves no user with a standby now; retry", app)
+            return _refuse(f"{home} is cut off from the network and serves no user with a standby now; retry", app,
+                           retry=True)
         if configured[0] in fenced.returning:
-            return _refuse(f"{home} is handing this user back to {configured[0]}; retry", app)
+            return _refuse(f"{home} is handing this user back to {configured[0]}; retry", app, retry=True)
     if app.auth_mode == AuthMode.AUTH_URL:
         if not app.uses_auth_url:  # switched off: refused, never admitted (issue 16)
             return _refuse("the app's auth URL is switched off; no login is admitted until it is on", app)

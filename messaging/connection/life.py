@@ -72,7 +72,7 @@ class ConnectionLife:
             return Refusal(DRAINING_REASON, CLOSE_RESTART)
         outcome = await client_authenticate(app_id=app_id, user_id=user_id, token=token, origin=origin)
         if not outcome.ok:
-            return Refusal(outcome.reason, CLOSE_POLICY, outcome.redirect)
+            return Refusal(outcome.reason, CLOSE_TRY_AGAIN if outcome.retry else CLOSE_POLICY, outcome.redirect)
         node, app = self.node, outcome.app
         await node.ensure_started()
         node.connection_add(self.channel_name, LocalConnection(user_id=user_id, app_id=app.pk, acks=acks,

@@ -77,14 +77,18 @@ const failure = (message, extra) => Object.assign(new Error(message), extra);
  *   was online then, in `pages` events; apply them, then the userConnected / userDisconnected after)
  * - `synced` {}: a fetch ended with nothing left missing; `error` (Error with reason, data, ...)
  * - `redirect` {from, to, count}: the user lives in another domain; the client now connects to `to`
+ * - `fallback` {from, to}: `from` could not be reached at all; the next attempt goes to `to` (of `fallbackUrls`)
  * In ACK mode a message is acknowledged once every `message` handler returned (or its promise
  * resolved); a handler that throws leaves it unacknowledged, and it comes again later.
  */
 export class Switchboard {
   /**
    * @param {{url: string, appId: string, userId: string, token?: string | (() => string | Promise<string>),
-   *   acks?: boolean, WebSocket?: Function, random?: () => number}} options `token` may be a callback,
-   *   asked before every connection (to refresh it); the other options and defaults are in DEFAULTS.
+   *   acks?: boolean, fallbackUrls?: string[], WebSocket?: Function, random?: () => number}} options
+   *   `token` may be a callback, asked before every connection (to refresh it). `fallbackUrls`: other
+   *   domains' WebSocket URLs, tried in turn while the current one cannot be reached at all (its
+   *   domain lost): any domain of the network redirects the user to the one that serves it now
+   *   (its standby, which takes a lost domain's users over). The other options and defaults are in DEFAULTS.
    */
   constructor(options) {
     if (!options || !options.url || !options.appId || !options.userId) {
@@ -99,6 +103,8 @@ export class Switchboard {
     this._gen = 0; // bumped per socket: callbacks of an older socket are ignored
     this._attempt = 0;
     this._redirects = 0; // redirects followed since the last authentication
+    this._opened = false; // the current socket opened (a server answered at its URL)
+    this._firstUrl = options.url;
     this._timers = {};
     this._outbox = []; // sends not settled yet, in order: {frame, cmid, group, awaits, state, ...}
     this._recent = []; // linker-mode sends already written: kept briefly to retry a rate-limited one
@@ -263,9 +269,11 @@ export class Switchboard {
       return this._terminal(1006, "cannot open the WebSocket");
     }
     this._ws = ws;
+    this._opened = false;
     this._arm(this.options.connectTimeoutMs, "no answer to AUTH_CLIENT");
     ws.onopen = () => {
       if (ws !== this._ws) return;
+      this._opened = true;
       this._setState("authenticating");
       const data = { appId: this.options.appId, userId: this.options.userId };
       if (token) data.token = token;
@@ -300,12 +308,24 @@ export class Switchboard {
   _ended(code, reason) {
     if (this._closing) return;
     if (NO_RECONNECT.has(code)) return this._terminal(code, reason);
+    if (!this._opened) this._fallBack();
     const delayMs = reconnectDelay(this._attempt, code, this.options, this.random);
     this._attempt += 1;
     this._setState("reconnecting");
     this._emit("disconnected", { code, reason, willReconnect: true });
     this._emit("reconnecting", { delayMs, attempt: this._attempt });
     this._timer("reconnect", delayMs, () => this._open());
+  }
+
+  /** The current URL could not be reached: the next attempt goes to the next of `url` and
+   * `fallbackUrls`, in turn (each redirects the user where it is served). */
+  _fallBack() {
+    const urls = [this._firstUrl, ...(this.options.fallbackUrls || [])];
+    if (urls.length < 2) return;
+    const from = this.options.url;
+    const to = urls[(urls.indexOf(from) + 1) % urls.length]; // a redirect's URL is not listed: back to the first
+    this.options.url = to;
+    this._emit("fallback", { from, to });
   }
 
   /** Stopped for good: whatever waits is rejected. */

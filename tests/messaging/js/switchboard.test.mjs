@@ -470,6 +470,41 @@ test("a user homed in another domain is taken there with the same credentials, a
   assert.equal(again.url, "ws://home/ws");
 });
 
+test("while its domain cannot be reached, the client tries the fallback URLs in turn and follows their redirect", async () => {
+  const sb = client({ fallbackUrls: ["ws://domain-02/ws", "ws://domain-04/ws"] });
+  const fallbacks = [];
+  sb.on("fallback", (f) => fallbacks.push(f.to));
+  const connected = sb.connect();
+  (await nextSocket()).drop(1006); // the home is lost: nothing answers
+  const second = await nextSocket();
+  assert.equal(second.url, "ws://domain-02/ws");
+  second.drop(1006); // nor there
+  const third = await nextSocket();
+  assert.equal(third.url, "ws://domain-04/ws");
+  third.open(); // a domain that answers: it redirects the user to the one that serves it now
+  third.receive("AUTH_CLIENT_REPLY", { isAuthenticated: false, redirect: "ws://domain-03/ws" });
+  const holder = await nextSocket();
+  assert.equal(holder.url, "ws://domain-03/ws");
+  holder.open();
+  holder.receive("AUTH_CLIENT_REPLY", { isAuthenticated: true });
+  await connected;
+  assert.deepEqual(fallbacks, ["ws://domain-02/ws", "ws://domain-04/ws"]);
+  holder.drop(1012); // handed back: it answered, so no fallback; the holder redirects home from now on
+  assert.equal((await nextSocket()).url, "ws://domain-03/ws");
+  assert.deepEqual(fallbacks, ["ws://domain-02/ws", "ws://domain-04/ws"]);
+});
+
+test("a refusal for now (1013: between domains) is retried where it came from", async () => {
+  const sb = client({ fallbackUrls: ["ws://domain-02/ws"] });
+  sb.connect();
+  const ws = await nextSocket();
+  ws.open();
+  ws.receive("AUTH_CLIENT_REPLY", { isAuthenticated: false });
+  ws.drop(1013, "domain-04 is handing this user back to domain-03; retry");
+  assert.equal(sb.state, "reconnecting");
+  assert.equal((await nextSocket()).url, "ws://test/ws");
+});
+
 test("more than three redirects in a row end the client with an error", async () => {
   const sb = client();
   const errors = [];

@@ -246,6 +246,7 @@ def test_a_holder_stops_admitting_the_users_it_hands_back_for_a_grace_before_it_
         assert hand_back("domain-03")["state"] == "closing"
         refused = login(CAROL, net.app.app_id)
         assert not refused.ok and refused.reason == "domain-04 is handing this user back to domain-03; retry"
+        assert refused.retry  # closed with 1013: clients come back (1008 would end switchboard.js)
         assert login(DAVE, net.app.app_id).ok  # its own users are admitted as ever
         assert hand_back("domain-03")["state"] == "closing"  # the grace is not over
         Takeover.objects.update(returning_since=timezone.now() - timedelta(seconds=4))
