@@ -267,7 +267,10 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
 
 def _copies_write(sender: str, copies: list[dict], subs: list[dict]) -> None:
     """The copies of users standing by here for `sender`: written to StandbyCopy and StandbySubscription."""
-    new = [c for c in copies if c.get("message") is not None]
+    # One row per delivery (a batch may carry a delivery twice: its arrival and a copy-again after a
+    # hand-back; each as the delivery was when sent, the last the latest).
+    new = list({(c["app_id"], c["recipient"], c["origin_domain"], c["origin_message_id"]): c
+                for c in copies if c.get("message") is not None}.values())
     states = [c for c in copies if c.get("message") is None]
     with hot_cursor() as cur:
         if new:

@@ -129,8 +129,10 @@ def _changed(home: str, holder: str, held: bool) -> None:
     and the connections of those users on the side that no longer serves them close (1012)."""
     app_snapshots_clear()
     here = settings.DOMAIN_NAME
-    if home == here and not held and (queued := _queued_into_mailboxes(holder, back=True)):
-        transaction.on_commit(lambda: handoff.routing_enqueue(queued))  # what it was forwarding them meanwhile
+    if home == here and not held:
+        if queued := _queued_into_mailboxes(holder, back=True):
+            transaction.on_commit(lambda: handoff.routing_enqueue(queued))  # what it was forwarding them meanwhile
+        _copy_again(holder)
     if (home == here and held) or (holder == here and not held):
         closed = users_close_sync(ranges=standby_ranges(home, holder), code=CLOSE_RESTART,
                                   reason=f"your users are served by {holder if held else home} now; reconnect")
@@ -312,6 +314,27 @@ ON CONFLICT (app_id, recipient, origin_domain, origin_message_id) DO UPDATE SET
     state = EXCLUDED.state, delivered_at = EXCLUDED.delivered_at, dead_at = EXCLUDED.dead_at,
     expired_at = EXCLUDED.expired_at, copied_at = now()
 """
+
+
+# Every mailbox row of the users given back, copied to their standby again as the home has it: the
+# holder re-seeded its copy from what it held, numbered its own way and without what the home stored
+# that never reached it (the tail before the loss, what came while the home did not know it was held).
+_COPY_AGAIN_SQL = f"""
+INSERT INTO messaging_standbyfeed (standby, delivery_id, new, created_at, attempts, last_error)
+SELECT %(peer)s, d.id, true, now(), 0, '' {_HELD_HERE}
+ ORDER BY d.app_id, d.recipient, d.seq
+"""
+
+
+def _copy_again(holder: str) -> int:
+    """At a home given its users back: their whole mailboxes to the standby's copy (which takes each
+    row's place and state from it), after everything it had queued for it."""
+    ids = dict(Domain.objects.filter(name__in=[holder, settings.DOMAIN_NAME]).values_list("name", "pk"))
+    with hot_cursor() as cur:
+        cur.execute(_COPY_AGAIN_SQL, {"peer": holder, "home": ids[settings.DOMAIN_NAME], "standby": ids[holder]})
+        copied = cur.rowcount
+    transaction.on_commit(lambda: _kick(holder))
+    return copied
 
 
 def hand_back(home: str, *, manual: bool = False) -> dict:

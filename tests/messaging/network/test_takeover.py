@@ -26,7 +26,7 @@ from messaging.network.mailbox_merge import Copied, mailbox_merge
 from messaging.network.models import DomainHeard, LinkHealth, StandbyCopy, StandbyFeed
 from messaging.network.presence_gossip import presence_gossip
 from messaging.network.queue import forward_sweep
-from messaging.network.takeover import hand_back, network_accept, take_over, takeover_watch
+from messaging.network.takeover import hand_back, network_accept, network_gossip, take_over, takeover_watch
 from messaging.router import deliveries_route
 from messaging.tasks import standby_sweep
 
@@ -193,6 +193,38 @@ def test_the_holder_hands_back_once_the_home_has_every_change_and_nothing_comes_
         assert sorted(Subscription.objects.filter(subscriber=CAROL).values_list("channel", flat=True)) == [
             "news", "sport"]
         assert not StandbyFeed.objects.exists()  # the merge fed nothing back
+
+
+def test_a_home_given_its_users_back_copies_their_mailboxes_to_the_standby_again_as_it_has_them(standby_ring):
+    net = standby_ring
+    net.send(ALICE, CAROL, "before")
+    net.pump()
+    copy_now(net)
+    net.send(ALICE, CAROL, "tail")  # stored at home, never copied: the home is lost next
+    net.pump()
+    lost(net)
+    with net.at("domain-04"):
+        assert take_over("domain-03")["state"] == "taken"
+    net.send(DAVE, CAROL, "during", at="domain-04")
+    net.pump()
+    net.down.clear()
+    with net.at("domain-04"):
+        assert hand_back("domain-03")["state"] == "waiting"
+    copy_now(net, at="domain-04")
+    with net.at("domain-04"):
+        assert hand_back("domain-03")["state"] == "handed back"
+        record = network_gossip()["takeovers"]
+    with net.at("domain-03"):
+        network_accept({"heard": {}, "takeovers": record})  # the home learns it has its users back
+    copy_now(net)
+    with net.at("domain-03"):
+        home = list(Delivery.objects.filter(recipient=CAROL, forward_to="").order_by("seq")
+                    .values_list("seq", "message__content", "state"))
+    with net.at("domain-04"):
+        standing_by = list(StandbyCopy.objects.filter(recipient=CAROL).order_by("seq")
+                           .values_list("seq", "content", "state"))
+    assert [content for _, content, _ in home] == ["before", "tail", "during"]
+    assert standing_by == home  # the home's numbering and states, the tail included
 
 
 def test_a_merge_stores_each_message_once_whichever_way_it_came_first(standby_ring):
