@@ -6,12 +6,14 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 from django.db.models import Case, F, When
 from django.db.models.functions import Coalesce
+from django.utils import timezone
 
-from .models import USER_ID_RE, AuthMode, ClientApp, Domain, UserDistribution, UserRange
+from .models import USER_ID_RE, AuthMode, ClientApp, Domain, Takeover, UserDistribution, UserRange
 
 
 @dataclass(frozen=True)
@@ -261,3 +263,17 @@ def _snapshot_load(app: ClientApp | None) -> AppSnapshot | None:
 def app_snapshots_clear() -> None:
     with _snapshots_lock:
         _snapshots.clear()
+
+
+MAX_TAKEOVERS = 1000
+
+
+def takeover_records(*, changed_within: float | None = None) -> list[dict]:
+    """The takeover records as the network's gossip tells them (messaging.network.takeover), by home;
+    `changed_within`: only those this domain wrote or learned in the last so many seconds."""
+    rows = Takeover.objects.select_related("home", "holder").order_by("home__name")
+    if changed_within is not None:
+        rows = rows.filter(learned_at__gte=timezone.now() - timedelta(seconds=changed_within))
+    return [{"home": t.home.name, "holder": t.holder.name, "held": t.held, "epoch": t.epoch,
+             "taken_at": t.taken_at.isoformat(), "returned_at": t.returned_at.isoformat() if t.returned_at else None,
+             "manual": t.manual, "reason": t.reason} for t in rows[:MAX_TAKEOVERS]]

@@ -52,6 +52,7 @@ FORWARD_LINK_TASK = "messaging.tasks.forward_link"
 FORWARD_RECEIPTS_TASK = "messaging.tasks.forward_receipts"
 STANDBY_TASK = "messaging.tasks.standby_copy"  # the live copy to one standby domain
 GOSSIP_TASK = "messaging.tasks.gossip_presence"  # a round of the network's gossip (presence, takeovers)
+GIVEN_BACK_TASK = "messaging.tasks.takeover_given_back"  # a home given its users back settles their rows
 FORWARDING_QUEUE = "forwarding"
 FLOOD_TASK = "messaging.tasks.flood_link"  # a link's queue of channel publishes
 FAST_FORWARD_TASK = "messaging.tasks.forward_fast"  # a FAST item for users homed elsewhere
@@ -226,6 +227,11 @@ def standby_senders_kick(standbys: Sequence[str]) -> None:
     """Wake the live-copy sender to each standby domain, unless a wake-up is already on its way."""
     for standby in sorted(set(standbys)):
         _dispatcher.wake(STANDBY_TASK, standby, FORWARDING_QUEUE)
+
+
+def given_back_enqueue(holder: str) -> None:
+    """This domain got its users back from `holder`: settle their rows (messaging.network.takeover)."""
+    _dispatcher.dispatch(GIVEN_BACK_TASK, [holder], FORWARDING_QUEUE)
 
 
 def gossip_now() -> None:

@@ -213,6 +213,14 @@ def takeover_watch() -> dict[str, str]:
 
 
 @shared_task(acks_late=True)
+def takeover_given_back(holder: str) -> dict:
+    """This domain got its users back from `holder`: what it was forwarding them there into their
+    mailboxes, and their mailboxes to the standby again (messaging.network.takeover). Safe twice:
+    the second finds nothing forwarding, and the standby takes a copy sent twice the same."""
+    return takeover.given_back(holder)
+
+
+@shared_task(acks_late=True)
 def forward_receipts(peer: str) -> dict:
     """Send the receipts waiting on the link to `peer` (messaging.network.receipts). Safe twice:
     one sender per link at a time. Its retry policy is the link's backoff: the receipts wait in

@@ -216,11 +216,12 @@ class Network:
                                                               content=content, **kw)])[0]
         return result.message_id
 
-    def pump(self, rounds: int = 1000, *, only: str | None = None) -> list[Handed]:
-        """Run everything the domains handed over (only the tasks named `only`), each as the domain
-        that handed it, until nothing is left."""
+    def pump(self, rounds: int = 1000, *, only: str | None = None, skip: str | None = None) -> list[Handed]:
+        """Run everything the domains handed over (only the tasks named `only`; none named `skip`,
+        as if lost), each as the domain that handed it, until nothing is left."""
         _run_on_commit_since(0)
-        return self.dispatcher.pump(rounds=rounds, only=None if only is None else (lambda h: h.task == only))
+        return self.dispatcher.pump(rounds=rounds, only=(lambda h: (only is None or h.task == only)
+                                                          and (skip is None or h.task != skip)))
 
     def waiting(self, task: str | None = None) -> list[Handed]:
         return self.dispatcher.tasks(task)

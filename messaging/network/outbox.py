@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import transaction
 
+from apps_registry.selectors import takeover_records
 from foundation.db import hot_cursor
 from foundation.outbound import Batch, CallFailed, Failed, Limits, Settled, head_sql, out_of_attempts, send_batches
 from messaging.delivery.dead_letters import dead_letters_announce
@@ -46,6 +47,8 @@ from messaging.network.links import (
 from messaging.network.transport import FORWARD_PATH, peer_call
 
 log = logging.getLogger(__name__)
+
+TAKEOVER_TELL_SECONDS = 60.0  # a takeover or hand-back rides every forward call for this long
 
 # What a row counts towards FORWARD_BATCH_BYTES beyond its content (its other fields, as JSON).
 ROW_OVERHEAD_BYTES = 300
@@ -271,6 +274,12 @@ class LinkSender(LinkQueueSender):
                               and (home := destination(r.recipient))})
         if handed_back:
             body["blocked"] = handed_back
+        # Who serves whose users, where that changed lately (issue 27): a message a holder sends a
+        # home just given its users back must not find the home, or a domain on the way, still
+        # thinking them held there (it would send it back); each reads this before it stores the
+        # call's messages, and tells it on with its own calls (the gossip may come later).
+        if told := takeover_records(changed_within=TAKEOVER_TELL_SECONDS):
+            body["network"] = {"takeovers": told}
         answer = peer_call(peer=self.peer, path=FORWARD_PATH, payload=body)
         return [message_id for message_id, _ in payload], answer
 

@@ -44,39 +44,30 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from apps_registry.models import Domain, Takeover, UserDistribution
-from apps_registry.selectors import app_snapshots_clear
+from apps_registry.selectors import MAX_TAKEOVERS, app_snapshots_clear, takeover_records
 from foundation.db import hot_cursor
-from foundation.outbound import one_at_a_time
 from foundation.transport.frames import CLOSE_RESTART
 from messaging import handoff
-from messaging.delivery.sql import DELIVERED, FORWARDING, PENDING
 from messaging.network.fence import cut_off, fence_forget
+from messaging.network.held_rows import HELD_HERE, RESEED_SQL, copy_again, in_ranges, queued_into_mailboxes
 from messaging.network.liveness import heard_apply, heard_versions, silent_seconds, witnesses_agree
 from messaging.network.mailbox_merge import Copied, mailbox_merge
 from messaging.network.models import LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
-from messaging.network.outbox import link_lock_key
 from messaging.network.standby import ANY_STANDBY, standby_ranges, subscriptions_merge
 from messaging.network.transport import PeerRefused
 from presence.services import users_close_sync
 
 log = logging.getLogger(__name__)
 
-MAX_TAKEOVERS = 1000
 
 
 # --- the records, told around ---------------------------------------------------------------------
 
 
-def _record(t: Takeover) -> dict:
-    return {"home": t.home.name, "holder": t.holder.name, "held": t.held, "epoch": t.epoch,
-            "taken_at": t.taken_at.isoformat(), "returned_at": t.returned_at.isoformat() if t.returned_at else None,
-            "manual": t.manual, "reason": t.reason}
-
-
 def network_gossip() -> dict:
     """What this domain tells each neighbour of the network's state, with its presence round."""
     return {"heard": heard_versions(),
-            "takeovers": [_record(t) for t in Takeover.objects.select_related("home", "holder")[:MAX_TAKEOVERS]]}
+            "takeovers": takeover_records()}
 
 
 def network_parse(item) -> dict:
@@ -105,9 +96,10 @@ def network_accept(network: dict) -> int:
     many takeover records changed here."""
     changed = 0
     domains = dict(Domain.objects.values_list("name", "pk"))
+    epochs = dict(Takeover.objects.values_list("home__name", "epoch")) if network["takeovers"] else {}
     for r in network["takeovers"]:
-        if r["home"] not in domains or r["holder"] not in domains:
-            continue
+        if r["home"] not in domains or r["holder"] not in domains or epochs.get(r["home"], 0) >= r["epoch"]:
+            continue  # (no lock taken for what is known: every forward call from a holder tells it)
         with transaction.atomic():
             current = Takeover.objects.select_for_update().filter(home_id=domains[r["home"]]).first()
             if current is not None and current.epoch >= r["epoch"]:
@@ -130,14 +122,22 @@ def _changed(home: str, holder: str, held: bool) -> None:
     app_snapshots_clear()
     here = settings.DOMAIN_NAME
     if home == here and not held:
-        if queued := _queued_into_mailboxes(holder, back=True):
-            transaction.on_commit(lambda: handoff.routing_enqueue(queued))  # what it was forwarding them meanwhile
-        _copy_again(holder)
+        transaction.on_commit(lambda: handoff.given_back_enqueue(holder))  # (a task: no lock held meanwhile)
     if (home == here and held) or (holder == here and not held):
         closed = users_close_sync(ranges=standby_ranges(home, holder), code=CLOSE_RESTART,
                                   reason=f"your users are served by {holder if held else home} now; reconnect")
         log.warning("%s: %s's users %s; %d connections closed", here, home,
                     f"held by {holder}" if held else "handed back", closed)
+
+
+def given_back(holder: str) -> dict:
+    """At a home given its users back: what it was forwarding them meanwhile into their mailboxes,
+    and their mailboxes to the standby again."""
+    with transaction.atomic():
+        if queued := queued_into_mailboxes(holder, back=True):
+            transaction.on_commit(lambda: handoff.routing_enqueue(queued))
+        copied = copy_again(holder)
+    return {"queued": len(queued), "copied": copied}
 
 
 # --- takeover and hand-back -----------------------------------------------------------------------
@@ -160,7 +160,7 @@ def takeover_watch() -> dict[str, str]:
     for home in homes:
         current = Takeover.objects.select_related("holder").filter(home__name=home).first()
         if current is not None and current.held:
-            if current.holder.name == here and (queued := _queued_into_mailboxes(home)):
+            if current.holder.name == here and (queued := queued_into_mailboxes(home)):
                 handoff.routing_enqueue(queued)  # rows that joined the link to the home since the takeover
             # (a hand-back asked for by hand and begun goes on here too, or is given up the same way)
             if current.holder.name == here and (not current.manual or current.returning_since is not None):
@@ -222,7 +222,7 @@ def take_over(home: str, *, manual: bool = False, reason: str = "") -> dict:
                                   "confirmation_requested": c.confirmation_requested})
                   for c in StandbyCopy.objects.filter(home=home).order_by("app_id", "recipient", "seq").iterator()]
         merged = mailbox_merge(copies)
-        queued = _queued_into_mailboxes(home)
+        queued = queued_into_mailboxes(home)
         subscriptions_merge([{"app_id": app, "subscriber": sub, "channel": ch, "subscribed": True} for app, sub, ch
                              in StandbySubscription.objects.filter(home=home).values_list("app_id", "subscriber",
                                                                                           "channel")])
@@ -233,108 +233,6 @@ def take_over(home: str, *, manual: bool = False, reason: str = "") -> dict:
     _changed(home, here, True)
     _tell_now()
     return {"state": "taken", "merged": merged.appended, "queued": len(queued)}
-
-
-# What waited here on a link for the home's users (it was on its way there): their messages now,
-# put at the end of their mailboxes here (after the copy, which the home had first), in the order
-# they waited, and fed to the home as new (it does not have them) for the hand-back.
-def _in_ranges(table: str, user: str) -> str:
-    """SQL: `table`'s rows whose `user` is in a range homed at %(home)s with standby %(standby)s."""
-    return f"""JOIN apps_registry_userdistribution ud ON ud.app_id = {table}.app_id AND ud.domain_id = %(home)s
-                                            AND ud.standby_id = %(standby)s
-             AND messaging_user_number({table}.{user}) >= ud.range_from
-             AND (ud.range_to IS NULL OR messaging_user_number({table}.{user}) <= ud.range_to)"""
-
-
-_QUEUED_SQL = f"""
-WITH q AS (
-    SELECT d.id, d.app_id, d.recipient, row_number() OVER (PARTITION BY d.app_id, d.recipient ORDER BY d.seq) AS n
-      FROM messaging_delivery d {_in_ranges("d", "recipient")}
-     WHERE d.state = {FORWARDING} AND d.forward_to = %(peer)s
-), had AS (  -- the home had it after all (the call went through, its answer was lost): in the copy
-    DELETE FROM messaging_delivery d USING q
-     WHERE d.id = q.id AND EXISTS (SELECT 1 FROM messaging_delivery o WHERE o.message_id = d.message_id
-                                   AND o.recipient = d.recipient AND o.forward_to = '' AND o.id <> d.id)
-    RETURNING d.id
-), counts AS (
-    SELECT app_id, recipient, count(*) AS c FROM q GROUP BY app_id, recipient  -- (a gap where one was had)
-), mb AS (
-    UPDATE messaging_mailbox m SET last_seq = m.last_seq + counts.c
-      FROM counts WHERE m.app_id = counts.app_id AND m.user_id = counts.recipient
-    RETURNING m.app_id, m.user_id, m.last_seq, counts.c
-), moved AS (
-    UPDATE messaging_delivery d
-       SET state = {PENDING}, forward_to = '', seq = mb.last_seq - mb.c + q.n, next_attempt_at = now(),
-           last_error = ''
-      FROM q JOIN mb ON mb.app_id = q.app_id AND mb.user_id = q.recipient
-     WHERE d.id = q.id AND d.id NOT IN (SELECT id FROM had)
-    RETURNING d.id, d.seq
-), fed AS (
-    INSERT INTO messaging_standbyfeed (standby, delivery_id, new, created_at, attempts, last_error)
-    SELECT %(peer)s, id, true, now(), 0, '' FROM moved ORDER BY seq
-)
-SELECT id FROM moved ORDER BY seq
-"""
-
-
-def _queued_into_mailboxes(home: str, *, back: bool = False) -> list[int]:
-    """The rows waiting on the link to `home` for its users held here, into their mailboxes here
-    (under the link's sender lock, as the sweep moves a queue; [] when a sender holds it now: the
-    next watch does it). `back`: at a home given its users back, the rows it was forwarding to their
-    holder (`home` then names the holder), the same way."""
-    here = settings.DOMAIN_NAME
-    ids = dict(Domain.objects.filter(name__in=[home, here]).values_list("name", "pk"))
-    params = {"peer": home, "home": ids[here if back else home], "standby": ids[home if back else here]}
-    with one_at_a_time(link_lock_key(home)) as held:
-        if not held:
-            return []
-        with hot_cursor() as cur:
-            cur.execute(_QUEUED_SQL, params)
-            return [row[0] for row in cur.fetchall()]
-
-
-_HELD_HERE = f"""
-  FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id {_in_ranges("d", "recipient")}
- WHERE d.forward_to = ''"""  # mailbox rows: not its own records of messages it forwarded (to the home)
-
-_RESEED_SQL = f"""
-INSERT INTO messaging_standbycopy (home, home_delivery_id, app_id, recipient, seq, origin_seq, sender, kind, content,
-                                   reference, confirmation_requested, client_message_id, origin_domain,
-                                   origin_message_id, state, attempts, created_at, delivered_at, dead_at,
-                                   expired_at, copied_at)
-SELECT DISTINCT ON (d.app_id, d.recipient, m.origin_domain, coalesce(m.origin_message_id, m.id))
-       %(home_name)s, d.id, d.app_id, d.recipient, d.seq, d.origin_seq, m.sender, m.kind, m.content, m.reference,
-       m.confirmation_requested, NULL, CASE WHEN m.origin_domain = '' THEN %(here_name)s ELSE m.origin_domain END,
-       coalesce(m.origin_message_id, m.id), d.state, d.attempts, d.created_at, d.delivered_at, d.dead_at,
-       d.expired_at, now()
-{_HELD_HERE}
- ORDER BY d.app_id, d.recipient, m.origin_domain, coalesce(m.origin_message_id, m.id),
-          d.state = {DELIVERED} DESC, d.id  -- one per message, should two rows hold it: the delivered one
-ON CONFLICT (app_id, recipient, origin_domain, origin_message_id) DO UPDATE SET
-    state = EXCLUDED.state, delivered_at = EXCLUDED.delivered_at, dead_at = EXCLUDED.dead_at,
-    expired_at = EXCLUDED.expired_at, copied_at = now()
-"""
-
-
-# Every mailbox row of the users given back, copied to their standby again as the home has it: the
-# holder re-seeded its copy from what it held, numbered its own way and without what the home stored
-# that never reached it (the tail before the loss, what came while the home did not know it was held).
-_COPY_AGAIN_SQL = f"""
-INSERT INTO messaging_standbyfeed (standby, delivery_id, new, created_at, attempts, last_error)
-SELECT %(peer)s, d.id, true, now(), 0, '' {_HELD_HERE}
- ORDER BY d.app_id, d.recipient, d.seq
-"""
-
-
-def _copy_again(holder: str) -> int:
-    """At a home given its users back: their whole mailboxes to the standby's copy (which takes each
-    row's place and state from it), after everything it had queued for it."""
-    ids = dict(Domain.objects.filter(name__in=[holder, settings.DOMAIN_NAME]).values_list("name", "pk"))
-    with hot_cursor() as cur:
-        cur.execute(_COPY_AGAIN_SQL, {"peer": holder, "home": ids[settings.DOMAIN_NAME], "standby": ids[holder]})
-        copied = cur.rowcount
-    transaction.on_commit(lambda: _kick(holder))
-    return copied
 
 
 def hand_back(home: str, *, manual: bool = False) -> dict:
@@ -360,11 +258,11 @@ def hand_back(home: str, *, manual: bool = False) -> dict:
             return {"state": "waiting", "changes_waiting": waiting}
         cur.execute("SELECT set_config('switchboard.no_copy', 'on', true)")
         params = {"home": current.home_id, "standby": current.holder_id, "home_name": home, "here_name": here}
-        cur.execute(_RESEED_SQL, params)
-        cur.execute(f"DELETE FROM messaging_delivery WHERE id IN (SELECT d.id {_HELD_HERE})", params)
+        cur.execute(RESEED_SQL, params)
+        cur.execute(f"DELETE FROM messaging_delivery WHERE id IN (SELECT d.id {HELD_HERE})", params)
         cleared = cur.rowcount
         cur.execute(f"DELETE FROM messaging_subscription WHERE id IN (SELECT s.id FROM messaging_subscription s"
-                    f" {_in_ranges('s', 'subscriber')})", params)
+                    f" {in_ranges('s', 'subscriber')})", params)
         cur.execute("SELECT set_config('switchboard.no_copy', '', true)")
         current.held, current.returned_at, current.epoch = False, timezone.now(), _epoch_next(current)
         current.manual, current.learned_at, current.returning_since = manual or current.manual, timezone.now(), None
@@ -413,5 +311,5 @@ def _tell_now() -> None:
 
 def takeovers_shown() -> list[dict]:
     """Per home this domain knows of: who holds its users, since when, and the last hand-back."""
-    return [_record(t) for t in Takeover.objects.select_related("home", "holder").order_by("home__name")]
+    return takeover_records()
 

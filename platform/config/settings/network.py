@@ -103,6 +103,7 @@ NETWORK_TASK_ROUTES: dict[str, dict] = {
     "messaging.tasks.probe_links": {"queue": "forwarding"},
     "messaging.tasks.gossip_presence": {"queue": "forwarding"},
     "messaging.tasks.takeover_watch": {"queue": "forwarding"},
+    "messaging.tasks.takeover_given_back": {"queue": "forwarding"},
     "apps_registry.tasks.meta_pull": {"queue": "forwarding"},
 }
 

@@ -20,6 +20,7 @@ from foundation.transport.sockets import run_async
 from messaging.authentication import client_authenticate
 from messaging.channels.models import Subscription
 from messaging.channels.services import subscription_add
+from messaging.handoff import GOSSIP_TASK
 from messaging.models import Delivery
 from messaging.network.fence import cut_off, fence, fence_forget
 from messaging.network.mailbox_merge import Copied, mailbox_merge
@@ -225,6 +226,26 @@ def test_a_home_given_its_users_back_copies_their_mailboxes_to_the_standby_again
                            .values_list("seq", "content", "state"))
     assert [content for _, content, _ in home] == ["before", "tail", "during"]
     assert standing_by == home  # the home's numbering and states, the tail included
+
+
+def test_a_home_not_yet_told_of_its_hand_back_learns_it_from_the_holders_next_message(standby_ring):
+    net = standby_ring
+    lost(net)
+    with net.at("domain-04"):
+        assert take_over("domain-03")["state"] == "taken"
+    with net.at("domain-04"):
+        told = network_gossip()["takeovers"]
+    with net.at("domain-03"):  # the home knows it is held
+        assert network_accept({"heard": {}, "takeovers": told}) == 1
+    net.down.clear()
+    with net.at("domain-04"):
+        assert hand_back("domain-03")["state"] == "handed back"  # its gossip to domain-03 is not sent
+    assert held_by(net, "domain-03") == "domain-04"
+    net.send(DAVE, CAROL, "just after", at="domain-04")  # domain-04 routes it home now
+    net.pump(skip=GOSSIP_TASK)  # its gossip is late
+    assert held_by(net, "domain-03") is None  # the call said so, before its message was stored
+    assert mailbox(net, "domain-03") == [("just after", "pending")]  # not sent back to domain-04
+    assert mailbox(net, "domain-04") == [("just after", "forwarded")]  # its record of sending it home, once
 
 
 def test_a_merge_stores_each_message_once_whichever_way_it_came_first(standby_ring):

@@ -1,0 +1,118 @@
+"""The rows of the users a takeover moves, in SQL (messaging.network.takeover): the deliveries of a
+home's users standing by at a holder, what waited on a link for them, the holder's re-seed of its
+copy at the hand-back, and the home's copy-again after it. Each statement names the users by the
+ranges homed at %(home)s whose standby is %(standby)s (domain ids)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import transaction
+
+from apps_registry.models import Domain
+from foundation.db import hot_cursor
+from foundation.outbound import one_at_a_time
+from messaging import handoff
+from messaging.delivery.sql import DELIVERED, FORWARDING, PENDING
+from messaging.network.outbox import link_lock_key
+
+
+def in_ranges(table: str, user: str) -> str:
+    """SQL: `table`'s rows whose `user` is in a range homed at %(home)s with standby %(standby)s."""
+    return f"""JOIN apps_registry_userdistribution ud ON ud.app_id = {table}.app_id AND ud.domain_id = %(home)s
+                                            AND ud.standby_id = %(standby)s
+             AND messaging_user_number({table}.{user}) >= ud.range_from
+             AND (ud.range_to IS NULL OR messaging_user_number({table}.{user}) <= ud.range_to)"""
+
+
+# What waited here on a link for the home's users (it was on its way there): their messages now,
+# put at the end of their mailboxes here (after the copy, which the home had first), in the order
+# they waited, and fed to the home as new (it does not have them) for the hand-back.
+_QUEUED_SQL = f"""
+WITH q AS (
+    SELECT d.id, d.app_id, d.recipient, row_number() OVER (PARTITION BY d.app_id, d.recipient ORDER BY d.seq) AS n
+      FROM messaging_delivery d {in_ranges("d", "recipient")}
+     WHERE d.state = {FORWARDING} AND d.forward_to = %(peer)s
+), had AS (  -- the home had it after all (the call went through, its answer was lost): in the copy
+    DELETE FROM messaging_delivery d USING q
+     WHERE d.id = q.id AND EXISTS (SELECT 1 FROM messaging_delivery o WHERE o.message_id = d.message_id
+                                   AND o.recipient = d.recipient AND o.forward_to = '' AND o.id <> d.id)
+    RETURNING d.id
+), counts AS (
+    SELECT app_id, recipient, count(*) AS c FROM q GROUP BY app_id, recipient  -- (a gap where one was had)
+), mb AS (
+    UPDATE messaging_mailbox m SET last_seq = m.last_seq + counts.c
+      FROM counts WHERE m.app_id = counts.app_id AND m.user_id = counts.recipient
+    RETURNING m.app_id, m.user_id, m.last_seq, counts.c
+), moved AS (
+    UPDATE messaging_delivery d
+       SET state = {PENDING}, forward_to = '', seq = mb.last_seq - mb.c + q.n, next_attempt_at = now(),
+           last_error = ''
+      FROM q JOIN mb ON mb.app_id = q.app_id AND mb.user_id = q.recipient
+     WHERE d.id = q.id AND d.id NOT IN (SELECT id FROM had)
+    RETURNING d.id, d.seq
+), fed AS (
+    INSERT INTO messaging_standbyfeed (standby, delivery_id, new, created_at, attempts, last_error)
+    SELECT %(peer)s, id, true, now(), 0, '' FROM moved ORDER BY seq
+)
+SELECT id FROM moved ORDER BY seq
+"""
+
+
+def queued_into_mailboxes(home: str, *, back: bool = False) -> list[int]:
+    """The rows waiting on the link to `home` for its users held here, into their mailboxes here
+    (under the link's sender lock, as the sweep moves a queue; [] when a sender holds it now: the
+    next watch does it). `back`: at a home given its users back, the rows it was forwarding to their
+    holder (`home` then names the holder), the same way."""
+    here = settings.DOMAIN_NAME
+    ids = dict(Domain.objects.filter(name__in=[home, here]).values_list("name", "pk"))
+    params = {"peer": home, "home": ids[here if back else home], "standby": ids[home if back else here]}
+    with one_at_a_time(link_lock_key(home)) as held:
+        if not held:
+            return []
+        with hot_cursor() as cur:
+            cur.execute(_QUEUED_SQL, params)
+            return [row[0] for row in cur.fetchall()]
+
+
+HELD_HERE = f"""
+  FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id {in_ranges("d", "recipient")}
+ WHERE d.forward_to = ''"""  # mailbox rows: not its own records of messages it forwarded (to the home)
+
+RESEED_SQL = f"""
+INSERT INTO messaging_standbycopy (home, home_delivery_id, app_id, recipient, seq, origin_seq, sender, kind, content,
+                                   reference, confirmation_requested, client_message_id, origin_domain,
+                                   origin_message_id, state, attempts, created_at, delivered_at, dead_at,
+                                   expired_at, copied_at)
+SELECT DISTINCT ON (d.app_id, d.recipient, m.origin_domain, coalesce(m.origin_message_id, m.id))
+       %(home_name)s, d.id, d.app_id, d.recipient, d.seq, d.origin_seq, m.sender, m.kind, m.content, m.reference,
+       m.confirmation_requested, NULL, CASE WHEN m.origin_domain = '' THEN %(here_name)s ELSE m.origin_domain END,
+       coalesce(m.origin_message_id, m.id), d.state, d.attempts, d.created_at, d.delivered_at, d.dead_at,
+       d.expired_at, now()
+{HELD_HERE}
+ ORDER BY d.app_id, d.recipient, m.origin_domain, coalesce(m.origin_message_id, m.id),
+          d.state = {DELIVERED} DESC, d.id  -- one per message, should two rows hold it: the delivered one
+ON CONFLICT (app_id, recipient, origin_domain, origin_message_id) DO UPDATE SET
+    state = EXCLUDED.state, delivered_at = EXCLUDED.delivered_at, dead_at = EXCLUDED.dead_at,
+    expired_at = EXCLUDED.expired_at, copied_at = now()
+"""
+
+
+# Every mailbox row of the users given back, copied to their standby again as the home has it: the
+# holder re-seeded its copy from what it held, numbered its own way and without what the home stored
+# that never reached it (the tail before the loss, what came while the home did not know it was held).
+_COPY_AGAIN_SQL = f"""
+INSERT INTO messaging_standbyfeed (standby, delivery_id, new, created_at, attempts, last_error)
+SELECT %(peer)s, d.id, true, now(), 0, '' {HELD_HERE}
+ ORDER BY d.app_id, d.recipient, d.seq
+"""
+
+
+def copy_again(holder: str) -> int:
+    """At a home given its users back: their whole mailboxes to the standby's copy (which takes each
+    row's place and state from it), after everything it had queued for it."""
+    ids = dict(Domain.objects.filter(name__in=[holder, settings.DOMAIN_NAME]).values_list("name", "pk"))
+    with hot_cursor() as cur:
+        cur.execute(_COPY_AGAIN_SQL, {"peer": holder, "home": ids[settings.DOMAIN_NAME], "standby": ids[holder]})
+        copied = cur.rowcount
+    transaction.on_commit(lambda: handoff.standby_senders_kick([holder]))
+    return copied
