@@ -307,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                     log_dir=args.log_dir or Path(tmp) / "logs", base_env=env)
         try:
             say(f"starting the ring on ports {ports} ...")
+            ring.reset()  # fresh databases: a --keep run's would dedupe this run's clientMessageIds against its own
             ring.start()
             users = _users(args.users)
             everyone = [u for us in users.values() for u in us]
