@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
-from django.db.models import Case, F, When
+from django.db.models import Case, F, Max, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -189,8 +189,30 @@ _snapshots: OrderedDict[tuple[str, str], tuple[float, AppSnapshot | None]] = Ord
 _snapshots_lock = threading.Lock()
 
 
+# Who serves a home's users (Takeover) must not be 5 s stale where messages are routed: a process
+# looks at the takeovers' highest epoch at most every TAKEOVER_LOOK_SECONDS on the synchronous path
+# (routing, intake; one small query) and forgets every snapshot when it moved.
+TAKEOVER_LOOK_SECONDS = 0.5
+_takeovers_seen: tuple[float, int | None] = (float("-inf"), None)
+
+
+def _takeovers_moved(now: float) -> bool:
+    global _takeovers_seen
+    with _snapshots_lock:
+        if now - _takeovers_seen[0] < TAKEOVER_LOOK_SECONDS:
+            return False
+        seen = _takeovers_seen[1]
+        _takeovers_seen = (now, seen)
+    latest = Takeover.objects.aggregate(latest=Max("epoch"))["latest"] or 0
+    with _snapshots_lock:
+        _takeovers_seen = (now, latest)
+    return seen is not None and latest != seen
+
+
 def _cached(key: tuple[str, str], load) -> AppSnapshot | None:
     now = time.monotonic()
+    if _takeovers_moved(now):
+        app_snapshots_clear()
     with _snapshots_lock:
         cached = _snapshots.get(key)
         if cached is not None and now - cached[0] < SNAPSHOT_TTL:

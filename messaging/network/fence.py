@@ -11,7 +11,8 @@ away before it has heard so. A domain in no network (no neighbour), or in a netw
 domain could witness a takeover), is never cut off.
 
 The holder's side, for the moment of a hand-back: while it hands a home's users back
-(Takeover.returning_since, messaging.network.takeover.hand_back) it admits none of them either.
+(Takeover.returning_since, messaging.network.takeover.hand_back), and for a snapshot's lifetime
+after (a web node may still think them served here), it admits none of them either.
 
 Read at most every FENCE_CACHE_SECONDS per process (two queries), so a login costs no query.
 """
@@ -21,12 +22,14 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
 from apps_registry.models import Domain, DomainLink, Takeover
+from apps_registry.selectors import SNAPSHOT_TTL
 from messaging.network.models import DomainHeard
 
 FENCE_CACHE_SECONDS = 1.0
@@ -62,9 +65,12 @@ def fence() -> Fence:
     with _lock:
         if _cache is not None and now - _cache[0] < FENCE_CACHE_SECONDS:
             return _cache[1]
+    # Returning: being handed back, or handed back so lately that a web node's app snapshot may
+    # still say the users are served here (SNAPSHOT_TTL): none of them is admitted here meanwhile.
+    lately = timezone.now() - timedelta(seconds=SNAPSHOT_TTL + FENCE_CACHE_SECONDS)
     value = Fence(cut_off=_cut_off_now(), returning=frozenset(
-        Takeover.objects.filter(held=True, holder__name=settings.DOMAIN_NAME, returning_since__isnull=False)
-        .values_list("home__name", flat=True)))
+        Takeover.objects.filter(Q(held=True, returning_since__isnull=False) | Q(held=False, returned_at__gt=lately),
+                                holder__name=settings.DOMAIN_NAME).values_list("home__name", flat=True)))
     with _lock:
         _cache = (now, value)
     return value

@@ -116,3 +116,38 @@ def copy_again(holder: str) -> int:
         copied = cur.rowcount
     transaction.on_commit(lambda: handoff.standby_senders_kick([holder]))
     return copied
+
+
+# At a home given its users back: each origin's messages to each of those users in the origin's
+# order (messaging.network.order's origin_seq), over the places in the mailbox that origin's rows
+# hold since the takeover began (%(since)s). What the holder stored and copied back was appended
+# after what had come here meanwhile (a link's queue delivered when the home returned), though the
+# origin sent it first. Other origins' rows keep their places.
+_REORDER_SQL = f"""
+WITH w AS (
+    SELECT d.id, d.app_id, d.recipient, m.origin_domain, d.seq,
+           row_number() OVER (PARTITION BY d.app_id, d.recipient, m.origin_domain ORDER BY d.seq) AS place,
+           row_number() OVER (PARTITION BY d.app_id, d.recipient, m.origin_domain
+                              ORDER BY d.origin_seq, d.seq) AS rank
+      FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id {in_ranges("d", "recipient")}
+     WHERE d.forward_to = '' AND d.origin_seq IS NOT NULL AND m.origin_domain <> ''
+       AND d.created_at >= %(since)s
+)
+SELECT a.id, s.seq FROM w a JOIN w s ON s.app_id = a.app_id AND s.recipient = a.recipient
+                                    AND s.origin_domain = a.origin_domain AND s.place = a.rank
+ WHERE s.seq <> a.seq
+"""
+
+
+def mailboxes_reorder(holder: str, since) -> int:
+    """Put each origin's messages back in its order in the mailboxes of the users `holder` gave back
+    (their rows stored since `since`); returns how many rows moved."""
+    ids = dict(Domain.objects.filter(name__in=[holder, settings.DOMAIN_NAME]).values_list("name", "pk"))
+    with hot_cursor() as cur:
+        cur.execute(_REORDER_SQL, {"home": ids[settings.DOMAIN_NAME], "standby": ids[holder], "since": since})
+        moves = cur.fetchall()
+        if moves:  # in two steps: (app, recipient, seq) is unique at every row, not only at the end
+            cur.execute("UPDATE messaging_delivery SET seq = -seq WHERE id = ANY(%s)", [[i for i, _ in moves]])
+            cur.execute("UPDATE messaging_delivery d SET seq = t.seq FROM unnest(%s::bigint[], %s::bigint[])"
+                        " AS t(id, seq) WHERE d.id = t.id", [[i for i, _ in moves], [q for _, q in moves]])
+    return len(moves)

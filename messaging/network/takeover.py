@@ -49,7 +49,14 @@ from foundation.db import hot_cursor
 from foundation.transport.frames import CLOSE_RESTART
 from messaging import handoff
 from messaging.network.fence import cut_off, fence_forget
-from messaging.network.held_rows import HELD_HERE, RESEED_SQL, copy_again, in_ranges, queued_into_mailboxes
+from messaging.network.held_rows import (
+    HELD_HERE,
+    RESEED_SQL,
+    copy_again,
+    in_ranges,
+    mailboxes_reorder,
+    queued_into_mailboxes,
+)
 from messaging.network.liveness import heard_apply, heard_versions, silent_seconds, witnesses_agree
 from messaging.network.mailbox_merge import Copied, mailbox_merge
 from messaging.network.models import LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
@@ -58,6 +65,9 @@ from messaging.network.transport import PeerRefused
 from presence.services import users_close_sync
 
 log = logging.getLogger(__name__)
+
+# Rows stored this long before a takeover began may stand after what the holder copies back.
+REORDER_MARGIN_SECONDS = 60
 
 
 
@@ -132,12 +142,14 @@ def _changed(home: str, holder: str, held: bool) -> None:
 
 def given_back(holder: str) -> dict:
     """At a home given its users back: what it was forwarding them meanwhile into their mailboxes,
-    and their mailboxes to the standby again."""
+    each origin's messages in its order, and their mailboxes to the standby again."""
+    taken = Takeover.objects.filter(home__name=settings.DOMAIN_NAME).values_list("taken_at", flat=True).first()
     with transaction.atomic():
         if queued := queued_into_mailboxes(holder, back=True):
             transaction.on_commit(lambda: handoff.routing_enqueue(queued))
+        moved = mailboxes_reorder(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS)) if taken else 0
         copied = copy_again(holder)
-    return {"queued": len(queued), "copied": copied}
+    return {"queued": len(queued), "reordered": moved, "copied": copied}
 
 
 # --- takeover and hand-back -----------------------------------------------------------------------

@@ -27,7 +27,14 @@ from messaging.network.mailbox_merge import Copied, mailbox_merge
 from messaging.network.models import DomainHeard, LinkHealth, StandbyCopy, StandbyFeed
 from messaging.network.presence_gossip import presence_gossip
 from messaging.network.queue import forward_sweep
-from messaging.network.takeover import hand_back, network_accept, network_gossip, take_over, takeover_watch
+from messaging.network.takeover import (
+    given_back,
+    hand_back,
+    network_accept,
+    network_gossip,
+    take_over,
+    takeover_watch,
+)
 from messaging.router import deliveries_route
 from messaging.tasks import standby_sweep
 
@@ -246,6 +253,35 @@ def test_a_home_not_yet_told_of_its_hand_back_learns_it_from_the_holders_next_me
     assert held_by(net, "domain-03") is None  # the call said so, before its message was stored
     assert mailbox(net, "domain-03") == [("just after", "pending")]  # not sent back to domain-04
     assert mailbox(net, "domain-04") == [("just after", "forwarded")]  # its record of sending it home, once
+
+
+def test_a_home_given_its_users_back_puts_each_origins_messages_back_in_its_order(standby_ring):
+    net = standby_ring
+    lost(net)
+    with net.at("domain-04"):
+        assert take_over("domain-03")["state"] == "taken"
+        told = network_gossip()["takeovers"]
+    net.down.clear()
+
+    def copied(n: int, origin: str = "domain-01") -> Copied:
+        return Copied(app_id=net.app.pk, recipient=CAROL, origin_domain=origin, origin_message_id=100 + n,
+                      state="pending", origin_seq=n, message={"sender": ALICE, "content": f"{origin} {n}"})
+
+    with net.at("domain-03"):
+        network_accept({"heard": {}, "takeovers": told})
+        mailbox_merge([copied(3), copied(1, "domain-02")])  # came here on a link's queue when it returned
+        mailbox_merge([copied(1), copied(2), copied(2, "domain-02")])  # what the holder stored, copied back
+    assert [c for c, _ in mailbox(net, "domain-03")] == [
+        "domain-01 3", "domain-02 1", "domain-01 1", "domain-01 2", "domain-02 2"]
+    net.down.clear()
+    with net.at("domain-04"):
+        assert hand_back("domain-03")["state"] == "handed back"
+        told = network_gossip()["takeovers"]
+    with net.at("domain-03"):
+        network_accept({"heard": {}, "takeovers": told})
+        assert given_back("domain-04")["reordered"] == 3
+    assert [c for c, _ in mailbox(net, "domain-03")] == [  # domain-01's in its order, over its places
+        "domain-01 1", "domain-02 1", "domain-01 2", "domain-01 3", "domain-02 2"]
 
 
 def test_a_merge_stores_each_message_once_whichever_way_it_came_first(standby_ring):
