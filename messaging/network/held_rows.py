@@ -58,9 +58,9 @@ SELECT id FROM moved ORDER BY seq
 """
 
 
-def queued_into_mailboxes(home: str, *, back: bool = False) -> list[int]:
+def queued_into_mailboxes(home: str, *, back: bool = False) -> list[int] | None:
     """The rows waiting on the link to `home` for its users held here, into their mailboxes here
-    (under the link's sender lock, as the sweep moves a queue; [] when a sender holds it now: the
+    (under the link's sender lock, as the sweep moves a queue; None when a sender holds it now: the
     next watch does it). `back`: at a home given its users back, the rows it was forwarding to their
     holder (`home` then names the holder), the same way."""
     here = settings.DOMAIN_NAME
@@ -68,7 +68,7 @@ def queued_into_mailboxes(home: str, *, back: bool = False) -> list[int]:
     params = {"peer": home, "home": ids[here if back else home], "standby": ids[home if back else here]}
     with one_at_a_time(link_lock_key(home)) as held:
         if not held:
-            return []
+            return None
         with hot_cursor() as cur:
             cur.execute(_QUEUED_SQL, params)
             return [row[0] for row in cur.fetchall()]

@@ -145,7 +145,11 @@ def given_back(holder: str) -> dict:
     each origin's messages in its order, and their mailboxes to the standby again."""
     taken = Takeover.objects.filter(home__name=settings.DOMAIN_NAME).values_list("taken_at", flat=True).first()
     with transaction.atomic():
-        if queued := queued_into_mailboxes(holder, back=True):
+        queued = queued_into_mailboxes(holder, back=True)
+        if queued is None:  # the link's sender is sending now: again in a moment
+            transaction.on_commit(lambda: handoff.given_back_enqueue(holder))
+            return {"queued": None}
+        if queued:
             transaction.on_commit(lambda: handoff.routing_enqueue(queued))
         moved = mailboxes_reorder(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS)) if taken else 0
         copied = copy_again(holder)
@@ -234,7 +238,7 @@ def take_over(home: str, *, manual: bool = False, reason: str = "") -> dict:
                                   "confirmation_requested": c.confirmation_requested})
                   for c in StandbyCopy.objects.filter(home=home).order_by("app_id", "recipient", "seq").iterator()]
         merged = mailbox_merge(copies)
-        queued = queued_into_mailboxes(home)
+        queued = queued_into_mailboxes(home) or []
         subscriptions_merge([{"app_id": app, "subscriber": sub, "channel": ch, "subscribed": True} for app, sub, ch
                              in StandbySubscription.objects.filter(home=home).values_list("app_id", "subscriber",
                                                                                           "channel")])
