@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from celery.signals import worker_shutting_down
 from django.db import DatabaseError, close_old_connections
 from redis import RedisError
 
@@ -194,6 +195,20 @@ def standby_copy(standby: str) -> dict:
     """Send the live copy waiting for `standby` (messaging.network.standby). Safe twice: one sender
     per standby at a time; its retry policy is the link's backoff (the feed waits in its table)."""
     return link_sender_run(STANDBY_TASK, standby, lambda: standby_send(standby=standby))
+
+
+@worker_shutting_down.connect
+def standby_flush_on_stop(sig=None, how=None, exitcode=None, **_) -> None:
+    """A domain stopped on purpose (a warm shutdown: its web nodes drained first, so no ACK comes
+    any more) sends its standbys what their copy still lacks before its worker goes, within one
+    sender's budget each: its standby then takes its users over with every ACK read before the stop."""
+    if how != "Warm":
+        return
+    for standby in standbys_waiting():
+        try:
+            standby_send(standby=standby)
+        except Exception:  # the stop goes on; the feed waits for the next start
+            log.exception("sending the live copy to %s before stopping failed", standby)
 
 
 @shared_task(acks_late=True)

@@ -36,7 +36,7 @@ from messaging.network.takeover import (
     takeover_watch,
 )
 from messaging.router import deliveries_route
-from messaging.tasks import standby_sweep
+from messaging.tasks import standby_flush_on_stop, standby_sweep
 
 pytestmark = pytest.mark.django_db
 
@@ -282,6 +282,20 @@ def test_a_home_given_its_users_back_puts_each_origins_messages_back_in_its_orde
         assert given_back("domain-04")["reordered"] == 3
     assert [c for c, _ in mailbox(net, "domain-03")] == [  # domain-01's in its order, over its places
         "domain-01 1", "domain-02 1", "domain-01 2", "domain-01 3", "domain-02 2"]
+
+
+def test_a_domain_stopped_on_purpose_sends_its_standby_what_the_copy_lacks_before_its_worker_goes(standby_ring):
+    net = standby_ring
+    net.send(ALICE, CAROL, "just before the stop")
+    net.pump()
+    with net.at("domain-03"):
+        assert StandbyFeed.objects.exists()
+        standby_flush_on_stop(how="Cold")  # a cold stop (a second signal) waits for nothing
+        assert StandbyFeed.objects.exists()
+        standby_flush_on_stop(how="Warm")
+        assert not StandbyFeed.objects.exists()
+    with net.at("domain-04"):
+        assert list(StandbyCopy.objects.values_list("content", flat=True)) == ["just before the stop"]
 
 
 def test_a_merge_stores_each_message_once_whichever_way_it_came_first(standby_ring):
