@@ -164,6 +164,11 @@ def mailbox_merge(copies: list[Copied]) -> Merged:
                 "od": [c.origin_domain for c in new], "oid": [c.origin_message_id for c in new]})
             ids = _message_ids(cur, copies)
         known = [i for i in range(len(copies)) if i in ids]
+        # The messages' rows locked first, in id order, as the forward intake locks them
+        # (messaging.network.intake): a merge and an intake bringing one message at once are taken
+        # one after the other, and the second sees the first's delivery (no second mailbox row).
+        cur.execute("SELECT id FROM messaging_message WHERE id = ANY(%s) ORDER BY id FOR UPDATE",
+                    [sorted({ids[i] for i in known})])
         cur.execute(_DELIVERIES_SQL, {"i": known, "mid": [ids[i] for i in known],
                                       "rcpt": [copies[i].recipient for i in known]})
         here = {i: (delivery, state) for i, delivery, state in cur.fetchall()}

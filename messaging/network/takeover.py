@@ -127,12 +127,18 @@ def network_accept(network: dict) -> int:
 
 
 def _changed(home: str, holder: str, held: bool) -> None:
-    """Who serves `home`'s users changed: this process sees it at once (others within SNAPSHOT_TTL),
-    and the connections of those users on the side that no longer serves them close (1012)."""
+    """Who serves `home`'s users changed: this process sees it at once (others within
+    TAKEOVER_LOOK_SECONDS), and the connections of those users on the side that no longer serves
+    them close (1012)."""
     app_snapshots_clear()
     here = settings.DOMAIN_NAME
     if home == here and not held:
         transaction.on_commit(lambda: handoff.given_back_enqueue(holder))  # (a task: no lock held meanwhile)
+    if home != here and not held:
+        # The home serves again: what waits here on the link to it goes now, not after the backoff
+        # its calls earned while it was away (it would land after what the holder copied back).
+        _retry_now(home)
+        transaction.on_commit(lambda: handoff.forward_links_kick([home]))
     if (home == here and held) or (holder == here and not held):
         closed = users_close_sync(ranges=standby_ranges(home, holder), code=CLOSE_RESTART,
                                   reason=f"your users are served by {holder if held else home} now; reconnect")
