@@ -141,7 +141,8 @@ SELECT a.id, s.seq FROM w a JOIN w s ON s.app_id = a.app_id AND s.recipient = a.
 
 def mailboxes_reorder(holder: str, since) -> int:
     """Put each origin's messages back in its order in the mailboxes of the users `holder` gave back
-    (their rows stored since `since`); returns how many rows moved."""
+    (their rows stored since `since`), and copy the rows moved to the standby (`holder`) with their
+    new places; returns how many rows moved."""
     ids = dict(Domain.objects.filter(name__in=[holder, settings.DOMAIN_NAME]).values_list("name", "pk"))
     with hot_cursor() as cur:
         cur.execute(_REORDER_SQL, {"home": ids[settings.DOMAIN_NAME], "standby": ids[holder], "since": since})
@@ -150,4 +151,7 @@ def mailboxes_reorder(holder: str, since) -> int:
             cur.execute("UPDATE messaging_delivery SET seq = -seq WHERE id = ANY(%s)", [[i for i, _ in moves]])
             cur.execute("UPDATE messaging_delivery d SET seq = t.seq FROM unnest(%s::bigint[], %s::bigint[])"
                         " AS t(id, seq) WHERE d.id = t.id", [[i for i, _ in moves], [q for _, q in moves]])
+            cur.execute("INSERT INTO messaging_standbyfeed (standby, delivery_id, new, created_at, attempts, last_error)"
+                        " SELECT %s, id, true, now(), 0, '' FROM unnest(%s::bigint[]) AS t(id)",
+                        [holder, [i for i, _ in moves]])
     return len(moves)

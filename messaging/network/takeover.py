@@ -68,6 +68,7 @@ log = logging.getLogger(__name__)
 
 # Rows stored this long before a takeover began may stand after what the holder copies back.
 REORDER_MARGIN_SECONDS = 60
+REORDER_AFTER_SECONDS = 120  # and late arrivals are put in order for this long after a hand-back
 
 
 
@@ -176,6 +177,8 @@ def takeover_watch() -> dict[str, str]:
     """One look at every home this domain stands by for: take it over, or hand it back, when due."""
     here = settings.DOMAIN_NAME
     out: dict[str, str] = {}
+    if (moved := _late_reorder()) is not None:
+        out[here] = f"{moved} rows of its users given back put in their origin's order"
     if (closed := _fence_close()) is not None:
         out[here] = f"cut off from the network: {closed} connections of users with a standby closed"
     homes = sorted(set(UserDistribution.objects.filter(standby__name=here).values_list("domain__name", flat=True)))
@@ -199,6 +202,22 @@ def takeover_watch() -> dict[str, str]:
         agreed, why = witnesses_agree(home)
         out[home] = take_over(home, reason=why)["state"] if agreed else f"not taken: {why}"
     return out
+
+
+def _late_reorder() -> int | None:
+    """For REORDER_AFTER_SECONDS after this domain got its users back: what still comes late (a
+    neighbour's link queue held back while it was away) into its origin's order, each look (None:
+    not given back lately)."""
+    lately = timezone.now() - timedelta(seconds=REORDER_AFTER_SECONDS)
+    row = (Takeover.objects.filter(home__name=settings.DOMAIN_NAME, held=False, returned_at__gt=lately)
+           .values_list("holder__name", "taken_at").first())
+    if row is None:
+        return None
+    with transaction.atomic():
+        moved = mailboxes_reorder(row[0], row[1] - timedelta(seconds=REORDER_MARGIN_SECONDS))
+    if moved:
+        handoff.standby_senders_kick([row[0]])
+    return moved
 
 
 def _fence_close() -> int | None:
