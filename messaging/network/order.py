@@ -74,6 +74,10 @@ _APPEND_SQL = f"""
 WITH fan AS MATERIALIZED (
     SELECT * FROM unnest(%(ord)s::int[], %(mid)s::bigint[], %(app)s::bigint[], %(user)s::text[], %(oseq)s::bigint[])
            AS t(ord, message_id, app_id, recipient, origin_seq)
+     -- (not one already in the mailbox: a held arrival whose message a merge put there meanwhile,
+     -- messaging.network.mailbox_merge, is let go without a second row)
+     WHERE NOT EXISTS (SELECT 1 FROM messaging_delivery d WHERE d.message_id = t.message_id
+                                                           AND d.recipient = t.recipient AND d.forward_to = '')
 ), {deliveries_append_sql("fan", origin_seq=True)}
 SELECT ARRAY(SELECT id FROM new_deliveries ORDER BY id)
 """

@@ -48,7 +48,7 @@ from apps_registry.selectors import MAX_TAKEOVERS, app_snapshots_clear, takeover
 from foundation.db import hot_cursor
 from foundation.transport.frames import CLOSE_RESTART
 from messaging import handoff
-from messaging.network.fence import cut_off, fence_forget
+from messaging.network.fence import cut_off, fence_forget, fence_seconds
 from messaging.network.held_rows import (
     HELD_HERE,
     RESEED_SQL,
@@ -194,7 +194,12 @@ def takeover_watch() -> dict[str, str]:
                     _retry_now(home)
                     out[home] = hand_back(home)["state"]
                 elif current.returning_since is not None:
-                    _returning_abandon(home)
+                    # Begun: it goes on between two of the home's gossip rounds, and is given up
+                    # only when the home is silent for as long as it would fence itself off.
+                    if silent is None or silent >= fence_seconds():
+                        _returning_abandon(home)
+                    else:
+                        out[home] = hand_back(home)["state"]
             continue
         silent = silent_seconds(home)
         if (silent is not None and silent < settings.FAILOVER_SECONDS) or _down_for(home) < settings.FAILOVER_SECONDS:

@@ -21,10 +21,11 @@ from messaging.authentication import client_authenticate
 from messaging.channels.models import Subscription
 from messaging.channels.services import subscription_add
 from messaging.handoff import GOSSIP_TASK
-from messaging.models import Delivery
+from messaging.models import Delivery, Message
 from messaging.network.fence import cut_off, fence, fence_forget
 from messaging.network.mailbox_merge import Copied, mailbox_merge
 from messaging.network.models import DomainHeard, LinkHealth, StandbyCopy, StandbyFeed
+from messaging.network.order import Arrival, arrivals_put_in_order
 from messaging.network.presence_gossip import presence_gossip
 from messaging.network.queue import forward_sweep
 from messaging.network.takeover import (
@@ -306,6 +307,23 @@ def test_a_domain_stopped_on_purpose_sends_its_standby_what_the_copy_lacks_befor
         assert list(StandbyCopy.objects.values_list("content", flat=True)) == ["just before the stop"]
 
 
+def test_an_arrival_held_for_its_origins_order_is_let_go_without_a_second_row_when_a_merge_placed_it(standby_ring):
+    net = standby_ring
+
+    def copy(n: int, recipient: str) -> Copied:
+        return Copied(app_id=net.app.pk, recipient=recipient, origin_domain="domain-01", origin_message_id=500 + n,
+                      state="pending", origin_seq=n, message={"sender": ALICE, "content": f"m{n}"})
+
+    with net.at("domain-03"):
+        mailbox_merge([copy(1, BOB), copy(2, BOB)])  # the messages are here (for another recipient)
+        ids = dict(Message.objects.filter(origin_domain="domain-01").values_list("content", "id"))
+        held = arrivals_put_in_order([Arrival(ids["m2"], net.app.pk, CAROL, "domain-01", 2)])
+        assert held.held == 1  # the first from domain-01 to carol is still on its way
+        mailbox_merge([copy(2, CAROL)])  # a copy brings it meanwhile (from carol's holder, say)
+        arrivals_put_in_order([Arrival(ids["m1"], net.app.pk, CAROL, "domain-01", 1)])  # the gap fills
+    assert mailbox(net, "domain-03") == [("m2", "pending"), ("m1", "pending")]  # m2 once
+
+
 def test_a_merge_stores_each_message_once_whichever_way_it_came_first(standby_ring):
     net = standby_ring
     copy = Copied(app_id=net.app.pk, recipient=CAROL, origin_domain="domain-01", origin_message_id=77,
@@ -373,6 +391,10 @@ def test_a_hand_back_is_given_up_when_the_home_falls_silent_again(standby_ring, 
     with net.at("domain-04"):
         assert take_over("domain-03")["state"] == "taken"
         assert hand_back("domain-03")["state"] == "closing"
+    heard(net, "domain-04", "domain-03", 4)  # between two of its gossip rounds: the hand-back goes on
+    with net.at("domain-04"):
+        assert takeover_watch()["domain-03"] == "closing"
+        assert Takeover.objects.get(home__name="domain-03").returning_since is not None
     heard(net, "domain-04", "domain-03", 60)  # silent again
     with net.at("domain-04"):
         takeover_watch()
