@@ -229,9 +229,9 @@ def standby_senders_kick(standbys: Sequence[str]) -> None:
         _dispatcher.wake(STANDBY_TASK, standby, FORWARDING_QUEUE)
 
 
-def given_back_enqueue(holder: str) -> None:
+def given_back_enqueue(holder: str, *, countdown: float = 0.0) -> None:
     """This domain got its users back from `holder`: settle their rows (messaging.network.takeover)."""
-    _dispatcher.dispatch(GIVEN_BACK_TASK, [holder], FORWARDING_QUEUE)
+    _dispatcher.dispatch(GIVEN_BACK_TASK, [holder], FORWARDING_QUEUE, countdown=countdown)
 
 
 def gossip_now() -> None:

@@ -154,7 +154,7 @@ def given_back(holder: str) -> dict:
     with transaction.atomic():
         queued = queued_into_mailboxes(holder, back=True)
         if queued is None:  # the link's sender is sending now: again in a moment
-            transaction.on_commit(lambda: handoff.given_back_enqueue(holder))
+            transaction.on_commit(lambda: handoff.given_back_enqueue(holder, countdown=1.0))
             return {"queued": None}
         if queued:
             transaction.on_commit(lambda: handoff.routing_enqueue(queued))
