@@ -35,7 +35,13 @@ from redis import RedisError
 
 from foundation.outbound import claim_token
 from foundation.transport import sockets
-from messaging.delivery.claims import ClaimedRow, deliveries_claim, deliveries_park, deliveries_release
+from messaging.delivery.claims import (
+    ClaimedRow,
+    deliveries_claim,
+    deliveries_park,
+    deliveries_release,
+    records_already_in_mailbox,
+)
 from messaging.delivery.retry import deliveries_fail
 from messaging.network.links import destination, frozen_here
 from messaging.network.queue import deliveries_queue_on_links, earlier_unrouted
@@ -81,6 +87,8 @@ def deliveries_route(delivery_ids: list[int]) -> RouteOutcome:
             else:
                 elsewhere[row.delivery_id] = home
     deliveries_queue_on_links(homes=elsewhere, token=token)
+    if doubled := records_already_in_mailbox(rows=here, token=token):
+        here = [row for row in here if row.delivery_id not in doubled]
     outcome = _push_here(here, token)
     return RouteOutcome(outcome.pushed, outcome.offline, outcome.released, outcome.failed, len(elsewhere))
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from foundation.db import hot_cursor
-from messaging.delivery.sql import CLAIMABLE, PENDING, RETRYING, SENT, lock_sql
+from messaging.delivery.sql import CLAIMABLE, FORWARDED, PENDING, RETRYING, SENT, lock_sql
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class ClaimedRow:
     content: str
     reference: str
     stored_at: float  # epoch seconds
+    forward_to: str = ""  # a record of a message sent to another domain (not a mailbox row) when set
 
 
 def deliveries_claim(*, delivery_ids: list[int], token: int) -> list[ClaimedRow]:
@@ -56,10 +57,10 @@ def deliveries_claim(*, delivery_ids: list[int], token: int) -> list[ClaimedRow]
                        next_attempt_at = now() + make_interval(secs => %(ack)s)
                   FROM locked l
                  WHERE d.id = l.id AND d.state IN {CLAIMABLE}
-                RETURNING d.id, d.recipient, d.seq, d.message_id
+                RETURNING d.id, d.recipient, d.seq, d.message_id, d.forward_to
             )
             SELECT c.id, c.recipient, c.seq, m.id, m.sender, m.kind, m.content, m.reference,
-                   extract(epoch FROM m.created_at)::float8
+                   extract(epoch FROM m.created_at)::float8, c.forward_to
               FROM claimed c JOIN messaging_message m ON m.id = c.message_id
             """,
             {"ids": sorted(set(delivery_ids)), "token": token, "ack": float(settings.DELIVERY_ACK_TIMEOUT)},
@@ -156,3 +157,25 @@ def deliveries_unacked_for(*, app_id: int, user_id: str) -> list[int]:
             [app_id, user_id],
         )
         return sorted(row[0] for row in cur.fetchall())
+
+
+def records_already_in_mailbox(*, rows: list[ClaimedRow], token: int) -> set[int]:
+    """Of claimed rows that are records of a message sent to another domain (`forward_to`), now to
+    be pushed here (the recipient is served here again, say its domain was just handed back its
+    users), those whose message already has a row in the recipient's mailbox here (it came back the
+    other way): marked forwarded, never pushed (the mailbox row is). Returns their ids."""
+    records = [r for r in rows if r.forward_to]
+    if not records:
+        return set()
+    with hot_cursor() as cur:
+        cur.execute(
+            """
+            SELECT t.id FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS t(id, message_id, recipient)
+             WHERE EXISTS (SELECT 1 FROM messaging_delivery d WHERE d.message_id = t.message_id
+                              AND d.recipient = t.recipient AND d.forward_to = '')
+            """,
+            [[r.delivery_id for r in records], [r.message_id for r in records], [r.recipient for r in records]])
+        doubled = {row[0] for row in cur.fetchall()}
+    claimed_update(f"state = {FORWARDED}, claim = NULL, next_attempt_at = NULL",
+                   [(i, token) for i in sorted(doubled)])
+    return doubled

@@ -324,6 +324,22 @@ def test_an_arrival_held_for_its_origins_order_is_let_go_without_a_second_row_wh
     assert mailbox(net, "domain-03") == [("m2", "pending"), ("m1", "pending")]  # m2 once
 
 
+def test_a_record_of_a_message_sent_away_is_not_pushed_when_the_message_came_back_into_the_mailbox(standby_ring):
+    net = standby_ring
+    copy = Copied(app_id=net.app.pk, recipient=CAROL, origin_domain="domain-01", origin_message_id=77,
+                  state="pending", origin_seq=1, message={"sender": ALICE, "content": "once"})
+    with net.at("domain-03"):
+        mailbox_merge([copy])  # it came back from the holder, into carol's mailbox
+        row = Delivery.objects.get(recipient=CAROL)
+        # ... while domain-03's own record of sending it to the holder waits for a retry
+        record = Delivery.objects.create(message_id=row.message_id, app_id=net.app.pk, recipient=CAROL, seq=row.seq + 1,
+                                         state="retrying", forward_to="domain-04", created_at=timezone.now())
+        deliveries_route([record.id, row.id])  # carol is served here again
+        record.refresh_from_db()
+        assert record.state == "forwarded"  # not pushed: the mailbox row is
+    assert mailbox(net, "domain-03") == [("once", "pending"), ("once", "forwarded")]
+
+
 def test_a_merge_stores_each_message_once_whichever_way_it_came_first(standby_ring):
     net = standby_ring
     copy = Copied(app_id=net.app.pk, recipient=CAROL, origin_domain="domain-01", origin_message_id=77,
