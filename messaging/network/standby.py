@@ -134,6 +134,25 @@ class StandbySender(LinkQueueSender):
         return Failed(failed=failed, retry_at=health.retry_at)
 
 
+def feed_send_last(*, standby: str) -> bool:
+    """Inside the caller's transaction (a hand-back, with the feed's table locked): send what is left
+    of the feed to `standby` in one call, if one call takes it all, and delete it. Returns whether
+    nothing is left (False: more than one call's worth, or the call failed; the feed is untouched)."""
+    sender = StandbySender(standby)
+    rows, drained = feed_peek(standby=standby, limits=sender.limits())
+    if not rows:
+        return True
+    if not drained:
+        return False
+    try:
+        sender.send(Batch(items=rows, drained=True))
+    except Exception as exc:  # the hand-back waits; the sender goes on as ever
+        log.warning("the last changes for %s could not be sent with the hand-back: %s", standby, exc)
+        return False
+    StandbyFeed.objects.filter(pk__in=[r.feed_id for r in rows]).delete()
+    return True
+
+
 def standby_send(*, standby: str) -> dict:
     """Send the feed to `standby` until none is left, the link fails, or its backoff holds it back."""
     return send_batches(StandbySender(standby), budget_seconds=settings.FORWARD_TASK_BUDGET_SECONDS).as_dict()
