@@ -24,6 +24,12 @@ def in_ranges(table: str, user: str) -> str:
              AND (ud.range_to IS NULL OR messaging_user_number({table}.{user}) <= ud.range_to)"""
 
 
+def _ranges_of(home: str, standby: str) -> dict[str, int]:
+    """The parameters that name the users of the ranges homed at `home` with standby `standby`."""
+    ids = dict(Domain.objects.filter(name__in=[home, standby]).values_list("name", "pk"))
+    return {"home": ids[home], "standby": ids[standby]}
+
+
 # What waited here on a link for the home's users (it was on its way there): their messages now,
 # put at the end of their mailboxes here (after the copy, which the home had first), in the order
 # they waited, and fed to the home as new (it does not have them) for the hand-back.
@@ -64,8 +70,7 @@ def queued_into_mailboxes(home: str, *, back: bool = False) -> list[int] | None:
     next watch does it). `back`: at a home given its users back, the rows it was forwarding to their
     holder (`home` then names the holder), the same way."""
     here = settings.DOMAIN_NAME
-    ids = dict(Domain.objects.filter(name__in=[home, here]).values_list("name", "pk"))
-    params = {"peer": home, "home": ids[here if back else home], "standby": ids[home if back else here]}
+    params = {"peer": home, **(_ranges_of(here, home) if back else _ranges_of(home, here))}
     with one_at_a_time(link_lock_key(home)) as held:
         if not held:
             return None
@@ -110,9 +115,8 @@ SELECT %(peer)s, d.id, true, now(), 0, '' {HELD_HERE}
 def copy_again(holder: str) -> int:
     """At a home given its users back: their whole mailboxes to the standby's copy (which takes each
     row's place and state from it), after everything it had queued for it."""
-    ids = dict(Domain.objects.filter(name__in=[holder, settings.DOMAIN_NAME]).values_list("name", "pk"))
     with hot_cursor() as cur:
-        cur.execute(_COPY_AGAIN_SQL, {"peer": holder, "home": ids[settings.DOMAIN_NAME], "standby": ids[holder]})
+        cur.execute(_COPY_AGAIN_SQL, {"peer": holder, **_ranges_of(settings.DOMAIN_NAME, holder)})
         copied = cur.rowcount
     transaction.on_commit(lambda: handoff.standby_senders_kick([holder]))
     return copied
@@ -139,19 +143,22 @@ SELECT a.id, s.seq FROM w a JOIN w s ON s.app_id = a.app_id AND s.recipient = a.
 """
 
 
-def mailboxes_reorder(holder: str, since) -> int:
+def mailboxes_reorder(holder: str, since, *, copy: bool = True) -> int:
     """Put each origin's messages back in its order in the mailboxes of the users `holder` gave back
-    (their rows stored since `since`), and copy the rows moved to the standby (`holder`) with their
-    new places; returns how many rows moved."""
-    ids = dict(Domain.objects.filter(name__in=[holder, settings.DOMAIN_NAME]).values_list("name", "pk"))
+    (their rows stored since `since`), and (`copy`) copy the rows moved to the standby (`holder`)
+    with their new places; returns how many rows moved."""
     with hot_cursor() as cur:
-        cur.execute(_REORDER_SQL, {"home": ids[settings.DOMAIN_NAME], "standby": ids[holder], "since": since})
+        cur.execute(_REORDER_SQL, {"since": since, **_ranges_of(settings.DOMAIN_NAME, holder)})
         moves = cur.fetchall()
-        if moves:  # in two steps: (app, recipient, seq) is unique at every row, not only at the end
-            cur.execute("UPDATE messaging_delivery SET seq = -seq WHERE id = ANY(%s)", [[i for i, _ in moves]])
-            cur.execute("UPDATE messaging_delivery d SET seq = t.seq FROM unnest(%s::bigint[], %s::bigint[])"
-                        " AS t(id, seq) WHERE d.id = t.id", [[i for i, _ in moves], [q for _, q in moves]])
-            cur.execute("INSERT INTO messaging_standbyfeed (standby, delivery_id, new, created_at, attempts, last_error)"
-                        " SELECT %s, id, true, now(), 0, '' FROM unnest(%s::bigint[]) AS t(id)",
-                        [holder, [i for i, _ in moves]])
+        if not moves:
+            return 0
+        ids = [i for i, _ in moves]
+        # In two steps: (app, recipient, seq) is unique at every row, not only at the end.
+        cur.execute("UPDATE messaging_delivery SET seq = -seq WHERE id = ANY(%s)", [ids])
+        cur.execute("UPDATE messaging_delivery d SET seq = t.seq FROM unnest(%s::bigint[], %s::bigint[])"
+                    " AS t(id, seq) WHERE d.id = t.id", [ids, [q for _, q in moves]])
+        if copy:
+            cur.execute("INSERT INTO messaging_standbyfeed (standby, delivery_id, new, created_at, attempts,"
+                        " last_error) SELECT %s, id, true, now(), 0, '' FROM unnest(%s::bigint[]) AS t(id)",
+                        [holder, ids])
     return len(moves)

@@ -159,7 +159,8 @@ def given_back(holder: str) -> dict:
             return {"queued": None}
         if queued:
             transaction.on_commit(lambda: handoff.routing_enqueue(queued))
-        moved = mailboxes_reorder(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS)) if taken else 0
+        moved = (mailboxes_reorder(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS), copy=False)
+                 if taken else 0)  # (copy_again copies every row next)
         copied = copy_again(holder)
     return {"queued": len(queued), "reordered": moved, "copied": copied}
 
