@@ -248,11 +248,12 @@ async def on_fetch(conn: Connection, frame: Frame) -> None:
     claim = claim_token() if life.acks else None  # ACK mode: what is fetched waits for its ACK
     result = await run_db(missing_fetch, app_id=life.app.pk, user_id=life.user_id,
                           count=ledger.fetch_room(min(count, FETCH_MAX)), skip_ids=ledger.skip_ids(), claim=claim)
-    written = 0
+    written = 0  # (a twin of a message the connection holds is not written, and counts as handed over)
     for item in result.items:
-        if not await conn.write(item.frame):
-            break
-        ledger.wrote(item.delivery_id, item.message_id, claim)
+        if not ledger.twin(item.delivery_id, item.message_id, claim):
+            if not await conn.write(item.frame):
+                break
+            ledger.wrote(item.delivery_id, item.message_id, claim)
         written += 1
     for item in result.items[written:]:
         ledger.not_written(item.delivery_id, claim)

@@ -6,6 +6,9 @@ ledger settles to the node's batchers.
 What it guarantees the client:
 - a delivery is written to it once, whether it comes by push or by fetch (`admit` refuses what it
   wrote or holds in flight; `skip_ids` keeps a fetch from fetching them again);
+- so is a message: a second delivery row of a message it wrote or holds (its twin: a message that
+  reached the mailbox by two ways around a takeover, messaging.network) is not written, and takes
+  the first one's fate: delivered with it, or back to the mailbox with it;
 - a linker (non-ACK) client's delivery counts as delivered once its frame has left the node: the
   transport reports how many bytes have gone (`flushed`), and a batch of frames counts once every
   byte up to its end has. Without that report (no outgoing buffer) it counts once queued;
@@ -49,6 +52,8 @@ class DeliveryLedger:
         self.written: OrderedDict[int, None] = OrderedDict()  # written (and, in ACK mode, ACKed)
         self.inflight: dict[int, tuple[int, int | None]] = {}  # ACK mode: delivery id -> (message id, claim)
         self._inflight_by_message: dict[int, int] = {}
+        self._written_messages: OrderedDict[int, int] = OrderedDict()  # message id -> its delivery written
+        self._twins: dict[int, list[tuple[int, int | None]]] = {}  # delivery id -> twins (id, claim) awaiting it
         self._unflushed: deque[_Unflushed] = deque()
         self._unflushed_ids: set[int] = set()
         self._batch_ids: list[int] = []  # written in the batch under way (linker clients)
@@ -69,10 +74,32 @@ class DeliveryLedger:
             if delivery_id not in self._unflushed_ids:
                 self._pending.delivered.append(delivery_id)
             return False
+        if self.twin(delivery_id, message_id, claim):
+            return False
         if closing or (self.acks and len(self.inflight) >= self.window):
             self._pending.released.append((delivery_id, claim))
             return False
         return True
+
+    def twin(self, delivery_id: int, message_id: int, claim: int | None) -> bool:
+        """Whether the message of this delivery is one the connection wrote or holds under another
+        delivery: then it is not written again, and the ledger settles it with that one (delivered
+        now if that one is, else when it is; back to the mailbox if that one goes back)."""
+        first = self._inflight_by_message.get(message_id)
+        if first is None:
+            first = self._written_messages.get(message_id)
+        if first is None or first == delivery_id:
+            return False
+        if first in self.inflight or first in self._unflushed_ids or first in self._batch_ids:
+            self._twins.setdefault(first, []).append((delivery_id, claim))
+        else:
+            self._pending.delivered.append(delivery_id)
+        return True
+
+    def _with_twins(self, delivery_ids: list[int]) -> list[int]:
+        """`delivery_ids` (now delivered) and the twins that waited on them."""
+        twins = [t for d in delivery_ids for t, _ in self._twins.pop(d, ())]
+        return [*delivery_ids, *twins] if twins else delivery_ids
 
     def wrote(self, delivery_id: int, message_id: int, claim: int | None) -> None:
         """The delivery's frame was queued on the socket (`claim`: None for a linker client's fetch,
@@ -81,6 +108,7 @@ class DeliveryLedger:
             self.inflight[delivery_id] = (message_id, claim)
             self._inflight_by_message[message_id] = delivery_id
             return
+        self._written_messages[message_id] = delivery_id
         self._batch_ids.append(delivery_id)
         if claim is not None:
             self._batch_claims.append((delivery_id, claim))
@@ -99,7 +127,7 @@ class DeliveryLedger:
         if ids:
             self._remember(ids)
             if position is None:
-                settled.delivered.extend(ids)
+                settled.delivered.extend(self._with_twins(ids) if self._twins else ids)
             else:
                 self._unflushed.append(_Unflushed(position, ids, claims))
                 self._unflushed_ids.update(ids)
@@ -115,7 +143,7 @@ class DeliveryLedger:
             done.extend(self._unflushed.popleft().delivery_ids)
         if done:
             self._unflushed_ids.difference_update(done)
-        return done
+        return self._with_twins(done) if self._twins else done
 
     def acked(self, message_ids: Iterable[int]) -> tuple[list[int], list[int]]:
         """An ACK: (deliveries held in flight here, now delivered; message ids not in flight here,
@@ -127,9 +155,10 @@ class DeliveryLedger:
                 strays.append(message_id)
                 continue
             self.inflight.pop(delivery_id, None)
+            self._written_messages[message_id] = delivery_id
             known.append(delivery_id)
         self._remember(known)
-        return known, strays
+        return (self._with_twins(known) if self._twins else known), strays
 
     # --- fetches ---------------------------------------------------------------------------------
 
@@ -140,7 +169,7 @@ class DeliveryLedger:
 
     def skip_ids(self) -> list[int]:
         """Deliveries a fetch must neither send again nor count as missing."""
-        return [*self.written, *self.inflight]
+        return [*self.written, *self.inflight, *(t for twins in self._twins.values() for t, _ in twins)]
 
     # --- the end ---------------------------------------------------------------------------------
 
@@ -150,6 +179,10 @@ class DeliveryLedger:
         delivered = self.flushed(position) if position is not None else []
         released = [c for entry in self._unflushed for c in entry.claims]
         released += [(d, claim) for d, (_, claim) in self.inflight.items() if claim is not None]
+        if self._twins:
+            delivered = self._with_twins(delivered)
+            released += [(t, claim) for twins in self._twins.values() for t, claim in twins if claim is not None]
+            self._twins.clear()
         self._unflushed.clear()
         self._unflushed_ids.clear()
         self.inflight.clear()
@@ -161,3 +194,5 @@ class DeliveryLedger:
             self.written[delivery_id] = None
         while len(self.written) > self.memory:
             self.written.popitem(last=False)
+        while len(self._written_messages) > self.memory:
+            self._written_messages.popitem(last=False)

@@ -42,7 +42,8 @@ class Incoming:
     revive: list[str]  # recipients whose dead copy here an operator's re-queue brings back
     hold: bool = False  # the sender has no other way: taken even where this domain has no way on now
     seqs: dict[str, int] = field(default_factory=dict)  # recipient -> its mailbox seq at the origin
-    in_order: list[str] = field(default_factory=list)  # recipients homed here put in order (network.order)
+    served_here: list[str] = field(default_factory=list)  # recipients whose mailbox is here now
+    in_order: list[str] = field(default_factory=list)  # of those, the ones put in order (network.order)
 
 
 def _refuse(reason: str, status: int = 400) -> PeerRefused:

@@ -32,7 +32,8 @@ def _ranges_of(home: str, standby: str) -> dict[str, int]:
 
 # What waited here on a link for the home's users (it was on its way there): their messages now,
 # put at the end of their mailboxes here (after the copy, which the home had first), in the order
-# they waited, and fed to the home as new (it does not have them) for the hand-back.
+# they waited, and fed to the home as new (it does not have them) for the hand-back (the standby feed's
+# trigger feeds a record made a mailbox row as new, migration messaging 0023).
 _QUEUED_SQL = f"""
 WITH q AS (
     SELECT d.id, d.app_id, d.recipient, row_number() OVER (PARTITION BY d.app_id, d.recipient ORDER BY d.seq) AS n
@@ -56,9 +57,6 @@ WITH q AS (
       FROM q JOIN mb ON mb.app_id = q.app_id AND mb.user_id = q.recipient
      WHERE d.id = q.id AND d.id NOT IN (SELECT id FROM had)
     RETURNING d.id, d.seq
-), fed AS (
-    INSERT INTO messaging_standbyfeed (standby, delivery_id, new, created_at, attempts, last_error)
-    SELECT %(peer)s, id, true, now(), 0, '' FROM moved ORDER BY seq
 )
 SELECT id FROM moved ORDER BY seq
 """

@@ -135,6 +135,7 @@ def _store_pass(items: list[Incoming], sender: str) -> tuple[set[int], list[int]
         [Arrival(ids[m.ord], m.app_id, r, m.origin, m.seqs[r]) for m in items if m.ord in ids for r in m.in_order],
         maybe_here=set(existing.values()))
     revived = _revive([(existing[m.ord], r) for m in old for r in m.revive])
+    revived += _served_here_again([(existing[m.ord], r) for m in old for r in m.served_here if r not in m.in_order])
     revived += _take_back([(existing[m.ord], r) for m in old for r in m.recipients], sender)
     handled = {m.ord for m in old} | set(stored_ords)
     pairs = sum(len(m.recipients) for m in items if m.ord in handled)
@@ -170,6 +171,18 @@ def _revive(pairs: list[tuple[int, str]]) -> list[int]:
                         where=f"d.state = {DEAD}", params=[])
 
 
+def _served_here_again(pairs: list[tuple[int, str]]) -> list[int]:
+    """This domain's records of messages it passed on to recipients it serves again now (it holds
+    them for their lost home, or got them back from their holder), with no row in their mailbox
+    here: the message came back (round a fault, or from the holder), and the record becomes the
+    mailbox row, at its place (the standby feed takes it as new, migration 0023). Without this the
+    record would answer "already here" and the message would reach no one."""
+    return _route_again(pairs, where=f"d.state = {FORWARDED} AND d.forward_to <> '' AND NOT EXISTS"
+                                     " (SELECT 1 FROM messaging_delivery o WHERE o.message_id = d.message_id"
+                                     " AND o.recipient = d.recipient AND o.forward_to = '')",
+                        params=[], set_also="forward_to = ''")
+
+
 def _take_back(pairs: list[tuple[int, str]], sender: str) -> list[int]:
     """Copies here of (message, recipient) this domain had passed on to `sender`, which now sends
     them back: it had no way on for them (a hand-back), or routed them back here round a broken
@@ -196,8 +209,11 @@ def messages_store_forwarded(items: list[Incoming], *, sender: str) -> tuple[int
     order among them; duplicates). Routing gets the new deliveries once the transaction commits."""
     delivery_ids: list[int] = []
     duplicates = held = 0
+    here = settings.DOMAIN_NAME
     for m in items:
-        m.in_order = [r for r in m.recipients if r in m.seqs and destination(r) is None]
+        m.served_here = [r for r in m.recipients if destination(r) is None]
+        # (a message stored here first that came back keeps the place it took here: not ordered again)
+        m.in_order = [r for r in m.served_here if r in m.seqs and m.origin != here]
     todo = items
     for _ in range(2):
         if not todo:

@@ -35,6 +35,7 @@ from django.db import transaction
 
 from foundation.db import hot_cursor
 from messaging.handoff import routing_enqueue
+from messaging.models import DeliveryState
 from messaging.store import deliveries_append_sql
 
 log = logging.getLogger(__name__)
@@ -152,17 +153,21 @@ def _marks_write(marks: dict[Key, tuple[int, int]]) -> None:
 
 
 def _not_here_yet(arrivals: list[Arrival]) -> list[Arrival]:
-    """The arrivals with neither a delivery nor a held row here (a repeated call brings the others)."""
+    """The arrivals with neither a delivery nor a held row here (a repeated call brings the others).
+    This domain's record of a message it passed on does not count: the message came back to a
+    recipient served here now (round a fault, or from its holder), and goes into the mailbox."""
     with hot_cursor() as cur:
         cur.execute(
             """
             SELECT t.ord FROM unnest(%s::int[], %s::bigint[], %s::text[]) AS t(ord, message_id, recipient)
              WHERE NOT EXISTS (SELECT 1 FROM messaging_delivery d
-                                WHERE d.message_id = t.message_id AND d.recipient = t.recipient)
+                                WHERE d.message_id = t.message_id AND d.recipient = t.recipient
+                                  AND (d.forward_to = '' OR d.state <> %s))
                AND NOT EXISTS (SELECT 1 FROM messaging_heldinorder h
                                 WHERE h.message_id = t.message_id AND h.recipient = t.recipient)
             """,
-            [list(range(len(arrivals))), [a.message_id for a in arrivals], [a.recipient for a in arrivals]],
+            [list(range(len(arrivals))), [a.message_id for a in arrivals], [a.recipient for a in arrivals],
+             DeliveryState.FORWARDED.value],
         )
         return [arrivals[ord_] for (ord_,) in sorted(cur.fetchall())]
 

@@ -114,3 +114,38 @@ def test_the_memory_of_written_deliveries_is_bounded_in_both_modes():
     _push(acking, 1, 2, 3, 4, 5, position=None)
     acking.acked([1001, 1002, 1003, 1004, 1005])
     assert list(acking.written) == [3, 4, 5]
+
+
+def test_a_second_row_of_a_message_in_flight_is_not_written_and_is_delivered_with_the_first_ack():
+    ledger = DeliveryLedger(acks=True, window=10)
+    _push(ledger, 1, position=None)
+    assert ledger.admit(2, 1001, NEW_CLAIM) is False  # delivery 2: the same message (1001) by another way
+    assert ledger.batch_end(None) == Settled()
+    assert 2 in ledger.skip_ids()  # a fetch neither brings it nor counts it as missing
+    assert ledger.acked([1001]) == ([1, 2], [])
+
+
+def test_a_second_row_of_a_message_already_acked_counts_as_delivered_at_once():
+    ledger = DeliveryLedger(acks=True, window=10)
+    _push(ledger, 1, position=None)
+    ledger.acked([1001])
+    assert ledger.twin(2, 1001, NEW_CLAIM) is True  # (what a fetch asks of each row it brings)
+    assert ledger.batch_end(None) == Settled(delivered=[2])
+
+
+def test_a_second_row_goes_back_to_the_mailbox_with_the_first_when_the_connection_ends_unacked():
+    ledger = DeliveryLedger(acks=True, window=10)
+    _push(ledger, 1, position=None)
+    ledger.admit(2, 1001, NEW_CLAIM)
+    assert ledger.close(None) == Settled(released=[(1, CLAIM), (2, NEW_CLAIM)])
+
+
+def test_a_linker_clients_second_row_of_a_message_counts_once_the_first_has_left_the_node():
+    ledger = DeliveryLedger(acks=False, window=10)
+    ledger.admit(1, 1001, CLAIM)
+    ledger.wrote(1, 1001, CLAIM)
+    assert ledger.admit(2, 1001, NEW_CLAIM) is False  # in the same batch
+    assert ledger.batch_end(100) == Settled()
+    assert ledger.flushed(100) == [1, 2]
+    assert ledger.admit(3, 1001, NEW_CLAIM) is False  # a third, after the first has left
+    assert ledger.batch_end(100) == Settled(delivered=[3])

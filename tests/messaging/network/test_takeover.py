@@ -154,6 +154,37 @@ def test_a_message_that_went_round_towards_the_lost_home_comes_back_to_the_holde
     assert mailbox(net, "domain-04") == [("round", "pending")]
 
 
+def test_a_message_the_holder_sent_round_comes_back_by_another_way_into_the_mailbox_once(standby_ring):
+    net = standby_ring
+    lost(net)  # domain-04 routes round: through domain-01 and domain-02, where it waits for domain-03
+    net.send(DAVE, CAROL, "round", at="domain-04")
+    net.pump()
+    with net.at("domain-04"):
+        assert take_over("domain-03")["state"] == "taken"
+    # domain-03 answers again (still held), and domain-02 can reach the holder only through it
+    net.down.discard("domain-03")
+    net.cut_link("domain-01", "domain-02")
+    told = {"heard": {}, "takeovers": [{"home": "domain-03", "holder": "domain-04", "held": True,
+                                        "epoch": 10**17, "taken_at": "2026-11-28T00:00:00Z"}]}
+    for n in ("domain-02", "domain-03", "domain-04"):
+        with net.at(n):
+            network_accept(told)
+            LinkHealth.objects.filter(peer="domain-03").update(up=True, down_since=None, retry_at=None, last_error="")
+    with net.at("domain-03"):  # it learned before the message reached it (the test's database clock stands still)
+        Takeover.objects.update(learned_at=timezone.now() - timedelta(minutes=1))
+    for _ in range(2):
+        for n in ("domain-02", "domain-03"):
+            with net.at(n):
+                forward_sweep()
+        net.pump()
+    # domain-04's record of sending it to domain-01 is the mailbox row now: the message reached carol,
+    # and the home gets it with the hand-back
+    assert mailbox(net, "domain-04") == [("round", "pending")]
+    with net.at("domain-04"):
+        row = Delivery.objects.get(recipient=CAROL)
+        assert list(StandbyFeed.objects.values_list("standby", "delivery_id", "new")) == [("domain-03", row.id, True)]
+
+
 def test_a_home_that_is_only_cut_off_from_its_standby_is_not_taken_over(standby_ring):
     net = standby_ring
     net.cut_link("domain-03", "domain-04")
