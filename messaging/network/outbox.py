@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import re
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -117,6 +118,8 @@ def queue_peek(*, peer: str, limits: Limits) -> tuple[list[Queued], bool]:
         elif confirms_origin:
             confirms = confirms_origin
         path = [d for d in forward_path.split(",") if d] + [here]
+        if path[0] != origin:  # stored here from a standby copy, which carries no path: it came from its origin
+            path.insert(0, origin)
         out.append(Queued(delivery_id=delivery_id, recipient=recipient, app_id=app_id, message_id=message_id, message={
             "app": app_name, "sender": sender, "kind": kind, "content": content, "reference": reference,
             "confirmation_requested": confirm, "client_message_id": cmid, "origin_domain": origin,
@@ -239,6 +242,9 @@ def _rows_move(*, peer: str, ids: list[int], to: str) -> int:
         return cur.rowcount
 
 
+_MALFORMED_ITEM = re.compile(r"\bmessages\[(\d+)\]")  # the item a 400 names (messaging.network.forward_payload)
+
+
 def failure_reason(peer: str, reason: str) -> str:
     """"forwarding to domain-02 failed: connection refused" (the reason without its peer prefix)."""
     if reason.startswith(f"{peer}: "):
@@ -357,6 +363,17 @@ class LinkSender(LinkQueueSender):
         return sum(map(len, moves.values())) + sum(map(len, stuck.values())) < len(rows)
 
     def fail(self, batch: Batch[Queued], error: CallFailed) -> Failed:
+        if error.status == 400 and (found := _MALFORMED_ITEM.search(error.reason)):
+            # The neighbour refused the call for one item it found malformed: that item alone goes
+            # to the dead letters (with the neighbour's reason), and the rest go in the next call, at
+            # once, no attempt counted: one bad row must not hold the link's queue for ever.
+            payload = _payload(batch.items)
+            if int(found[1]) < len(payload):
+                bad = payload[int(found[1])][0]
+                dead = self.give_up([(r, failure_reason(self.peer, error.reason))
+                                     for r in batch.items if r.message_id == bad])
+                forward_links_kick([self.peer])
+                return Failed(failed=dead, dead=dead, retry_at="now, without it")
         health = link_failed(peer=self.peer, error=error.reason, answered=error.status is not None)
         moved = _rows_fail(peer=self.peer, ids=[r.delivery_id for r in batch.items],
                            error=failure_reason(self.peer, error.reason))

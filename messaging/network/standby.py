@@ -32,7 +32,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils.dateparse import parse_datetime
 
-from apps_registry.models import ClientApp, Domain, Takeover, UserDistribution
+from apps_registry.models import ClientApp, Domain, UserDistribution
 from apps_registry.selectors import user_id_parse
 from foundation.db import hot_cursor
 from foundation.outbound import Batch, CallFailed, Failed, Limits, Settled, head_sql, send_batches
@@ -252,10 +252,6 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
         raise _refuse(f"{sender} is not a domain of this network", 403)
     here = settings.DOMAIN_NAME
     ranges = standby_ranges(sender)
-    # Held here (taken over from `sender`): its copies go into the mailboxes here. This domain's own
-    # users whose standby is `sender`: it held them (a standby copies nothing else back), and this is
-    # the hand-back (messaging.network.takeover), which may come before the gossip that says so.
-    held = Takeover.objects.filter(home__name=sender, holder__name=here, held=True).exists()
     back = standby_ranges(here, sender)
     for app, app_ranges in back.items():
         ranges.setdefault(app, []).extend(app_ranges)
@@ -266,9 +262,14 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
     subs = [_subscription_parse(i, item, ranges, apps) for i, item in enumerate(payload.get("subscriptions", []))]
     copies = [c for c in parsed if c is not None]
     kept = [sub for sub in subs if sub is not None]
-    merging = [held or _covered(c["recipient"], c["app"], back) for c in copies]
-    sub_merging = [held or _covered(sub["subscriber"], sub["app"], back) for sub in kept]
     with transaction.atomic():
+        # Held here (taken over from `sender`): its copies go into the mailboxes here. This domain's
+        # own users whose standby is `sender`: it held them (a standby copies nothing else back), and
+        # this is the hand-back (messaging.network.takeover), which may come before the gossip that
+        # says so.
+        held = _held_here_locked(sender)
+        merging = [held or _covered(c["recipient"], c["app"], back) for c in copies]
+        sub_merging = [held or _covered(sub["subscriber"], sub["app"], back) for sub in kept]
         merged = mailbox_merge([Copied(
             app_id=c["app_id"], recipient=c["recipient"], origin_domain=c["origin_domain"],
             origin_message_id=c["origin_message_id"], state=c["state"], delivered_at=c["delivered_at"],
@@ -282,6 +283,19 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
         log.warning("%s copied %d changes of users that do not stand by here: not written", sender, refused)
     answer = {"copied": len(copies) + len(kept), "refused": refused}
     return {**answer, "merged": merged.appended} if held or back else answer
+
+
+def _held_here_locked(home: str) -> bool:
+    """Whether this domain holds `home`'s users, read under a share lock on the takeover's row
+    until the caller's transaction ends: a hand-back (which locks it for update, then clears the
+    mailboxes it gives back) waits for a merge under way, or the merge sees it done. Merged into a
+    mailbox just given back, a copy would stay here, orphaned, and be routed to the home again."""
+    with hot_cursor() as cur:
+        cur.execute("SELECT s.name = %s AND t.held FROM apps_registry_takeover t"
+                    " JOIN apps_registry_domain h ON h.id = t.home_id JOIN apps_registry_domain s ON s.id = t.holder_id"
+                    " WHERE h.name = %s FOR SHARE OF t", [settings.DOMAIN_NAME, home])
+        row = cur.fetchone()
+    return bool(row and row[0])
 
 
 def _copies_write(sender: str, copies: list[dict], subs: list[dict]) -> None:
