@@ -73,7 +73,7 @@ def deliveries_route(delivery_ids: list[int]) -> RouteOutcome:
         home = destination(row.recipient)
         if home is None:
             here.append(row)
-        elif frozen_here(row.recipient, home, row.row_made_at):  # its mailbox at home, held elsewhere (a takeover)
+        elif frozen_here(row.recipient, home, row.stored_at):  # its mailbox at home, held elsewhere (a takeover)
             parked.append((row.delivery_id, token))
         else:
             elsewhere[row.delivery_id] = home
@@ -82,7 +82,7 @@ def deliveries_route(delivery_ids: list[int]) -> RouteOutcome:
         for row in deliveries_claim(delivery_ids=earlier_unrouted(sorted(elsewhere)), token=token):
             if (home := destination(row.recipient)) is None:
                 here.append(row)
-            elif frozen_here(row.recipient, home, row.row_made_at):
+            elif frozen_here(row.recipient, home, row.stored_at):
                 deliveries_park(claims=[(row.delivery_id, token)])
             else:
                 elsewhere[row.delivery_id] = home

@@ -36,7 +36,6 @@ class ClaimedRow:
     reference: str
     stored_at: float  # epoch seconds
     forward_to: str = ""  # a record of a message sent to another domain (not a mailbox row) when set
-    row_made_at: float = 0.0  # epoch seconds: when this row was made here (a forwarded message's stored_at is its origin's)
 
 
 def deliveries_claim(*, delivery_ids: list[int], token: int) -> list[ClaimedRow]:
@@ -58,10 +57,10 @@ def deliveries_claim(*, delivery_ids: list[int], token: int) -> list[ClaimedRow]
                        next_attempt_at = now() + make_interval(secs => %(ack)s)
                   FROM locked l
                  WHERE d.id = l.id AND d.state IN {CLAIMABLE}
-                RETURNING d.id, d.recipient, d.seq, d.message_id, d.forward_to, d.created_at
+                RETURNING d.id, d.recipient, d.seq, d.message_id, d.forward_to
             )
             SELECT c.id, c.recipient, c.seq, m.id, m.sender, m.kind, m.content, m.reference,
-                   extract(epoch FROM m.created_at)::float8, c.forward_to, extract(epoch FROM c.created_at)::float8
+                   extract(epoch FROM m.created_at)::float8, c.forward_to
               FROM claimed c JOIN messaging_message m ON m.id = c.message_id
             """,
             {"ids": sorted(set(delivery_ids)), "token": token, "ack": float(settings.DELIVERY_ACK_TIMEOUT)},

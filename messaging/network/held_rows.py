@@ -12,7 +12,7 @@ from apps_registry.models import Domain
 from foundation.db import hot_cursor
 from foundation.outbound import one_at_a_time
 from messaging import handoff
-from messaging.delivery.sql import DELIVERED, FORWARDING, PENDING
+from messaging.delivery.sql import DELIVERED, FORWARDED, FORWARDING, PENDING
 from messaging.network.outbox import link_lock_key
 
 
@@ -75,6 +75,32 @@ def queued_into_mailboxes(home: str, *, back: bool = False) -> list[int] | None:
         with hot_cursor() as cur:
             cur.execute(_QUEUED_SQL, params)
             return [row[0] for row in cur.fetchall()]
+
+
+# At a home given its users back: its records of messages it forwarded to them while they were held
+# (towards the holder) whose message has no row in their mailboxes here. The holder had the
+# message from this home's own copy as well, and merged it (a merge feeds nothing back), so the
+# forward found it there and the call counted as a duplicate; the holder has now cleared its rows,
+# and the record is all that is left of the message. It becomes the mailbox row, at its place.
+_RECORDS_BACK_SQL = f"""
+UPDATE messaging_delivery d SET state = {PENDING}, forward_to = '', next_attempt_at = now(), claim = NULL, last_error = ''
+  FROM apps_registry_userdistribution ud
+ WHERE d.state = {FORWARDED} AND d.forward_to <> '' AND d.created_at >= %(since)s
+   AND ud.app_id = d.app_id AND ud.domain_id = %(home)s AND ud.standby_id = %(standby)s
+   AND messaging_user_number(d.recipient) >= ud.range_from
+   AND (ud.range_to IS NULL OR messaging_user_number(d.recipient) <= ud.range_to)
+   AND NOT EXISTS (SELECT 1 FROM messaging_delivery o WHERE o.message_id = d.message_id
+                   AND o.recipient = d.recipient AND o.forward_to = '')
+RETURNING d.id
+"""
+
+
+def records_back_into_mailboxes(holder: str, since) -> list[int]:
+    """At a home given its users back by `holder`: _RECORDS_BACK_SQL for the records made since
+    `since`; the ids of the rows it put back (to route)."""
+    with hot_cursor() as cur:
+        cur.execute(_RECORDS_BACK_SQL, {"since": since, **_ranges_of(settings.DOMAIN_NAME, holder)})
+        return [row[0] for row in cur.fetchall()]
 
 
 HELD_HERE = f"""

@@ -139,17 +139,16 @@ def destination(recipient: str) -> str | None:
     return None if home in (None, settings.DOMAIN_NAME) else home
 
 
-def frozen_here(recipient: str, destination_: str, made_at: float) -> bool:
+def frozen_here(recipient: str, destination_: str, stored_at: float) -> bool:
     """Whether this domain is the recipient's home, `destination_` its standby, which serves it now
     (a takeover), and the row was stored here before this domain learned so: its mailbox as it was,
     which went to the holder by the standby copy and which the home keeps, parked, for the
-    hand-back. A row made here since (`made_at`, unix time: the row's, not its message's, which
-    may have been stored first elsewhere long before) is forwarded to the holder like any message,
-    so the holder puts it in order (messaging.network.order)."""
+    hand-back. A row stored here since is forwarded to the holder like any message, so the holder
+    puts it in order (messaging.network.order)."""
     parsed = user_id_parse(recipient)
     app = app_snapshot(parsed.app_name) if parsed else None
     pair = app.home_and_standby(parsed.number) if app else None
-    return pair == (settings.DOMAIN_NAME, destination_) and made_at < _held_learned().get(settings.DOMAIN_NAME, 0.0)
+    return pair == (settings.DOMAIN_NAME, destination_) and stored_at < _held_learned().get(settings.DOMAIN_NAME, 0.0)
 
 
 def _held_learned() -> dict[str, float]:

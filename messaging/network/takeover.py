@@ -57,6 +57,7 @@ from messaging.network.held_rows import (
     in_ranges,
     mailboxes_reorder,
     queued_into_mailboxes,
+    records_back_into_mailboxes,
 )
 from messaging.network.liveness import heard_apply, heard_versions, silent_seconds, witnesses_agree
 from messaging.network.mailbox_merge import Copied, mailbox_merge
@@ -149,14 +150,17 @@ def _changed(home: str, holder: str, held: bool) -> None:
 
 
 def given_back(holder: str) -> dict:
-    """At a home given its users back: what it was forwarding them meanwhile into their mailboxes,
-    each origin's messages in its order, and their mailboxes to the standby again."""
+    """At a home given its users back: what it was forwarding them meanwhile into their mailboxes
+    (and what it forwarded them whose only mailbox row was the holder's), each origin's messages in
+    its order, and their mailboxes to the standby again."""
     taken = Takeover.objects.filter(home__name=settings.DOMAIN_NAME).values_list("taken_at", flat=True).first()
     with transaction.atomic():
         queued = queued_into_mailboxes(holder, back=True)
         if queued is None:  # the link's sender is sending now: again in a moment
             transaction.on_commit(lambda: handoff.given_back_enqueue(holder, countdown=1.0))
             return {"queued": None}
+        if taken:
+            queued += records_back_into_mailboxes(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS))
         if queued:
             transaction.on_commit(lambda: handoff.routing_enqueue(queued))
         moved = (mailboxes_reorder(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS), copy=False)

@@ -170,7 +170,7 @@ def test_a_message_the_holder_sent_round_comes_back_by_another_way_into_the_mail
         with net.at(n):
             network_accept(told)
             LinkHealth.objects.filter(peer="domain-03").update(up=True, down_since=None, retry_at=None, last_error="")
-    with net.at("domain-03"):  # it learned before the message reached it (the test's database clock stands still)
+    with net.at("domain-03"):  # it learned before the message was sent (the test's database clock stands still)
         Takeover.objects.update(learned_at=timezone.now() - timedelta(minutes=1))
     for _ in range(2):
         for n in ("domain-02", "domain-03"):
@@ -235,6 +235,29 @@ def test_the_holder_hands_back_once_the_home_has_every_change_and_nothing_comes_
         assert sorted(Subscription.objects.filter(subscriber=CAROL).values_list("channel", flat=True)) == [
             "news", "sport"]
         assert not StandbyFeed.objects.exists()  # the merge fed nothing back
+
+
+def test_a_home_given_its_users_back_keeps_a_message_it_forwarded_whose_only_mailbox_row_was_the_holders(
+        standby_ring):
+    net = standby_ring
+    lost(net)
+    with net.at("domain-04"):
+        assert take_over("domain-03")["state"] == "taken"
+    net.down.clear()
+    # The home, back but still held, stored a message for carol. Its copy reached the holder first and
+    # was merged there, so the forward that followed was a duplicate: here, a record of it only.
+    sent = net.send("ANZ-3000001", CAROL, "came both ways", at="domain-03")
+    with net.at("domain-03"):
+        Delivery.objects.filter(message_id=sent).update(state="forwarded", forward_to="domain-04")
+    with net.at("domain-04"):
+        mailbox_merge([Copied(app_id=net.app.pk, recipient=CAROL, origin_domain="domain-03", origin_message_id=sent,
+                              state="pending", message={"sender": "ANZ-3000001", "content": "came both ways"})])
+        assert hand_back("domain-03")["state"] == "handed back"  # its rows of carol's are cleared
+        record = network_gossip()["takeovers"]
+    with net.at("domain-03"):
+        network_accept({"heard": {}, "takeovers": record})
+    net.pump()
+    assert mailbox(net, "domain-03") == [("came both ways", "pending")]
 
 
 def test_a_home_given_its_users_back_copies_their_mailboxes_to_the_standby_again_as_it_has_them(standby_ring):
