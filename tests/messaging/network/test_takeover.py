@@ -260,6 +260,20 @@ def test_a_home_given_its_users_back_keeps_a_message_it_forwarded_whose_only_mai
     assert mailbox(net, "domain-03") == [("came both ways", "pending")]
 
 
+def test_a_former_holder_feeds_the_home_nothing_of_what_it_stores_on_its_way_to_the_homes_users(standby_ring):
+    net = standby_ring
+    lost(net)
+    with net.at("domain-04"):
+        assert take_over("domain-03")["state"] == "taken"
+    net.send(DAVE, CAROL, "while held", at="domain-04")
+    net.down.clear()
+    with net.at("domain-04"):
+        assert list(StandbyFeed.objects.values_list("standby", flat=True)) == ["domain-03"]  # a change the home lacks
+        assert hand_back("domain-03")["state"] == "handed back"
+        net.send(DAVE, CAROL, "after", at="domain-04")  # forwarded to the home: no copy of it goes there too
+        assert not StandbyFeed.objects.exists()
+
+
 def test_a_home_given_its_users_back_copies_their_mailboxes_to_the_standby_again_as_it_has_them(standby_ring):
     net = standby_ring
     net.send(ALICE, CAROL, "before")
