@@ -209,3 +209,18 @@ def mailbox_merge(copies: list[Copied]) -> Merged:
         if to_route:
             transaction.on_commit(lambda: routing_enqueue(to_route))
     return Merged(appended=len(appended), states=states)
+
+
+def subscriptions_merge(subs: list[dict]) -> None:
+    """Durable subscriptions made or ended on the other side, made or ended here (fed on to no one)."""
+    with transaction.atomic(), hot_cursor() as cur:
+        cur.execute("SELECT set_config('switchboard.no_copy', 'on', true)")
+        for sub in subs:  # in order: one made and ended ends ended
+            if sub["subscribed"]:
+                cur.execute("INSERT INTO messaging_subscription (app_id, subscriber, channel, created_at)"
+                            " VALUES (%s, %s, %s, now()) ON CONFLICT DO NOTHING",
+                            [sub["app_id"], sub["subscriber"], sub["channel"]])
+            else:
+                cur.execute("DELETE FROM messaging_subscription WHERE app_id = %s AND subscriber = %s"
+                            " AND channel = %s", [sub["app_id"], sub["subscriber"], sub["channel"]])
+        cur.execute("SELECT set_config('switchboard.no_copy', '', true)")

@@ -176,6 +176,9 @@ class StandbyFeed(models.Model):
     created_at = models.DateTimeField()
     attempts = models.PositiveIntegerField(default=0, db_default=0)
     last_error = models.CharField(max_length=500, blank=True, default="", db_default="")
+    # A message one of those users sent to a user homed elsewhere, queued on a link here (`new`) or
+    # gone from the link (sent on, dead, routed again): the standby's StandbyOutgoing.
+    outgoing = models.BooleanField(default=False, db_default=False)
 
     class Meta:
         indexes = [models.Index(fields=["standby", "id"], name="standby_feed_queue")]
@@ -257,3 +260,31 @@ class DomainHeard(models.Model):
 
     def __str__(self) -> str:
         return f"{self.domain} heard at {self.heard_at:%H:%M:%S}"
+
+
+class StandbyOutgoing(models.Model):
+    """A standby's copy of a message a user homed at `home` sent to a user homed elsewhere, while it
+    waits on one of the home's links (messaging.network.outgoing_copy): gone once the home sent it
+    on. Inert until a takeover: then the standby sends on, as the home would have, what the lost home
+    had not sent yet, before the user's own next messages from here (one sender's messages to one
+    recipient stay in order)."""
+
+    home = models.CharField(max_length=64)
+    app = models.ForeignKey("apps_registry.ClientApp", on_delete=models.CASCADE, related_name="+", db_index=False)
+    origin_message_id = models.BigIntegerField()  # the message's id at the home (its origin)
+    recipient = models.CharField(max_length=96)
+    origin_seq = models.BigIntegerField(null=True, blank=True)  # its place among the home's messages to the recipient
+    sender = models.CharField(max_length=96)
+    kind = models.CharField(max_length=16)
+    content = models.TextField()
+    reference = models.CharField(max_length=256, blank=True, default="")
+    confirmation_requested = models.BooleanField(default=False)
+    copied_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "standby copy of an outgoing message"
+        constraints = [models.UniqueConstraint(fields=["home", "origin_message_id", "recipient"],
+                                               name="standby_outgoing_once")]
+
+    def __str__(self) -> str:
+        return f"{self.home}'s message {self.origin_message_id} to {self.recipient}, waiting there"

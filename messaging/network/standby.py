@@ -37,8 +37,9 @@ from apps_registry.selectors import user_id_parse
 from foundation.db import hot_cursor
 from foundation.outbound import Batch, CallFailed, Failed, Limits, Settled, head_sql, send_batches
 from messaging.network.links import LinkQueueSender, link_failed, link_succeeded
-from messaging.network.mailbox_merge import Copied, mailbox_merge
+from messaging.network.mailbox_merge import Copied, mailbox_merge, subscriptions_merge
 from messaging.network.models import StandbyFeed
+from messaging.network.outgoing_copy import outgoing_accept, outgoing_item
 from messaging.network.transport import STANDBY_PATH, PeerRefused, peer_call
 
 log = logging.getLogger(__name__)
@@ -53,11 +54,12 @@ class FeedRow:
     feed_id: int
     item: dict | None  # the copy as sent; None: the delivery is gone here (nothing to copy)
     subscription: dict | None = None  # a durable subscription made or ended
+    outgoing: dict | None = None  # a message waiting on a link here, or gone from it (messaging.network.outgoing_copy)
 
 
 # The head of a standby's feed in order, each row as its delivery is now (content only for new ones).
 _FEED_SQL = head_sql(f"""
-    SELECT f.id, f.delivery_id, sa.app_name, f.subscriber, f.channel, f.subscribed,
+    SELECT f.id, f.delivery_id, sa.app_name, f.subscriber, f.channel, f.subscribed, f.outgoing,
            d.id, f.new, a.app_name, d.recipient, d.seq, d.origin_seq, d.state, d.attempts,
            d.created_at, d.delivered_at, d.dead_at, d.expired_at, m.sender, m.kind,
            CASE WHEN f.new THEN m.content END, m.reference, m.confirmation_requested, m.client_message_id,
@@ -82,7 +84,7 @@ def feed_peek(*, standby: str, limits: Limits) -> tuple[list[FeedRow], bool]:
     here = settings.DOMAIN_NAME
     rows, drained = StandbySender(standby).head(_FEED_SQL, limits)
     out = []
-    for (feed_id, fed_delivery, sub_app, subscriber, channel, subscribed, delivery_id, new, app, recipient, seq,
+    for (feed_id, fed_delivery, sub_app, subscriber, channel, subscribed, outgoing, delivery_id, new, app, recipient, seq,
          origin_seq, state, attempts, created, delivered, dead, expired, sender, kind, content, reference, confirm,
          cmid, origin, origin_id, message_id, *_) in rows:
         if fed_delivery is None:
@@ -92,14 +94,20 @@ def feed_peek(*, standby: str, limits: Limits) -> tuple[list[FeedRow], bool]:
         if delivery_id is None:
             out.append(FeedRow(feed_id, None))
             continue
+        message = {"sender": sender, "kind": kind, "content": content, "reference": reference,
+                   "confirmation_requested": confirm, "client_message_id": cmid} if new else None
+        if outgoing:
+            out.append(FeedRow(feed_id, None, outgoing=outgoing_item(
+                delivery_id=delivery_id, app=app, recipient=recipient, state=state, origin_seq=origin_seq,
+                message_id=message_id, message=message)))
+            continue
         item = {"delivery": delivery_id, "app": app, "recipient": recipient, "seq": seq, "origin_seq": origin_seq,
                 "state": state, "attempts": attempts, "origin_domain": origin or here,
                 "origin_message_id": origin_id or message_id,
                 **{k: v.isoformat() if v else None for k, v in zip(TIMES, (created, delivered, dead, expired),
                                                                     strict=True)}}
-        if new:
-            item["message"] = {"sender": sender, "kind": kind, "content": content, "reference": reference,
-                               "confirmation_requested": confirm, "client_message_id": cmid}
+        if message is not None:
+            item["message"] = message
         out.append(FeedRow(feed_id, item))
     return out, drained
 
@@ -114,9 +122,11 @@ class StandbySender(LinkQueueSender):
         return Batch(items=rows, drained=drained)
 
     def send(self, batch: Batch[FeedRow]) -> dict:
-        return peer_call(peer=self.peer, path=STANDBY_PATH, payload={
-            "copies": [r.item for r in batch.items if r.item is not None],
-            "subscriptions": [r.subscription for r in batch.items if r.subscription is not None]})
+        payload = {"copies": [r.item for r in batch.items if r.item is not None],
+                   "subscriptions": [r.subscription for r in batch.items if r.subscription is not None]}
+        if outgoing := [r.outgoing for r in batch.items if r.outgoing is not None]:
+            payload["outgoing"] = outgoing  # (only when there is any: a standby of an older release refuses the key)
+        return peer_call(peer=self.peer, path=STANDBY_PATH, payload=payload)
 
     def settle(self, batch: Batch[FeedRow], answer: dict) -> Settled:
         sent, _ = StandbyFeed.objects.filter(pk__in=[r.feed_id for r in batch.items]).delete()
@@ -242,20 +252,21 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
     user whose standby is this domain, in one transaction; {"copied": n, "refused": m}. A copy of a
     user who does not stand by here for `sender` (the two ends' configurations a pull apart) is
     refused alone and not written; anything malformed refuses the call (400)."""
-    if (set(payload) - {"copies", "subscriptions"} or not isinstance(payload.get("copies", []), list)
-            or not isinstance(payload.get("subscriptions", []), list)):
-        raise _refuse("the payload is {\"copies\": [...], \"subscriptions\": [...]}")
-    items = payload.get("copies", [])
-    if len(items) + len(payload.get("subscriptions", [])) > MAX_COPIES:
+    if (set(payload) - {"copies", "subscriptions", "outgoing"} or not isinstance(payload.get("copies", []), list)
+            or not isinstance(payload.get("subscriptions", []), list) or not isinstance(payload.get("outgoing", []), list)):
+        raise _refuse("the payload is {\"copies\": [...], \"subscriptions\": [...], \"outgoing\": [...]}")
+    items, outgoing = payload.get("copies", []), payload.get("outgoing", [])
+    if len(items) + len(payload.get("subscriptions", [])) + len(outgoing) > MAX_COPIES:
         raise _refuse(f"more than {MAX_COPIES} copies in one call", 413)
     if not Domain.objects.filter(name=sender).exists():
         raise _refuse(f"{sender} is not a domain of this network", 403)
     here = settings.DOMAIN_NAME
     ranges = standby_ranges(sender)
+    standing_by = {app: list(app_ranges) for app, app_ranges in ranges.items()}  # (the senders of `outgoing`)
     back = standby_ranges(here, sender)
     for app, app_ranges in back.items():
         ranges.setdefault(app, []).extend(app_ranges)
-    named = [*items, *payload.get("subscriptions", [])]
+    named = [*items, *payload.get("subscriptions", []), *outgoing]
     apps = dict(ClientApp.objects.filter(app_name__in={i.get("app") for i in named if isinstance(i, dict)
                                                        and isinstance(i.get("app"), str)}).values_list("app_name", "pk"))
     parsed = [_copy_parse(i, item, ranges, apps) for i, item in enumerate(items)]
@@ -278,10 +289,11 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
         subscriptions_merge([sub for sub, m in zip(kept, sub_merging, strict=True) if m])
         _copies_write(sender, [c for c, m in zip(copies, merging, strict=True) if not m],
                       [sub for sub, m in zip(kept, sub_merging, strict=True) if not m])
+        waiting = outgoing_accept(sender, outgoing, apps, lambda user, app: _covered(user, app, standing_by))
     refused = len(parsed) - len(copies) + len(subs) - len(kept)
     if refused:
         log.warning("%s copied %d changes of users that do not stand by here: not written", sender, refused)
-    answer = {"copied": len(copies) + len(kept), "refused": refused}
+    answer = {"copied": len(copies) + len(kept) + waiting, "refused": refused}
     return {**answer, "merged": merged.appended} if held or back else answer
 
 
@@ -332,21 +344,6 @@ def _copies_write(sender: str, copies: list[dict], subs: list[dict]) -> None:
             else:
                 cur.execute("DELETE FROM messaging_standbysubscription WHERE app_id = %s AND subscriber = %s"
                             " AND channel = %s", [sub["app_id"], sub["subscriber"], sub["channel"]])
-
-
-def subscriptions_merge(subs: list[dict]) -> None:
-    """Durable subscriptions made or ended on the other side, made or ended here (fed on to no one)."""
-    with transaction.atomic(), hot_cursor() as cur:
-        cur.execute("SELECT set_config('switchboard.no_copy', 'on', true)")
-        for sub in subs:  # in order: one made and ended ends ended
-            if sub["subscribed"]:
-                cur.execute("INSERT INTO messaging_subscription (app_id, subscriber, channel, created_at)"
-                            " VALUES (%s, %s, %s, now()) ON CONFLICT DO NOTHING",
-                            [sub["app_id"], sub["subscriber"], sub["channel"]])
-            else:
-                cur.execute("DELETE FROM messaging_subscription WHERE app_id = %s AND subscriber = %s"
-                            " AND channel = %s", [sub["app_id"], sub["subscriber"], sub["channel"]])
-        cur.execute("SELECT set_config('switchboard.no_copy', '', true)")
 
 
 def _subscription_parse(i: int, item, ranges: dict, apps: dict[str, int]) -> dict | None:

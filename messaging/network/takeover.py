@@ -60,9 +60,10 @@ from messaging.network.held_rows import (
     records_back_into_mailboxes,
 )
 from messaging.network.liveness import heard_apply, heard_versions, silent_seconds, witnesses_agree
-from messaging.network.mailbox_merge import Copied, mailbox_merge
+from messaging.network.mailbox_merge import Copied, mailbox_merge, subscriptions_merge
 from messaging.network.models import LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
-from messaging.network.standby import ANY_STANDBY, feed_send_last, standby_ranges, subscriptions_merge
+from messaging.network.outgoing_copy import outgoing_take
+from messaging.network.standby import ANY_STANDBY, feed_send_last, standby_ranges
 from messaging.network.transport import PeerRefused
 from presence.services import users_close_sync
 
@@ -274,12 +275,14 @@ def take_over(home: str, *, manual: bool = False, reason: str = "") -> dict:
                                   "confirmation_requested": c.confirmation_requested})
                   for c in StandbyCopy.objects.filter(home=home).order_by("app_id", "recipient", "seq").iterator()]
         merged = mailbox_merge(copies)
+        sent_on = outgoing_take(home)  # what the home's users sent that waited on its links: before what they send here
         queued = queued_into_mailboxes(home) or []
         subscriptions_merge([{"app_id": app, "subscriber": sub, "channel": ch, "subscribed": True} for app, sub, ch
                              in StandbySubscription.objects.filter(home=home).values_list("app_id", "subscriber",
                                                                                           "channel")])
-    log.warning("%s took over %s's users (%s): %d deliveries merged, %d waiting here for %s put in their mailboxes",
-                here, home, reason or "by hand", merged.appended, len(queued), home)
+    log.warning("%s took over %s's users (%s): %d deliveries merged, %d waiting here for %s put in their mailboxes,"
+                " %d of their messages that waited there sent on", here, home, reason or "by hand", merged.appended,
+                len(queued), home, sent_on)
     if queued:
         transaction.on_commit(lambda: handoff.routing_enqueue(queued))
     _changed(home, here, True)

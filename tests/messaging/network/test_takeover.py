@@ -14,7 +14,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from apps_registry.models import Domain, Takeover, UserDistribution
+from apps_registry.models import Takeover
 from apps_registry.selectors import app_snapshot, app_snapshots_clear
 from foundation.transport.sockets import run_async
 from messaging.authentication import client_authenticate
@@ -42,13 +42,6 @@ from messaging.tasks import standby_flush_on_stop, standby_sweep
 pytestmark = pytest.mark.django_db
 
 ALICE, BOB, CAROL, DAVE = "ANZ-17", "ANZ-1000003", "ANZ-3000007", "ANZ-6000001"  # homed on 01, 02, 03, 04
-
-
-@pytest.fixture
-def standby_ring(net_ring, settings):
-    UserDistribution.objects.filter(domain__name="domain-03").update(standby=Domain.objects.get(name="domain-04"))
-    settings.HAND_BACK_GRACE_SECONDS = 0  # handed back at the first look (the grace has a test of its own)
-    return net_ring
 
 
 def login(user: str, app_id: str):
