@@ -16,12 +16,10 @@ returns) and sends them on, each with its place among the home's messages to its
 from __future__ import annotations
 
 from django.db import transaction
-from django.utils import timezone
 
 from foundation.db import hot_cursor
 from messaging.handoff import routing_enqueue
 from messaging.models import DeliveryState
-from messaging.network.models import StandbyOutgoing
 from messaging.network.transport import PeerRefused
 from messaging.store import deliveries_append_sql
 
@@ -56,26 +54,49 @@ def _parse(i: int, item, apps: dict[str, int], covered) -> dict | None:
     return {**item, "app_id": apps[item["app"]]}
 
 
+_WRITE_SQL = """
+INSERT INTO messaging_standbyoutgoing (home, app_id, origin_message_id, recipient, origin_seq, sender, kind, content,
+                                       reference, confirmation_requested, copied_at)
+SELECT %(home)s, * , now() FROM unnest(%(app)s::bigint[], %(oid)s::bigint[], %(rcpt)s::text[], %(seq)s::bigint[],
+                                       %(sender)s::text[], %(kind)s::text[], %(content)s::text[], %(ref)s::text[],
+                                       %(confirm)s::bool[])
+ON CONFLICT (home, origin_message_id, recipient) DO UPDATE SET origin_seq = EXCLUDED.origin_seq, copied_at = now()
+"""
+
+_GONE_SQL = """
+DELETE FROM messaging_standbyoutgoing o USING unnest(%(oid)s::bigint[], %(rcpt)s::text[]) AS t(oid, rcpt)
+ WHERE o.home = %(home)s AND o.origin_message_id = t.oid AND o.recipient = t.rcpt
+"""
+
+
 def outgoing_accept(home: str, items: list, apps: dict[str, int], covered) -> int:
     """At the standby, in the caller's transaction: the outgoing rows `home` fed, written (waiting
-    on a link there, with its message) or deleted (gone from the link). `covered(user, app)`: whether
-    a user stands by here for `home`. Returns how many were taken."""
+    on a link there, with its message) or deleted (gone from the link), two statements a call.
+    `covered(user, app)`: whether a user stands by here for `home`. Returns how many were taken."""
     if not isinstance(items, list):
         raise PeerRefused(400, "outgoing must be a list")
     parsed = [p for i, item in enumerate(items) if (p := _parse(i, item, apps, covered)) is not None]
-    now = timezone.now()
-    for p in parsed:  # in feed order: one queued, gone and queued again ends queued
-        if p["state"] == WAITING and p.get("message") is not None:
-            m = p["message"]
-            StandbyOutgoing.objects.update_or_create(
-                home=home, origin_message_id=p["origin_message_id"], recipient=p["recipient"], defaults={
-                    "app_id": p["app_id"], "origin_seq": p["origin_seq"], "sender": m["sender"],
-                    "kind": str(m.get("kind") or "direct")[:16], "content": m["content"],
-                    "reference": str(m.get("reference") or "")[:256],
-                    "confirmation_requested": bool(m.get("confirmation_requested")), "copied_at": now})
-        elif p["state"] != WAITING:
-            StandbyOutgoing.objects.filter(home=home, origin_message_id=p["origin_message_id"],
-                                           recipient=p["recipient"]).delete()
+    last: dict[tuple[int, str], dict] = {}
+    message: dict[tuple[int, str], dict] = {}
+    for p in parsed:  # in feed order: the last word on a row wins (queued, gone, queued again: queued)
+        key = (p["origin_message_id"], p["recipient"])
+        last[key] = p
+        if p.get("message") is not None:
+            message[key] = p["message"]
+    waiting = [(key, p, message[key]) for key, p in last.items() if p["state"] == WAITING and key in message]
+    gone = [key for key, p in last.items() if p["state"] != WAITING]
+    with hot_cursor() as cur:
+        if waiting:
+            cur.execute(_WRITE_SQL, {
+                "home": home, "app": [p["app_id"] for _, p, _ in waiting], "oid": [k[0] for k, _, _ in waiting],
+                "rcpt": [k[1] for k, _, _ in waiting], "seq": [p["origin_seq"] for _, p, _ in waiting],
+                "sender": [m["sender"] for _, _, m in waiting],
+                "kind": [str(m.get("kind") or "direct")[:16] for _, _, m in waiting],
+                "content": [m["content"] for _, _, m in waiting],
+                "ref": [str(m.get("reference") or "")[:256] for _, _, m in waiting],
+                "confirm": [bool(m.get("confirmation_requested")) for _, _, m in waiting]})
+        if gone:
+            cur.execute(_GONE_SQL, {"home": home, "oid": [k[0] for k in gone], "rcpt": [k[1] for k in gone]})
     return len(parsed)
 
 
