@@ -98,6 +98,8 @@ class DeliveryLedger:
 
     def _with_twins(self, delivery_ids: list[int]) -> list[int]:
         """`delivery_ids` (now delivered) and the twins that waited on them."""
+        if not self._twins:
+            return delivery_ids
         twins = [t for d in delivery_ids for t, _ in self._twins.pop(d, ())]
         return [*delivery_ids, *twins] if twins else delivery_ids
 
@@ -127,7 +129,7 @@ class DeliveryLedger:
         if ids:
             self._remember(ids)
             if position is None:
-                settled.delivered.extend(self._with_twins(ids) if self._twins else ids)
+                settled.delivered.extend(self._with_twins(ids))
             else:
                 self._unflushed.append(_Unflushed(position, ids, claims))
                 self._unflushed_ids.update(ids)
@@ -143,7 +145,7 @@ class DeliveryLedger:
             done.extend(self._unflushed.popleft().delivery_ids)
         if done:
             self._unflushed_ids.difference_update(done)
-        return self._with_twins(done) if self._twins else done
+        return self._with_twins(done)
 
     def acked(self, message_ids: Iterable[int]) -> tuple[list[int], list[int]]:
         """An ACK: (deliveries held in flight here, now delivered; message ids not in flight here,
@@ -158,7 +160,7 @@ class DeliveryLedger:
             self._written_messages[message_id] = delivery_id
             known.append(delivery_id)
         self._remember(known)
-        return (self._with_twins(known) if self._twins else known), strays
+        return self._with_twins(known), strays
 
     # --- fetches ---------------------------------------------------------------------------------
 
@@ -179,10 +181,9 @@ class DeliveryLedger:
         delivered = self.flushed(position) if position is not None else []
         released = [c for entry in self._unflushed for c in entry.claims]
         released += [(d, claim) for d, (_, claim) in self.inflight.items() if claim is not None]
-        if self._twins:
-            delivered = self._with_twins(delivered)
-            released += [(t, claim) for twins in self._twins.values() for t, claim in twins if claim is not None]
-            self._twins.clear()
+        # (the twins of what flushed went with it; those of what goes back go back too)
+        released += [(t, claim) for twins in self._twins.values() for t, claim in twins if claim is not None]
+        self._twins.clear()
         self._unflushed.clear()
         self._unflushed_ids.clear()
         self.inflight.clear()

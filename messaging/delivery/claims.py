@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from foundation.db import hot_cursor
-from messaging.delivery.sql import CLAIMABLE, FORWARDED, PENDING, RETRYING, SENT, lock_sql
+from messaging.delivery.sql import CLAIMABLE, FORWARDED, PENDING, RETRYING, SENT, in_mailbox_sql, lock_sql
 
 
 @dataclass(frozen=True)
@@ -169,10 +169,9 @@ def records_already_in_mailbox(*, rows: list[ClaimedRow], token: int) -> set[int
         return set()
     with hot_cursor() as cur:
         cur.execute(
-            """
+            f"""
             SELECT t.id FROM unnest(%s::bigint[], %s::bigint[], %s::text[]) AS t(id, message_id, recipient)
-             WHERE EXISTS (SELECT 1 FROM messaging_delivery d WHERE d.message_id = t.message_id
-                              AND d.recipient = t.recipient AND d.forward_to = '')
+             WHERE {in_mailbox_sql("t")}
             """,
             [[r.delivery_id for r in records], [r.message_id for r in records], [r.recipient for r in records]])
         doubled = {row[0] for row in cur.fetchall()}

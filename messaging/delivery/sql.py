@@ -39,6 +39,13 @@ EXPIRABLE = states_sql(EXPIRABLE_STATES)
 MOVED_COLUMNS = "d.id, d.state, d.app_id, d.message_id, d.recipient, d.attempts, d.last_error"
 
 
+def in_mailbox_sql(row: str) -> str:
+    """SQL: the message of `row` (a relation with message_id and recipient) has a row in its
+    recipient's mailbox here, not only this domain's record of passing it on (`forward_to`)."""
+    return (f"EXISTS (SELECT 1 FROM messaging_delivery o WHERE o.message_id = {row}.message_id"
+            f" AND o.recipient = {row}.recipient AND o.forward_to = '')")
+
+
 def lock_sql(where: str) -> str:
     """The rows matching `where`, locked by primary key in id order (the CTE every batch
     transition starts with)."""

@@ -12,7 +12,7 @@ from apps_registry.models import Domain
 from foundation.db import hot_cursor
 from foundation.outbound import one_at_a_time
 from messaging import handoff
-from messaging.delivery.sql import DELIVERED, FORWARDED, FORWARDING, PENDING
+from messaging.delivery.sql import DELIVERED, FORWARDED, FORWARDING, PENDING, in_mailbox_sql
 from messaging.network.outbox import link_lock_key
 
 
@@ -41,8 +41,7 @@ WITH q AS (
      WHERE d.state = {FORWARDING} AND d.forward_to = %(peer)s
 ), had AS (  -- the home had it after all (the call went through, its answer was lost): in the copy
     DELETE FROM messaging_delivery d USING q
-     WHERE d.id = q.id AND EXISTS (SELECT 1 FROM messaging_delivery o WHERE o.message_id = d.message_id
-                                   AND o.recipient = d.recipient AND o.forward_to = '' AND o.id <> d.id)
+     WHERE d.id = q.id AND {in_mailbox_sql("d")}
     RETURNING d.id
 ), counts AS (
     SELECT app_id, recipient, count(*) AS c FROM q GROUP BY app_id, recipient  -- (a gap where one was had)
@@ -83,15 +82,11 @@ def queued_into_mailboxes(home: str, *, back: bool = False) -> list[int] | None:
 # forward found it there and the call counted as a duplicate; the holder has now cleared its rows,
 # and the record is all that is left of the message. It becomes the mailbox row, at its place.
 _RECORDS_BACK_SQL = f"""
-UPDATE messaging_delivery d SET state = {PENDING}, forward_to = '', next_attempt_at = now(), claim = NULL, last_error = ''
-  FROM apps_registry_userdistribution ud
- WHERE d.state = {FORWARDED} AND d.forward_to <> '' AND d.created_at >= %(since)s
-   AND ud.app_id = d.app_id AND ud.domain_id = %(home)s AND ud.standby_id = %(standby)s
-   AND messaging_user_number(d.recipient) >= ud.range_from
-   AND (ud.range_to IS NULL OR messaging_user_number(d.recipient) <= ud.range_to)
-   AND NOT EXISTS (SELECT 1 FROM messaging_delivery o WHERE o.message_id = d.message_id
-                   AND o.recipient = d.recipient AND o.forward_to = '')
-RETURNING d.id
+UPDATE messaging_delivery SET state = {PENDING}, forward_to = '', next_attempt_at = now(), claim = NULL, last_error = ''
+ WHERE id IN (SELECT d.id FROM messaging_delivery d {in_ranges("d", "recipient")}
+               WHERE d.state = {FORWARDED} AND d.forward_to <> '' AND d.created_at >= %(since)s
+                 AND NOT {in_mailbox_sql("d")})
+RETURNING id
 """
 
 

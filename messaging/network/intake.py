@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db import transaction
 
 from foundation.db import hot_cursor
-from messaging.delivery.sql import DEAD, FORWARDED, PENDING
+from messaging.delivery.sql import DEAD, FORWARDED, PENDING, in_mailbox_sql
 from messaging.handoff import routing_enqueue
 from messaging.network import receipts
 from messaging.network.fast_forward import fast_accept
@@ -177,9 +177,7 @@ def _served_here_again(pairs: list[tuple[int, str]]) -> list[int]:
     here: the message came back (round a fault, or from the holder), and the record becomes the
     mailbox row, at its place (the standby feed takes it as new, migration 0023). Without this the
     record would answer "already here" and the message would reach no one."""
-    return _route_again(pairs, where=f"d.state = {FORWARDED} AND d.forward_to <> '' AND NOT EXISTS"
-                                     " (SELECT 1 FROM messaging_delivery o WHERE o.message_id = d.message_id"
-                                     " AND o.recipient = d.recipient AND o.forward_to = '')",
+    return _route_again(pairs, where=f"d.state = {FORWARDED} AND d.forward_to <> '' AND NOT {in_mailbox_sql('d')}",
                         params=[], set_also="forward_to = ''")
 
 

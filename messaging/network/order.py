@@ -34,8 +34,8 @@ from django.conf import settings
 from django.db import transaction
 
 from foundation.db import hot_cursor
+from messaging.delivery.sql import FORWARDED, in_mailbox_sql
 from messaging.handoff import routing_enqueue
-from messaging.models import DeliveryState
 from messaging.store import deliveries_append_sql
 
 log = logging.getLogger(__name__)
@@ -77,8 +77,7 @@ WITH fan AS MATERIALIZED (
            AS t(ord, message_id, app_id, recipient, origin_seq)
      -- (not one already in the mailbox: a held arrival whose message a merge put there meanwhile,
      -- messaging.network.mailbox_merge, is let go without a second row)
-     WHERE NOT EXISTS (SELECT 1 FROM messaging_delivery d WHERE d.message_id = t.message_id
-                                                           AND d.recipient = t.recipient AND d.forward_to = '')
+     WHERE NOT {in_mailbox_sql("t")}
 ), {deliveries_append_sql("fan", origin_seq=True)}
 SELECT ARRAY(SELECT id FROM new_deliveries ORDER BY id)
 """
@@ -158,16 +157,15 @@ def _not_here_yet(arrivals: list[Arrival]) -> list[Arrival]:
     recipient served here now (round a fault, or from its holder), and goes into the mailbox."""
     with hot_cursor() as cur:
         cur.execute(
-            """
+            f"""
             SELECT t.ord FROM unnest(%s::int[], %s::bigint[], %s::text[]) AS t(ord, message_id, recipient)
              WHERE NOT EXISTS (SELECT 1 FROM messaging_delivery d
                                 WHERE d.message_id = t.message_id AND d.recipient = t.recipient
-                                  AND (d.forward_to = '' OR d.state <> %s))
+                                  AND (d.forward_to = '' OR d.state <> {FORWARDED}))
                AND NOT EXISTS (SELECT 1 FROM messaging_heldinorder h
                                 WHERE h.message_id = t.message_id AND h.recipient = t.recipient)
             """,
-            [list(range(len(arrivals))), [a.message_id for a in arrivals], [a.recipient for a in arrivals],
-             DeliveryState.FORWARDED.value],
+            [list(range(len(arrivals))), [a.message_id for a in arrivals], [a.recipient for a in arrivals]],
         )
         return [arrivals[ord_] for (ord_,) in sorted(cur.fetchall())]
 

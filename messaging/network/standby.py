@@ -261,11 +261,9 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
     if not Domain.objects.filter(name=sender).exists():
         raise _refuse(f"{sender} is not a domain of this network", 403)
     here = settings.DOMAIN_NAME
-    ranges = standby_ranges(sender)
-    standing_by = {app: list(app_ranges) for app, app_ranges in ranges.items()}  # (the senders of `outgoing`)
+    standing_by = standby_ranges(sender)  # (also the senders of `outgoing`)
     back = standby_ranges(here, sender)
-    for app, app_ranges in back.items():
-        ranges.setdefault(app, []).extend(app_ranges)
+    ranges = {app: [*standing_by.get(app, ()), *back.get(app, ())] for app in {*standing_by, *back}}
     named = [*items, *payload.get("subscriptions", []), *outgoing]
     apps = dict(ClientApp.objects.filter(app_name__in={i.get("app") for i in named if isinstance(i, dict)
                                                        and isinstance(i.get("app"), str)}).values_list("app_name", "pk"))

@@ -42,6 +42,9 @@ from messaging.tasks import standby_flush_on_stop, standby_sweep
 pytestmark = pytest.mark.django_db
 
 ALICE, BOB, CAROL, DAVE = "ANZ-17", "ANZ-1000003", "ANZ-3000007", "ANZ-6000001"  # homed on 01, 02, 03, 04
+# What the gossip tells a domain once domain-04 holds domain-03's users.
+HELD_BY_04 = {"heard": {}, "takeovers": [{"home": "domain-03", "holder": "domain-04", "held": True, "epoch": 10**17,
+                                          "taken_at": "2026-11-28T00:00:00Z"}]}
 
 
 def login(user: str, app_id: str):
@@ -127,17 +130,22 @@ def test_a_standby_takes_over_a_lost_home_only_when_a_third_domain_agrees_it_is_
     assert mailbox(net, "domain-04")[-1] == ("during", "pending")
 
 
-def test_a_message_that_went_round_towards_the_lost_home_comes_back_to_the_holder_once(standby_ring):
-    net = standby_ring
-    lost(net)  # domain-04 routes round: through domain-01 and domain-02, where it waits for domain-03
+def sent_round_then_taken_over(net) -> None:
+    """domain-04 sends carol "round" while domain-03 is lost (it routes round: through domain-01 and
+    domain-02, where it waits for domain-03), then takes domain-03's users over."""
+    lost(net)
     net.send(DAVE, CAROL, "round", at="domain-04")
     net.pump()
     with net.at("domain-04"):
         assert take_over("domain-03")["state"] == "taken"
+
+
+def test_a_message_that_went_round_towards_the_lost_home_comes_back_to_the_holder_once(standby_ring):
+    net = standby_ring
+    sent_round_then_taken_over(net)
     for n in ("domain-01", "domain-02"):
         with net.at(n):
-            network_accept({"heard": {}, "takeovers": [{"home": "domain-03", "holder": "domain-04", "held": True,
-                                                        "epoch": 10**17, "taken_at": "2026-11-28T00:00:00Z"}]})
+            network_accept(HELD_BY_04)
             forward_sweep()
     net.pump()
     for n in ("domain-01", "domain-02"):
@@ -149,19 +157,13 @@ def test_a_message_that_went_round_towards_the_lost_home_comes_back_to_the_holde
 
 def test_a_message_the_holder_sent_round_comes_back_by_another_way_into_the_mailbox_once(standby_ring):
     net = standby_ring
-    lost(net)  # domain-04 routes round: through domain-01 and domain-02, where it waits for domain-03
-    net.send(DAVE, CAROL, "round", at="domain-04")
-    net.pump()
-    with net.at("domain-04"):
-        assert take_over("domain-03")["state"] == "taken"
+    sent_round_then_taken_over(net)
     # domain-03 answers again (still held), and domain-02 can reach the holder only through it
     net.down.discard("domain-03")
     net.cut_link("domain-01", "domain-02")
-    told = {"heard": {}, "takeovers": [{"home": "domain-03", "holder": "domain-04", "held": True,
-                                        "epoch": 10**17, "taken_at": "2026-11-28T00:00:00Z"}]}
     for n in ("domain-02", "domain-03", "domain-04"):
         with net.at(n):
-            network_accept(told)
+            network_accept(HELD_BY_04)
             LinkHealth.objects.filter(peer="domain-03").update(up=True, down_since=None, retry_at=None, last_error="")
     with net.at("domain-03"):  # it learned before the message was sent (the test's database clock stands still)
         Takeover.objects.update(learned_at=timezone.now() - timedelta(minutes=1))
@@ -204,8 +206,7 @@ def test_the_holder_hands_back_once_the_home_has_every_change_and_nothing_comes_
         subscription_add(app_id=net.app.pk, subscriber=CAROL, channel="sport")
     net.send(ALICE, CAROL, "during")  # domain-01 learned of the takeover
     with net.at("domain-01"):
-        network_accept({"heard": {}, "takeovers": [{
-            "home": "domain-03", "holder": "domain-04", "held": True, "epoch": 10**17, "taken_at": "2026-11-28T00:00:00Z"}]})
+        network_accept(HELD_BY_04)
     net.pump()
     net.deliver(CAROL, at="domain-04")  # she read both at domain-04
     net.down.clear()
@@ -488,8 +489,7 @@ def test_a_held_home_keeps_its_mailbox_parked_and_forwards_what_it_stores_since_
     with net.at("domain-04"):
         take_over("domain-03", manual=True)  # planned maintenance: domain-03 is up
     with net.at("domain-03"):
-        network_accept({"heard": {}, "takeovers": [{"home": "domain-03", "holder": "domain-04", "held": True,
-                                                    "epoch": 10**17, "taken_at": "2026-11-28T00:00:00Z"}]})
+        network_accept(HELD_BY_04)
         frozen = Delivery.objects.get(recipient=CAROL)
         deliveries_route([frozen.id])  # a retry, a fetch: it stays in her mailbox here, parked
         frozen.refresh_from_db()
@@ -530,8 +530,7 @@ def test_a_held_home_parks_what_its_holder_copies_back_and_never_forwards_it_bac
     net.pump()
     net.down.clear()  # domain-03 is back, and has heard that domain-04 holds its users
     with net.at("domain-03"):
-        network_accept({"heard": {}, "takeovers": [{"home": "domain-03", "holder": "domain-04", "held": True,
-                                                    "epoch": 10**17, "taken_at": "2026-11-28T00:00:00Z"}]})
+        network_accept(HELD_BY_04)
         # learned before the copy comes (the test's one transaction has one now(): see above)
         Takeover.objects.update(learned_at=timezone.now() - timedelta(hours=1))
     copy_now(net, at="domain-04")
