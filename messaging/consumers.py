@@ -71,6 +71,7 @@ class ClientConsumer(ChannelReaderConsumer):
     auth_timer: asyncio.TimerHandle | None = None
     master: MasterView | None = None  # the app's master user's connection: what it was told
     master_timer: asyncio.TimerHandle | None = None
+    answers_sends = False  # MESSAGE_ACCEPTED goes to ACK-mode senders only (docs/protocol.md)
 
     async def dispatch(self, message: dict) -> None:
         # Channels' default dispatch runs close_old_connections in a thread before every message
@@ -193,14 +194,7 @@ class ClientConsumer(ChannelReaderConsumer):
     # --- frames from the client ----------------------------------------------------------------
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        # Size, then rate, on the raw frame: a client over either costs no parsing at all.
-        authenticated = self.life.authenticated
-        limit = settings.WS_MAX_FRAME_BYTES if authenticated else settings.WS_PREAUTH_MAX_FRAME_BYTES
-        if frame_over(text_data, bytes_data, limit):
-            metrics.LIMITED.labels("frame_size" if authenticated else "preauth_frame_size").inc()
-            await self.close_with(CLOSE_TOO_BIG, f"frame over {limit} bytes{'' if authenticated else ' before AUTH_CLIENT'}")
-            return
-        if not await self._allowed(self.life.limits.frames):
+        if not await self.raw_allowed(text_data, bytes_data):
             return
         try:
             frame = parse_frame(text_data)
@@ -208,6 +202,20 @@ class ClientConsumer(ChannelReaderConsumer):
             metrics.REFUSED.labels("INVALID_MESSAGE").inc()
             await self.write(invalid(exc.reason, exc.data))
             return
+        await self.handle(frame)
+
+    async def raw_allowed(self, text_data: str | None, bytes_data: bytes | None) -> bool:
+        """Size, then rate, on the raw frame: a client over either costs no parsing at all."""
+        authenticated = self.life.authenticated
+        limit = settings.WS_MAX_FRAME_BYTES if authenticated else settings.WS_PREAUTH_MAX_FRAME_BYTES
+        if frame_over(text_data, bytes_data, limit):
+            metrics.LIMITED.labels("frame_size" if authenticated else "preauth_frame_size").inc()
+            await self.close_with(CLOSE_TOO_BIG, f"frame over {limit} bytes{'' if authenticated else ' before AUTH_CLIENT'}")
+            return False
+        return await self._allowed(self.life.limits.frames)
+
+    async def handle(self, frame: Frame) -> None:
+        """A parsed frame: its work budget, then its handler (AUTH_CLIENT alone before authentication)."""
         metrics.FRAMES.labels(frame.type).inc()
         work = self.life.limits.work
         if work is not None and frame.type not in CONTROL_TYPES and not await self._allowed(work, frame):

@@ -32,6 +32,8 @@ FRAMES = Counter("switchboard_ws_frames_received_total", "Client frames received
 REFUSED = Counter("switchboard_ws_frames_refused_total", "Frames answered with INVALID_MESSAGE or GENERAL_ERROR",
                   ["answer"], registry=REGISTRY)
 AUTH = Counter("switchboard_ws_auth_total", "AUTH_CLIENT outcomes", ["result"], registry=REGISTRY)
+SOCKETIO_CONNECTS = Counter("switchboard_socketio_connects_total", "Socket.IO CONNECT outcomes (admitted, refused)",
+                            ["result"], registry=REGISTRY)
 WRITTEN = Counter("switchboard_deliveries_written_total", "Stored messages written to sockets on this node",
                   registry=REGISTRY)
 DELIVERY_LATENCY = Histogram(

@@ -88,7 +88,14 @@ def parse_frame(text: str | None) -> Frame:
         raise FrameError("malformed JSON") from None
     # Only escapes (\u0000, \udc00) can put these characters into decoded strings: the raw text
     # came off the socket as valid UTF-8, and JSON refuses raw control characters in strings.
-    if "\\u" in text or "\\U" in text:
+    return frame_of(raw, escaped="\\u" in text or "\\U" in text)
+
+
+def frame_of(raw: Any, *, escaped: bool = True) -> Frame:
+    """A client frame from its decoded JSON (`escaped`: its text held \\u escapes, so its strings
+    are checked for what no socket can carry). Also how messaging.socketio turns an event into the
+    frame it stands for."""
+    if escaped:
         problem = unsafe_string(raw)
         if problem:
             raise FrameError(problem)

@@ -63,6 +63,9 @@ class Connection(Protocol):
     def admitted(self) -> None: ...  # authenticated: the ledger and the channel cursor exist from now
     def master_watch(self, view: MasterView) -> None: ...  # the app's master: what it was told, kept right
 
+    @property
+    def answers_sends(self) -> bool: ...  # every stored send is answered (MESSAGE_ACCEPTED), ACK mode or not
+
 
 Handler = Callable[[Connection, Frame], Awaitable[None]]
 
@@ -230,7 +233,7 @@ async def _store(conn: Connection, frame: Frame, data: dict, message: OutgoingMe
         metrics.INTAKE_REFUSED.inc()
         raise FrameError("server busy: the message was not stored; send it again later", data,
                          retryAfterMs=retry_after_ms(exc.retry_after)) from None
-    if conn.life.acks:
+    if conn.life.acks or conn.answers_sends:
         await conn.write(accepted_frame(message_id=result.message_id, client_message_id=message.client_message_id,
                                         reference=frame.reference, duplicate=result.duplicate,
                                         recipients=len(message.recipients)))

@@ -5,10 +5,16 @@ from __future__ import annotations
 from django.urls import path, re_path
 
 from messaging.consumers import ClientConsumer
+from messaging.socketio.consumer import SocketIOConsumer
+from messaging.socketio.engine import EngineIO
 from messaging.streams.sse import SseStream
 from messaging.streams.ws import PushStreamConsumer
 
+# Socket.IO (Engine.IO's polling and WebSocket transports): one application for both protocols.
+socketio_application = EngineIO(SocketIOConsumer.as_asgi())
+
 websocket_urlpatterns = [
+    re_path(r"^socket\.io/?$", socketio_application),
     re_path(r"^ws/messages/?$", PushStreamConsumer.as_asgi()),
     re_path(r"^ws/?$", ClientConsumer.as_asgi()),
     # A domain's bare URL (the linker seed lists them without a path: ws://host:8002): the same endpoint.
@@ -16,5 +22,6 @@ websocket_urlpatterns = [
 ]
 
 stream_urlpatterns = [
+    re_path(r"^socket\.io/?$", socketio_application),
     path("sse/messages", SseStream()),
 ]

@@ -235,6 +235,12 @@ WS_MAX_FRAME_BYTES = env_int("WS_MAX_FRAME_BYTES", 1024 * 1024)  # larger frames
 # anonymous client cannot make the node hold or parse large frames. Larger closes with 1009.
 WS_PREAUTH_MAX_FRAME_BYTES = env_int("WS_PREAUTH_MAX_FRAME_BYTES", 4096)
 WEB_DB_THREADS = env_int("WEB_DB_THREADS", 8)
+# Socket.IO at /socket.io/ (messaging.socketio): Engine.IO's heartbeat (the server pings every
+# interval; a session whose pong does not come within the timeout is closed) and the largest
+# payload a client may send in one poll or WebSocket frame, in bytes (told to clients at the handshake).
+SOCKETIO_PING_INTERVAL = env_float("SOCKETIO_PING_INTERVAL", 25.0)
+SOCKETIO_PING_TIMEOUT = env_float("SOCKETIO_PING_TIMEOUT", 20.0)
+SOCKETIO_MAX_PAYLOAD = env_int("SOCKETIO_MAX_PAYLOAD", 1_000_000)
 # Listen backlog (capped by net.core.somaxconn) and seconds a WebSocket handshake may take once
 # accepted: Twisted's 50 and daphne's 5 s sent a reconnect storm into TCP retransmits (issue 17).
 WEB_LISTEN_BACKLOG = env_int("WEB_LISTEN_BACKLOG", 4096)
