@@ -62,10 +62,16 @@ network-status: install
 network-reset: install
 	$(BIN)/python -m devstack.network reset
 
-# What the tests need from the operating system (Chromium, a Java runtime for Spark): installed
+# What the tests need from the operating system (Chromium, a Java runtime for Spark, HAProxy, Node.js): installed
 # with apt-get when missing and we are root, else a one-line instruction and a stop.
 sysdeps: install
-	$(BIN)/python -m devstack.sysdeps chromium java haproxy
+	$(BIN)/python -m devstack.sysdeps chromium java haproxy node
+
+# The real socket.io-client the Socket.IO tests drive, at the version tests/node/package-lock.json pins.
+NODE_STAMP := tests/node/node_modules/.installed
+$(NODE_STAMP): tests/node/package-lock.json
+	npm ci --prefix tests/node --no-audit --no-fund --loglevel=error
+	@touch $(NODE_STAMP)
 
 # The whole suite, on TEST_WORKERS pytest-xdist workers (a module's tests on one worker, so its
 # processes start once; each worker with a Redis of its own: devstack.pytest_services).
@@ -75,7 +81,7 @@ PYTEST_DIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --
 # The project's bytecode, compiled once: every process the tests start (about two hundred) would
 # compile it again where PYTHONDONTWRITEBYTECODE is set.
 COMPILE = $(BIN)/python -m compileall -q -j 0 apps_registry messaging presence analytics platform bench > /dev/null
-test: install sysdeps
+test: install sysdeps $(NODE_STAMP)
 	$(COMPILE)
 	$(BIN)/python -m pytest $(PYTEST_DIST) $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 1; fi; exit $$rc
 

@@ -26,7 +26,7 @@ from socketio import packet as sio
 from foundation.transport.frames import CLOSE_NORMAL, CLOSE_POLICY, dumps
 from messaging import metrics
 from messaging.consumers import ClientConsumer
-from messaging.protocol import FrameError, frame_of, invalid
+from messaging.protocol import FETCH_MAX, FrameError, frame_of, invalid
 from messaging.socketio import mapping
 
 PID_SALT = "switchboard.socketio.pid"
@@ -70,6 +70,8 @@ class SocketIOConsumer(ClientConsumer):
         self.next_ack = 0
         self.login: dict = {}  # the CONNECT packet's auth
         self.redirect: str | None = None  # a refused login's other domain
+        self.recovering = False  # the login brought back its pid: what waits is pushed once admitted
+        self.quiet_fetch = False  # that push's own fetch: its end says nothing unless more is left
         await super().connect()
 
     @property
@@ -130,13 +132,29 @@ class SocketIOConsumer(ClientConsumer):
         self.login = auth
         data = {k: auth[k] for k in ("appId", "userId", "token", "acks") if k in auth}
         await self._as_frame({"type": "AUTH_CLIENT", "data": data}, escaped=True)
+        if self.life.authenticated and self.recovering:
+            await self._recover()
 
     def _connected(self) -> dict:
         app_id, user_id = self.login.get("appId"), self.life.user_id
         pid = self.login.get("pid")
-        if not pid_matches(pid, str(app_id), user_id):
+        self.recovering = pid_matches(pid, str(app_id), user_id)
+        if not self.recovering:
             pid = pid_for(str(app_id), user_id)
         return {"sid": str(self.life.session_id), "pid": pid}
+
+    async def _recover(self) -> None:
+        """A reconnect that brought its `pid` back (socket.io-client's connection state recovery):
+        what is stored for the user and was not delivered (in ACK mode: not acknowledged) is pushed
+        now, as `message` events, up to FETCH_MAX of them; `fetch_complete` tells how many more wait
+        for `fetch_missing`."""
+        self.recovering = False
+        self.quiet_fetch = True
+        try:
+            await self.handle(frame_of({"type": "FETCH_MISSING_MESSAGES_REQUEST", "data": {"count": FETCH_MAX}},
+                                       escaped=False))
+        finally:
+            self.quiet_fetch = False
 
     async def _event(self, pkt: Packet) -> None:
         args = pkt.data if isinstance(pkt.data, list) else []
@@ -206,6 +224,8 @@ class SocketIOConsumer(ClientConsumer):
         if answer is not None:
             if self.answering is not None:
                 return await self._answer(answer)
+            if self.quiet_fetch and kind == "FETCH_MISSING_MESSAGES_COMPLETE" and not answer["leftMissingCount"]:
+                return True
             event = mapping.UNANSWERED.get(kind)
             return True if event is None else await self._send(Packet(sio.EVENT, [event, answer]))
         event = mapping.event_of(kind, data)

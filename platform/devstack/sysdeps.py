@@ -1,6 +1,6 @@
-"""The two things the test suite needs from the operating system, installed when missing.
+"""What the test suite needs from the operating system, installed when missing.
 
-    python -m devstack.sysdeps [chromium] [java] [haproxy]
+    python -m devstack.sysdeps [chromium] [java] [haproxy] [node]
 
 `make test` runs this before pytest, so a bare machine needs nothing but Python and `make`:
 
@@ -8,7 +8,9 @@
   does not work on machines without general internet access);
 - java: a Java 17+ runtime (Debian's `openjdk-17-jre-headless`) for PySpark;
 - haproxy: Debian's `haproxy`, the load balancer in front of several web nodes (`make run
-  WEB_NODES=3` installs it too; the load-balancing system tests run it).
+  WEB_NODES=3` installs it too; the load-balancing system tests run it);
+- node: Node.js and npm, which run the real `socket.io-client` (its version pinned in
+  tests/node/package-lock.json, installed by `make test` with `npm ci`) in the Socket.IO tests.
 
 As root on a Debian-like system it installs them with apt-get. Otherwise it prints the one command
 to run and exits 1, so the suite does not start only to fail half-way.
@@ -65,11 +67,13 @@ def _java_present() -> bool:
     return version is not None and version >= 17
 
 
-PRESENT = {"chromium": _chromium_present, "java": _java_present, "haproxy": lambda: haproxy_path() is not None}
+PRESENT = {"chromium": _chromium_present, "java": _java_present, "haproxy": lambda: haproxy_path() is not None,
+           "node": lambda: shutil.which("node") is not None and shutil.which("npm") is not None}
 DEPENDENCIES = {
     "chromium": SystemDependency("chromium", "chromium", "the browser tests drive it headless"),
     "java": SystemDependency("java", "openjdk-17-jre-headless", "PySpark runs on a Java 17+ runtime"),
     "haproxy": SystemDependency("haproxy", "haproxy", "the load balancer in front of several web nodes"),
+    "node": SystemDependency("node", "nodejs npm", "the Socket.IO tests drive the real socket.io-client from npm"),
 }
 
 

@@ -1,0 +1,212 @@
+"""The real socket.io-client (Node, from npm: tests/node) against a real web node: the default client
+(polling, then the upgrade), a polling-only one, sends with acknowledgements, a refused login, ACK
+mode, recovery after a dropped transport, channels and the master's presence."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from apps_registry.models import ClientApp, UserDistribution
+from apps_registry.services import api_key_create
+from messaging.models import Delivery, DeliveryState
+from tests.wsclient import APP_ID, WsClient, wait_for
+
+pytestmark = pytest.mark.system
+DRIVER = Path(__file__).resolve().parents[1] / "node" / "driver.mjs"
+
+
+class NodeClient:
+    """One socket.io-client in a Node process (tests/node/driver.mjs), commanded line by line."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(["node", str(DRIVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1)
+        self.lines: queue.Queue[dict] = queue.Queue()
+        self.seen: list[dict] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        self.wait_event("ready")
+        self.calls = 0
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(json.loads(line))
+
+    def command(self, **cmd: Any) -> None:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def connect(self, url: str, user_id: str, *, app_id: str = APP_ID, ack_messages: bool = True,
+                opts: dict | None = None, **auth: Any) -> dict:
+        self.command(op="connect", url=url, auth={"appId": app_id, "userId": user_id, "token": "t-1", **auth},
+                     opts=opts or {}, ackMessages=ack_messages)
+        return self.wait(lambda e: e.get("event") in ("connect", "connect_error"))
+
+    def call(self, event: str, data: Any) -> Any:
+        self.calls += 1
+        n = self.calls
+        self.command(op="emit", n=n, event=event, data=data)
+        return self.wait(lambda e: e.get("ack") == n)["result"]
+
+    def wait_event(self, name: str, timeout: float = 15) -> dict:
+        return self.wait(lambda e: e.get("event") == name, timeout)
+
+    def wait(self, predicate, timeout: float = 15) -> dict:
+        for seen in self.seen:
+            if predicate(seen):
+                self.seen.remove(seen)
+                return seen
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"nothing matching within {timeout}s; seen {self.seen[-8:]}")
+            try:
+                got = self.lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if predicate(got):
+                return got
+            self.seen.append(got)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.command(op="exit")
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def __enter__(self) -> NodeClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+@pytest.fixture(scope="module")
+def pub(demo_network, django_db_blocker):
+    """App SIO (committed): `news.*` public, client subscriptions allowed; its API key for publishing."""
+    with django_db_blocker.unblock():
+        app = ClientApp.objects.create(app_name="SIO", app_id="app-id-sio", master_user_id="SIO-1",
+                                       client_subscriptions_allowed=True, public_channel_patterns=["news.*"],
+                                       auth_mode="none")
+        UserDistribution.objects.create(app=app, domain=demo_network["anz"].distributions.first().domain,
+                                        range_from=0, range_to=None)
+        return {"app": app, "key": api_key_create(app=app, name="publisher")[1]}
+
+
+@pytest.fixture(scope="module")
+def web(module_processes, pub):
+    node = module_processes.web("web")
+    module_processes.worker("worker")
+    return node
+
+
+@pytest.mark.django_db
+def test_the_default_client_connects_by_polling_upgrades_and_exchanges_messages_with_a_ws_user(web):
+    with NodeClient() as alice, WsClient(web.ws_url) as bob:
+        bob.auth("ANZ-42002")
+        connected = alice.connect(web.url, "ANZ-42001")
+        assert connected["event"] == "connect"  # (on polling, or already upgraded: the login takes a moment)
+        alice.wait(lambda e: e.get("event") == "upgrade" and e["transport"] == "websocket")
+        answer = alice.call("message", {"to": "ANZ-42002", "content": "from node", "reference": "n-1"})
+        assert answer["id"].isdigit()
+        assert bob.recv_type("MESSAGE")["data"]["content"] == "from node"
+        bob.message("ANZ-42001", "to node")
+        got = alice.wait_event("message")
+        assert got["args"][0]["content"] == "to node" and got["args"][0]["from"] == "ANZ-42002"
+        assert got["args"][0]["feature"] == "RELIABLE" and not got["acked"]  # no ACK request outside ACK mode
+
+
+@pytest.mark.django_db
+def test_a_polling_only_client_sends_and_receives(web):
+    with NodeClient() as alice, NodeClient() as bob:
+        assert alice.connect(web.url, "ANZ-42011", opts={"transports": ["polling"]})["transport"] == "polling"
+        assert bob.connect(web.url, "ANZ-42012", opts={"transports": ["polling"]})["event"] == "connect"
+        assert alice.call("group_message", {"to": ["ANZ-42012"], "content": "polled"})["id"].isdigit()
+        assert bob.wait_event("message")["args"][0]["content"] == "polled"
+
+
+@pytest.mark.django_db
+def test_a_refused_login_is_a_connect_error_with_a_reason_and_the_close_code(web):
+    with NodeClient() as client:
+        refused = client.connect(web.url, "ANZ-42021", app_id="no-such-app")
+        assert refused["event"] == "connect_error"
+        assert refused["message"] and refused["data"]["code"] == 1008
+
+
+@pytest.mark.django_db
+def test_a_fast_message_is_answered_and_pushed_without_an_id(web):
+    with NodeClient() as alice, NodeClient() as bob:
+        alice.connect(web.url, "ANZ-42031")
+        bob.connect(web.url, "ANZ-42032")
+        assert alice.call("message", {"to": "ANZ-42032", "content": "quick", "feature": "FAST"}) == {
+            "id": None, "feature": "FAST"}
+        message = bob.wait_event("message")["args"][0]
+        assert message["content"] == "quick" and message["feature"] == "FAST" and message["id"] is None
+
+
+@pytest.mark.django_db
+def test_in_ack_mode_the_callback_is_the_ack_and_an_unacknowledged_message_comes_again(web):
+    with WsClient(web.ws_url) as sender:
+        sender.auth("ANZ-42041")
+        with NodeClient() as bob:
+            bob.connect(web.url, "ANZ-42042", acks=True, ack_messages=False)
+            sender.message("ANZ-42042", "ack me")
+            first = bob.wait_event("message")
+        with NodeClient() as bob:
+            bob.connect(web.url, "ANZ-42042", acks=True)
+            again = bob.wait_event("message")
+            assert again["args"][0]["id"] == first["args"][0]["id"] and again["acked"]
+            wait_for(lambda: Delivery.objects.filter(recipient="ANZ-42042", state=DeliveryState.DELIVERED).count() == 1)
+
+
+@pytest.mark.django_db
+def test_a_dropped_transport_reconnects_recovered_and_gets_what_was_sent_meanwhile_once(web):
+    with NodeClient() as bob, WsClient(web.ws_url) as alice:
+        alice.auth("ANZ-42051")
+        first = bob.connect(web.url, "ANZ-42052", opts={"transports": ["websocket"]})
+        assert first["recovered"] is False
+        bob.command(op="dropTransport")
+        bob.wait(lambda e: e.get("event") == "disconnect")
+        for i in range(3):
+            alice.message("ANZ-42052", f"meanwhile-{i}")
+        again = bob.wait_event("connect")
+        assert again["recovered"] is True and again["id"] != first["id"]
+        got = [bob.wait_event("message")["args"][0]["content"] for _ in range(3)]
+        assert sorted(got) == ["meanwhile-0", "meanwhile-1", "meanwhile-2"]
+        with pytest.raises(TimeoutError):
+            bob.wait_event("message", timeout=1.5)
+
+
+@pytest.mark.django_db
+def test_a_subscriber_gets_channel_messages_with_their_offsets(web, pub):
+    with NodeClient() as reader:
+        reader.connect(web.url, "SIO-42061", app_id="app-id-sio")
+        assert reader.call("subscribe", {"channel": "news.sport"}) == {"channel": "news.sport", "offset": 0}
+        response = httpx.post(f"{web.url}/messages", json={"channel": "news.sport", "message": "goal"},
+                              headers={"Authorization": f"Bearer {pub['key']}"}, timeout=10)
+        assert response.status_code == 202, response.text
+        event = reader.wait_event("channel_message")["args"][0]
+        assert event == {"channel": "news.sport", "offset": 1, "message": "goal"}
+        assert reader.call("unsubscribe", {"channel": "news.sport"}) == {}
+
+
+@pytest.mark.django_db
+def test_the_master_user_is_told_of_a_socketio_user_connecting(web):
+    with NodeClient() as master, NodeClient() as user:
+        master.connect(web.url, "ANZ-123223")
+        assert "users" in master.wait_event("online_users")["args"][0]
+        user.connect(web.url, "ANZ-42071")
+        assert master.wait_event("user_connected")["args"][0] == {"userId": "ANZ-42071"}
+        user.command(op="disconnect")
+        assert master.wait_event("user_disconnected")["args"][0] == {"userId": "ANZ-42071"}
