@@ -47,6 +47,7 @@ _MESSAGES = {TRANSPORT_UNKNOWN: "Transport unknown", SESSION_UNKNOWN: "Session I
              BAD_HANDSHAKE_METHOD: "Bad handshake method", BAD_REQUEST: "Bad request", FORBIDDEN: "Forbidden",
              UNSUPPORTED_VERSION: "Unsupported protocol version"}
 SEPARATOR = "\x1e"  # between the packets of a polling payload
+SID_HEADER = b"x-socketio-sid"
 CLOSE_GOING_AWAY = 1001  # the transport closed under the session (the consumer's disconnect code)
 
 _sessions: dict[str, EngineSession] = {}
@@ -264,7 +265,10 @@ class EngineIO:
                 await _error(send, scope, BAD_HANDSHAKE_METHOD)
                 return
             session = EngineSession(scope, self.app, polling=True)
-            await _answer(send, scope, 200, session.handshake(upgrades=["websocket"]).encode())
+            # The session's id in a header too: a load balancer keeps its later requests on this
+            # node by it (devstack.balancer's stick table).
+            await _answer(send, scope, 200, session.handshake(upgrades=["websocket"]).encode(),
+                          extra=[(SID_HEADER, session.sid.encode())])
             return
         session = _sessions.get(sid)
         if session is None:

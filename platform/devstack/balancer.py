@@ -16,6 +16,7 @@ which differ only in how the servers are named: listed ports here, docker's DNS 
   long-lived WebSockets (round robin would pile them on a node that just came back empty-handed
   last, never evening out).
 - A connection refused by a node that died between two checks is retried on another node.
+- A Socket.IO polling session keeps to the node that opened it (a stick table on its `sid`).
 - X-Forwarded-For gets the client's address appended, and X-Forwarded-Proto is set (never passed
   through from the client); the web nodes believe both only from TRUSTED_PROXIES
   (foundation.forwarded), which must therefore name this HAProxy's address.
@@ -48,6 +49,8 @@ COMPOSE_INTERNAL_PORT = 8001  # the calls between domains (_internal_frontend)
 INTERNAL_PREFIX = "/internal/"
 COMPOSE_MAX_WEB_NODES = 10
 COMPOSE_FILE = Path(__file__).resolve().parents[1] / "haproxy.cfg"
+SOCKETIO_SID_HEADER = "x-socketio-sid"  # messaging.socketio.engine's handshake answer names its session
+SOCKETIO_STICK_EXPIRE = "10m"  # a session's requests come every ping interval (25 s) at the most
 
 
 @dataclass(frozen=True)
@@ -103,9 +106,17 @@ def _internal_frontend(bind: str) -> list[str]:
 def _backend_head() -> list[str]:
     # Host: localhost, which ALLOWED_HOSTS holds by default: Django refuses a request for a host it
     # does not serve, and a node answering 400 would be taken out of rotation.
+    # A Socket.IO session (Engine.IO) lives on the node that opened it: its handshake answers with
+    # the session id in SOCKETIO_SID_HEADER, remembered here with that node, and every later
+    # request naming the session (`?sid=`: polls, posts, the upgrade to a WebSocket) goes there.
+    # If that node is gone the request goes elsewhere, is told "Session ID unknown", and the
+    # client opens a new session and recovers (docs/protocol.md, "Socket.IO").
     return [
         f"backend {BACKEND}",
         "    balance leastconn",
+        f"    stick-table type string len 64 size 1m expire {SOCKETIO_STICK_EXPIRE}",
+        "    stick match url_param(sid)",
+        f"    stick store-response res.hdr({SOCKETIO_SID_HEADER})",
         f"    option httpchk GET {HEALTH_PATH} HTTP/1.1",
         "    http-check send hdr Host localhost",
         "    http-check expect status 200",

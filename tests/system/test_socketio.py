@@ -4,66 +4,18 @@ Engine.IO requests: the protocol as its documents write it, and Switchboard's gu
 from __future__ import annotations
 
 import json
-import queue
 import threading
 import time
-from typing import Any
 
 import httpx
 import pytest
 import socketio
 
 from messaging.models import Delivery, DeliveryState
+from tests.sioclients import SioUser
 from tests.wsclient import APP_ID, WsClient, wait_for
 
 pytestmark = pytest.mark.system
-
-
-class SioUser:
-    """A python-socketio client (the real one) that keeps what it is sent."""
-
-    def __init__(self, url: str, user_id: str, *, transports: list[str] | None = None, acks: bool = False,
-                 app_id: str = APP_ID, ack_messages: bool = True, **auth: Any):
-        self.url, self.user_id = url, user_id
-        self.client = socketio.Client(reconnection=False)
-        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.ack_messages = ack_messages
-        self.auth = {"appId": app_id, "userId": user_id, "token": "token-12345", **auth}
-        if acks:
-            self.auth["acks"] = True
-        self.transports = transports
-
-        @self.client.on("message")
-        def on_message(data):
-            self.events.put(("message", data))
-            return {} if self.ack_messages else None  # the callback of a message emitted with an ACK request
-
-        for name in ("confirmation", "user_connected", "user_disconnected", "online_users", "channel_message",
-                     "invalid_message", "connect_error"):
-            self.client.on(name, lambda data, name=name: self.events.put((name, data)))
-
-    def __enter__(self) -> SioUser:
-        self.client.connect(self.url, auth=self.auth, transports=self.transports, wait_timeout=10)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.client.disconnect()
-
-    def call(self, event: str, data: Any, timeout: float = 10) -> Any:
-        return self.client.call(event, data, timeout=timeout)
-
-    def next(self, name: str, timeout: float = 10) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"no {name} event within {timeout}s")
-            try:
-                got, data = self.events.get(timeout=left)
-            except queue.Empty:
-                continue
-            if got == name:
-                return data
 
 
 def _engine(node, **params: str) -> httpx.Response:

@@ -4,92 +4,16 @@ mode, recovery after a dropped transport, channels and the master's presence."""
 
 from __future__ import annotations
 
-import json
-import queue
-import subprocess
-import threading
-import time
-from pathlib import Path
-from typing import Any
-
 import httpx
 import pytest
 
 from apps_registry.models import ClientApp, UserDistribution
 from apps_registry.services import api_key_create
 from messaging.models import Delivery, DeliveryState
-from tests.wsclient import APP_ID, WsClient, wait_for
+from tests.sioclients import NodeClient
+from tests.wsclient import WsClient, wait_for
 
 pytestmark = pytest.mark.system
-DRIVER = Path(__file__).resolve().parents[1] / "node" / "driver.mjs"
-
-
-class NodeClient:
-    """One socket.io-client in a Node process (tests/node/driver.mjs), commanded line by line."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(["node", str(DRIVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, bufsize=1)
-        self.lines: queue.Queue[dict] = queue.Queue()
-        self.seen: list[dict] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        self.wait_event("ready")
-        self.calls = 0
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(json.loads(line))
-
-    def command(self, **cmd: Any) -> None:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-
-    def connect(self, url: str, user_id: str, *, app_id: str = APP_ID, ack_messages: bool = True,
-                opts: dict | None = None, **auth: Any) -> dict:
-        self.command(op="connect", url=url, auth={"appId": app_id, "userId": user_id, "token": "t-1", **auth},
-                     opts=opts or {}, ackMessages=ack_messages)
-        return self.wait(lambda e: e.get("event") in ("connect", "connect_error"))
-
-    def call(self, event: str, data: Any) -> Any:
-        self.calls += 1
-        n = self.calls
-        self.command(op="emit", n=n, event=event, data=data)
-        return self.wait(lambda e: e.get("ack") == n)["result"]
-
-    def wait_event(self, name: str, timeout: float = 15) -> dict:
-        return self.wait(lambda e: e.get("event") == name, timeout)
-
-    def wait(self, predicate, timeout: float = 15) -> dict:
-        for seen in self.seen:
-            if predicate(seen):
-                self.seen.remove(seen)
-                return seen
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"nothing matching within {timeout}s; seen {self.seen[-8:]}")
-            try:
-                got = self.lines.get(timeout=left)
-            except queue.Empty:
-                continue
-            if predicate(got):
-                return got
-            self.seen.append(got)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.command(op="exit")
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-    def __enter__(self) -> NodeClient:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
 
 @pytest.fixture(scope="module")
