@@ -22,11 +22,10 @@ class SioUser:
     """A python-socketio client (the real one) that keeps what it is sent."""
 
     def __init__(self, url: str, user_id: str, *, transports: list[str] | None = None, acks: bool = False,
-                 app_id: str = APP_ID, ack_messages: bool = True, **auth: Any):
+                 app_id: str = APP_ID, **auth: Any):
         self.url, self.user_id = url, user_id
         self.client = socketio.Client(reconnection=False)
         self.events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self.ack_messages = ack_messages
         self.auth = {"appId": app_id, "userId": user_id, "token": "token-12345", **auth}
         if acks:
             self.auth["acks"] = True
@@ -35,7 +34,7 @@ class SioUser:
         @self.client.on("message")
         def on_message(data):
             self.events.put(("message", data))
-            return {} if self.ack_messages else None  # the callback of a message emitted with an ACK request
+            return {}  # in ACK mode the answer to the message's ACK request (python-socketio always answers)
 
         for name in ("confirmation", "user_connected", "user_disconnected", "online_users", "channel_message",
                      "invalid_message", "connect_error"):

@@ -164,6 +164,8 @@ class SocketIOConsumer(ClientConsumer):
                 raise FrameError("an event is a list that starts with its name")
             if not self.life.authenticated:
                 raise FrameError("not connected: send CONNECT with auth first")
+            if mapping.has_binary(args):
+                raise FrameError("binary data is not taken here: content and every field are text or JSON")
             raw = mapping.frame_for_event(args[0], args[1] if len(args) > 1 else None)
             if args[0] == "fetch_missing" and pkt.id is not None:
                 self.collected = []

@@ -10,27 +10,144 @@ import time
 import httpx
 import pytest
 import socketio
+from websockets.sync.client import connect
 
 from messaging.models import Delivery, DeliveryState
+from presence.models import Session
 from tests.sioclients import SioUser
 from tests.wsclient import APP_ID, WsClient, wait_for
 
 pytestmark = pytest.mark.system
 
 
-def _engine(node, **params: str) -> httpx.Response:
-    return httpx.get(f"{node.url}/socket.io/", params=params, timeout=10)
+HEARTBEAT = {"SOCKETIO_PING_INTERVAL": "1.5", "SOCKETIO_PING_TIMEOUT": "1", "SOCKETIO_MAX_PAYLOAD": "100000"}
+
+
+@pytest.fixture(scope="module")
+def node(module_processes):
+    """One web node and one worker, with a short Engine.IO heartbeat and a smaller payload limit."""
+    web = module_processes.web("web", **HEARTBEAT)
+    module_processes.worker("worker")
+    return web
+
+
+class Polling:
+    """An Engine.IO session on HTTP long-polling, by hand."""
+
+    def __init__(self, node):
+        self.url = f"{node.url}/socket.io/"
+        opened = httpx.get(self.url, params={"EIO": "4", "transport": "polling"}, timeout=10)
+        assert opened.status_code == 200 and opened.text[0] == "0", opened.text
+        self.open = json.loads(opened.text[1:])
+        self.sid = self.open["sid"]
+        assert opened.headers["x-socketio-sid"] == self.sid  # what a load balancer keeps the session by
+
+    def params(self) -> dict:
+        return {"EIO": "4", "transport": "polling", "sid": self.sid}
+
+    def get(self, timeout: float = 10) -> httpx.Response:
+        return httpx.get(self.url, params=self.params(), timeout=timeout)
+
+    def post(self, *packets: str) -> httpx.Response:
+        return httpx.post(self.url, params=self.params(), content="\x1e".join(packets).encode(), timeout=10)
+
+    def packets(self) -> list[str]:
+        answer = self.get()
+        assert answer.status_code == 200, answer.text
+        return answer.text.split("\x1e")
 
 
 @pytest.mark.django_db
-def test_the_polling_handshake_gives_the_session_its_id_upgrades_and_heartbeat(node):
-    answer = _engine(node, EIO="4", transport="polling")
-    assert answer.status_code == 200
-    assert answer.text[0] == "0"  # the OPEN packet
-    opened = json.loads(answer.text[1:])
-    assert set(opened) == {"sid", "upgrades", "pingInterval", "pingTimeout", "maxPayload"}
-    assert opened["upgrades"] == ["websocket"]
-    assert opened["pingInterval"] == 25000 and opened["pingTimeout"] == 20000 and opened["maxPayload"] == 1_000_000
+def test_the_polling_handshake_gives_the_session_its_id_upgrades_and_the_configured_heartbeat(node):
+    session = Polling(node)
+    assert set(session.open) == {"sid", "upgrades", "pingInterval", "pingTimeout", "maxPayload"}
+    assert session.open["upgrades"] == ["websocket"]
+    assert (session.open["pingInterval"], session.open["pingTimeout"], session.open["maxPayload"]) == (1500, 1000,
+                                                                                                       100_000)
+
+
+@pytest.mark.django_db
+def test_the_server_pings_a_pong_keeps_the_session_and_silence_ends_it(node):
+    session = Polling(node)
+    assert session.packets() == ["2"]  # the server's PING, after the interval
+    assert session.post("3").text == "ok"
+    assert session.packets() == ["2"]  # still open: pinged again
+    time.sleep(1.5)  # no PONG within the timeout
+    late = session.get()
+    assert late.status_code == 400 and late.json() == {"code": 1, "message": "Session ID unknown"}
+
+
+@pytest.mark.django_db
+def test_a_connect_over_polling_is_answered_with_the_sid_and_pid_and_another_namespace_is_refused(node):
+    session = Polling(node)
+    session.post('40/admin,{"appId":"app-id-343","userId":"ANZ-41091"}')
+    assert session.packets() == ['44/admin,{"message":"Invalid namespace"}']
+    session.post('40{"appId":"app-id-343","userId":"ANZ-41091","token":"t"}')
+    packet = session.packets()[0]
+    assert packet.startswith("40{")
+    connected = json.loads(packet[2:])
+    assert set(connected) == {"sid", "pid"}
+    assert Session.objects.filter(user_id="ANZ-41091", connection_id=connected["sid"]).exists()  # its clientId
+
+
+@pytest.mark.django_db
+def test_two_polls_at_once_end_the_session(node):
+    session = Polling(node)
+    waiting = threading.Thread(target=session.get, kwargs={"timeout": 5})
+    waiting.start()
+    time.sleep(0.3)
+    second = session.get()
+    assert second.status_code == 400 and second.json()["code"] == 3
+    waiting.join()
+    assert session.get().json()["code"] == 1  # the session is gone
+
+
+@pytest.mark.django_db
+def test_a_post_over_the_payload_limit_is_refused_and_ends_the_session(node):
+    session = Polling(node)
+    answer = session.post("4" + "x" * 100_001)
+    assert answer.status_code == 413 and answer.json()["message"] == "Payload too large"
+    assert session.get().json()["code"] == 1
+
+
+@pytest.mark.django_db
+def test_a_close_packet_from_the_client_ends_the_session(node):
+    session = Polling(node)
+    assert session.post("1").text == "ok"
+    assert session.get().json() == {"code": 1, "message": "Session ID unknown"}
+
+
+@pytest.mark.django_db
+def test_the_probe_and_upgrade_move_a_polling_session_to_a_websocket(node):
+    session = Polling(node)
+    session.post('40{"appId":"app-id-343","userId":"ANZ-41101","token":"t"}')
+    assert session.packets()[0].startswith("40{")
+    pending: list[httpx.Response] = []
+    poll = threading.Thread(target=lambda: pending.append(session.get()))
+    poll.start()
+    time.sleep(0.2)
+    url = f"ws://127.0.0.1:{node.port}/socket.io/?EIO=4&transport=websocket&sid={session.sid}"
+    with connect(url) as ws:
+        ws.send("2probe")
+        assert ws.recv(timeout=5) == "3probe"
+        poll.join(5)
+        assert pending[0].text == "6"  # the waiting poll let go with a NOOP
+        ws.send("5")  # UPGRADE: from now on the session is on this socket
+        ws.send('421["message",{"to":"ANZ-41102","content":"over the upgraded socket"}]')
+        answer = ws.recv(timeout=5)
+        while answer == "2":  # a PING may come first
+            ws.send("3")
+            answer = ws.recv(timeout=5)
+        assert answer.startswith("431[") and json.loads(answer[3:])[0]["id"].isdigit()  # ACK 1: stored
+        assert session.get().status_code == 400  # no more polls on an upgraded session
+
+
+@pytest.mark.django_db
+def test_a_binary_attachment_is_reassembled_and_judged_like_any_content(node):
+    with SioUser(node.url, "ANZ-41111") as alice:
+        answer = alice.call("message", {"to": "ANZ-41112", "content": b"\x00\x01 binary"})
+        assert answer["error"] == "INVALID_MESSAGE" and "content" in answer["detail"]
+        assert alice.call("message", {"to": "ANZ-41112", "content": "text"})["id"].isdigit()
 
 
 @pytest.mark.django_db
@@ -118,18 +235,17 @@ def test_fetch_missing_answers_the_stored_messages_and_what_is_left(node):
 
 
 @pytest.mark.django_db
-def test_in_ack_mode_a_message_not_acknowledged_comes_again_with_the_same_id_after_a_reconnect(node):
+def test_in_ack_mode_the_handlers_return_is_the_ack_and_nothing_comes_again_after_a_reconnect(node):
     with WsClient(node.ws_url) as alice:
         alice.auth("ANZ-41051")
-        with SioUser(node.url, "ANZ-41052", acks=True, ack_messages=False) as bob:
-            alice.message("ANZ-41052", "keep me")
-            first = bob.next("message")
-        with SioUser(node.url, "ANZ-41052", acks=True) as bob:  # acknowledges this time
-            again = bob.next("message")
-            assert again["id"] == first["id"] and again["content"] == "keep me"
+        with SioUser(node.url, "ANZ-41052", acks=True) as bob:
+            alice.message("ANZ-41052", "ack me")
+            assert bob.next("message")["content"] == "ack me"
             wait_for(lambda: Delivery.objects.filter(recipient="ANZ-41052", state=DeliveryState.DELIVERED).count() == 1)
         with SioUser(node.url, "ANZ-41052", acks=True) as bob:
             assert bob.call("fetch_missing", {"count": 10}) == {"messages": [], "leftMissingCount": 0}
+            with pytest.raises(TimeoutError):
+                bob.next("message", timeout=1)
 
 
 @pytest.mark.django_db
