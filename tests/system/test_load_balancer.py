@@ -20,6 +20,7 @@ NODES = ("web-1", "web-2", "web-3")
 
 class Cluster:
     def __init__(self, factory, directory, workers: int = 1, **env: str):
+        self.factory, self.env = factory, env
         self.nodes = {name: factory.web(name, NODE_ID=name, TRUSTED_PROXIES="127.0.0.1", **env) for name in NODES}
         for i in range(workers):
             factory.worker(f"worker-{i + 1}" if workers > 1 else "worker", **env)
@@ -33,6 +34,13 @@ class Cluster:
     @property
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/ws"
+
+    def restart(self, name: str) -> None:
+        """A node that ended (drained, killed) started again on its port, and back in rotation."""
+        old = self.nodes[name]
+        old.kill()
+        self.nodes[name] = self.factory.web(name, port=old.port, NODE_ID=name, TRUSTED_PROXIES="127.0.0.1", **self.env)
+        wait_for(lambda: self.states().get(name) == "UP", timeout=20)
 
     def states(self) -> dict[str, str]:
         try:

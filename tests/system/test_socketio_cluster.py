@@ -4,6 +4,7 @@ with nothing sent meanwhile lost."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -39,6 +40,26 @@ def test_a_polling_session_keeps_to_its_node_through_the_balancer(cluster):
         got = {bob.wait_event("message")["args"][0]["content"] for _ in range(sent)}
         assert got == {f"p-{i}" for i in range(sent)}
         assert not [e for e in alice.seen + bob.seen if e.get("event") in ("disconnect", "connect_error")]
+
+
+@pytest.mark.parametrize("transports", [["polling"], ["websocket"]], ids=["polling", "websocket"])
+def test_a_draining_node_closes_its_socketio_clients_transport_and_they_recover_on_another(cluster, transports):
+    user = "ANZ-4302" + str(len(transports[0]))
+    with NodeClient() as bob:
+        first = bob.connect(_url(cluster), user, opts={"transports": transports})
+        wait_for(lambda: user in live_nodes([user]))
+        draining = live_nodes([user])[user]
+        cluster.nodes[draining].popen.send_signal(signal.SIGTERM)
+        gone = bob.wait_event("disconnect", timeout=30)
+        assert gone["reason"] == "transport close"  # not "io server disconnect", after which it would stay away
+        again = bob.wait_event("connect", timeout=30)
+        assert again["recovered"] is True and again["id"] != first["id"]
+        assert Session.objects.filter(user_id=user, disconnected_at__isnull=True).exclude(node_id=draining).exists()
+        with WsClient(cluster.ws_url) as alice:
+            alice.auth("ANZ-43029")
+            alice.message(user, "after the drain")
+            assert bob.wait_event("message", timeout=20)["args"][0]["content"] == "after the drain"
+    cluster.restart(draining)
 
 
 def test_a_killed_node_moves_its_socketio_clients_to_another_recovered_with_nothing_lost(cluster):
