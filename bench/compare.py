@@ -53,7 +53,8 @@ from bench.servers import REPO_ROOT, RunningRelay, find_postgres, find_redis, fr
 
 DOCS = REPO_ROOT / "docs"
 CPU_CHART = Path("bench") / "cpu-chart.svg"  # relative to docs/
-TARGETS = ("platform-RELIABLE", "platform-FAST", "relay-core", "relay-pubsub")
+TARGETS = ("platform-RELIABLE", "platform-FAST", "relay-core", "relay-pubsub", "socketio-RELIABLE", "socketio-FAST")
+PLATFORM_TARGETS = ("platform", "socketio")  # the platform by /ws, and by Socket.IO over WebSocket
 # `relay` was the only relay before the pub/sub one joined; old commands keep working.
 TARGET_ALIASES = {"relay": "relay-core"}
 RELAY_LAYERS = {"relay-core": "core", "relay-pubsub": "pubsub"}
@@ -69,14 +70,14 @@ SETTLE_MAX_SECONDS = 60.0
 
 @dataclass(frozen=True)
 class Target:
-    name: str  # "platform", "relay-core" or "relay-pubsub"
+    name: str  # "platform", "socketio", "relay-core" or "relay-pubsub"
     feature: str  # what is sent; a relay ignores it
     url: str
     server_groups: Mapping[str, str] = field(default_factory=dict)  # role -> measured group name
 
     @property
     def is_relay(self) -> bool:
-        return self.name != "platform"
+        return self.name in RELAY_LAYERS
 
     @property
     def shown_feature(self) -> str:
@@ -245,6 +246,7 @@ def sweep(args: argparse.Namespace, targets: list[Target], groups: Mapping[str, 
                 url=target.url,
                 interval_ms=interval_ms,
                 feature=target.feature,
+                protocol="socketio" if target.name == "socketio" else "ws",
                 user_base=args.user_base + run_index * args.connections,
             )
             probe = CpuProbe(groups)
@@ -430,7 +432,8 @@ def build_targets(
         if name in RELAY_LAYERS:
             targets.append(Target(name, "FAST", relays[name].url, server.get(name, {})))
         else:
-            targets.append(Target("platform", name.split("-", 1)[1], platform_url, server.get("platform", {})))
+            kind, feature = name.split("-", 1)
+            targets.append(Target(kind, feature, platform_url, server.get("platform", {})))
     return targets
 
 
@@ -447,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
         return docs_from_json(args.from_json)
     command = "python -m bench.compare " + shlex.join(sys.argv[1:] if argv is None else argv)
     machine = machine_info()
-    wants_platform = any(n.startswith("platform") for n in args.target_names)
+    wants_platform = any(n.startswith(PLATFORM_TARGETS) for n in args.target_names)
     with tempfile.TemporaryDirectory(prefix="bench-relay-") as tmp, ExitStack() as stack:
         platform: dict[str, list[int]] | None = None
         database_url = os.environ.get("DATABASE_URL")

@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 FEATURES = ("RELIABLE", "FAST")
+PROTOCOLS = ("ws", "socketio")  # the native /ws, or Socket.IO over WebSocket at /socket.io/
 
 # Room for "<run>.<process>.<connection>.<counter>|<time_ns>|" ahead of the padding.
 MIN_PAYLOAD = 64
@@ -30,6 +31,7 @@ class LoadConfig:
     token: str = "bench"
     connect_timeout: float = 15.0
     confirmation: bool = True
+    protocol: str = "ws"
 
     @property
     def offered_rate(self) -> float:
@@ -39,6 +41,8 @@ class LoadConfig:
         problems = []
         if self.feature not in FEATURES:
             problems.append(f"feature must be one of {FEATURES}")
+        if self.protocol not in PROTOCOLS:
+            problems.append(f"protocol must be one of {PROTOCOLS}")
         if self.connections < 1 or self.processes < 1:
             problems.append("connections and processes must be at least 1")
         if self.interval_ms <= 0 or self.ramp_rate <= 0:

@@ -35,7 +35,7 @@ REFERENCE_LABEL = "platform RELIABLE"
 @dataclass(frozen=True)
 class Row:
     rate: float
-    target: str  # "platform", "relay-core" or "relay-pubsub"
+    target: str  # "platform", "socketio", "relay-core" or "relay-pubsub"
     feature: str  # "RELIABLE", "FAST", or "-" for a relay, which ignores it
     result: LoadResult
     cpu: CpuWindow | None = None  # None: the run never started sending, or an old JSON file
@@ -248,7 +248,7 @@ def machine_info() -> dict[str, str]:
 
 def _coverage_note(rows: list[Row]) -> str:
     measured = list(dict.fromkeys(row.label for row in rows))
-    if any(row.target == "platform" for row in rows):
+    if any(row.target in ("platform", "socketio") for row in rows):
         return f"\nMeasured: {', '.join(measured)}."
     return (
         f"\n**This run measured only: {', '.join(measured)}.** Run the command below without `--targets` "

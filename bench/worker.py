@@ -1,6 +1,7 @@
 """One load-generator process: opens its share of the connections and drives them on a fixed clock.
 
-Every connection authenticates as its own user and sends MESSAGE frames to itself. Sends follow a
+Every connection authenticates as its own user and sends MESSAGE frames to itself (or, with
+protocol "socketio", `message` events over Socket.IO's WebSocket transport at /socket.io/). Sends follow a
 fixed schedule (start + phase + k * interval), never "after the previous reply", so the offered
 load stays constant however slow the server gets. Send times live in this process's memory
 (perf_counter is per process, and a self-addressed message always comes back to its sender).
@@ -26,6 +27,12 @@ from bench.model import LoadConfig, WorkerPlan, WorkerResult
 
 ERROR_FRAMES = frozenset({"INVALID_MESSAGE", "GENERAL_ERROR", "AUTH_REQUIRED"})
 PONG = json.dumps({"type": "PONG", "data": {}})
+SIO_PATH = "/socket.io/?EIO=4&transport=websocket"
+
+
+def socketio_url(ws_url: str) -> str:
+    """The Socket.IO WebSocket endpoint of the node whose /ws is `ws_url`."""
+    return ws_url.split("/ws", 1)[0].rstrip("/") + SIO_PATH
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,7 @@ class Worker:
             # the environment, and no client keepalive pings: a ping timeout under load would
             # close connections for reasons of the harness, not the server.
             ws = await connect(
-                cfg.url,
+                socketio_url(cfg.url) if cfg.protocol == "socketio" else cfg.url,
                 open_timeout=cfg.connect_timeout,
                 compression=None,
                 proxy=None,
@@ -98,6 +105,8 @@ class Worker:
 
     async def _authenticate(self, ws: ClientConnection, user_id: str) -> bool:
         cfg = self.config
+        if cfg.protocol == "socketio":
+            return await self._socketio_connect(ws, user_id)
         auth = {"type": "AUTH_CLIENT", "data": {"appId": cfg.app_id, "userId": user_id, "token": cfg.token}}
         try:
             async with asyncio.timeout(cfg.connect_timeout):
@@ -109,6 +118,24 @@ class Worker:
                     if frame.get("type") == "PING":
                         await ws.send(PONG)
         except (TimeoutError, ConnectionClosed, ValueError, AttributeError):
+            return False
+
+    async def _socketio_connect(self, ws: ClientConnection, user_id: str) -> bool:
+        """Engine.IO's OPEN, then Socket.IO's CONNECT with the login as its auth."""
+        cfg = self.config
+        auth = {"appId": cfg.app_id, "userId": user_id, "token": cfg.token}
+        try:
+            async with asyncio.timeout(cfg.connect_timeout):
+                if not str(await ws.recv()).startswith("0"):
+                    return False
+                await ws.send("40" + json.dumps(auth))
+                while True:
+                    packet = str(await ws.recv())
+                    if packet == "2":
+                        await ws.send("3")
+                    elif packet.startswith(("40", "44")):
+                        return packet.startswith("40")
+        except (TimeoutError, ConnectionClosed):
             return False
 
     async def close_all(self, conns: list[_Connection]) -> None:
@@ -132,6 +159,8 @@ class Worker:
             self.result.errors["disconnected"] += 1
 
     async def _on_frame(self, conn: _Connection, raw: str | bytes) -> None:
+        if self.config.protocol == "socketio":
+            return await self._on_packet(conn, str(raw))
         try:
             frame = json.loads(raw)
             kind = frame.get("type")
@@ -147,6 +176,26 @@ class Worker:
         else:
             # MESSAGE_CONFIRMATION and other extensions are not part of the measurement.
             self.result.other_frames[str(kind)] += 1
+
+    async def _on_packet(self, conn: _Connection, raw: str) -> None:
+        """An Engine.IO packet: PING (answered), or a Socket.IO event (`message`, or a refusal)."""
+        if raw == "2":
+            await conn.ws.send("3")
+            return
+        if not raw.startswith("42"):
+            self.result.other_frames[raw[:2]] += 1
+            return
+        try:
+            name, data = json.loads(raw[2:])[:2]
+        except (ValueError, TypeError):
+            self.result.errors["unparsable_frame"] += 1
+            return
+        if name == "message":
+            self._on_message(data or {})
+        elif name == "invalid_message":
+            self.result.errors["INVALID_MESSAGE"] += 1
+        else:
+            self.result.other_frames[str(name)] += 1
 
     def _on_message(self, data: dict[str, Any]) -> None:
         now = time.perf_counter()
@@ -185,6 +234,9 @@ class Worker:
         }
         if not self.config.confirmation:
             frame["confirmationEnabled"] = False
+        if self.config.protocol == "socketio":  # the same, as the `message` event's object
+            return "42" + json.dumps(["message", {**frame["data"], **{k: v for k, v in frame.items()
+                                                                      if k not in ("type", "data")}}])
         return json.dumps(frame)
 
     async def drive(self, conn: _Connection, start: float, warmup_end: float, end: float) -> None:

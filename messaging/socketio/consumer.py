@@ -96,6 +96,11 @@ class SocketIOConsumer(ClientConsumer):
                 self.pending = None
                 await self._packet(pending)
             return
+        plain = mapping.plain_event(text_data)  # the common case, parsed without a Packet
+        if plain is not None:
+            if plain is mapping.MALFORMED:
+                return await self._refuse("malformed Socket.IO packet")
+            return await self._event(*plain)
         try:
             pkt = Packet(encoded_packet=text_data)
         except (ValueError, TypeError, RecursionError):
@@ -115,7 +120,7 @@ class SocketIOConsumer(ClientConsumer):
         if kind == sio.CONNECT:
             await self._connect(pkt)
         elif kind in (sio.EVENT, sio.BINARY_EVENT):
-            await self._event(pkt)
+            await self._event(pkt.data, pkt.id)
         elif kind in (sio.ACK, sio.BINARY_ACK):
             message_id = self.emitted.pop(pkt.id, None) if pkt.id is not None else None
             if message_id is not None and self.life.authenticated:
@@ -156,9 +161,9 @@ class SocketIOConsumer(ClientConsumer):
         finally:
             self.quiet_fetch = False
 
-    async def _event(self, pkt: Packet) -> None:
-        args = pkt.data if isinstance(pkt.data, list) else []
-        self.answering = pkt.id
+    async def _event(self, data: object, ack_id: int | None) -> None:
+        args = data if isinstance(data, list) else []
+        self.answering = ack_id
         try:
             if not args or not isinstance(args[0], str):
                 raise FrameError("an event is a list that starts with its name")
@@ -167,7 +172,7 @@ class SocketIOConsumer(ClientConsumer):
             if mapping.has_binary(args):
                 raise FrameError("binary data is not taken here: content and every field are text or JSON")
             raw = mapping.frame_for_event(args[0], args[1] if len(args) > 1 else None)
-            if args[0] == "fetch_missing" and pkt.id is not None:
+            if args[0] == "fetch_missing" and ack_id is not None:
                 self.collected = []
             await self._as_frame(raw, escaped=True)
             if self.answering is not None:  # a handler that writes no answer (FAST, ack): done
@@ -221,7 +226,7 @@ class SocketIOConsumer(ClientConsumer):
                 ack_id = self.next_ack
                 self.emitted[ack_id] = int(data["id"])
             name = "message" if kind == "MESSAGE" else "confirmation"
-            return await self._send(Packet(sio.EVENT, [name, message], id=ack_id))
+            return await super().write(mapping.event_text(name, message, ack_id))
         answer = mapping.answer_of(kind, data, self.collected)
         if answer is not None:
             if self.answering is not None:
@@ -229,9 +234,9 @@ class SocketIOConsumer(ClientConsumer):
             if self.quiet_fetch and kind == "FETCH_MISSING_MESSAGES_COMPLETE" and not answer["leftMissingCount"]:
                 return True
             event = mapping.UNANSWERED.get(kind)
-            return True if event is None else await self._send(Packet(sio.EVENT, [event, answer]))
+            return True if event is None else await super().write(mapping.event_text(event, answer))
         event = mapping.event_of(kind, data)
-        return True if event is None else await self._send(Packet(sio.EVENT, list(event)))
+        return True if event is None else await super().write(mapping.event_text(*event))
 
     async def _answer(self, result: dict) -> bool:
         ack_id, self.answering = self.answering, None

@@ -33,6 +33,7 @@ from urllib.parse import parse_qs
 from django.conf import settings
 from engineio import packet as eio
 
+from foundation.daphne_adapter import FRAME_LIMIT_EXTENSION, OUTGOING_EXTENSION
 from foundation.slim_queue import SlimQueue
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,54 @@ CLOSE_GOING_AWAY = 1001  # the transport closed under the session (the consumer'
 _sessions: dict[str, EngineSession] = {}
 
 
+class Outgoing:
+    """What the application above has written, and how much of it has left the node: the same
+    report daphne's transport gives the /ws consumer (foundation.daphne_adapter.OutgoingBuffer,
+    offered under the same scope extension), counted in messages. A message has left once the
+    poll that carries it was answered, or once it was handed to the session's WebSocket; the
+    consumer counts a message delivered only then, and gives back to the mailbox what a session
+    that ends had not sent out."""
+
+    def __init__(self) -> None:
+        self.queued = 0
+        self.closed = False
+        self.on_flush: Callable[[], None] | None = None
+        self._flushed = 0
+
+    def flushed(self) -> int:
+        return self._flushed
+
+    def sent(self, position: int) -> None:
+        if position > self._flushed:
+            self._flushed = position
+            if self.on_flush is not None:
+                try:
+                    self.on_flush()
+                except Exception:
+                    log.exception("flush callback failed")
+
+
+class FrameLimitLift:
+    """The application's `lift()` of the WebSocket frame limit (foundation.daphne_adapter.FrameLimit,
+    under the same scope extension): a session's socket takes frames up to WS_PREAUTH_MAX_FRAME_BYTES
+    until its client has logged in, as /ws does, whether the socket comes before the login or after
+    it (an upgrade)."""
+
+    def __init__(self) -> None:
+        self.lifted = False
+        self.socket_limit = None  # the session's WebSocket's FrameLimit, once it has one
+
+    def attach(self, scope: dict) -> None:
+        self.socket_limit = (scope.get("extensions") or {}).get(FRAME_LIMIT_EXTENSION)
+        if self.lifted and self.socket_limit is not None:
+            self.socket_limit.lift()
+
+    def lift(self) -> None:
+        self.lifted = True
+        if self.socket_limit is not None:
+            self.socket_limit.lift()
+
+
 def sessions_open() -> int:
     return len(_sessions)
 
@@ -63,7 +112,9 @@ class EngineSession:
     def __init__(self, scope: dict, app: App, *, polling: bool) -> None:
         self.sid = secrets.token_urlsafe(15)
         self.polling = polling
-        self.outbox: list[eio.Packet] = []  # for the next poll (polling transport)
+        self.outbox: list[tuple[eio.Packet, int]] = []  # for the next poll: (packet, its Outgoing position or 0)
+        self.outgoing = Outgoing()
+        self.frame_limit = FrameLimitLift()
         self.wake = asyncio.Event()  # a poll waiting: something is in the outbox, or the session ended
         self.polls = 0  # polls in progress (one at a time)
         self.ws_send: Send | None = None  # the WebSocket transport, once the session is on one
@@ -73,7 +124,8 @@ class EngineSession:
         self.inner = SlimQueue()
         self.inner.put_nowait({"type": "websocket.connect"})
         inner_scope = {**scope, "type": "websocket", "scheme": "wss" if scope.get("scheme") == "https" else "ws",
-                       "subprotocols": [], "extensions": {}, "socketio_sid": self.sid}
+                       "subprotocols": [], "extensions": {OUTGOING_EXTENSION: self.outgoing,
+                                                                            FRAME_LIMIT_EXTENSION: self.frame_limit}, "socketio_sid": self.sid}
         _sessions[self.sid] = self
         self.app_task = loop.create_task(self._run_app(app, inner_scope))
         self.beat = loop.create_task(self._heartbeat())
@@ -96,8 +148,12 @@ class EngineSession:
     async def _from_app(self, message: dict) -> None:
         kind = message["type"]
         if kind == "websocket.send":
+            if self.closed:
+                return  # taken by nothing: the consumer sees Outgoing.queued unchanged
             data = message.get("text")
-            await self.send([eio.Packet(eio.MESSAGE, data if data is not None else message.get("bytes"))])
+            self.outgoing.queued += 1
+            await self.send([eio.Packet(eio.MESSAGE, data if data is not None else message.get("bytes"))],
+                            position=self.outgoing.queued)
         elif kind == "websocket.close":
             await self.close(code=message.get("code") or 1000)
 
@@ -113,28 +169,34 @@ class EngineSession:
 
     # --- packets to the client -------------------------------------------------------------------
 
-    async def send(self, packets: list[eio.Packet]) -> None:
+    async def send(self, packets: list[eio.Packet], position: int = 0) -> None:
+        """Packets for the client; `position`: the Outgoing count of the last of them (0: the
+        session's own packets, PING and the like)."""
         if self.closed:
             return
         if self.ws_send is not None:
             for pkt in packets:
                 await _ws_write(self.ws_send, pkt)
+            self.outgoing.sent(position)
             return
-        self.outbox.extend(packets)
+        self.outbox.extend((pkt, position) for pkt in packets)
         self.wake.set()
 
-    def take_outbox(self) -> list[eio.Packet]:
-        packets, self.outbox = self.outbox, []
+    def take_outbox(self) -> tuple[list[eio.Packet], int]:
+        """What waits for the client, and the Outgoing position it reaches."""
+        taken, self.outbox = self.outbox, []
         self.wake.clear()
-        return packets
+        return [pkt for pkt, _ in taken], max((position for _, position in taken), default=0)
 
     async def on_websocket(self, ws_send: Send) -> None:
         """The session moves to a WebSocket (the upgrade's last step): what waited for a poll goes
         there, in order, and everything after."""
         self.ws_send = ws_send
         self.polling = False
-        for pkt in self.take_outbox():
+        packets, position = self.take_outbox()
+        for pkt in packets:
             await _ws_write(ws_send, pkt)
+        self.outgoing.sent(position)
 
     # --- packets from the client -----------------------------------------------------------------
 
@@ -170,10 +232,11 @@ class EngineSession:
         if self.closed:
             return
         self.closed = True
+        self.outgoing.closed = True
         if tell_client and self.ws_send is None:
             # What waits for the client ends with CLOSE: the next poll takes it (the session stays
             # findable for a ping timeout so that one can), then the session is gone.
-            self.outbox.append(eio.Packet(eio.CLOSE))
+            self.outbox.append((eio.Packet(eio.CLOSE), 0))
             asyncio.get_running_loop().call_later(settings.SOCKETIO_PING_TIMEOUT, _sessions.pop, self.sid, None)
         else:
             _sessions.pop(self.sid, None)
@@ -189,6 +252,9 @@ class EngineSession:
 
 
 async def _ws_write(send: Send, pkt: eio.Packet) -> None:
+    if pkt.packet_type == eio.MESSAGE and isinstance(pkt.data, str):  # the common case, without the codec
+        await send({"type": "websocket.send", "text": "4" + pkt.data})
+        return
     encoded = pkt.encode()
     await send({"type": "websocket.send", "bytes": encoded} if isinstance(encoded, bytes)
                else {"type": "websocket.send", "text": encoded})
@@ -302,7 +368,7 @@ class EngineIO:
                 woken.cancel()
                 if gone.done():  # the client went away: what waited stays for its next poll
                     return
-            packets = session.take_outbox()
+            packets, position = session.take_outbox()
             if session.closed:
                 _sessions.pop(session.sid, None)
                 if not packets or packets[-1].packet_type != eio.CLOSE:
@@ -311,6 +377,7 @@ class EngineIO:
             session.polls -= 1
             gone.cancel()
         await _answer(send, scope, 200, SEPARATOR.join(p.encode(b64=True) for p in packets))
+        session.outgoing.sent(position)  # answered: what it carried has left the node
 
     async def _post(self, session: EngineSession, scope: dict, receive: Receive, send: Send) -> None:
         limit = settings.SOCKETIO_MAX_PAYLOAD
@@ -351,9 +418,12 @@ class EngineIO:
         if session is None:
             session = EngineSession(scope, self.app, polling=False)
             session.ws_send = send
+            session.frame_limit.attach(scope)
             await _ws_write(send, session.handshake(upgrades=[]))
         elif not await self._upgrade(session, receive, send):
             return
+        else:
+            session.frame_limit.attach(scope)
         await self._read_websocket(session, receive, send)
 
     async def _upgrade(self, session: EngineSession, receive: Receive, send: Send) -> bool:
@@ -390,6 +460,9 @@ class EngineIO:
                 await session.close(code=1009, tell_client=False)
                 await send({"type": "websocket.close", "code": 1009})
                 return
+            if isinstance(data, str) and data.startswith("4"):  # a MESSAGE: the common case, as it came
+                session.inner.put_nowait({"type": "websocket.receive", "text": data[1:]})
+                continue
             try:
                 pkt = eio.Packet(encoded_packet=data)
             except (ValueError, IndexError):

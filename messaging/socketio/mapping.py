@@ -3,9 +3,10 @@ translations, both ways, used by messaging.socketio.consumer."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from foundation.transport.frames import CLOSE_AUTH_TIMEOUT, CLOSE_RESTART, CLOSE_TRY_AGAIN
+from foundation.transport.frames import CLOSE_AUTH_TIMEOUT, CLOSE_RESTART, CLOSE_TRY_AGAIN, dumps
 from messaging.protocol import FEATURE_FAST, FEATURE_RELIABLE, FrameError
 
 # Client events -> /ws frame types.
@@ -51,6 +52,32 @@ _GENERAL_ERROR = "internal error: nothing was done; send it again"
 
 def no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+MALFORMED = object()  # plain_event's answer for an EVENT packet whose JSON is not
+
+
+def plain_event(text: str) -> tuple[Any, int | None] | object | None:
+    """An EVENT packet of the default namespace without attachments (`2[...]`, `2<ack id>[...]`),
+    read without building a packet object: (data, ack id); MALFORMED; or None for any other packet
+    (the full parser's work)."""
+    if not text.startswith("2"):
+        return None
+    i = 1
+    while i < len(text) and text[i].isdigit() and i < 20:
+        i += 1
+    if i >= len(text) or text[i] != "[":
+        return None
+    try:
+        data = json.loads(text[i:], parse_constant=no_constants)
+    except (ValueError, RecursionError):
+        return MALFORMED
+    return data, (int(text[1:i]) if i > 1 else None)
+
+
+def event_text(name: str, data: Any, ack_id: int | None = None) -> str:
+    """An EVENT packet of the default namespace, `2<ack id>["name", data]`."""
+    return f"2{'' if ack_id is None else ack_id}{dumps([name, data])}"
 
 
 def has_binary(value: Any, depth: int = 0) -> bool:

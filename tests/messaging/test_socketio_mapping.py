@@ -74,3 +74,16 @@ def test_a_pid_is_recognised_only_for_the_app_and_user_it_was_given_to():
     assert not pid_matches(pid, "app-id-343", "ANZ-2")
     assert not pid_matches(pid[:-2] + "xx", "app-id-343", "ANZ-1")
     assert not pid_matches(None, "app-id-343", "ANZ-1")
+
+
+def test_a_plain_event_is_read_with_its_ack_id_and_anything_else_is_left_to_the_full_parser():
+    from messaging.socketio.mapping import MALFORMED, event_text, plain_event
+
+    assert plain_event('2["message",{"to":"ANZ-1"}]') == (["message", {"to": "ANZ-1"}], None)
+    assert plain_event('217["fetch_missing",{"count":3}]') == (["fetch_missing", {"count": 3}], 17)
+    assert plain_event('2/admin,["x"]') is None  # another namespace
+    assert plain_event('51-["message",{"_placeholder":true,"num":0}]') is None  # attachments
+    assert plain_event("0{}") is None
+    assert plain_event('2["message",NaN]') is MALFORMED
+    assert event_text("message", {"a": 1}, 4) == '24["message",{"a":1}]'
+    assert plain_event(event_text("x", [1, "é"])) == (["x", [1, "é"]], None)

@@ -91,6 +91,22 @@ def test_a_connect_over_polling_is_answered_with_the_sid_and_pid_and_another_nam
 
 
 @pytest.mark.django_db
+def test_a_message_waiting_for_a_poll_that_never_comes_is_given_back_not_lost(node):
+    session = Polling(node)
+    session.post('40{"appId":"app-id-343","userId":"ANZ-41121","token":"t"}')
+    assert session.packets()[0].startswith("40{")
+    with WsClient(node.ws_url) as alice:
+        alice.auth("ANZ-41122")
+        alice.message("ANZ-41121", "for a client that stopped polling")
+        # no poll, no pong: the session ends after its heartbeat, the message still in its outbox
+        wait_for(lambda: not Session.objects.filter(user_id="ANZ-41121", disconnected_at__isnull=True).exists())
+    assert not Delivery.objects.filter(recipient="ANZ-41121", state=DeliveryState.DELIVERED).exists()
+    with SioUser(node.url, "ANZ-41121") as again:
+        answer = again.call("fetch_missing", {"count": 10})
+        assert [m["content"] for m in answer["messages"]] == ["for a client that stopped polling"]
+
+
+@pytest.mark.django_db
 def test_two_polls_at_once_end_the_session(node):
     session = Polling(node)
     waiting = threading.Thread(target=session.get, kwargs={"timeout": 5})
@@ -140,6 +156,16 @@ def test_the_probe_and_upgrade_move_a_polling_session_to_a_websocket(node):
             answer = ws.recv(timeout=5)
         assert answer.startswith("431[") and json.loads(answer[3:])[0]["id"].isdigit()  # ACK 1: stored
         assert session.get().status_code == 400  # no more polls on an upgraded session
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("transports", [["websocket"], None], ids=["websocket", "upgraded"])
+def test_a_large_message_goes_over_a_websocket_once_logged_in(node, transports):
+    content = "y" * 50_000  # far over the 4 KB a socket may carry before its login
+    with SioUser(node.url, "ANZ-41131", transports=transports) as alice, SioUser(node.url, "ANZ-41132") as bob:
+        time.sleep(0.5)  # (the default client's upgrade)
+        assert alice.call("message", {"to": "ANZ-41132", "content": content})["id"].isdigit()
+        assert bob.next("message")["content"] == content
 
 
 @pytest.mark.django_db
