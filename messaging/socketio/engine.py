@@ -18,7 +18,8 @@ The packet codecs are python-engineio's; sessions, transports, the upgrade and t
 written here, because python-engineio's server owns the whole ASGI application and the session's
 life, and this one has to hand both to the consumer above. Sessions live on the node that opened
 them: with several web nodes a polling session must keep to its node (the generated HAProxy
-configuration does, devstack.haproxy).
+configuration does, devstack.balancer). The HTTP and WebSocket endpoint that opens and serves
+sessions is messaging.socketio.endpoint.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import json
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
-from urllib.parse import parse_qs
 
 from django.conf import settings
 from engineio import packet as eio
@@ -42,16 +42,9 @@ Send = Callable[[dict], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict]]
 App = Callable[[dict, Receive, Send], Awaitable[None]]
 
-# Engine.IO's error codes (the protocol document's "Errors"), answered as 400 JSON.
-TRANSPORT_UNKNOWN, SESSION_UNKNOWN, BAD_HANDSHAKE_METHOD, BAD_REQUEST, FORBIDDEN, UNSUPPORTED_VERSION = range(6)
-_MESSAGES = {TRANSPORT_UNKNOWN: "Transport unknown", SESSION_UNKNOWN: "Session ID unknown",
-             BAD_HANDSHAKE_METHOD: "Bad handshake method", BAD_REQUEST: "Bad request", FORBIDDEN: "Forbidden",
-             UNSUPPORTED_VERSION: "Unsupported protocol version"}
-SEPARATOR = "\x1e"  # between the packets of a polling payload
-SID_HEADER = b"x-socketio-sid"
 CLOSE_GOING_AWAY = 1001  # the transport closed under the session (the consumer's disconnect code)
 
-_sessions: dict[str, EngineSession] = {}
+SESSIONS: dict[str, EngineSession] = {}  # this node's open sessions, by id
 
 
 class Outgoing:
@@ -61,6 +54,8 @@ class Outgoing:
     poll that carries it was answered, or once it was handed to the session's WebSocket; the
     consumer counts a message delivered only then, and gives back to the mailbox what a session
     that ends had not sent out."""
+
+    __slots__ = ("queued", "closed", "on_flush", "_flushed")
 
     def __init__(self) -> None:
         self.queued = 0
@@ -87,6 +82,8 @@ class FrameLimitLift:
     until its client has logged in, as /ws does, whether the socket comes before the login or after
     it (an upgrade)."""
 
+    __slots__ = ("lifted", "socket_limit")
+
     def __init__(self) -> None:
         self.lifted = False
         self.socket_limit = None  # the session's WebSocket's FrameLimit, once it has one
@@ -103,11 +100,15 @@ class FrameLimitLift:
 
 
 def sessions_open() -> int:
-    return len(_sessions)
+    return len(SESSIONS)
 
 
 class EngineSession:
     """One client's Engine.IO session on this node, with the Socket.IO consumer above it."""
+
+    # (slots: thousands are held on a node; docs/benchmarks.md measures a held connection's memory)
+    __slots__ = ("sid", "polling", "outbox", "outgoing", "frame_limit", "wake", "polls", "ws_send", "closed",
+                 "ping_due", "pong_due", "inner", "app_task")
 
     def __init__(self, scope: dict, app: App, *, polling: bool) -> None:
         self.sid = secrets.token_urlsafe(15)
@@ -119,16 +120,17 @@ class EngineSession:
         self.polls = 0  # polls in progress (one at a time)
         self.ws_send: Send | None = None  # the WebSocket transport, once the session is on one
         self.closed = False
-        self.pong = asyncio.Event()
         loop = asyncio.get_running_loop()
+        self.ping_due = loop.time() + settings.SOCKETIO_PING_INTERVAL
+        self.pong_due: float | None = None  # a PING is out: its PONG must come by then
         self.inner = SlimQueue()
         self.inner.put_nowait({"type": "websocket.connect"})
+        extensions = {OUTGOING_EXTENSION: self.outgoing, FRAME_LIMIT_EXTENSION: self.frame_limit}
         inner_scope = {**scope, "type": "websocket", "scheme": "wss" if scope.get("scheme") == "https" else "ws",
-                       "subprotocols": [], "extensions": {OUTGOING_EXTENSION: self.outgoing,
-                                                                            FRAME_LIMIT_EXTENSION: self.frame_limit}, "socketio_sid": self.sid}
-        _sessions[self.sid] = self
+                       "subprotocols": [], "extensions": extensions, "socketio_sid": self.sid}
+        SESSIONS[self.sid] = self
         self.app_task = loop.create_task(self._run_app(app, inner_scope))
-        self.beat = loop.create_task(self._heartbeat())
+        _heartbeat_ensure()
 
     def handshake(self, *, upgrades: list[str]) -> eio.Packet:
         return eio.Packet(eio.OPEN, {
@@ -176,7 +178,7 @@ class EngineSession:
             return
         if self.ws_send is not None:
             for pkt in packets:
-                await _ws_write(self.ws_send, pkt)
+                await ws_write(self.ws_send, pkt)
             self.outgoing.sent(position)
             return
         self.outbox.extend((pkt, position) for pkt in packets)
@@ -195,7 +197,7 @@ class EngineSession:
         self.polling = False
         packets, position = self.take_outbox()
         for pkt in packets:
-            await _ws_write(ws_send, pkt)
+            await ws_write(ws_send, pkt)
         self.outgoing.sent(position)
 
     # --- packets from the client -----------------------------------------------------------------
@@ -204,27 +206,13 @@ class EngineSession:
         if pkt.packet_type == eio.MESSAGE:
             self.to_app(pkt)
         elif pkt.packet_type == eio.PONG:
-            self.pong.set()
+            self.pong_due = None
+            self.ping_due = asyncio.get_running_loop().time() + settings.SOCKETIO_PING_INTERVAL
         elif pkt.packet_type == eio.CLOSE:
             await self.close(code=1000, tell_client=False)
         # PING (not sent by v4 clients), UPGRADE and NOOP outside the upgrade: nothing to do
 
-    # --- the heartbeat and the end ---------------------------------------------------------------
-
-    async def _heartbeat(self) -> None:
-        try:
-            while not self.closed:
-                await asyncio.sleep(settings.SOCKETIO_PING_INTERVAL)
-                self.pong.clear()
-                await self.send([eio.Packet(eio.PING)])
-                try:
-                    await asyncio.wait_for(self.pong.wait(), settings.SOCKETIO_PING_TIMEOUT)
-                except TimeoutError:
-                    log.info("engine session %s: no pong within %ss, closed", self.sid, settings.SOCKETIO_PING_TIMEOUT)
-                    await self.close(code=CLOSE_GOING_AWAY, tell_client=False)
-                    return
-        except asyncio.CancelledError:
-            pass
+    # --- the end ------------------------------------------------------------------------------
 
     async def close(self, *, code: int = CLOSE_GOING_AWAY, tell_client: bool = True) -> None:
         """The session ends: the client's transport is closed (what waited for it goes first on a
@@ -237,12 +225,10 @@ class EngineSession:
             # What waits for the client ends with CLOSE: the next poll takes it (the session stays
             # findable for a ping timeout so that one can), then the session is gone.
             self.outbox.append((eio.Packet(eio.CLOSE), 0))
-            asyncio.get_running_loop().call_later(settings.SOCKETIO_PING_TIMEOUT, _sessions.pop, self.sid, None)
+            asyncio.get_running_loop().call_later(settings.SOCKETIO_PING_TIMEOUT, SESSIONS.pop, self.sid, None)
         else:
-            _sessions.pop(self.sid, None)
+            SESSIONS.pop(self.sid, None)
         self.wake.set()
-        if self.beat is not asyncio.current_task():
-            self.beat.cancel()
         if self.ws_send is not None and tell_client:
             try:
                 await self.ws_send({"type": "websocket.close", "code": 1000})
@@ -251,7 +237,7 @@ class EngineSession:
         self.inner.put_nowait({"type": "websocket.disconnect", "code": code})
 
 
-async def _ws_write(send: Send, pkt: eio.Packet) -> None:
+async def ws_write(send: Send, pkt: eio.Packet) -> None:
     if pkt.packet_type == eio.MESSAGE and isinstance(pkt.data, str):  # the common case, without the codec
         await send({"type": "websocket.send", "text": "4" + pkt.data})
         return
@@ -260,218 +246,38 @@ async def _ws_write(send: Send, pkt: eio.Packet) -> None:
                else {"type": "websocket.send", "text": encoded})
 
 
-def _query(scope: dict) -> dict[str, str]:
-    return {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode("latin-1")).items()}
+
+# --- the heartbeat: one task for every session of the node ---------------------------------------
+
+HEARTBEAT_TICK = 0.25  # seconds between two looks at every session's ping and pong
+_heartbeat: asyncio.Task | None = None
 
 
-def _cors(scope: dict) -> list[tuple[bytes, bytes]]:
-    """A browser's cross-origin poll is answered for its own origin, with credentials: which origins
-    an app accepts is checked at the Socket.IO login, as for /ws (docs/protocol.md)."""
-    origin = dict(scope.get("headers") or []).get(b"origin")
-    if not origin:
-        return []
-    return [(b"access-control-allow-origin", origin), (b"access-control-allow-credentials", b"true"),
-            (b"vary", b"Origin")]
+def _heartbeat_ensure() -> None:
+    global _heartbeat
+    if _heartbeat is None or _heartbeat.done():
+        _heartbeat = asyncio.get_running_loop().create_task(_heartbeat_run())
 
 
-async def _answer(send: Send, scope: dict, status: int, body: str | bytes, *,
-                  content_type: bytes = b"text/plain; charset=UTF-8", extra: list | None = None) -> None:
-    payload = body.encode() if isinstance(body, str) else body
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", content_type), (b"content-length", str(len(payload)).encode()),
-                            (b"cache-control", b"no-store"), *_cors(scope), *(extra or [])]})
-    await send({"type": "http.response.body", "body": payload})
-
-
-async def _error(send: Send, scope: dict, code: int, status: int = 400) -> None:
-    await _answer(send, scope, status, json.dumps({"code": code, "message": _MESSAGES[code]}),
-                  content_type=b"application/json")
-
-
-def _checked(query: dict[str, str]) -> int | None:
-    """The Engine.IO error of a request's query, or None."""
-    if query.get("EIO") != "4":
-        return UNSUPPORTED_VERSION
-    if query.get("transport") not in ("polling", "websocket"):
-        return TRANSPORT_UNKNOWN
-    return None
-
-
-class EngineIO:
-    """The ASGI application of /socket.io/ (HTTP and WebSocket), with `app` (an ASGI WebSocket
-    application) above every session."""
-
-    def __init__(self, app: App) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            await self._http(scope, receive, send)
-        elif scope["type"] == "websocket":
-            await self._websocket(scope, receive, send)
-
-    # --- HTTP long-polling -----------------------------------------------------------------------
-
-    async def _http(self, scope: dict, receive: Receive, send: Send) -> None:
-        method = scope["method"]
-        if method == "OPTIONS":  # a browser's preflight for a cross-origin POST
-            await _answer(send, scope, 204, b"", extra=[(b"access-control-allow-methods", b"GET, POST, OPTIONS"),
-                                                       (b"access-control-allow-headers", b"content-type")])
-            return
-        query = _query(scope)
-        problem = _checked(query)
-        if problem is None and query["transport"] != "polling":
-            problem = TRANSPORT_UNKNOWN  # a WebSocket's handshake is not an HTTP request
-        if problem is not None:
-            await _error(send, scope, problem)
-            return
-        sid = query.get("sid")
-        if sid is None:
-            if method != "GET":
-                await _error(send, scope, BAD_HANDSHAKE_METHOD)
-                return
-            session = EngineSession(scope, self.app, polling=True)
-            # The session's id in a header too: a load balancer keeps its later requests on this
-            # node by it (devstack.balancer's stick table).
-            await _answer(send, scope, 200, session.handshake(upgrades=["websocket"]).encode(),
-                          extra=[(SID_HEADER, session.sid.encode())])
-            return
-        session = _sessions.get(sid)
-        if session is None:
-            await _error(send, scope, SESSION_UNKNOWN)
-            return
-        if session.closed and method != "GET":
-            await _error(send, scope, SESSION_UNKNOWN)
-            return
-        if not session.polling and not session.closed:
-            await _error(send, scope, BAD_REQUEST)  # the session is on its WebSocket now
-            return
-        if method == "GET":
-            await self._poll(session, scope, receive, send)
-        elif method == "POST":
-            await self._post(session, scope, receive, send)
-        else:
-            await _error(send, scope, BAD_REQUEST)
-
-    async def _poll(self, session: EngineSession, scope: dict, receive: Receive, send: Send) -> None:
-        if session.polls:
-            # Two polls at once is a broken client (or a replayed request): the protocol ends the session.
-            await _error(send, scope, BAD_REQUEST)
-            await session.close(tell_client=False)
-            return
-        session.polls += 1
-        gone = asyncio.ensure_future(_disconnected(receive))
-        try:
-            while not session.outbox and not session.closed:
-                woken = asyncio.ensure_future(session.wake.wait())
-                await asyncio.wait([woken, gone], return_when=asyncio.FIRST_COMPLETED)
-                woken.cancel()
-                if gone.done():  # the client went away: what waited stays for its next poll
-                    return
-            packets, position = session.take_outbox()
+async def _heartbeat_run() -> None:
+    """PING each session SOCKETIO_PING_INTERVAL after it opened or last answered, and close one whose
+    PONG has not come SOCKETIO_PING_TIMEOUT after its PING (one task for the node rather than one
+    per session: a held session costs less memory)."""
+    loop = asyncio.get_running_loop()
+    while SESSIONS:
+        await asyncio.sleep(min(HEARTBEAT_TICK, settings.SOCKETIO_PING_INTERVAL / 4))
+        now = loop.time()
+        for session in list(SESSIONS.values()):
             if session.closed:
-                _sessions.pop(session.sid, None)
-                if not packets or packets[-1].packet_type != eio.CLOSE:
-                    packets.append(eio.Packet(eio.CLOSE))
-        finally:
-            session.polls -= 1
-            gone.cancel()
-        await _answer(send, scope, 200, SEPARATOR.join(p.encode(b64=True) for p in packets))
-        session.outgoing.sent(position)  # answered: what it carried has left the node
-
-    async def _post(self, session: EngineSession, scope: dict, receive: Receive, send: Send) -> None:
-        limit = settings.SOCKETIO_MAX_PAYLOAD
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            body += message.get("body", b"")
-            if len(body) > limit:
-                await _answer(send, scope, 413, json.dumps({"code": BAD_REQUEST, "message": "Payload too large"}),
-                              content_type=b"application/json")
-                await session.close(tell_client=False)
-                return
-            if not message.get("more_body"):
-                break
-        try:
-            packets = [eio.Packet(encoded_packet=part) for part in body.decode("utf-8").split(SEPARATOR)]
-        except (ValueError, IndexError, UnicodeDecodeError):
-            await _error(send, scope, BAD_REQUEST)
-            return
-        for pkt in packets:
-            await session.receive(pkt)
-        await _answer(send, scope, 200, b"ok")
-
-    # --- WebSocket -------------------------------------------------------------------------------
-
-    async def _websocket(self, scope: dict, receive: Receive, send: Send) -> None:
-        query = _query(scope)
-        await receive()  # websocket.connect
-        sid = query.get("sid")
-        session = _sessions.get(sid) if sid else None
-        if _checked(query) is not None or query["transport"] != "websocket" or (sid and session is None) or (
-                session is not None and (not session.polling or session.ws_send is not None)):
-            await send({"type": "websocket.close", "code": 1008})  # refused before the handshake: HTTP 403
-            return
-        await send({"type": "websocket.accept"})
-        if session is None:
-            session = EngineSession(scope, self.app, polling=False)
-            session.ws_send = send
-            session.frame_limit.attach(scope)
-            await _ws_write(send, session.handshake(upgrades=[]))
-        elif not await self._upgrade(session, receive, send):
-            return
-        else:
-            session.frame_limit.attach(scope)
-        await self._read_websocket(session, receive, send)
-
-    async def _upgrade(self, session: EngineSession, receive: Receive, send: Send) -> bool:
-        """The probe ("2probe" answered "3probe"), the waiting poll let go with a NOOP, then the
-        client's UPGRADE: from then on the session is on this socket."""
-        message = await receive()
-        if message.get("text") != "2probe":
-            await send({"type": "websocket.close", "code": 1000})
-            return False
-        await send({"type": "websocket.send", "text": "3probe"})
-        await session.send([eio.Packet(eio.NOOP)])
-        while True:
-            message = await receive()
-            if message["type"] == "websocket.disconnect":
-                return False  # the upgrade was abandoned: the session goes on polling
-            text = message.get("text")
-            if text == "5":
-                await session.on_websocket(send)
-                return True
-            if text is not None and text.startswith("4"):  # sent on the socket before its UPGRADE
-                await session.receive(eio.Packet(encoded_packet=text))
-
-    async def _read_websocket(self, session: EngineSession, receive: Receive, send: Send) -> None:
-        limit = settings.SOCKETIO_MAX_PAYLOAD
-        while True:
-            message = await receive()
-            if message["type"] == "websocket.disconnect":
-                await session.close(code=CLOSE_GOING_AWAY, tell_client=False)
-                return
-            data = message.get("text")
-            if data is None:
-                data = message.get("bytes") or b""
-            if len(data) > limit:
-                await session.close(code=1009, tell_client=False)
-                await send({"type": "websocket.close", "code": 1009})
-                return
-            if isinstance(data, str) and data.startswith("4"):  # a MESSAGE: the common case, as it came
-                session.inner.put_nowait({"type": "websocket.receive", "text": data[1:]})
                 continue
             try:
-                pkt = eio.Packet(encoded_packet=data)
-            except (ValueError, IndexError):
-                continue  # not an Engine.IO packet: dropped, as the protocol's servers do
-            await session.receive(pkt)
-            if session.closed:
-                return
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
+                if session.pong_due is not None:
+                    if now >= session.pong_due:
+                        log.info("engine session %s: no pong within %ss, closed", session.sid,
+                                 settings.SOCKETIO_PING_TIMEOUT)
+                        await session.close(code=CLOSE_GOING_AWAY, tell_client=False)
+                elif now >= session.ping_due:
+                    session.pong_due = now + settings.SOCKETIO_PING_TIMEOUT
+                    await session.send([eio.Packet(eio.PING)])
+            except Exception:
+                log.exception("the heartbeat of engine session %s failed", session.sid)

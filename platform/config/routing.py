@@ -6,7 +6,7 @@ from django.urls import path, re_path
 
 from messaging.consumers import ClientConsumer
 from messaging.socketio.consumer import SocketIOConsumer
-from messaging.socketio.engine import EngineIO
+from messaging.socketio.endpoint import EngineIO
 from messaging.streams.sse import SseStream
 from messaging.streams.ws import PushStreamConsumer
 
