@@ -285,6 +285,31 @@ def test_the_master_user_hears_a_socketio_user_connect_and_leave(node):
 
 
 @pytest.mark.django_db
+def test_one_user_online_by_both_kinds_of_connection_is_online_until_the_last_one_goes(node):
+    with SioUser(node.url, "ANZ-123223") as master:
+        master.next("online_users")
+        with WsClient(node.ws_url) as native:
+            native.auth("ANZ-41141")
+            assert master.next("user_connected") == {"userId": "ANZ-41141"}
+            with SioUser(node.url, "ANZ-41141", transports=["websocket"]) as sio, WsClient(node.ws_url) as alice:
+                alice.auth("ANZ-41142")
+                alice.message("ANZ-41141", "to both kinds")
+                got: list[str] = []
+                deadline = time.monotonic() + 10
+                while not got and time.monotonic() < deadline:  # pushed to one of its connections
+                    try:
+                        got.append(native.recv_type("MESSAGE", timeout=0.2)["data"]["content"])
+                    except TimeoutError:
+                        if not sio.events.empty():
+                            got.append(sio.events.get()[1]["content"])
+                assert got == ["to both kinds"]
+            time.sleep(1)  # the Socket.IO connection went: the user is still online by the other
+            assert ("user_disconnected", {"userId": "ANZ-41141"}) not in list(master.events.queue)
+        while master.next("user_disconnected") != {"userId": "ANZ-41141"}:  # (ANZ-41142's comes first)
+            pass
+
+
+@pytest.mark.django_db
 def test_a_connect_to_another_namespace_is_refused_as_invalid(node):
     client = socketio.Client(reconnection=False)
     with pytest.raises(socketio.exceptions.ConnectionError):
