@@ -8,6 +8,7 @@ import queue
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,23 @@ import socketio
 from tests.wsclient import APP_ID
 
 DRIVER = Path(__file__).resolve().parent / "node" / "driver.mjs"
+
+
+def take(source: queue.Queue, predicate: Callable[[Any], bool], timeout: float, other: Callable[[Any], None]) -> Any:
+    """The first item of `source` that `predicate` accepts, within `timeout`; each item before it
+    goes to `other`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"nothing matching within {timeout}s")
+        try:
+            item = source.get(timeout=left)
+        except queue.Empty:
+            continue
+        if predicate(item):
+            return item
+        other(item)
 
 
 class SioUser:
@@ -51,17 +69,8 @@ class SioUser:
         return self.client.call(event, data, timeout=timeout)
 
     def next(self, name: str, timeout: float = 10) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"no {name} event within {timeout}s")
-            try:
-                got, data = self.events.get(timeout=left)
-            except queue.Empty:
-                continue
-            if got == name:
-                return data
+        """The next `name` event's data (the events before it are passed over)."""
+        return take(self.events, lambda event: event[0] == name, timeout, lambda event: None)[1]
 
 
 class NodeClient:
@@ -104,18 +113,7 @@ class NodeClient:
             if predicate(seen):
                 self.seen.remove(seen)
                 return seen
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"nothing matching within {timeout}s; seen {self.seen[-8:]}")
-            try:
-                got = self.lines.get(timeout=left)
-            except queue.Empty:
-                continue
-            if predicate(got):
-                return got
-            self.seen.append(got)
+        return take(self.lines, predicate, timeout, self.seen.append)
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -41,7 +41,7 @@ PUBLISH_PATH = "/internal/v1/publishes"  # channel publishes (the flood)
 PING_PATH = "/internal/v1/ping"  # link probes
 STANDBY_PATH = "/internal/v1/standby"  # the live copy of a home's users' mailboxes to their standby
 WITNESS_PATH = "/internal/v1/witness"  # "how long have you heard nothing of this domain?" (takeovers)
-MAX_BODY_BYTES = 32 * 1024 * 1024
+MAX_BODY_BYTES = settings.NETWORK_MAX_BODY_BYTES
 # The refusal of a call from a domain not linked to this one (or from anyone else): it names nobody.
 NOT_A_NEIGHBOUR = "not a signed call from a neighbour over an enabled link"
 # The most of a neighbour's answer that is read (a flood answer names at most 1,000 refusals of 500

@@ -25,6 +25,8 @@
    `X-Forwarded-For` (its leftmost value, which the client writes) and `X-Forwarded-Proto`. Both are
    read by foundation.forwarded instead: only from a peer in TRUSTED_PROXIES, and the client is the
    rightmost hop that is not a trusted proxy.
+6. **Request bodies capped before they are buffered** (foundation.body_cap): 413 and the connection
+   closed past a path's cap, instead of Twisted's temporary file of no limit.
 
 **Only on the versions it was tested with.** All of this replaces daphne's and autobahn's methods
 and reads Twisted's private write buffer (`dataBuffer`, `offset`, `_tempDataLen`, `doWrite`). Another
@@ -51,7 +53,7 @@ from autobahn.exception import Disconnected
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from foundation import autobahn_debug
+from foundation import autobahn_debug, body_cap
 from foundation.forwarded import client_from_headers, trusted_networks
 from foundation.metrics import CONNECTIONS_CLOSED
 from foundation.slim_queue import SlimQueue
@@ -368,6 +370,9 @@ def install() -> None:
 
     ws_protocol.parse_x_forwarded_for = parse_x_forwarded_for
     http_protocol.parse_x_forwarded_for = parse_x_forwarded_for
+
+    # 6. request bodies capped before they are buffered
+    body_cap.install(http_protocol.WebRequest)
 
     WebSocketProtocol._switchboard_patched = True
     log.debug("daphne patched (pid %s)", os.getpid())

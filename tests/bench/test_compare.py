@@ -18,6 +18,10 @@ def test_the_old_relay_name_still_means_the_core_layer_relay():
     assert parse_targets("relay,relay-core,relay-pubsub") == ["relay-core", "relay-pubsub"]
 
 
+def test_the_socketio_targets_run_only_when_asked_for():
+    assert parse_targets("socketio-FAST,platform-FAST") == ["socketio-FAST", "platform-FAST"]
+
+
 def test_an_unknown_target_is_refused():
     with pytest.raises(argparse.ArgumentTypeError):
         parse_targets("relay-redis")

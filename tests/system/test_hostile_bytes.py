@@ -19,8 +19,9 @@ from apps_registry.models import ClientApp, UserDistribution
 from tests.wsclient import SilentWs, WsClient, wait_for
 
 pytestmark = pytest.mark.system
+BODY_CAP = 200_000
 LIMITS_ENV = {"STREAM_MAX_PER_ADDRESS": "3", "STREAM_MAX_PER_APP": "2", "STREAM_REPLAY_MAX": "50",
-              "WS_MAX_QUEUED_BYTES": str(1024 * 1024)}
+              "WS_MAX_QUEUED_BYTES": str(1024 * 1024), "HTTP_MAX_BODY_BYTES": str(BODY_CAP)}
 
 
 @pytest.fixture(scope="module")
@@ -213,3 +214,79 @@ def test_a_reader_that_has_gone_stops_costing_history_queries(processes, apps, d
     wait_for(lambda: metric(node, 'switchboard_stream_closed_total{reason="disconnected",transport="sse"}') == 1,
              timeout=30)
     assert metric(node, written) < 10_000  # it stopped within a few batches, not after all 20,000
+
+
+# --- request bodies --------------------------------------------------------------------------------
+
+
+def _raw_request(web, head: str) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", web.port), timeout=10)
+    sock.sendall(head.encode())
+    return sock
+
+
+def _answer(sock: socket.socket) -> bytes:
+    got = b""
+    try:
+        while chunk := sock.recv(65536):
+            got += chunk
+    except (ConnectionResetError, TimeoutError):
+        pass
+    return got
+
+
+def _disk_temp_files(pid: int) -> int:
+    """Files the process holds open in a temporary directory (Twisted's spooled bodies)."""
+    import os
+
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        count += "/tmp" in target or "(deleted)" in target
+    return count
+
+
+def test_a_declared_body_over_the_cap_is_refused_at_once_with_413_on_any_path(web):
+    sock = _raw_request(web, f"POST /healthz HTTP/1.1\r\nHost: localhost\r\nContent-Length: {50 * BODY_CAP}\r\n\r\n")
+    answer = _answer(sock)  # no body was sent: the answer comes from the headers alone
+    assert answer.startswith(b"HTTP/1.1 413")
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {
+        "error": "request_too_large", "detail": f"request bodies are limited to {BODY_CAP} bytes"}
+
+
+def test_an_endless_chunked_body_is_cut_off_past_the_cap_and_nothing_is_spooled_to_disk(web):
+    before = _disk_temp_files(web.popen.pid)
+    sock = _raw_request(web, "POST /api/v1/messages HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n")
+    chunk = b"x" * 16384
+    sent = 0
+    try:
+        while sent < 100 * BODY_CAP:
+            sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            sent += len(chunk)
+            assert _disk_temp_files(web.popen.pid) <= before
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    assert sent < 100 * BODY_CAP  # cut off, not read to the end
+    assert _answer(sock).startswith(b"HTTP/1.1 413")
+    assert _disk_temp_files(web.popen.pid) <= before
+
+
+def test_a_body_under_the_cap_is_read_as_before(web):
+    body = json.dumps({"to": "ANZ-1", "content": "x" * (BODY_CAP // 2)}).encode()
+    request = urllib.request.Request(f"{web.url}/api/v1/messages", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 401  # read whole, then refused for want of a key
+
+
+def test_the_calls_between_domains_may_carry_more_than_the_public_cap(web):
+    body = b"{" + b" " * (3 * BODY_CAP) + b"}"
+    request = urllib.request.Request(f"{web.url}/internal/v1/forward", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 403  # read, and refused as unsigned: not 413
