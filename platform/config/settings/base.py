@@ -13,6 +13,7 @@ from celery.schedules import crontab
 
 from .env import database_from_url, database_options_set, env_bool, env_float, env_int, env_list, env_str, process_label
 from .network import *  # noqa: F403  (the domain network's settings, and NETWORK_BEAT_SCHEDULE)
+from .web import *  # noqa: F403  (request bodies and Socket.IO on the web nodes)
 
 BASE_DIR = Path(__file__).resolve().parents[3]
 VAR_DIR = Path(env_str("SWITCHBOARD_VAR_DIR", str(BASE_DIR / "var")))
@@ -235,19 +236,6 @@ WS_MAX_FRAME_BYTES = env_int("WS_MAX_FRAME_BYTES", 1024 * 1024)  # larger frames
 # anonymous client cannot make the node hold or parse large frames. Larger closes with 1009.
 WS_PREAUTH_MAX_FRAME_BYTES = env_int("WS_PREAUTH_MAX_FRAME_BYTES", 4096)
 WEB_DB_THREADS = env_int("WEB_DB_THREADS", 8)
-# The largest HTTP request body a web node reads, in bytes, before the application sees it
-# (foundation.body_cap; past it: 413 and the connection closed), and larger caps where a path prefix
-# documents one: the calls between domains carry up to NETWORK_MAX_BODY_BYTES (messaging.network).
-HTTP_MAX_BODY_BYTES = env_int("HTTP_MAX_BODY_BYTES", 2_621_440)  # Django's DATA_UPLOAD_MAX_MEMORY_SIZE
-DATA_UPLOAD_MAX_MEMORY_SIZE = HTTP_MAX_BODY_BYTES
-NETWORK_MAX_BODY_BYTES = env_int("NETWORK_MAX_BODY_BYTES", 32 * 1024 * 1024)
-HTTP_MAX_BODY_BYTES_BY_PREFIX = {"/internal/": NETWORK_MAX_BODY_BYTES}
-# Socket.IO at /socket.io/ (messaging.socketio): Engine.IO's heartbeat (the server pings every
-# interval; a session whose pong does not come within the timeout is closed) and the largest
-# payload a client may send in one poll or WebSocket frame, in bytes (told to clients at the handshake).
-SOCKETIO_PING_INTERVAL = env_float("SOCKETIO_PING_INTERVAL", 25.0)
-SOCKETIO_PING_TIMEOUT = env_float("SOCKETIO_PING_TIMEOUT", 20.0)
-SOCKETIO_MAX_PAYLOAD = env_int("SOCKETIO_MAX_PAYLOAD", 1_000_000)
 # Listen backlog (capped by net.core.somaxconn) and seconds a WebSocket handshake may take once
 # accepted: Twisted's 50 and daphne's 5 s sent a reconnect storm into TCP retransmits (issue 17).
 WEB_LISTEN_BACKLOG = env_int("WEB_LISTEN_BACKLOG", 4096)

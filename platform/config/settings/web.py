@@ -1,0 +1,22 @@
+"""Settings of what a web node reads from its clients beyond /ws: request bodies and Socket.IO.
+
+Read from the environment here and only here; base.py star-imports this module.
+"""
+
+from __future__ import annotations
+
+from .env import env_float, env_int
+
+# The largest HTTP request body a web node reads, in bytes, before the application sees it
+# (foundation.body_cap; past it: 413 and the connection closed), and larger caps where a path prefix
+# documents one: the calls between domains carry up to NETWORK_MAX_BODY_BYTES (messaging.network).
+HTTP_MAX_BODY_BYTES = env_int("HTTP_MAX_BODY_BYTES", 2_621_440)  # Django's DATA_UPLOAD_MAX_MEMORY_SIZE
+DATA_UPLOAD_MAX_MEMORY_SIZE = HTTP_MAX_BODY_BYTES
+NETWORK_MAX_BODY_BYTES = env_int("NETWORK_MAX_BODY_BYTES", 32 * 1024 * 1024)
+HTTP_MAX_BODY_BYTES_BY_PREFIX = {"/internal/": NETWORK_MAX_BODY_BYTES}
+# Socket.IO at /socket.io/ (messaging.socketio): Engine.IO's heartbeat (the server pings every
+# interval; a session whose pong does not come within the timeout is closed) and the largest
+# payload a client may send in one poll or WebSocket frame, in bytes (told to clients at the handshake).
+SOCKETIO_PING_INTERVAL = env_float("SOCKETIO_PING_INTERVAL", 25.0)
+SOCKETIO_PING_TIMEOUT = env_float("SOCKETIO_PING_TIMEOUT", 20.0)
+SOCKETIO_MAX_PAYLOAD = env_int("SOCKETIO_MAX_PAYLOAD", 1_000_000)
