@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 from collections.abc import Callable
@@ -30,13 +31,15 @@ from messaging.exchange.engine import Batch, Engine, line_parse
 log = logging.getLogger(__name__)
 
 CommitFn = Callable[..., None]  # store.exchange_batch_commit's signature
+COMMIT_RETRY_SECONDS = 0.25  # the wait after a failed commit, doubling with each failure in a row...
+COMMIT_RETRY_MAX_SECONDS = 5.0  # ...up to this
 WsFn = Callable[[int, list], None]  # called in the database thread after a commit with the batch's events
 
 
 class Exchange:
     def __init__(self, *, app_id: int, engine: Engine, commit: CommitFn, commit_events: int = 20000,
                  commit_ms: float = 20.0, client_buffer_bytes: int = 16 << 20, ws: WsFn | None = None,
-                 label: str = "") -> None:
+                 label: str = "", max_ahead: int = 1_000_000, source_secret: bytes | None = None) -> None:
         self.app_id = app_id
         self.engine = engine
         self.commit_fn = commit
@@ -44,6 +47,9 @@ class Exchange:
         self.commit_events = max(1, commit_events)
         self.commit_seconds = commit_ms / 1000.0
         self.client_buffer_bytes = client_buffer_bytes
+        self.max_ahead = max_ahead  # a sequence number further ahead of the last applied is refused
+        self.source_secret = source_secret  # a source's first line, where set
+        self.commit_failures = 0  # in a row: the retry waits longer each time
         self.label = label or str(app_id)
         self.clients: dict[int, ClientProtocol] = {}
         self.sources: set[SourceProtocol] = set()
@@ -85,24 +91,29 @@ class Exchange:
 
     # --- intake ---
     def lines_received(self, lines: list[bytes]) -> None:
-        parse, offer = line_parse, self.engine.offer
+        parse, engine = line_parse, self.engine
         for raw in lines:
             event = parse(raw)
             if event is None:
                 if raw.strip():
-                    self._malformed(raw)
+                    self._malformed(raw, "malformed")
                 continue
-            offer(event)
+            if event[0] > engine.applied_seq + self.max_ahead:
+                # Held, it would open a gap that only the timeout closes, by skipping to it: every
+                # later number would then be a duplicate, and the app's exchange over for good.
+                self._malformed(raw, f"more than {self.max_ahead} ahead of the last applied ({engine.applied_seq})")
+                continue
+            engine.offer(event)
         self._kick()
 
-    def _malformed(self, raw: bytes) -> None:
+    def _malformed(self, raw: bytes, why: str) -> None:
         self.malformed += 1
         self.malformed_total += 1
         metrics.MALFORMED.labels(self.label).inc()
         now = time.monotonic()
         if now - self._last_malformed_log >= 1.0:  # rate-limited: a broken source must not flood the log
             self._last_malformed_log = now
-            log.warning("exchange %s: malformed event line skipped (%s so far): %r", self.label,
+            log.warning("exchange %s: event line refused, %s (%s refused so far): %r", self.label, why,
                         self.malformed_total, raw[:200])
 
     def _kick(self) -> None:
@@ -124,7 +135,10 @@ class Exchange:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-            await self.commit_once()
+            if not await self._commit_retried():
+                if self._closing:
+                    return  # close() tries once more
+                continue
             if self._closing:
                 return
             if self._paused:
@@ -132,6 +146,24 @@ class Exchange:
                 for source in self.sources:
                     source.transport.resume_reading()
             self._kick()
+
+    async def _commit_retried(self) -> bool:
+        """One commit; when it fails (Postgres restarted, a connection dropped while idle) its events
+        go back into the next batch, the failure is logged, and the loop is woken again after a
+        wait that doubles up to COMMIT_RETRY_MAX_SECONDS. False after a failure."""
+        try:
+            await self.commit_once()
+        except Exception:
+            self.commit_failures += 1
+            metrics.COMMIT_FAILURES.labels(self.label).inc()
+            wait = min(COMMIT_RETRY_MAX_SECONDS, COMMIT_RETRY_SECONDS * 2 ** (self.commit_failures - 1))
+            log.exception("exchange %s: committing a batch failed (%s in a row); its events wait and are "
+                          "committed again in %.1fs", self.label, self.commit_failures, wait)
+            await asyncio.sleep(wait)
+            self._wake.set()
+            return False
+        self.commit_failures = 0
+        return True
 
     async def commit_once(self) -> None:
         engine = self.engine
@@ -142,10 +174,15 @@ class Exchange:
         intake_position = self.intake_consumed
         gap_age = time.monotonic() - engine.gap_since if engine.gap_since is not None else None
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, partial(
-            self.commit_fn, app_id=self.app_id, applied_seq=batch.applied_seq, adds=batch.adds,
-            removes=batch.removes, skipped=batch.skipped, malformed=malformed, gap_seq=engine.gap_seq,
-            gap_age=gap_age, held=len(engine.held)))
+        try:
+            await loop.run_in_executor(self._executor, partial(
+                self.commit_fn, app_id=self.app_id, applied_seq=batch.applied_seq, adds=batch.adds,
+                removes=batch.removes, skipped=batch.skipped, malformed=malformed, gap_seq=engine.gap_seq,
+                gap_age=gap_age, held=len(engine.held)))
+        except BaseException:
+            engine.batch_return(batch)  # nothing of it went out: it is committed with the next one
+            self.malformed += malformed
+            raise
         self.intake_committed = intake_position
         self.deliver(batch)
         metrics.APPLIED.labels(self.label).inc(len(batch.events))
@@ -215,11 +252,18 @@ class Exchange:
         client.transport.abort()
 
 
+SOURCE_LINE_MAX = 4096  # bytes without a line end: no event line is this long (the REST intake's cap is 64)
+
+
 class SourceProtocol(asyncio.Protocol):
+    """An event source. With a shared secret set (EXCHANGE_SOURCE_SECRET), its first line must be
+    that secret, or the connection is closed before any event is read (docs/security.md)."""
+
     def __init__(self, exchange: Exchange) -> None:
         self.exchange = exchange
         self.buffer = b""
         self.transport: asyncio.Transport
+        self.admitted = exchange.source_secret is None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -229,14 +273,33 @@ class SourceProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         buffer = self.buffer + data if self.buffer else data
+        if not self.admitted:
+            first, sep, buffer = buffer.partition(b"\n")
+            if not sep:
+                self.buffer = first
+                if len(first) > SOURCE_LINE_MAX:
+                    self._refuse("no secret line")
+                return
+            if not hmac.compare_digest(first.rstrip(b"\r"), self.exchange.source_secret or b""):
+                self._refuse("a wrong secret")
+                return
+            self.admitted = True
         end = buffer.rfind(b"\n")
         if end < 0:
+            if len(buffer) > SOURCE_LINE_MAX:  # a source that never ends its line does not grow the process
+                self.exchange.lines_received([buffer[:200]])  # counted as malformed
+                buffer = b""
             self.buffer = buffer
             return
         self.buffer = buffer[end + 1:]
         lines = buffer[:end].split(b"\n")
         # Each line keeps its own bytes: "\r" stays before the "\n" given back here.
         self.exchange.lines_received([line + b"\n" for line in lines])
+
+    def _refuse(self, why: str) -> None:
+        metrics.SOURCES_REFUSED.labels(self.exchange.label).inc()
+        log.warning("exchange %s: an event source sent %s: closed", self.exchange.label, why)
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         # A last line without its line end is incomplete: dropped (the source will send it again).

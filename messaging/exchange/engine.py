@@ -31,20 +31,35 @@ _ARITY = {"F": 4, "U": 4, "P": 4, "B": 2, "S": 3}
 _NOBODY: tuple[int, ...] = ()
 
 
+_BIGINT_MAX = 2**63 - 1  # sequence numbers and user ids are stored as Postgres bigints
+_BIGINT_DIGITS = len(str(_BIGINT_MAX))
+
+
+def _number(field: bytes) -> int | None:
+    """A whole number 0..2**63-1 in plain ASCII digits (int() would also take ' 5', '+5', '5_0', or
+    a number no bigint holds, which would end the commit that stores it), or None."""
+    if not field.isdigit() or len(field) > _BIGINT_DIGITS:  # bytes.isdigit: ASCII digits only
+        return None
+    number = int(field)
+    return number if number <= _BIGINT_MAX else None
+
+
 def line_parse(raw: bytes) -> Event | None:
-    """`seq|type|from|to` (fields as the type needs them) -> an Event, or None if malformed."""
+    """`seq|type|from|to` (fields as the type needs them) -> an Event, or None if malformed: the same
+    rules as the REST intake's (messaging.exchange.intake.event_line_problem)."""
     parts = raw.rstrip(b"\r\n").split(b"|")
+    if len(parts) < 2:
+        return None
     try:
         kind = parts[1].decode("ascii")
-        if _ARITY.get(kind) != len(parts):
-            return None
-        seq = int(parts[0])
-        frm = int(parts[2]) if len(parts) > 2 else None
-        to = int(parts[3]) if len(parts) > 3 else None
-    except (IndexError, ValueError, UnicodeDecodeError):
+    except UnicodeDecodeError:
         return None
-    if seq < 1:
+    if _ARITY.get(kind) != len(parts):
         return None
+    numbers = [_number(field) for field in (parts[0], *parts[2:])]
+    if None in numbers or numbers[0] < 1:
+        return None
+    seq, frm, to = numbers[0], (numbers[1] if len(numbers) > 1 else None), (numbers[2] if len(numbers) > 2 else None)
     return (seq, kind, frm, to, raw)
 
 
@@ -116,6 +131,16 @@ class Engine:
     def batch_empty(self) -> bool:
         """Nothing applied or skipped since the last batch was taken."""
         return not self._pending and not self._skipped
+
+    def batch_return(self, batch: Batch) -> None:
+        """A taken batch whose commit failed, put back before what was applied since: the next
+        commit carries both (the later change of a follow pair wins)."""
+        self._pending = batch.events + self._pending
+        changes = {pair: True for pair in batch.adds} | {pair: False for pair in batch.removes}
+        changes.update(self._changes)
+        self._changes = changes
+        self._skipped += batch.skipped
+        self._duplicates += batch.duplicates
 
     def batch_take(self) -> Batch:
         """The applied events since the last call (see Batch), and a fresh batch begins."""

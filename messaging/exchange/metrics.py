@@ -9,8 +9,15 @@ from foundation.metrics import REGISTRY
 
 APPLIED = Counter("switchboard_exchange_events_applied_total", "Events applied in sequence, by app",
                   ["app"], registry=REGISTRY)
-MALFORMED = Counter("switchboard_exchange_malformed_total", "Event lines skipped as malformed, by app",
+MALFORMED = Counter("switchboard_exchange_malformed_total",
+                    "Event lines refused (malformed, or a sequence number too far ahead), by app",
                     ["app"], registry=REGISTRY)
+COMMIT_FAILURES = Counter("switchboard_exchange_commit_failures_total",
+                          "Batch commits that failed and were retried with their events, by app", ["app"],
+                          registry=REGISTRY)
+SOURCES_REFUSED = Counter("switchboard_exchange_sources_refused_total",
+                          "Event source connections closed for a missing or wrong shared secret, by app", ["app"],
+                          registry=REGISTRY)
 SKIPPED = Counter("switchboard_exchange_skipped_total",
                   "Sequence numbers given up after the gap timeout, by app", ["app"], registry=REGISTRY)
 GAP_HELD = Gauge("switchboard_exchange_held", "Events held behind a gap, by app", ["app"], registry=REGISTRY)

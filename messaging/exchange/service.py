@@ -37,7 +37,8 @@ def exchange_build(*, app_id: int, label: str) -> Exchange:
     connections.close_all()  # the loop thread is done with the database: the commit thread has its own
     return Exchange(app_id=app_id, engine=engine, commit=exchange_batch_commit, ws=_ws_forward, label=label,
                     commit_events=settings.EXCHANGE_COMMIT_EVENTS, commit_ms=settings.EXCHANGE_COMMIT_MS,
-                    client_buffer_bytes=settings.EXCHANGE_CLIENT_BUFFER_BYTES)
+                    client_buffer_bytes=settings.EXCHANGE_CLIENT_BUFFER_BYTES, max_ahead=settings.EXCHANGE_MAX_AHEAD,
+                    source_secret=settings.EXCHANGE_SOURCE_SECRET.encode() or None)
 
 
 async def task_stop(task: asyncio.Task, *, again_after: float = 1.0) -> None:

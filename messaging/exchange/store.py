@@ -39,6 +39,17 @@ def exchange_batch_commit(*, app_id: int, applied_seq: int, adds: list[tuple[int
     removed) and the state moved to `applied_seq`. Counters are increments; the gap report is
     overwritten (gap_age seconds ago, as the engine's monotonic clock saw it)."""
     gap_since = datetime.now(UTC) - timedelta(seconds=gap_age) if gap_seq is not None and gap_age is not None else None
+    try:
+        _batch_write(app_id, applied_seq, adds, removes, skipped, malformed, gap_seq, gap_since, held)
+    except Exception:
+        # A connection Postgres dropped (a restart, an idle timeout) stays broken in this thread,
+        # which no request cycle ever closes: closed here, the retry (the adapter's) opens a new one.
+        connection.close()
+        raise
+
+
+def _batch_write(app_id: int, applied_seq: int, adds: list[tuple[int, int]], removes: list[tuple[int, int]],
+                 skipped: int, malformed: int, gap_seq: int | None, gap_since, held: int) -> None:
     with transaction.atomic(), connection.cursor() as cursor:
         if removes:
             cursor.execute(

@@ -76,3 +76,52 @@ def test_rest_and_tcp_events_reach_a_tcp_client_and_a_ws_user_alike_in_sequence_
     assert source_proc.popen.returncode == 0 or source_proc.popen.wait(30) == 0
     assert ExchangeState.objects.get(app=anz).applied_seq == 5
     assert set(Follow.objects.filter(app=anz).values_list("follower", "followee")) == {(4078, 4077), (4077, 4078)}
+
+
+def _database_backends_of(pid: int) -> list[int]:
+    """The Postgres backends serving process `pid` (its application_name ends with its pid:
+    config.settings.env.process_label)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s", [f"% {pid}"])
+        return [row[0] for row in cur.fetchall()]
+
+
+def test_the_exchange_keeps_delivering_when_its_database_connection_is_cut_under_load(module_processes):
+    """Its commits fail while the connection is gone (as in a Postgres restart); their events wait
+    and are committed with the next batch; nothing is lost, and the TCP client gets every line once."""
+    from django.db import connection
+
+    from apps_registry.models import ClientApp, Domain, UserDistribution
+
+    app = ClientApp.objects.create(app_name="EXC", app_id="app-id-exc", master_user_id="EXC-1", auth_mode="none")
+    UserDistribution.objects.create(app=app, domain=Domain.objects.get_or_create(name="domain-01")[0], range_from=0)
+    event_port, client_port = free_port(), free_port()
+    source_proc = _eventsource(module_processes, "EXC", event_port, client_port)
+    tcp_user = socket.create_connection(("127.0.0.1", client_port), timeout=10)
+    tcp_user.sendall(b"7001\n")
+    time.sleep(0.5)
+    source = socket.create_connection(("127.0.0.1", event_port))
+    total, cut = 3000, 0
+    for first in range(1, total + 1, 100):
+        source.sendall(b"".join(b"%d|P|7002|7001\n" % seq for seq in range(first, first + 100)))
+        if first in (1001, 2001):  # twice under load: every connection the eventsource holds is cut
+            deadline = time.monotonic() + 10
+            while not (backends := _database_backends_of(source_proc.popen.pid)):  # (back after the last cut)
+                assert time.monotonic() < deadline, "the eventsource holds no database connection to cut"
+                time.sleep(0.05)
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS t(pid)", [backends])
+            cut += len(backends)
+        time.sleep(0.05)
+    expected = b"".join(b"%d|P|7002|7001\n" % seq for seq in range(1, total + 1))
+    assert _read(tcp_user, len(expected), timeout=30) == expected  # every line, once, in order
+    deadline = time.monotonic() + 15
+    while ExchangeState.objects.get(app=app).applied_seq != total:
+        assert time.monotonic() < deadline, "the last batch was never committed"
+        time.sleep(0.2)
+    assert source_proc.alive() and cut >= 2
+    assert "committing a batch failed" in source_proc.output()  # it did fail, and went on
+    tcp_user.close()
+    source.close()

@@ -5,7 +5,7 @@ Read from the environment here and only here; network.py star-imports this modul
 
 from __future__ import annotations
 
-from .env import env_float, env_int
+from .env import env_float, env_int, env_str
 
 # --- engine (messaging.exchange.engine / adapter) ---
 # Group commit: a batch of applied events is committed (Follow rows + applied_seq) once it holds
@@ -18,6 +18,12 @@ EXCHANGE_GAP_REPORT_SECONDS = env_float("EXCHANGE_GAP_REPORT_SECONDS", 5.0)
 # ...and given up after this long: the missing numbers are skipped and the held events applied.
 # 0 = wait forever (the gap stays reported).
 EXCHANGE_GAP_TIMEOUT_SECONDS = env_float("EXCHANGE_GAP_TIMEOUT_SECONDS", 30.0)
+# An event this far or further ahead of the last applied sequence number is refused (counted and
+# logged as malformed): held, it would open a gap the timeout could only close by skipping to it.
+EXCHANGE_MAX_AHEAD = env_int("EXCHANGE_MAX_AHEAD", 1_000_000)
+# The event port trusts its network (docs/security.md). Where it is bound wider, a source must send
+# this secret as its first line, or it is closed before any event is read. Empty: no secret asked.
+EXCHANGE_SOURCE_SECRET = env_str("EXCHANGE_SOURCE_SECRET", "")
 # Bytes a TCP client may have waiting in its socket buffer before it is disconnected as too slow.
 EXCHANGE_CLIENT_BUFFER_BYTES = env_int("EXCHANGE_CLIENT_BUFFER_BYTES", 16 * 1024 * 1024)
 

@@ -172,3 +172,81 @@ def test_ws_users_get_each_committed_batch_after_its_commit():
             await h.until(lambda: seen)
         assert seen == [(1, [(1, "S", 2, None), (2, "F", 1, 2)])]
     asyncio.run(scenario())
+
+
+def test_a_failed_commit_is_retried_with_its_events_and_nothing_is_lost_or_delivered_early():
+    async def scenario():
+        async with Harness() as h:
+            failures = {"left": 2}
+
+            def flaky(**commit):
+                if failures["left"]:
+                    failures["left"] -= 1
+                    raise ConnectionError("the database went away")  # as psycopg's OperationalError would
+                h.commits.append(commit)
+
+            h.ex.commit_fn = flaky
+            alice, _ = await h.client(1)
+            src = await h.source()
+            src.write(b"1|F|2|1\n2|B\n")
+            await src.drain()
+            await asyncio.sleep(0.1)
+            assert h.commits == []  # not committed yet: nothing went out
+            src.write(b"3|P|2|1\n")
+            assert await read_lines(alice, 3) == [b"1|F|2|1\n", b"2|B\n", b"3|P|2|1\n"]
+            await h.until(lambda: h.commits and h.commits[-1]["applied_seq"] == 3)
+            assert h.ex.commit_failures == 0
+            assert (2, 1) in [pair for c in h.commits for pair in c["adds"]]  # the follow of the failed batch
+    asyncio.run(scenario())
+
+
+def test_a_number_far_ahead_is_refused_and_the_exchange_goes_on():
+    async def scenario():
+        async with Harness(max_ahead=1000) as h:
+            alice, _ = await h.client(1)
+            src = await h.source()
+            src.write(b"1|B\n9223372036854775806|B\n2|B\n")
+            assert await read_lines(alice, 2) == [b"1|B\n", b"2|B\n"]
+            await h.until(lambda: sum(c["malformed"] for c in h.commits) == 1)
+            assert h.engine.held == {} and h.engine.gap_seq is None
+    asyncio.run(scenario())
+
+
+def test_tcp_lines_are_held_to_the_rest_intakes_rules():
+    async def scenario():
+        async with Harness() as h:
+            alice, _ = await h.client(1)
+            src = await h.source()
+            # beyond a bigint, a sign, an underscore, a space, a non-ASCII digit: all refused
+            src.write(b"1|P|99999999999999999999|1\n1|P|+2|1\n1|P|2_0|1\n1| B\n1|P|\xd9\xa1|1\n1|B\n")
+            assert await read_lines(alice, 1) == [b"1|B\n"]
+            await h.until(lambda: sum(c["malformed"] for c in h.commits) == 5)
+    asyncio.run(scenario())
+
+
+def test_with_a_shared_secret_a_source_is_heard_only_after_sending_it_first():
+    async def scenario():
+        async with Harness(source_secret=b"s3cret-of-the-source") as h:
+            alice, _ = await h.client(1)
+            wrong = await h.source()
+            wrong.write(b"guess\n1|B\n")
+            await wrong.drain()
+            await h.until(lambda: not h.ex.sources)  # closed at its first line
+            right = await h.source()
+            right.write(b"s3cret-of-the-source\r\n1|B\n2|B\n")
+            assert await read_lines(alice, 2) == [b"1|B\n", b"2|B\n"]
+    asyncio.run(scenario())
+
+
+def test_a_source_that_never_ends_its_line_does_not_grow_the_process():
+    async def scenario():
+        async with Harness() as h:
+            alice, _ = await h.client(1)
+            src = await h.source()
+            for _ in range(20):
+                src.write(b"7" * 1000)
+            src.write(b"\n1|B\n")
+            assert await read_lines(alice, 1) == [b"1|B\n"]
+            assert all(len(s.buffer) <= 4096 for s in h.ex.sources)
+            await h.until(lambda: sum(c["malformed"] for c in h.commits) >= 1)
+    asyncio.run(scenario())

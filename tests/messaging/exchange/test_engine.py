@@ -93,3 +93,16 @@ def test_a_timeout_of_zero_waits_forever():
     now[0] = 10_000.0
     engine.tick()
     assert engine.applied_seq == 0 and engine.gap_seq == 1 and engine.gap_reported
+
+
+def test_a_batch_returned_after_a_failed_commit_goes_out_with_the_next_one_in_order():
+    engine = Engine()
+    engine.offer(line_parse(b"1|F|2|1\n"))
+    first = engine.batch_take()
+    engine.offer(line_parse(b"2|U|2|1\n"))
+    engine.offer(line_parse(b"3|F|3|1\n"))
+    engine.batch_return(first)
+    batch = engine.batch_take()
+    assert [e[0] for e, _ in batch.events] == [1, 2, 3]
+    assert batch.applied_seq == 3
+    assert batch.adds == [(3, 1)] and batch.removes == [(2, 1)]  # the later change of a pair wins
