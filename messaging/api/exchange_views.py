@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from messaging.api import serializers as s
 from messaging.api.base import CURSOR, LIMIT, ApiView, errors
 from messaging.api.errors import ApiError
-from messaging.exchange.intake import EventLineError, events_append
+from messaging.exchange.intake import EventLineError, IntakeFull, events_append
 from messaging.exchange.selectors import followees_of, followers_of
 from messaging.protocol import BIGINT_MAX, plain_int
 
@@ -28,7 +28,9 @@ class EventsView(ApiView):
         description="A batch of event lines for the exchange (`manage.py eventsource`), which puts them in sequence "
                     "order with those of the TCP source: a gap holds later events back until it is filled. A "
                     "sequence number already applied or held is ignored, so a retried call is harmless. One "
-                    "malformed line refuses the whole call (400, naming `events[i]`); nothing is appended then.",
+                    "malformed line refuses the whole call (400, naming `events[i]`); nothing is appended then. "
+                    "The intake is bounded in bytes per app: full, or with no eventsource reading it, a call is "
+                    "refused (429 `intake_full`, with Retry-After) and nothing is appended.",
         responses={202: s.EventsAcceptedSerializer, **errors(400, 401, 413, 429)},
     )
     def post(self, request: Request) -> Response:
@@ -37,6 +39,8 @@ class EventsView(ApiView):
             appended = events_append(app_id=self.app.pk, lines=lines)
         except EventLineError as exc:
             raise ApiError(400, "invalid_request", str(exc), index=exc.index) from None
+        except IntakeFull as exc:
+            raise ApiError(429, "intake_full", exc.detail, retry_after=exc.retry_after) from None
         return Response({"accepted": appended.accepted, "stream": appended.entry_id}, status=status.HTTP_202_ACCEPTED)
 
 

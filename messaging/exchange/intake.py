@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from foundation.transport.redis_clients import sync_client
-from messaging.exchange.streams import intake_stream_key
+from messaging.exchange.streams import intake_reader_key, intake_stream_key
 from messaging.protocol import BIGINT_MAX, plain_int
 
 KINDS = "FUBPS"
@@ -62,10 +62,42 @@ class Appended:
     entry_id: str  # the batch's entry in the app's intake stream
 
 
+class IntakeFull(Exception):
+    """The app's intake holds as much as it may: nothing was appended."""
+
+    def __init__(self, detail: str, retry_after: int):
+        super().__init__(detail)
+        self.detail = detail
+        self.retry_after = retry_after
+
+
+# Appends the entry only while the stream (its memory, as Redis counts it) stays under the cap: the
+# cap of a stream its app's eventsource reads (its reader key is fresh), a smaller one otherwise.
+# Nothing is ever trimmed here: only the reader trims, up to what it has committed.
+_APPEND_LUA = """
+local reading = redis.call('EXISTS', KEYS[2]) == 1
+local cap = tonumber(reading and ARGV[2] or ARGV[3])
+local used = 0
+if redis.call('EXISTS', KEYS[1]) == 1 then used = redis.call('MEMORY', 'USAGE', KEYS[1]) end
+if used + string.len(ARGV[1]) > cap then return {reading and 1 or 0, used} end
+return redis.call('XADD', KEYS[1], '*', 'lines', ARGV[1])
+"""
+
+
 def events_append(*, app_id: int, lines: list[str]) -> Appended:
     """Check `lines` and append them to the app's intake stream as one entry (field `lines`: the
-    lines joined by "\\n"). Raises EventLineError (nothing appended) for a malformed line."""
+    lines joined by "\\n"). Raises EventLineError (nothing appended) for a malformed line, and
+    IntakeFull when the stream holds EXCHANGE_INTAKE_MAX_BYTES, or EXCHANGE_INTAKE_UNREAD_BYTES
+    while no eventsource reads it: one app cannot fill the Redis every tenant shares."""
     event_lines_check(lines)
-    entry_id = sync_client().xadd(intake_stream_key(app_id), {"lines": "\n".join(lines)},
-                                  maxlen=settings.EXCHANGE_INTAKE_STREAM_MAXLEN, approximate=True)
-    return Appended(accepted=len(lines), entry_id=entry_id.decode() if isinstance(entry_id, bytes) else entry_id)
+    payload = "\n".join(lines)
+    answer = sync_client().eval(_APPEND_LUA, 2, intake_stream_key(app_id), intake_reader_key(app_id), payload,
+                                settings.EXCHANGE_INTAKE_MAX_BYTES, settings.EXCHANGE_INTAKE_UNREAD_BYTES)
+    if isinstance(answer, list):
+        reading, used = answer
+        if reading:
+            raise IntakeFull(f"the app's event intake holds {used} bytes, its limit: its eventsource is behind; "
+                             "send again shortly", retry_after=1)
+        raise IntakeFull(f"no eventsource reads this app's events (start `manage.py eventsource --app <name>`); "
+                         f"{used} bytes wait already, the limit while nothing reads", retry_after=30)
+    return Appended(accepted=len(lines), entry_id=answer.decode() if isinstance(answer, bytes) else answer)

@@ -15,7 +15,7 @@ import logging
 
 from foundation.transport.redis_clients import async_client
 from messaging.exchange.adapter import Exchange
-from messaging.exchange.streams import intake_stream_key
+from messaging.exchange.streams import INTAKE_READER_TTL, intake_reader_key, intake_stream_key
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ def entry_lines(fields: dict) -> list[bytes]:
 
 async def intake_loop(exchange: Exchange, *, block_ms: int = 1000) -> None:
     client = async_client()
-    key = intake_stream_key(exchange.app_id)
+    key, reader = intake_stream_key(exchange.app_id), intake_reader_key(exchange.app_id)
     last: bytes | str = "0-0"
     trimmed: bytes | None = None
     while True:
@@ -39,6 +39,7 @@ async def intake_loop(exchange: Exchange, *, block_ms: int = 1000) -> None:
             if committed is not None and committed != trimmed:
                 await client.xtrim(key, minid=committed, approximate=False)
                 trimmed = committed
+            await client.set(reader, b"1", ex=INTAKE_READER_TTL)  # the REST intake takes more while this is fresh
             answer = await client.xread({key: last}, count=1000, block=block_ms)
         except asyncio.CancelledError:
             raise

@@ -30,8 +30,10 @@ EXCHANGE_CLIENT_BUFFER_BYTES = env_int("EXCHANGE_CLIENT_BUFFER_BYTES", 16 * 1024
 # --- the REST intake and the /ws bridge (messaging.exchange.intake, messaging.exchange.ws_bridge) --
 # Event lines per POST /api/v1/events call.
 EXCHANGE_INTAKE_MAX_EVENTS = env_int("EXCHANGE_INTAKE_MAX_EVENTS", 10_000)
-# Entries (one per call) an app's intake stream keeps (XADD MAXLEN ~): the engine reads far faster
-# than callers write, so only a stopped engine lets it fill; the oldest batches then go.
-EXCHANGE_INTAKE_STREAM_MAXLEN = env_int("EXCHANGE_INTAKE_STREAM_MAXLEN", 100_000)
+# An app's intake stream may hold this many bytes (Redis's own count of its memory) while its
+# eventsource reads it, and this many while none does; past them a call is refused (429), never
+# trimmed: the shared Redis cannot be filled by one tenant, and no unread event is dropped.
+EXCHANGE_INTAKE_MAX_BYTES = env_int("EXCHANGE_INTAKE_MAX_BYTES", 16 * 1024 * 1024)
+EXCHANGE_INTAKE_UNREAD_BYTES = env_int("EXCHANGE_INTAKE_UNREAD_BYTES", 1024 * 1024)
 # How long the answer "does the app have /ws users online" is reused (the engine asks per batch).
 EXCHANGE_WS_LISTENERS_TTL_SECONDS = env_float("EXCHANGE_WS_LISTENERS_TTL_SECONDS", 1.0)

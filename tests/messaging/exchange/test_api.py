@@ -7,7 +7,7 @@ import pytest
 from foundation.transport.redis_clients import sync_client
 from messaging.api.client import ApiError
 from messaging.exchange.models import Follow
-from messaging.exchange.streams import intake_stream_key
+from messaging.exchange.streams import intake_reader_key, intake_stream_key
 
 pytestmark = pytest.mark.django_db
 
@@ -89,3 +89,43 @@ def test_a_user_that_is_no_number_is_refused(http, graph):
     for path in ("/api/v1/exchange/users/ANZ-9/followers", "/api/v1/exchange/users/-1/followees",
                  "/api/v1/exchange/users/99999999999999999999/followers"):
         assert http.get(path).status_code == 400
+
+
+@pytest.fixture
+def small_intake(anz, settings):
+    """An intake of 64 KiB while read, 16 KiB while not."""
+    settings.EXCHANGE_INTAKE_MAX_BYTES = 64 * 1024
+    settings.EXCHANGE_INTAKE_UNREAD_BYTES = 16 * 1024
+    reader = intake_reader_key(anz.pk)
+    sync_client().delete(reader)
+    yield lambda: sync_client().set(reader, b"1", ex=10)
+    sync_client().delete(reader)
+
+
+def _fill(api, first: int) -> tuple[int, ApiError]:
+    """Calls of 200 lines until one is refused: how many lines went in, and the refusal."""
+    seq = first
+    while True:
+        try:
+            api.events_send([f"{n}|B" for n in range(seq, seq + 200)])
+        except ApiError as refused:
+            return seq - first, refused
+        seq += 200
+        assert seq < first + 1_000_000, "never refused"
+
+
+def test_with_no_eventsource_reading_the_intake_refuses_past_a_small_limit_and_drops_nothing(api, intake,
+                                                                                              small_intake):
+    taken, refused = _fill(api, 1)
+    assert refused.status == 429 and refused.code == "intake_full" and "no eventsource" in refused.detail
+    assert refused.retry_after == 30
+    assert 0 < taken < 16 * 1024 // 4
+    assert sum(len(lines) for lines in intake()) == taken  # every accepted line is still there
+
+
+def test_with_an_eventsource_reading_the_intake_takes_up_to_its_limit_then_asks_to_wait(api, intake, small_intake):
+    small_intake()  # an eventsource reads this app's intake
+    taken, refused = _fill(api, 1)
+    assert refused.status == 429 and refused.retry_after == 1 and "behind" in refused.detail
+    assert taken > 16 * 1024 // 8  # more than while nothing read
+    assert sum(len(lines) for lines in intake()) == taken
