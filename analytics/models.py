@@ -145,3 +145,19 @@ class ReportRow(models.Model):
 
     def __str__(self) -> str:
         return f"{self.metric} {self.grain} {self.app}/{self.subgroup}/{self.bucket} = {self.value:g}"
+
+
+class RetentionDay(models.Model):
+    """Rows the retention sweep deleted on one day (UTC) from one source table
+    (analytics.services.retention): grown in the transaction of each batch it counts, so the
+    count is exactly what went."""
+
+    day = models.DateField()
+    source = models.CharField(max_length=32)  # deliveries, messages, sessions, presence_events
+    removed = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["day", "source"], name="retention_day_per_source")]
+
+    def __str__(self) -> str:
+        return f"{self.day}: {self.removed} {self.source}"

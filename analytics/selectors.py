@@ -10,7 +10,7 @@ shows as unknown instead of holding the page).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import redis
 from django.conf import settings
@@ -21,7 +21,7 @@ from django.utils import timezone
 from messaging.models import UNDELIVERED_STATES, DeliveryState
 from presence.models import Node
 
-from .models import JobKind, JobRun, Report, ReportRow
+from .models import JobKind, JobRun, Report, ReportRow, RetentionDay
 
 LIVE_COUNT_CAP = 100_000  # exact counts up to here, "more than" beyond
 RECENT_DELIVERIES = 20_000  # how many of the newest delivery records "delivered in the last minute" reads
@@ -215,3 +215,35 @@ def _routing_queue_depth() -> int | None:
             client.close()
     except redis.RedisError:
         return None
+
+
+@dataclass(frozen=True)
+class RetentionFigures:
+    """What the retention sweep keeps and removed: per source table, its oldest row's time, and
+    the rows removed on each of the last days (newest first)."""
+
+    oldest: dict[str, datetime | None]
+    days: list[tuple[date, list[int]]]  # each day's counts in RETENTION_SOURCES's order
+
+
+# The oldest row of each table: its lowest id (an index walk of one row, whatever the table's size).
+_OLDEST = {"messages": "SELECT created_at FROM messaging_message ORDER BY id LIMIT 1",
+           "deliveries": "SELECT created_at FROM messaging_delivery ORDER BY id LIMIT 1",
+           "sessions": "SELECT min(connected_at) FROM presence_session WHERE disconnected_at IS NOT NULL",
+           "presence_events": "SELECT at FROM presence_presenceevent ORDER BY id LIMIT 1"}
+RETENTION_SOURCES = tuple(_OLDEST)
+
+
+def retention_figures(*, days: int = 7) -> RetentionFigures:
+    oldest: dict[str, datetime | None] = {}
+    with connection.cursor() as cur:
+        for source, sql in _OLDEST.items():
+            cur.execute(sql)
+            row = cur.fetchone()
+            oldest[source] = row[0] if row else None
+    since = timezone.now().date() - timedelta(days=days - 1)
+    per_day: dict[date, dict[str, int]] = {}
+    for day, source, removed in RetentionDay.objects.filter(day__gte=since).values_list("day", "source", "removed"):
+        per_day.setdefault(day, {})[source] = removed
+    return RetentionFigures(oldest=oldest, days=[(day, [counts.get(source, 0) for source in RETENTION_SOURCES])
+                                                 for day, counts in sorted(per_day.items(), reverse=True)])

@@ -13,6 +13,7 @@ from analytics.models import JobKind, JobRun
 from analytics.selectors import report_default_range
 from analytics.services import ExportBusy, ReportBusy, lake_export
 from analytics.services import report_run as report_run_service
+from analytics.services.retention import rows_past_retention_delete
 
 log = logging.getLogger(__name__)
 # Exports and Spark reports run far longer than the default task limit (CELERY_TASK_*_TIME_LIMIT).
@@ -48,3 +49,11 @@ def report_run(self, job_run_id: int | None = None, kind: str | None = None) -> 
     except ReportBusy:
         raise self.retry(countdown=30) from None
     return {"report": report.pk if report else None}
+
+
+@shared_task
+def retention_sweep() -> dict:
+    """Beat (every RETENTION_SWEEP_SECONDS): rows past their app's retention that the export has,
+    deleted in bounded batches (analytics.services.retention)."""
+    swept = rows_past_retention_delete()
+    return {"removed": swept.removed, "done": swept.done}

@@ -6,7 +6,7 @@ from django import template
 
 from analytics.models import JobKind
 from analytics.pages import REPORT_BUTTONS, backlog_age_chart, concurrency_chart, latency_chart
-from analytics.selectors import dashboard_live, job_runs_latest, report_latest
+from analytics.selectors import RETENTION_SOURCES, dashboard_live, job_runs_latest, report_latest, retention_figures
 
 register = template.Library()
 
@@ -20,5 +20,6 @@ def operator_dashboard(context) -> dict:
     if backlog:
         charts.append((backlog, backlog_age_chart(backlog, width=560, height=220)))
         charts.append((backlog, latency_chart(backlog, width=560, height=220)))
-    return {"live": dashboard_live(), "charts": charts, "latest_runs": job_runs_latest(), "report_kinds": REPORT_BUTTONS,
+    return {"live": dashboard_live(), "charts": charts, "retention": retention_figures(),
+            "retention_sources": RETENTION_SOURCES, "latest_runs": job_runs_latest(), "report_kinds": REPORT_BUTTONS,
             "csrf_token": context.get("csrf_token"), "request": context.get("request")}

@@ -307,6 +307,10 @@ ANALYTICS_LAKE = env_str("ANALYTICS_LAKE", str(VAR_DIR / "lake"))  # a folder, o
 SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
 SPARK_DEFAULTS_FILE = BASE_DIR / "platform" / "spark-defaults.conf"
 ANALYTICS_EXPORT_SECONDS = env_int("ANALYTICS_EXPORT_SECONDS", 300)
+# Rows past their app's retention, once exported, are deleted every RETENTION_SWEEP_SECONDS in
+# batches of RETENTION_BATCH_ROWS for at most RETENTION_BUDGET_SECONDS (analytics.services.retention).
+RETENTION_SWEEP_SECONDS, RETENTION_BATCH_ROWS = env_int("RETENTION_SWEEP_SECONDS", 600), env_int("RETENTION_BATCH_ROWS", 5000)
+RETENTION_BUDGET_SECONDS, RETENTION_ORPHAN_DAYS = env_float("RETENTION_BUDGET_SECONDS", 60.0), 30
 ANALYTICS_EXPORT_BATCH_ROWS = env_int("ANALYTICS_EXPORT_BATCH_ROWS", 100_000)  # rows per Parquet file at most
 # How long an export waits for transactions older than its horizon (analytics.services.export).
 ANALYTICS_EXPORT_HORIZON_WAIT = env_int("ANALYTICS_EXPORT_HORIZON_WAIT", 10)
@@ -360,6 +364,7 @@ CELERY_BEAT_SCHEDULE = {
     "reap-dead-nodes": {"task": "messaging.tasks.reap_dead_nodes", "schedule": float(PRESENCE_HEARTBEAT_SECONDS)},
     "expire-deliveries": {"task": "messaging.tasks.expire_deliveries", "schedule": 3600.0},
     "analytics-export": {"task": "analytics.tasks.export_run", "schedule": float(ANALYTICS_EXPORT_SECONDS)},
+    "analytics-retention": {"task": "analytics.tasks.retention_sweep", "schedule": float(RETENTION_SWEEP_SECONDS)},
     # Yesterday's reports (UTC), after the exports of the first minutes of today have caught up.
     "analytics-presence-report": {"task": "analytics.tasks.report_run", "schedule": crontab(hour=0, minute=30),
                                   "kwargs": {"kind": "presence"}},

@@ -1,0 +1,91 @@
+"""Rows past their app's retention are deleted once the export has them, and only then."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from analytics.models import RetentionDay
+from analytics.services import lake_export
+from analytics.services.retention import rows_past_retention_delete
+from messaging.models import Delivery, Message
+from presence.models import PresenceEvent, Session
+from tests.factories import make_app
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NOW = datetime.now(UTC)
+OLD = NOW - timedelta(days=3)
+
+
+@pytest.fixture
+def anz():
+    return make_app(retention_days=1)
+
+
+def _old_session(activity, app, user: str, *, open_: bool = False):
+    node = activity.node("web-1", "domain-01")
+    connection_id = activity.session(app, user, node, OLD, None if open_ else OLD + timedelta(minutes=5))
+    PresenceEvent.objects.filter(connection_id=connection_id).update(at=OLD)
+    return connection_id
+
+
+def test_exported_final_rows_past_retention_go_and_everything_else_stays(lake, anz, activity):
+    gone = activity.delivery(anz, OLD, state="delivered", delivered_at=OLD + timedelta(seconds=1))
+    expired = activity.delivery(anz, OLD, state="expired")
+    waiting = activity.delivery(anz, OLD)  # pending: never deleted
+    dead = activity.delivery(anz, OLD, state="dead", attempts=3)  # an operator's dead letter
+    recent = activity.delivery(anz, NOW, state="delivered", delivered_at=NOW)  # within retention
+    closed = _old_session(activity, anz, "ANZ-7")
+    still_open = _old_session(activity, anz, "ANZ-8", open_=True)
+    lake_export()
+    late = activity.delivery(anz, OLD, state="delivered", delivered_at=OLD)  # not exported yet
+
+    swept = rows_past_retention_delete()
+
+    assert swept.done
+    kept = set(Delivery.objects.values_list("pk", flat=True))
+    assert kept == {waiting.pk, dead.pk, recent.pk, late.pk}
+    assert not Message.objects.filter(pk__in=[gone.message_id, expired.message_id]).exists()
+    assert Message.objects.filter(pk=waiting.message_id).exists()
+    assert set(Session.objects.values_list("pk", flat=True)) == {still_open}
+    assert set(PresenceEvent.objects.values_list("connection_id", flat=True)) == {still_open}
+    assert swept.removed == {"deliveries": 2, "messages": 2, "sessions": 1, "presence_events": 2}
+    assert dict(RetentionDay.objects.values_list("source", "removed")) == swept.removed
+    assert closed not in set(Session.objects.values_list("pk", flat=True))
+
+    lake_export()  # now the late one is in the lake too
+    assert rows_past_retention_delete().removed["deliveries"] == 1
+    assert set(Delivery.objects.values_list("pk", flat=True)) == {waiting.pk, dead.pk, recent.pk}
+
+
+def test_before_any_export_nothing_goes(lake, anz, activity):
+    activity.delivery(anz, OLD, state="delivered", delivered_at=OLD)
+    assert rows_past_retention_delete().removed == {}
+    assert Delivery.objects.count() == 1
+
+
+def test_small_batches_and_a_spent_budget_come_to_the_same_end_over_several_runs(lake, anz, activity):
+    for _ in range(7):
+        activity.delivery(anz, OLD, state="delivered", delivered_at=OLD)
+    lake_export()
+    stopped = rows_past_retention_delete(batch=2, budget_seconds=0)
+    assert not stopped.done and Delivery.objects.count() == 7
+    runs = 0
+    while not (swept := rows_past_retention_delete(batch=2)).done or swept.removed.get("deliveries"):
+        runs += 1
+        assert runs < 10
+    assert Delivery.objects.count() == 0 and Message.objects.count() == 0
+    assert RetentionDay.objects.get(source="deliveries").removed == 7
+
+
+def test_the_dashboard_shows_the_oldest_row_kept_and_what_went_per_day(lake, anz, activity, admin_client):
+    activity.delivery(anz, OLD, state="delivered", delivered_at=OLD)
+    activity.delivery(anz, OLD)
+    lake_export()
+    rows_past_retention_delete()
+    page = admin_client.get("/admin/").content.decode()
+    section = page[page.index('id="retention"'):page.index('id="latest-reports"')]
+    assert f"<td>messages</td><td>{OLD:%Y-%m-%d}" in section.replace("\n", "")  # the pending one's message
+    assert f"<td>{NOW:%Y-%m-%d}</td><td class=\"num\">1</td><td class=\"num\">1</td>" in section.replace("\n", "")
