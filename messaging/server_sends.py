@@ -25,7 +25,7 @@ from messaging.channels.services import Published, channel_fanout, channel_publi
 from messaging.fast import message_fast_send
 from messaging.models import MessageKind
 from messaging.protocol import FEATURE_FAST, FEATURE_RELIABLE, REFERENCE_MAX, unsafe_string
-from messaging.store import message_send
+from messaging.store import OutgoingMessage, messages_store
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +39,20 @@ class ServerSendResult:
     connections: int | None  # FAST only: live connections that took it
 
 
-def server_message_send(*, app: AppSnapshot, recipients: Sequence[str], content: str, group: bool,
-                        feature: str = FEATURE_RELIABLE, sender: str | None = None, reference: str = "",
-                        confirmation: bool = False) -> ServerSendResult:
-    """Send to one user (`group` False: a MESSAGE, which may ask for a MESSAGE_CONFIRMATION to the
-    sender when it has a reference) or to several (a GROUP_MESSAGE, never confirmed)."""
+@dataclass(frozen=True)
+class CheckedSend:
+    """A server send the rules took: what to store (RELIABLE) or push (FAST)."""
+
+    feature: str
+    message: OutgoingMessage
+
+
+def server_message_check(*, app: AppSnapshot, recipients: Sequence[str], content: str, group: bool,
+                         feature: str = FEATURE_RELIABLE, sender: str | None = None, reference: str = "",
+                         confirmation: bool = False) -> CheckedSend:
+    """The rules of a send to one user (`group` False: a MESSAGE, which may ask for a
+    MESSAGE_CONFIRMATION to the sender when it has a reference) or to several (a GROUP_MESSAGE,
+    never confirmed): SendRefused, or what to send."""
     if feature not in (FEATURE_RELIABLE, FEATURE_FAST):
         raise SendRefused("invalid_request", "feature must be RELIABLE or FAST")
     if not group and len(set(recipients)) > 1:
@@ -53,15 +62,29 @@ def server_message_send(*, app: AppSnapshot, recipients: Sequence[str], content:
     content = content_require(app, content)
     if not isinstance(reference, str) or len(reference) > REFERENCE_MAX or unsafe_string(reference):
         raise SendRefused("invalid_request", f"reference must be text of at most {REFERENCE_MAX} characters")
-    if feature == FEATURE_FAST:
-        reached = message_fast_send(app=app, sender=sender, recipients=unique, content=content, reference=reference)
-        return ServerSendResult(feature, sender, tuple(unique), None, reached)
-    result = message_send(
-        app_id=app.pk, sender=sender, recipients=unique, content=content,
+    return CheckedSend(feature, OutgoingMessage(
+        app_id=app.pk, sender=sender, recipients=tuple(unique), content=content,
         kind=MessageKind.GROUP if group else MessageKind.DIRECT, reference=reference,
-        confirmation_requested=not group and bool(reference) and confirmation,
-    )
-    return ServerSendResult(feature, sender, tuple(unique), result.message_id, None)
+        confirmation_requested=not group and bool(reference) and confirmation))
+
+
+def server_fast_push(app: AppSnapshot, message: OutgoingMessage) -> int:
+    """A checked FAST send pushed to the recipients' live connections: how many took it."""
+    return message_fast_send(app=app, sender=message.sender, recipients=list(message.recipients),
+                             content=message.content, reference=message.reference)
+
+
+def server_message_send(*, app: AppSnapshot, recipients: Sequence[str], content: str, group: bool,
+                        feature: str = FEATURE_RELIABLE, sender: str | None = None, reference: str = "",
+                        confirmation: bool = False) -> ServerSendResult:
+    """Send to one user or to several (server_message_check's rules): stored, or pushed (FAST)."""
+    checked = server_message_check(app=app, recipients=recipients, content=content, group=group, feature=feature,
+                                   sender=sender, reference=reference, confirmation=confirmation)
+    message = checked.message
+    if checked.feature == FEATURE_FAST:
+        return ServerSendResult(FEATURE_FAST, message.sender, message.recipients, None, server_fast_push(app, message))
+    result = messages_store(messages=[message])[0]
+    return ServerSendResult(checked.feature, message.sender, message.recipients, result.message_id, None)
 
 
 def _fanout_after_commit(app_id: int, channel: str, offset: int, content: str) -> None:

@@ -177,6 +177,12 @@ class SwitchboardClient:
         return self.request("POST", "/api/v1/messages", json=body,
                             idempotency_key=idempotency_key or uuid.uuid4().hex)
 
+    def send_batch(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Up to 1,000 messages in one call, each a `send`'s body (`to`, `content`, `feature`, `from`,
+        `reference`, `confirmation`) with an optional `idempotencyKey`: a result per message, in order,
+        `{"id": ...}` or `{"error": code, "detail": text}`. Give each message a key to retry safely."""
+        return self.request("POST", "/api/v1/messages/batch", json={"messages": list(messages)})["results"]
+
     def publish(self, channel: str, content: str, *, idempotency_key: str | None = None) -> ChannelPublished:
         return self.request("POST", f"/api/v1/channels/{_segment(channel)}/messages", json={"content": content},
                             idempotency_key=idempotency_key or uuid.uuid4().hex)

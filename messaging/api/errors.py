@@ -81,6 +81,11 @@ def error_body(code: str, detail: str, **extra: Any) -> dict[str, Any]:
     return _wire_safe({"error": code, "detail": detail, **extra})
 
 
+def validation_detail(detail: Any) -> str:
+    """A serializer's errors as one line of text, as the API's 400 answers word them."""
+    return "; ".join(_flatten(detail)) or "invalid request"
+
+
 def _flatten(detail: Any, prefix: str = "") -> list[str]:
     if isinstance(detail, dict):
         return [m for k, v in detail.items() for m in _flatten(v, f"{prefix}{k}." if k != "non_field_errors" else prefix)]

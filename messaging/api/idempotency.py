@@ -101,3 +101,58 @@ def idempotency_keys_expire() -> int:
     cutoff = timezone.now() - timedelta(hours=settings.API_IDEMPOTENCY_HOURS)
     deleted, _ = IdempotencyKey.objects.filter(created_at__lt=cutoff).delete()
     return deleted
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one key of a batch's messages gets: `new` (the row to store its answer in: send it), or
+    a stored `answer` (replay it), or a `conflict` (the key was used for another message)."""
+
+    new: int | None = None
+    answer: dict[str, Any] | None = None
+    conflict: str | None = None
+
+
+_CLAIM_MANY_SQL = """
+INSERT INTO messaging_idempotencykey (app_id, key, fingerprint, created_at)
+SELECT %s, k.key, k.fingerprint, now() FROM unnest(%s::text[], %s::text[]) AS k(key, fingerprint)
+ON CONFLICT (app_id, key) DO NOTHING
+RETURNING key, id
+"""
+
+
+def idempotency_claims(*, app_id: int, keyed: dict[str, str]) -> dict[str, Claim]:
+    """Inside the caller's transaction: each key of `keyed` (key -> the message's fingerprint)
+    claimed in one statement, or its stored answer found (a concurrent claim of the same key waits
+    for its transaction, as for one send). The caller sends the `new` ones and stores their answers
+    with `idempotency_answers_store` in the same transaction."""
+    if not keyed:
+        return {}
+    keys = list(keyed)
+    with connection.cursor() as cur:
+        cur.execute(_CLAIM_MANY_SQL, [app_id, keys, [keyed[k] for k in keys]])
+        claims = {key: Claim(new=row_id) for key, row_id in cur.fetchall()}
+    others = [k for k in keys if k not in claims]
+    if others:
+        for key, fingerprint, answer in IdempotencyKey.objects.filter(app_id=app_id, key__in=others).values_list(
+                "key", "fingerprint", "response"):
+            if fingerprint != keyed[key]:
+                claims[key] = Claim(conflict=f"the idempotency key '{key}' was used for another message; use a new key")
+            elif answer is None:
+                claims[key] = Claim(conflict=f"a message with the idempotency key '{key}' is in progress; retry later")
+            else:
+                claims[key] = Claim(answer=answer)
+    for key in others:  # expired between the claim and the read: sent again as new is not safe here
+        claims.setdefault(key, Claim(conflict=f"the idempotency key '{key}' expired as it was read; retry"))
+    return claims
+
+
+def idempotency_answers_store(answers: list[tuple[int, dict[str, Any]]]) -> None:
+    """Inside the claims' transaction: (claim row, the message's answer) for each new claim."""
+    if not answers:
+        return
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE messaging_idempotencykey i SET status_code = 201, response = a.response::jsonb "
+            "FROM unnest(%s::bigint[], %s::text[]) AS a(id, response) WHERE i.id = a.id",
+            [[row for row, _ in answers], [json.dumps(body) for _, body in answers]])

@@ -77,6 +77,31 @@ class MessageSendSerializer(serializers.Serializer):
         return fields
 
 
+BATCH_MAX = 1000  # messages per POST /api/v1/messages/batch
+
+
+class MessagesBatchSerializer(serializers.Serializer):
+    messages = serializers.ListField(
+        child=serializers.DictField(), min_length=1, max_length=BATCH_MAX,
+        help_text=f"1 to {BATCH_MAX} messages, each as the body of POST /api/v1/messages (`to`, `content`, "
+                  "`feature`, `from`, `reference`, `confirmation`), plus an optional `idempotencyKey` (the app's, as "
+                  "the Idempotency-Key header of a single send).")
+
+
+class BatchResultSerializer(serializers.Serializer):
+    id = serializers.CharField(required=False, allow_null=True, help_text="The stored message's id (null for FAST).")
+    feature = serializers.CharField(required=False, help_text="FAST, for a FAST message.")
+    connections = serializers.IntegerField(required=False, help_text="FAST: the live connections that took it.")
+    duplicate = serializers.BooleanField(required=False)
+    error = serializers.CharField(required=False, help_text="This message was refused: the code a single send "
+                                                            "would answer with.")
+    detail = serializers.CharField(required=False)
+
+
+class BatchResultsSerializer(serializers.Serializer):
+    results = BatchResultSerializer(many=True, help_text="One per message, in the order sent.")
+
+
 class ChannelPublishSerializer(serializers.Serializer):
     content = _content_field("Text, at most the app's content limit in UTF-8.")
 

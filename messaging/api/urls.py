@@ -47,6 +47,7 @@ def _endpoint(route: str, view_class: type[views.ApiView], name: str):
 
 urlpatterns = [
     _endpoint("messages", views.MessagesView, "api-messages"),
+    _endpoint("messages/batch", views.MessagesBatchView, "api-messages-batch"),
     _endpoint("messages/<str:message_id>", views.MessageDetailView, "api-message"),
     _endpoint("channels/<str:channel>/messages", views.ChannelMessagesView, "api-channel-messages"),
     _endpoint("channels/<str:channel>/subscribers", views.ChannelSubscribersView, "api-channel-subscribers"),

@@ -26,8 +26,8 @@ from messaging.api.base import (
     ApiView,
     errors,
 )
-from messaging.api.errors import ApiError
-from messaging.api.idempotency import Answer
+from messaging.api.errors import ApiError, validation_detail
+from messaging.api.idempotency import Answer, idempotency_key_valid, request_fingerprint
 from messaging.api.pagination import (
     PAGE_SIZE,
     PAGE_SIZE_MAX,
@@ -49,6 +49,7 @@ from messaging.selectors import (
     subscriptions_of_user,
     user_presence,
 )
+from messaging.server_batch import BatchItem, server_messages_send_batch
 from messaging.server_sends import server_channel_publish, server_message_send
 from presence.online import app_online_page
 from presence.services import user_disconnect_everywhere_sync
@@ -84,6 +85,45 @@ class MessagesView(ApiView):
         response = self.idempotent(send)
         metrics.API_SENDS.labels(data["feature"]).inc()
         return response
+
+
+class MessagesBatchView(ApiView):
+    @extend_schema(
+        operation_id="messages_send_batch", tags=["send"], request=s.MessagesBatchSerializer,
+        summary="Send up to 1,000 messages in one call",
+        description="Each message is accepted or refused on its own; `results` answers each in order: `{id}` once "
+                    "stored (all the batch's RELIABLE messages in one transaction), FAST's answer, or `{error, "
+                    "detail}` with the code a single send would answer. A message's `idempotencyKey` sends it once: "
+                    "again, its stored answer comes back. The call counts once against the API rate limit.",
+        responses={200: s.BatchResultsSerializer, **errors(400, 401, 413, 429)},
+    )
+    def post(self, request: Request) -> Response:
+        items = [_batch_item(raw) for raw in self.valid(s.MessagesBatchSerializer)["messages"]]
+        results = server_messages_send_batch(app=self.app, items=items)
+        for result in results:
+            if "error" not in result:
+                metrics.API_SENDS.labels(result.get("feature", "RELIABLE")).inc()
+        return Response({"results": results}, status=status.HTTP_200_OK)
+
+
+BATCH_ITEM_PATH = "/api/v1/messages/batch#message"  # a batch message's key is never a single send's
+
+
+def _batch_item(raw: dict) -> BatchItem:
+    """One message of a batch, read as a single send's body is (and its idempotencyKey)."""
+    body = {k: v for k, v in raw.items() if k != "idempotencyKey"}
+    key = raw.get("idempotencyKey")
+    if key is not None and (not isinstance(key, str) or not idempotency_key_valid(key)):
+        return BatchItem(None, refused={"error": "invalid_request",
+                                        "detail": "idempotencyKey must be 1 to 255 printable ASCII characters"})
+    serializer = s.MessageSendSerializer(data=body)
+    if not serializer.is_valid():
+        return BatchItem(None, refused={"error": "invalid_request", "detail": validation_detail(serializer.errors)})
+    v = serializer.validated_data
+    group, recipients = v["to"]
+    return BatchItem({"recipients": recipients, "content": v["content"], "group": group, "feature": v["feature"],
+                      "sender": v.get("sender"), "reference": v["reference"], "confirmation": v["confirmation"]},
+                     key=key, fingerprint=request_fingerprint(method="POST", path=BATCH_ITEM_PATH, body=body))
 
 
 class ChannelMessagesView(ApiView):

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db
 def test_the_schema_documents_every_endpoint_with_the_bearer_scheme(anonymous_http):
     schema = anonymous_http.get("/api/schema/", headers={"Accept": "application/json"}).json()
     assert set(schema["paths"]) == {
-        "/api/v1/messages", "/api/v1/messages/{message_id}", "/api/v1/channels/{channel}/messages",
+        "/api/v1/messages", "/api/v1/messages/batch", "/api/v1/messages/{message_id}", "/api/v1/channels/{channel}/messages",
         "/api/v1/channels/{channel}/subscribers", "/api/v1/channels/{channel}/subscribers/{user_id}",
         "/api/v1/channels/{channel}/members", "/api/v1/users/{user_id}/subscriptions",
         "/api/v1/users/{user_id}/follows/{target_id}", "/api/v1/users/{user_id}/presence",
