@@ -6,7 +6,9 @@
 `--duration` seconds (the first `--warmup` seconds left out of the figures): each a `POST
 /api/v1/messages` to one user of `--app-name` (cycling over `--users` users from `--user-base`)
 with a `--payload`-character content and an Idempotency-Key of its own, or with `--channel NAME` a
-`POST /api/v1/channels/NAME/messages`. Latency is the request's round trip. Any answer but
+`POST /api/v1/channels/NAME/messages`, or with `--batch N` a `POST /api/v1/messages/batch` of N
+such messages (each with an idempotencyKey; sends then count messages, latency is the call's).
+Latency is the request's round trip. Any answer but
 200/201 counts as an error, by status (429 means the app's API rate limit, not the server's
 capacity: raise the app's `api_rate_limit_per_second` / `api_rate_limit_burst` for a benchmark).
 """
@@ -40,6 +42,7 @@ class RestConfig:
     users: int = 200
     payload: int = 1000
     channel: str | None = None
+    batch: int = 0  # messages per POST /api/v1/messages/batch; 0: one message per POST /api/v1/messages
 
 
 @dataclass
@@ -65,19 +68,30 @@ async def _sender(config: RestConfig, index: int, start: float, end: float, late
                                  limits=httpx.Limits(max_connections=1)) as client:
         n = index
         while time.monotonic() < end:
-            path, body = _request(config, n, f"{index}.{n}|".ljust(config.payload, "x"))
-            n += config.concurrency
+            if config.batch:
+                messages = [{**_request(config, n + i * config.concurrency, f"{index}.{n}.{i}|".ljust(config.payload, "x"))[1],
+                             "idempotencyKey": uuid.uuid4().hex} for i in range(config.batch)]
+                path, body = "/api/v1/messages/batch", {"messages": messages}
+                n += config.concurrency * config.batch
+            else:
+                path, body = _request(config, n, f"{index}.{n}|".ljust(config.payload, "x"))
+                n += config.concurrency
             sent = time.monotonic()
+            refused = 0
             try:
                 response = await client.post(path, json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
                 status = str(response.status_code) if response.status_code not in (200, 201) else None
+                if status is None and config.batch:
+                    refused = sum("error" in r for r in response.json()["results"])
             except httpx.HTTPError as exc:
                 status = type(exc).__name__
             done = time.monotonic()
             if sent < counted_from or sent < start:
                 continue
             if status is None:
-                latencies.append((done - sent) * 1000)
+                latencies.extend([(done - sent) * 1000] * ((config.batch or 1) - refused))
+                if refused:
+                    errors["refused in a batch"] += refused
             else:
                 errors[status] += 1
 
@@ -110,13 +124,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--users", type=int, default=200)
     parser.add_argument("--payload", type=int, default=1000)
     parser.add_argument("--channel", help="publish on this channel instead of sending to users")
+    parser.add_argument("--batch", type=int, default=0, help="messages per POST /api/v1/messages/batch (0: single sends)")
     parser.add_argument("--json", help="also write the result to this file")
     args = parser.parse_args(argv)
     config = RestConfig(url=args.url, key=args.key, feature=args.feature, concurrency=args.concurrency,
                         duration=args.duration, warmup=args.warmup, app_name=args.app_name, user_base=args.user_base,
-                        users=args.users, payload=args.payload, channel=args.channel)
+                        users=args.users, payload=args.payload, channel=args.channel, batch=args.batch)
     result = asyncio.run(run(config))
-    what = f"channel {config.channel}" if config.channel else config.feature
+    what = f"channel {config.channel}" if config.channel else config.feature + (f" in batches of {config.batch}"
+                                                                                   if config.batch else "")
     print(f"{what}: {result.sends} sends in {config.duration - config.warmup:.0f} s = {result.sends_per_second}/s "
           f"with {config.concurrency} concurrent; latency ms {result.latency_ms}; errors {result.errors or 'none'}")
     if args.json:
