@@ -211,7 +211,9 @@ class SocketIOConsumer(ClientConsumer):
                 return await self._send(Packet(sio.CONNECT, self._connected()))
             self.redirect = data.get("redirect")
             return True  # the refusal's reason comes with the close (close_with)
-        if not self.life.authenticated and kind in ("INVALID_MESSAGE", "GENERAL_ERROR", "AUTH_REQUIRED"):
+        if not self.life.authenticated and self.answering is None and kind in ("INVALID_MESSAGE", "GENERAL_ERROR",
+                                                                                "AUTH_REQUIRED"):
+            # (a refused CONNECT; an event sent before it answers its own callback, below)
             error = mapping.error_of(kind, data)
             return await self._send(Packet(sio.CONNECT_ERROR, {"message": error["detail"],
                                                                "data": {"code": error["error"]}}))

@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 import socketio
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from messaging.models import Delivery, DeliveryState
@@ -166,6 +167,47 @@ def test_a_large_message_goes_over_a_websocket_once_logged_in(node, transports):
         time.sleep(0.5)  # (the default client's upgrade)
         assert alice.call("message", {"to": "ANZ-41132", "content": content})["id"].isdigit()
         assert bob.next("message")["content"] == content
+
+
+def _ws_session(node):
+    """A Socket.IO session straight on a WebSocket, by hand: the socket, after the OPEN packet."""
+    ws = connect(f"ws://127.0.0.1:{node.port}/socket.io/?EIO=4&transport=websocket")
+    assert ws.recv(timeout=5).startswith("0{")
+    return ws
+
+
+def _next_packet(ws) -> str:
+    while (packet := ws.recv(timeout=5)) == "2":  # a PING: answered
+        ws.send("3")
+    return packet
+
+
+@pytest.mark.django_db
+def test_bad_packets_are_answered_clearly_and_the_connection_keeps_working(node):
+    with _ws_session(node) as ws:
+        ws.send('421["message",{"to":"ANZ-1"}]')  # an event before CONNECT
+        assert json.loads(_next_packet(ws)[3:])[0]["error"] == "INVALID_MESSAGE"
+        ws.send('40{"appId":"app-id-343","userId":"ANZ-41151","token":"t"}')
+        assert _next_packet(ws).startswith("40{")
+        for bad in ('42["message",{oops', '42["message",NaN]', "4", "49", '42{"not":"a list"}'):
+            ws.send(bad)
+        seen = [_next_packet(ws) for _ in range(2)]  # the two malformed ones are refused by name
+        assert all(p.startswith('42["invalid_message"') and "malformed" in p for p in seen)
+        ws.send('422["message",{"to":"ANZ-41152","content":"still here"}]')
+        answer = _next_packet(ws)
+        while not answer.startswith("432"):
+            answer = _next_packet(ws)
+        assert json.loads(answer[3:])[0]["id"].isdigit()
+
+
+@pytest.mark.django_db
+def test_a_connect_over_the_pre_login_frame_limit_is_refused_and_closed(node):
+    with _ws_session(node) as ws:
+        ws.send('40{"appId":"app-id-343","userId":"ANZ-41161","token":"' + "t" * 5000 + '"}')
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                _next_packet(ws)
+        assert closed.value.rcvd is None or closed.value.rcvd.code in (1000, 1009)
 
 
 @pytest.mark.django_db
