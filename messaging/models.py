@@ -234,7 +234,7 @@ class DeadLetter(Delivery):
 
 
 class IdempotencyKey(models.Model):
-    """A server's `Idempotency-Key` on a send, kept for API_IDEMPOTENCY_HOURS (messaging.api.idempotency).
+    """A server's `Idempotency-Key` on a send, kept for API_IDEMPOTENCY_HOURS (messaging.idempotency).
 
     (app, key) is unique: of two requests with one key, the database lets exactly one claim it, in
     the same transaction as its send, so a second message can never be stored under that key. The

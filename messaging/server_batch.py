@@ -23,7 +23,7 @@ from django.db import transaction
 
 from apps_registry.selectors import AppSnapshot
 from messaging.accept import SendRefused
-from messaging.api.idempotency import Claim, idempotency_answers_store, idempotency_claims
+from messaging.idempotency import Claim, idempotency_answers_store, idempotency_claims
 from messaging.protocol import FEATURE_FAST
 from messaging.server_sends import CheckedSend, server_fast_push, server_message_check
 from messaging.store import messages_store

@@ -14,7 +14,6 @@ from django.db import DatabaseError, close_old_connections
 from redis import RedisError
 
 from foundation.outbound import Backoff
-from messaging.api.idempotency import idempotency_keys_expire
 from messaging.channels.retention import channel_history_expire
 from messaging.delivery.dead_nodes import dead_nodes_settle
 from messaging.delivery.expiry import deliveries_expire
@@ -30,6 +29,7 @@ from messaging.handoff import (
     standby_senders_kick,
     webhook_calls_enqueue,
 )
+from messaging.idempotency import idempotency_keys_expire
 from messaging.network import takeover
 from messaging.network.fast_forward import fast_forward
 from messaging.network.flood_sender import flood_link_send, flood_links_due

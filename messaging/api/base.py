@@ -21,11 +21,11 @@ from messaging.accept import user_require
 from messaging.api import serializers as s
 from messaging.api.authentication import ApiKeyAuthentication, HasApiKey
 from messaging.api.errors import ApiError
-from messaging.api.idempotency import HEADER, Answer, idempotency_key_valid, idempotent_send, request_fingerprint
 from messaging.api.pagination import ApiCursorPagination
 from messaging.api.throttling import AppRateThrottle
 from messaging.channels.access import channel_name_require
 from messaging.channels.names import CHANNEL_NAME
+from messaging.idempotency import HEADER, Answer, idempotency_key_valid, idempotent_send, request_fingerprint
 from messaging.protocol import plain_int
 
 ERRORS = {code: OpenApiResponse(s.ErrorSerializer, description=text) for code, text in {

@@ -23,7 +23,7 @@ from rest_framework.response import Response
 from foundation.transport.frames import is_wire_safe
 from messaging.accept import SendRefused
 from messaging.api import metrics
-from messaging.api.idempotency import IdempotencyConflict
+from messaging.idempotency import IdempotencyConflict
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,6 @@ from messaging.api.base import (
     errors,
 )
 from messaging.api.errors import ApiError, validation_detail
-from messaging.api.idempotency import Answer, idempotency_key_valid, request_fingerprint
 from messaging.api.pagination import (
     PAGE_SIZE,
     PAGE_SIZE_MAX,
@@ -41,6 +40,7 @@ from messaging.channels.names import user_channel
 from messaging.channels.registry import readers_count
 from messaging.channels.services import channel_history, subscription_add, subscription_remove
 from messaging.delivery.dead_letters import dead_letters_discard, dead_letters_requeue
+from messaging.idempotency import Answer, idempotency_key_valid, request_fingerprint
 from messaging.protocol import FEATURE_FAST, plain_int
 from messaging.selectors import (
     connection_counts,

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from messaging.api.client import ApiError
-from messaging.api.idempotency import idempotency_keys_expire
+from messaging.idempotency import idempotency_keys_expire
 from messaging.models import ChannelMessage, IdempotencyKey, Message
 from tests.messaging.api_fixtures import received
 
