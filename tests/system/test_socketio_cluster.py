@@ -51,7 +51,10 @@ def test_a_draining_node_closes_its_socketio_clients_transport_and_they_recover_
         draining = live_nodes([user])[user]
         cluster.nodes[draining].popen.send_signal(signal.SIGTERM)
         gone = bob.wait_event("disconnect", timeout=30)
-        assert gone["reason"] == "transport close"  # not "io server disconnect", after which it would stay away
+        # Not "io server disconnect", after which the client would stay away. A poll that reaches the node
+        # after it stopped listening (or another node, which does not know the session) is a "transport
+        # error" rather than a "transport close": either way the client comes back.
+        assert gone["reason"] in ("transport close", "transport error")
         again = bob.wait_event("connect", timeout=30)
         assert again["recovered"] is True and again["id"] != first["id"]
         assert Session.objects.filter(user_id=user, disconnected_at__isnull=True).exclude(node_id=draining).exists()
