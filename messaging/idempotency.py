@@ -110,7 +110,12 @@ class Claim:
 
     new: int | None = None
     answer: dict[str, Any] | None = None
-    conflict: str | None = None
+    conflict: IdempotencyConflict | None = None
+
+
+def key_reused(key: str) -> IdempotencyConflict:
+    return IdempotencyConflict("idempotency_key_reused",
+                               f"the idempotency key '{key}' was used for another message; use a new key")
 
 
 _CLAIM_MANY_SQL = """
@@ -137,13 +142,16 @@ def idempotency_claims(*, app_id: int, keyed: dict[str, str]) -> dict[str, Claim
         for key, fingerprint, answer in IdempotencyKey.objects.filter(app_id=app_id, key__in=others).values_list(
                 "key", "fingerprint", "response"):
             if fingerprint != keyed[key]:
-                claims[key] = Claim(conflict=f"the idempotency key '{key}' was used for another message; use a new key")
+                claims[key] = Claim(conflict=key_reused(key))
             elif answer is None:
-                claims[key] = Claim(conflict=f"a message with the idempotency key '{key}' is in progress; retry later")
+                claims[key] = Claim(conflict=IdempotencyConflict(
+                    "idempotency_key_in_progress", f"a message with the idempotency key '{key}' is in progress; "
+                                                   "retry later"))
             else:
                 claims[key] = Claim(answer=answer)
     for key in others:  # expired between the claim and the read: sent again as new is not safe here
-        claims.setdefault(key, Claim(conflict=f"the idempotency key '{key}' expired as it was read; retry"))
+        claims.setdefault(key, Claim(conflict=IdempotencyConflict(
+            "idempotency_key_in_progress", f"the idempotency key '{key}' expired as it was read; retry")))
     return claims
 
 

@@ -23,7 +23,13 @@ from django.db import transaction
 
 from apps_registry.selectors import AppSnapshot
 from messaging.accept import SendRefused
-from messaging.idempotency import Claim, idempotency_answers_store, idempotency_claims
+from messaging.idempotency import (
+    Claim,
+    IdempotencyConflict,
+    idempotency_answers_store,
+    idempotency_claims,
+    key_reused,
+)
 from messaging.protocol import FEATURE_FAST
 from messaging.server_sends import CheckedSend, server_fast_push, server_message_check
 from messaging.store import messages_store
@@ -60,7 +66,7 @@ def server_messages_send_batch(*, app: AppSnapshot, items: list[BatchItem]) -> l
         if key not in keyed:
             keyed[key], first_of[key] = items[i].fingerprint, i
         elif keyed[key] != items[i].fingerprint:
-            results[i] = _reused(key)
+            results[i] = _refusal(key_reused(key))
     with transaction.atomic():
         claims = idempotency_claims(app_id=app.pk, keyed=keyed)
         to_store: list[int] = []
@@ -72,7 +78,7 @@ def server_messages_send_batch(*, app: AppSnapshot, items: list[BatchItem]) -> l
             if key is not None and first_of[key] != i:
                 continue  # answered as its key's first message, below
             if claim is not None and claim.new is None:
-                results[i] = _replayed(claim, key)
+                results[i] = _replayed(claim)
             elif send.feature == FEATURE_FAST:
                 results[i] = {"id": None, "feature": FEATURE_FAST, "connections": server_fast_push(app, send.message)}
             else:
@@ -89,13 +95,9 @@ def server_messages_send_batch(*, app: AppSnapshot, items: list[BatchItem]) -> l
     return [r if r is not None else {"error": "internal_error", "detail": "not sent"} for r in results]
 
 
-def _reused(key: str) -> Result:
-    return {"error": "idempotency_key_reused",
-            "detail": f"the idempotency key '{key}' was used for another message; use a new key"}
+def _refusal(conflict: IdempotencyConflict) -> Result:
+    return {"error": conflict.code, "detail": conflict.detail}
 
 
-def _replayed(claim: Claim, key: str) -> Result:
-    if claim.conflict is not None:
-        code = "idempotency_key_reused" if "another message" in claim.conflict else "idempotency_key_in_progress"
-        return {"error": code, "detail": claim.conflict}
-    return claim.answer
+def _replayed(claim: Claim) -> Result:
+    return _refusal(claim.conflict) if claim.conflict is not None else claim.answer

@@ -287,7 +287,8 @@ class SourceProtocol(asyncio.Protocol):
         end = buffer.rfind(b"\n")
         if end < 0:
             if len(buffer) > SOURCE_LINE_MAX:  # a source that never ends its line does not grow the process
-                self.exchange.lines_received([buffer[:200]])  # counted as malformed
+                self.exchange._malformed(buffer[:200], f"no line end in {SOURCE_LINE_MAX} bytes")
+                self.exchange._kick()  # the count is committed like any other
                 buffer = b""
             self.buffer = buffer
             return

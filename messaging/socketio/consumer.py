@@ -135,17 +135,15 @@ class SocketIOConsumer(ClientConsumer):
             return await self._send(Packet(sio.CONNECT, self._connected()))
         auth = pkt.data if isinstance(pkt.data, dict) else {}
         self.login = auth
+        self.recovering = pid_matches(auth.get("pid"), str(auth.get("appId")), str(auth.get("userId")))
         data = {k: auth[k] for k in ("appId", "userId", "token", "acks") if k in auth}
         await self._as_frame({"type": "AUTH_CLIENT", "data": data}, escaped=True)
         if self.life.authenticated and self.recovering:
             await self._recover()
 
     def _connected(self) -> dict:
-        app_id, user_id = self.login.get("appId"), self.life.user_id
-        pid = self.login.get("pid")
-        self.recovering = pid_matches(pid, str(app_id), user_id)
-        if not self.recovering:
-            pid = pid_for(str(app_id), user_id)
+        """CONNECT's answer: the session's id, and the pid (the one brought back, when recovering)."""
+        pid = self.login["pid"] if self.recovering else pid_for(str(self.login.get("appId")), self.life.user_id)
         return {"sid": str(self.life.session_id), "pid": pid}
 
     async def _recover(self) -> None:
@@ -179,8 +177,7 @@ class SocketIOConsumer(ClientConsumer):
                 await self._answer(mapping.DONE.get(raw["type"], {}) if raw.get("feature") != "FAST"
                                    else {"id": None, "feature": "FAST"})
         except FrameError as exc:
-            metrics.REFUSED.labels("INVALID_MESSAGE").inc()
-            await self.write(invalid(exc.reason))
+            await self._refuse(exc.reason)
         finally:
             self.answering = None
             self.collected = None
@@ -189,8 +186,7 @@ class SocketIOConsumer(ClientConsumer):
         try:
             frame = frame_of(raw, escaped=escaped)
         except FrameError as exc:
-            metrics.REFUSED.labels("INVALID_MESSAGE").inc()
-            await self.write(invalid(exc.reason))
+            await self._refuse(exc.reason)
             return
         await self.handle(frame)
 
@@ -245,13 +241,8 @@ class SocketIOConsumer(ClientConsumer):
         return await self._send(Packet(sio.ACK, [result], id=ack_id))
 
     async def _send(self, pkt: Packet) -> bool:
-        encoded = pkt.encode()
-        if isinstance(encoded, list):  # binary: the packet, then its attachments
-            ok = await super().write(encoded[0])
-            for attachment in encoded[1:]:
-                await self.send(bytes_data=attachment)
-            return ok
-        return await super().write(encoded)
+        """A packet of our own making: JSON only (the server sends no binary), so one text frame."""
+        return await super().write(pkt.encode())
 
     # --- the end ---------------------------------------------------------------------------------
 

@@ -11,7 +11,16 @@ from urllib.parse import parse_qs
 from django.conf import settings
 from engineio import packet as eio
 
-from messaging.socketio.engine import CLOSE_GOING_AWAY, SESSIONS, App, EngineSession, Receive, Send, ws_write
+from messaging.socketio.engine import (
+    CLOSE_GOING_AWAY,
+    SESSIONS,
+    App,
+    EngineSession,
+    Receive,
+    Send,
+    packet_of,
+    ws_write,
+)
 
 # Engine.IO's error codes (the protocol document's "Errors"), answered as 400 JSON.
 TRANSPORT_UNKNOWN, SESSION_UNKNOWN, BAD_HANDSHAKE_METHOD, BAD_REQUEST, FORBIDDEN, UNSUPPORTED_VERSION = range(6)
@@ -92,7 +101,7 @@ class EngineIO:
             if method != "GET":
                 await _error(send, scope, BAD_HANDSHAKE_METHOD)
                 return
-            session = EngineSession(scope, self.app, polling=True)
+            session = EngineSession(scope, self.app)
             # The session's id in a header too: a load balancer keeps its later requests on this
             # node by it (devstack.balancer's stick table).
             await _answer(send, scope, 200, session.handshake(upgrades=["websocket"]).encode(),
@@ -157,8 +166,8 @@ class EngineIO:
             if not message.get("more_body"):
                 break
         try:
-            packets = [eio.Packet(encoded_packet=part) for part in body.decode("utf-8").split(SEPARATOR)]
-        except (ValueError, IndexError, UnicodeDecodeError):
+            packets = [packet_of(part) for part in body.decode("utf-8").split(SEPARATOR)]
+        except ValueError:  # (UnicodeDecodeError is one)
             await _error(send, scope, BAD_REQUEST)
             return
         for pkt in packets:
@@ -173,13 +182,12 @@ class EngineIO:
         sid = query.get("sid")
         session = SESSIONS.get(sid) if sid else None
         if _checked(query) is not None or query["transport"] != "websocket" or (sid and session is None) or (
-                session is not None and (not session.polling or session.ws_send is not None)):
+                session is not None and not session.polling):
             await send({"type": "websocket.close", "code": 1008})  # refused before the handshake: HTTP 403
             return
         await send({"type": "websocket.accept"})
         if session is None:
-            session = EngineSession(scope, self.app, polling=False)
-            session.ws_send = send
+            session = EngineSession(scope, self.app, ws_send=send)
             session.frame_limit.attach(scope)
             await ws_write(send, session.handshake(upgrades=[]))
         elif not await self._upgrade(session, receive, send):
@@ -196,7 +204,7 @@ class EngineIO:
             await send({"type": "websocket.close", "code": 1000})
             return False
         await send({"type": "websocket.send", "text": "3probe"})
-        await session.send([eio.Packet(eio.NOOP)])
+        await session.send(eio.Packet(eio.NOOP))
         while True:
             message = await receive()
             if message["type"] == "websocket.disconnect":
@@ -206,7 +214,7 @@ class EngineIO:
                 await session.on_websocket(send)
                 return True
             if text is not None and text.startswith("4"):  # sent on the socket before its UPGRADE
-                await session.receive(eio.Packet(encoded_packet=text))
+                await session.receive(packet_of(text))
 
     async def _read_websocket(self, session: EngineSession, receive: Receive, send: Send) -> None:
         limit = settings.SOCKETIO_MAX_PAYLOAD
@@ -222,12 +230,9 @@ class EngineIO:
                 await session.close(code=1009, tell_client=False)
                 await send({"type": "websocket.close", "code": 1009})
                 return
-            if isinstance(data, str) and data.startswith("4"):  # a MESSAGE: the common case, as it came
-                session.inner.put_nowait({"type": "websocket.receive", "text": data[1:]})
-                continue
             try:
-                pkt = eio.Packet(encoded_packet=data)
-            except (ValueError, IndexError):
+                pkt = packet_of(data)
+            except ValueError:
                 continue  # not an Engine.IO packet: dropped, as the protocol's servers do
             await session.receive(pkt)
             if session.closed:

@@ -99,26 +99,22 @@ class FrameLimitLift:
             self.socket_limit.lift()
 
 
-def sessions_open() -> int:
-    return len(SESSIONS)
-
-
 class EngineSession:
     """One client's Engine.IO session on this node, with the Socket.IO consumer above it."""
 
     # (slots: thousands are held on a node; docs/benchmarks.md measures a held connection's memory)
-    __slots__ = ("sid", "polling", "outbox", "outgoing", "frame_limit", "wake", "polls", "ws_send", "closed",
+    __slots__ = ("sid", "outbox", "outgoing", "frame_limit", "wake", "polls", "ws_send", "closed",
                  "ping_due", "pong_due", "inner", "app_task")
 
-    def __init__(self, scope: dict, app: App, *, polling: bool) -> None:
+    def __init__(self, scope: dict, app: App, *, ws_send: Send | None = None) -> None:
+        """A session on long-polling, or (`ws_send`) straight on a WebSocket."""
         self.sid = secrets.token_urlsafe(15)
-        self.polling = polling
         self.outbox: list[tuple[eio.Packet, int]] = []  # for the next poll: (packet, its Outgoing position or 0)
         self.outgoing = Outgoing()
         self.frame_limit = FrameLimitLift()
         self.wake = asyncio.Event()  # a poll waiting: something is in the outbox, or the session ended
         self.polls = 0  # polls in progress (one at a time)
-        self.ws_send: Send | None = None  # the WebSocket transport, once the session is on one
+        self.ws_send = ws_send  # the WebSocket transport, once the session is on one
         self.closed = False
         loop = asyncio.get_running_loop()
         self.ping_due = loop.time() + settings.SOCKETIO_PING_INTERVAL
@@ -127,10 +123,14 @@ class EngineSession:
         self.inner.put_nowait({"type": "websocket.connect"})
         extensions = {OUTGOING_EXTENSION: self.outgoing, FRAME_LIMIT_EXTENSION: self.frame_limit}
         inner_scope = {**scope, "type": "websocket", "scheme": "wss" if scope.get("scheme") == "https" else "ws",
-                       "subprotocols": [], "extensions": extensions, "socketio_sid": self.sid}
+                       "subprotocols": [], "extensions": extensions}
         SESSIONS[self.sid] = self
         self.app_task = loop.create_task(self._run_app(app, inner_scope))
         _heartbeat_ensure()
+
+    @property
+    def polling(self) -> bool:
+        return self.ws_send is None
 
     def handshake(self, *, upgrades: list[str]) -> eio.Packet:
         return eio.Packet(eio.OPEN, {
@@ -154,7 +154,7 @@ class EngineSession:
                 return  # taken by nothing: the consumer sees Outgoing.queued unchanged
             data = message.get("text")
             self.outgoing.queued += 1
-            await self.send([eio.Packet(eio.MESSAGE, data if data is not None else message.get("bytes"))],
+            await self.send(eio.Packet(eio.MESSAGE, data if data is not None else message.get("bytes")),
                             position=self.outgoing.queued)
         elif kind == "websocket.close":
             await self.close(code=message.get("code") or 1000)
@@ -171,17 +171,16 @@ class EngineSession:
 
     # --- packets to the client -------------------------------------------------------------------
 
-    async def send(self, packets: list[eio.Packet], position: int = 0) -> None:
-        """Packets for the client; `position`: the Outgoing count of the last of them (0: the
-        session's own packets, PING and the like)."""
+    async def send(self, pkt: eio.Packet, position: int = 0) -> None:
+        """A packet for the client; `position`: its Outgoing count (0: the session's own packets,
+        PING and the like)."""
         if self.closed:
             return
         if self.ws_send is not None:
-            for pkt in packets:
-                await ws_write(self.ws_send, pkt)
+            await ws_write(self.ws_send, pkt)
             self.outgoing.sent(position)
             return
-        self.outbox.extend((pkt, position) for pkt in packets)
+        self.outbox.append((pkt, position))
         self.wake.set()
 
     def take_outbox(self) -> tuple[list[eio.Packet], int]:
@@ -194,7 +193,6 @@ class EngineSession:
         """The session moves to a WebSocket (the upgrade's last step): what waited for a poll goes
         there, in order, and everything after."""
         self.ws_send = ws_send
-        self.polling = False
         packets, position = self.take_outbox()
         for pkt in packets:
             await ws_write(ws_send, pkt)
@@ -235,6 +233,17 @@ class EngineSession:
             except Exception:  # already gone
                 pass
         self.inner.put_nowait({"type": "websocket.disconnect", "code": code})
+
+
+def packet_of(data: str | bytes) -> eio.Packet:
+    """An Engine.IO packet from the client as it came (a poll's part, a WebSocket frame): a MESSAGE,
+    the common case, without the codec (which tries JSON on it first); ValueError if it is none."""
+    if isinstance(data, str) and data.startswith("4"):
+        return eio.Packet(eio.MESSAGE, data[1:])
+    try:
+        return eio.Packet(encoded_packet=data)
+    except IndexError:
+        raise ValueError("not an Engine.IO packet") from None
 
 
 async def ws_write(send: Send, pkt: eio.Packet) -> None:
@@ -278,6 +287,6 @@ async def _heartbeat_run() -> None:
                         await session.close(code=CLOSE_GOING_AWAY, tell_client=False)
                 elif now >= session.ping_due:
                     session.pong_due = now + settings.SOCKETIO_PING_TIMEOUT
-                    await session.send([eio.Packet(eio.PING)])
+                    await session.send(eio.Packet(eio.PING))
             except Exception:
                 log.exception("the heartbeat of engine session %s failed", session.sid)

@@ -59,6 +59,7 @@ def install(request_class) -> None:
     """Patch daphne's request class (a twisted.web.http.Request): its body is capped."""
     original_got_length = request_class.gotLength
     original_chunk = request_class.handleContentChunk
+    original_process = request_class.process
 
     def got_length(self, length):
         cap = cap_for(getattr(self.channel, "_path", b"") or b"")
@@ -87,7 +88,6 @@ def install(request_class) -> None:
             return None  # answered already; the connection is closing
         return original_process(self)
 
-    original_process = request_class.process
     request_class.gotLength = got_length
     request_class.handleContentChunk = handle_content_chunk
     request_class.process = process
