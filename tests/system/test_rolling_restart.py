@@ -16,9 +16,9 @@ import time
 import pytest
 
 from presence.online import app_online_users_sync
+from tests.cluster import NODES, Cluster
 from tests.loadclients import Master, Peer
 from tests.processes import Proc, start_beat
-from tests.system.test_load_balancer import NODES, Cluster
 from tests.wsclient import wait_for
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db]

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from presence.models import Session
+from tests.cluster import Cluster, live_nodes
 from tests.sioclients import NodeClient
-from tests.system.test_load_balancer import Cluster, live_nodes
 from tests.wsclient import WsClient, wait_for
 
 pytestmark = [pytest.mark.system, pytest.mark.django_db]
