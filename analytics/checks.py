@@ -22,4 +22,7 @@ def check_analytics(app_configs, **kwargs):
                             id="switchboard.E022"))
     if settings.ANALYTICS_EXPORT_BATCH_ROWS < 1:
         errors.append(Error("ANALYTICS_EXPORT_BATCH_ROWS must be at least 1.", id="switchboard.E023"))
+    if settings.RETENTION_DAY_SECONDS < 1:
+        errors.append(Error("RETENTION_DAY_SECONDS must be at least 1.", hint="86400 (a day) unless shortened for a test.",
+                            id="switchboard.E024"))
     return errors

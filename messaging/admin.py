@@ -19,6 +19,7 @@ from .exchange import admin as exchange_admin  # noqa: F401  (registers the even
 from .models import DeadLetter, Delivery, DeliveryState, Message
 from .network import admin as network_admin  # noqa: F401  (registers the links' console)
 from .network.whereabouts import delivery_where
+from .queue_intake import admin as queue_intake_admin  # noqa: F401  (registers the queue credentials' console)
 from .selftest import admin as selftest_admin  # noqa: F401  (registers the selftest runs' console)
 from .webhooks import admin as webhooks_admin  # noqa: F401  (registers the webhook console)
 

@@ -56,11 +56,13 @@ def message_fast_send(*, app: AppSnapshot, sender: str, recipients: Sequence[str
 
 
 async def message_fast_send_async(*, app: AppSnapshot, sender: str, recipients: Sequence[str], content: str,
-                                  reference: str | None = None) -> None:
-    """The same from an event loop (a /ws client's FAST MESSAGE); nobody waits for how many took it."""
+                                  reference: str | None = None) -> int:
+    """The same from an event loop (a /ws client's FAST MESSAGE, the REST API's FAST send): how
+    many connections took it."""
     here, elsewhere = _split(app, recipients, sender=sender, content=content, reference=reference, path=())
     if elsewhere:
         await asyncio.to_thread(handoff.fast_forward_enqueue, elsewhere)
     event = sockets.message_fast_event(fast_frame(sender=sender, content=content, reference=reference or None))
     connections = await cache.connections_of_many_async(here)
-    await sockets.send_many((c.channel_name, event) for conns in connections.values() for c in conns)
+    sends = [(c.channel_name, event) for conns in connections.values() for c in conns]
+    return len(sends) - len(await sockets.send_many(sends))

@@ -86,8 +86,7 @@ def idempotent_send(*, app_id: int, key: str | None, fingerprint: str, send: Cal
         if stored is None:
             continue
         if stored[0] != fingerprint:
-            raise IdempotencyConflict("idempotency_key_reused",
-                                      f"the {HEADER} '{key}' was used for another request; use a new key")
+            raise header_reused(key)
         if stored[1] is None:  # only if a claim committed without its answer, which sends never do
             raise IdempotencyConflict("idempotency_key_in_progress",
                                       f"a request with the {HEADER} '{key}' is in progress; retry later")
@@ -105,53 +104,84 @@ def idempotency_keys_expire() -> int:
 
 @dataclass(frozen=True)
 class Claim:
-    """What one key of a batch's messages gets: `new` (the row to store its answer in: send it), or
-    a stored `answer` (replay it), or a `conflict` (the key was used for another message)."""
+    """What one key gets when a batch of keys is claimed: `new` (the row to store its answer in:
+    send it), or a stored `answer` with its `status` (replay it), or a `conflict` (the key was used
+    for another request)."""
 
     new: int | None = None
     answer: dict[str, Any] | None = None
+    status: int | None = None
     conflict: IdempotencyConflict | None = None
 
 
 def key_reused(key: str) -> IdempotencyConflict:
+    """A batch message's key used for another message."""
     return IdempotencyConflict("idempotency_key_reused",
                                f"the idempotency key '{key}' was used for another message; use a new key")
 
 
+def header_reused(key: str) -> IdempotencyConflict:
+    """A single send's Idempotency-Key used for another request."""
+    return IdempotencyConflict("idempotency_key_reused",
+                               f"the {HEADER} '{key}' was used for another request; use a new key")
+
+
 _CLAIM_MANY_SQL = """
 INSERT INTO messaging_idempotencykey (app_id, key, fingerprint, created_at)
-SELECT %s, k.key, k.fingerprint, now() FROM unnest(%s::text[], %s::text[]) AS k(key, fingerprint)
+SELECT k.app_id, k.key, k.fingerprint, now()
+  FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS k(app_id, key, fingerprint)
+ ORDER BY k.app_id, k.key
 ON CONFLICT (app_id, key) DO NOTHING
-RETURNING key, id
+RETURNING app_id, key, id
+"""
+_STORED_SQL = """
+SELECT i.app_id, i.key, i.fingerprint, i.status_code, i.response
+  FROM messaging_idempotencykey i JOIN unnest(%s::bigint[], %s::text[]) AS k(app_id, key)
+    ON i.app_id = k.app_id AND i.key = k.key
 """
 
 
-def idempotency_claims(*, app_id: int, keyed: dict[str, str]) -> dict[str, Claim]:
-    """Inside the caller's transaction: each key of `keyed` (key -> the message's fingerprint)
-    claimed in one statement, or its stored answer found (a concurrent claim of the same key waits
-    for its transaction, as for one send). The caller sends the `new` ones and stores their answers
-    with `idempotency_answers_store` in the same transaction."""
+def idempotency_claims(*, app_id: int, keyed: dict[str, str],
+                       reused: Callable[[str], IdempotencyConflict] = key_reused) -> dict[str, Claim]:
+    """`idempotency_claims_many` for the keys of one app (key -> fingerprint), by key."""
+    claims = idempotency_claims_many([(app_id, key, fingerprint) for key, fingerprint in keyed.items()],
+                                     reused=reused)
+    return {key: claim for (_, key), claim in claims.items()}
+
+
+def idempotency_claims_many(keyed: list[tuple[int, str, str]], *,
+                            reused: Callable[[str], IdempotencyConflict] = key_reused) -> dict[tuple[int, str], Claim]:
+    """Inside the caller's transaction: each (app, key, fingerprint) of `keyed` (no (app, key)
+    twice) claimed in one statement, or its stored answer found, by (app, key). A concurrent claim
+    of the same key waits for its transaction, as for one send; keys are claimed in (app, key)
+    order, so two batches that share keys wait for each other instead of deadlocking. The caller
+    sends the `new` ones and stores their answers with `idempotency_answers_store` in the same
+    transaction; `reused` words the conflict of a key claimed with another fingerprint."""
     if not keyed:
         return {}
-    keys = list(keyed)
     with connection.cursor() as cur:
-        cur.execute(_CLAIM_MANY_SQL, [app_id, keys, [keyed[k] for k in keys]])
-        claims = {key: Claim(new=row_id) for key, row_id in cur.fetchall()}
-    others = [k for k in keys if k not in claims]
-    if others:
-        for key, fingerprint, answer in IdempotencyKey.objects.filter(app_id=app_id, key__in=others).values_list(
-                "key", "fingerprint", "response"):
-            if fingerprint != keyed[key]:
-                claims[key] = Claim(conflict=key_reused(key))
-            elif answer is None:
-                claims[key] = Claim(conflict=IdempotencyConflict(
-                    "idempotency_key_in_progress", f"a message with the idempotency key '{key}' is in progress; "
-                                                   "retry later"))
-            else:
-                claims[key] = Claim(answer=answer)
-    for key in others:  # expired between the claim and the read: sent again as new is not safe here
-        claims.setdefault(key, Claim(conflict=IdempotencyConflict(
-            "idempotency_key_in_progress", f"the idempotency key '{key}' expired as it was read; retry")))
+        cur.execute(_CLAIM_MANY_SQL, [[a for a, _, _ in keyed], [k for _, k, _ in keyed], [f for _, _, f in keyed]])
+        claims = {(app_id, key): Claim(new=row_id) for app_id, key, row_id in cur.fetchall()}
+        others = [(a, k, f) for a, k, f in keyed if (a, k) not in claims]
+        if others:
+            cur.execute(_STORED_SQL, [[a for a, _, _ in others], [k for _, k, _ in others]])
+            # (a raw cursor reads jsonb as its text: Django's JSONField parses it, not psycopg)
+            stored = {(a, k): (f, status, json.loads(answer) if isinstance(answer, str) else answer)
+                      for a, k, f, status, answer in cur.fetchall()}
+    for app_id, key, fingerprint in others:
+        found = stored.get((app_id, key))
+        if found is None:  # expired between the claim and the read: sending it as new is not safe here
+            conflict = IdempotencyConflict("idempotency_key_in_progress",
+                                           f"the idempotency key '{key}' expired as it was read; retry")
+            claims[app_id, key] = Claim(conflict=conflict)
+        elif found[0] != fingerprint:
+            claims[app_id, key] = Claim(conflict=reused(key))
+        elif found[2] is None:  # only if a claim committed without its answer, which sends never do
+            claims[app_id, key] = Claim(conflict=IdempotencyConflict(
+                "idempotency_key_in_progress", f"a request with the idempotency key '{key}' is in progress; "
+                                               "retry later"))
+        else:
+            claims[app_id, key] = Claim(answer=found[2], status=found[1])
     return claims
 
 

@@ -11,16 +11,58 @@ deliveries of a batch go there, and from there to the workers through messaging.
 The intake is bounded: past INTAKE_MAX_PENDING waiting sends, `submit` refuses at once with
 `BatcherFull` (a node whose database falls behind tells its senders, instead of queueing without
 limit).
+
+A server's send (the REST API's, messaging.api.send_endpoint) may come under an idempotency key
+(`KeyedSend`): its key is claimed in the same transaction as the batch's messages and its answer
+stored with it, so the key, the message and the answer commit together or not at all. Its result
+is the new message's, or the answer stored the first time (`Replayed`), or IdempotencyConflict
+raised to its sender. A key twice in one batch is one message: the second place is answered as a
+replay of the first. A batch without keys is one statement in autocommit, as before.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from django.conf import settings
-from django.db import DataError, IntegrityError
+from django.db import DataError, IntegrityError, transaction
 
 from messaging.batching import Batcher
 from messaging.handoff import Route
+from messaging.idempotency import (
+    IdempotencyConflict,
+    header_reused,
+    idempotency_answers_store,
+    idempotency_claims_many,
+)
 from messaging.store import OutgoingMessage, SendResult, messages_store
+
+
+@dataclass(frozen=True)
+class KeyedSend:
+    """A RELIABLE send under an idempotency key of its app: `answer` is the body its sender is
+    answered with (201), but for its `id`, which the store gives."""
+
+    message: OutgoingMessage
+    key: str
+    fingerprint: str
+    answer: dict[str, Any]
+
+    def answered(self, message_id: int) -> dict[str, Any]:
+        return {"id": str(message_id), **self.answer}
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A keyed send's key was claimed before, for the same request: the answer stored then."""
+
+    status: int
+    body: dict[str, Any]
+
+
+Item = OutgoingMessage | KeyedSend
+Result = SendResult | Replayed | Exception
 
 
 class Intake:
@@ -29,26 +71,84 @@ class Intake:
         self.batcher = Batcher("intake", self._store, linger=settings.INTAKE_LINGER_SECONDS, max_size=500,
                                max_pending=settings.INTAKE_MAX_PENDING)
 
-    async def submit(self, message: OutgoingMessage) -> SendResult:
-        """Store `message` with whatever else is waiting; its result once committed. Raises
-        BatcherFull when the intake is full, or what the database refused this message for."""
-        result = await self.batcher.submit(message)
+    async def submit(self, item: Item) -> SendResult | Replayed:
+        """Store `item` with whatever else is waiting; its result once committed. Raises
+        BatcherFull when the intake is full, IdempotencyConflict for a keyed send whose key was used
+        for another request, or what the database refused this message for."""
+        result = await self.batcher.submit(item)
         if isinstance(result, Exception):
             raise result
         return result
 
-    def _store(self, messages: list[OutgoingMessage]) -> list[SendResult | Exception]:
-        """The batch's flush (in a DB thread): one statement. A message the database refuses on its
-        own account fails alone: the batch is retried one by one to find it."""
+    def _store(self, items: list[Item]) -> list[Result]:
+        """The batch's flush (in a DB thread): one statement (and, with keys, one transaction). A
+        message the database refuses on its own account fails alone: the batch is retried one by
+        one to find it."""
         try:
-            return messages_store(messages=messages, route=self.route)
+            return self._store_batch(items)
         except (DataError, IntegrityError) as exc:
-            if len(messages) == 1:
+            if len(items) == 1:
                 return [exc]
-        results: list[SendResult | Exception] = []
-        for message in messages:
+        results: list[Result] = []
+        for item in items:
             try:
-                results.extend(messages_store(messages=[message], route=self.route))
+                results.extend(self._store_batch([item]))
             except (DataError, IntegrityError) as exc:
                 results.append(exc)
         return results
+
+    def _store_batch(self, items: list[Item]) -> list[Result]:
+        if not any(isinstance(item, KeyedSend) for item in items):
+            return list(messages_store(messages=items, route=self.route))
+        first: dict[tuple[int, str], int] = {}  # each key's first place in the batch
+        for i, item in enumerate(items):
+            if isinstance(item, KeyedSend):
+                first.setdefault((item.message.app_id, item.key), i)
+        results: list[Result | None] = [None] * len(items)
+        with transaction.atomic():
+            claims = idempotency_claims_many([(a, k, items[i].fingerprint) for (a, k), i in first.items()],
+                                             reused=header_reused)
+            to_store: list[int] = []
+            for i, item in enumerate(items):
+                if not isinstance(item, KeyedSend):
+                    to_store.append(i)
+                    continue
+                if first[item.message.app_id, item.key] != i:
+                    continue  # answered as its key's first place, below
+                claim = claims[item.message.app_id, item.key]
+                if claim.conflict is not None:
+                    results[i] = claim.conflict
+                elif claim.new is None:
+                    results[i] = Replayed(claim.status or 201, claim.answer or {})
+                else:
+                    to_store.append(i)
+            stored = messages_store(messages=[_message(items[i]) for i in to_store], route=self.route)
+            answers = []
+            for i, result in zip(to_store, stored, strict=True):
+                results[i] = result
+                item = items[i]
+                if isinstance(item, KeyedSend):
+                    answers.append((claims[item.message.app_id, item.key].new, item.answered(result.message_id)))
+            idempotency_answers_store(answers)
+        for i, item in enumerate(items):
+            if results[i] is None:  # a key's later place: the same request, or another one
+                assert isinstance(item, KeyedSend)
+                j = first[item.message.app_id, item.key]
+                results[i] = _again(items[j], results[j], item)
+        return results  # type: ignore[return-value]
+
+
+def _message(item: Item) -> OutgoingMessage:
+    return item.message if isinstance(item, KeyedSend) else item
+
+
+def _again(first: KeyedSend, first_result: Result | None, item: KeyedSend) -> Result:
+    """A keyed send whose key came earlier in the same batch."""
+    if item.fingerprint != first.fingerprint:
+        return header_reused(item.key)
+    if isinstance(first_result, SendResult):
+        return Replayed(201, first.answered(first_result.message_id))
+    if isinstance(first_result, (Replayed, IdempotencyConflict)):
+        return first_result
+    return IdempotencyConflict("idempotency_key_in_progress", f"a request with the idempotency key "
+                                                              f"'{item.key}' is in progress; retry later")

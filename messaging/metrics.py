@@ -23,6 +23,7 @@ from foundation.metrics import REGISTRY
 from messaging.models import DeliveryState, states_sql
 from messaging.network.selectors import LinkState, link_states
 from messaging.network.standby import copy_lag
+from messaging.queue_intake.metrics import QUEUE_STATS
 from messaging.webhooks.selectors import webhook_backlog
 
 CONNECTIONS = Gauge("switchboard_ws_connections", "Authenticated WebSocket connections on this node",
@@ -136,6 +137,7 @@ class _LinkCollector:
 
 LINKS = _LinkCollector()
 REGISTRY.register(LINKS)
+REGISTRY.register(QUEUE_STATS)  # the queue intake's counts and gates, read from Redis at scrape time
 
 
 def _scraper_allowed(request: HttpRequest) -> bool:

@@ -276,6 +276,7 @@ from messaging.network.models import (  # noqa: E402
     StandbyFeed,
     StandbySubscription,
 )
+from messaging.queue_intake.models import QueueCredential  # noqa: E402
 from messaging.webhooks.models import (  # noqa: E402
     WEBHOOK_ALL_EVENTS,
     WEBHOOK_OPEN_STATES,
@@ -293,7 +294,7 @@ __all__ = [
     "CLAIMABLE_STATES", "DELIVERABLE_STATES", "EXPIRABLE_STATES", "UNDELIVERED_STATES", "WEBHOOK_ALL_EVENTS",
     "WEBHOOK_OPEN_STATES", "WEBHOOK_SUBSCRIBABLE_EVENTS", "Channel", "ChannelForward", "ChannelMessage", "DeadLetter", "Delivery",
     "DeliveryState", "ExchangeState", "Follow", "HeldInOrder", "IdempotencyKey", "LinkHealth", "Mailbox", "Message",
-    "MessageKind", "OrderMark", "ReceiptForward", "StandbyCopy", "StandbyFeed", "StandbySubscription",
+    "MessageKind", "OrderMark", "QueueCredential", "ReceiptForward", "StandbyCopy", "StandbyFeed", "StandbySubscription",
     "Subscription", "WebhookDelivery",
     "WebhookEndpoint", "WebhookEvent", "WebhookState", "states_sql", "webhook_events_all", "webhook_secret_new",
     "webhook_states_sql",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
-from celery.signals import worker_shutting_down
+from celery.signals import worker_ready, worker_shutting_down
 from django.db import DatabaseError, close_old_connections
 from redis import RedisError
 
@@ -22,6 +22,7 @@ from messaging.handoff import (
     FLOOD_TASK,
     FORWARD_LINK_TASK,
     FORWARD_RECEIPTS_TASK,
+    ROUTING_QUEUE,
     STANDBY_TASK,
     flood_links_enqueue,
     link_sender_run,
@@ -40,6 +41,10 @@ from messaging.network.probes import links_probe
 from messaging.network.queue import forward_sweep as network_forward_sweep
 from messaging.network.receipts import receipts_link_send
 from messaging.network.standby import standby_send, standbys_waiting
+from messaging.queue_intake.credentials import credential_app_names, queue_acl_sync
+from messaging.queue_intake.gate import queue_gates_enforce
+from messaging.queue_intake.names import queue_client
+from messaging.queue_intake.runner import queue_consumer_start, queue_consumer_stop
 from messaging.router import deliveries_route
 from messaging.webhooks.delivery import webhook_attempt, webhook_deliveries_purge, webhooks_sweep
 from presence.dead_nodes import nodes_reap
@@ -241,3 +246,28 @@ def forward_receipts(peer: str) -> dict:
     one sender per link at a time. Its retry policy is the link's backoff: the receipts wait in
     their table, and the beat's forward_sweep wakes the link again when its retry is due."""
     return link_sender_run(FORWARD_RECEIPTS_TASK, peer, lambda: receipts_link_send(peer=peer).as_dict())
+
+
+@worker_ready.connect
+def queue_intake_start(sender=None, **_) -> None:
+    """A worker serving the routing queue runs a queue intake consumer (messaging.queue_intake.runner)
+    for as long as it runs: `make run`, compose and the Procfile start it with no step of their own."""
+    if sender is not None and ROUTING_QUEUE in sender.app.amqp.queues.consume_from:
+        queue_consumer_start()
+
+
+@worker_shutting_down.connect
+def queue_intake_stop(**_) -> None:
+    """Its batch in hand finished first; what it has pending waits for the next consumer."""
+    queue_consumer_stop()
+
+
+@shared_task
+def queue_intake_sync() -> dict:
+    """Beat (on the outbound worker, so it runs when no routing worker does): the apps' queue ACL
+    users applied from Postgres (a restarted Redis has none) and every gate set; with no consumer
+    alive, the smaller cap (messaging.queue_intake.gate). Each run decides afresh: a lost one is made up."""
+    synced = queue_acl_sync()
+    gates = queue_gates_enforce(client=queue_client(), app_names=credential_app_names())
+    return {"applied": list(synced.applied), "removed": list(synced.removed),
+            "closed": [g.app_name for g in gates if not g.writable]}

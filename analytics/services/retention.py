@@ -5,7 +5,8 @@ undelivered delivery `expired`, messaging.delivery.expiry), so without this the 
 send for ever. A row goes only when all of these hold:
 
 - it is older than its app's `retention_days` (presence events of an app that no longer exists:
-  RETENTION_ORPHAN_DAYS);
+  RETENTION_ORPHAN_DAYS), a day being RETENTION_DAY_SECONDS long (a calendar day: `1 day`, unless
+  shortened, as tests/system/test_retention_load.py does to run a load through many retentions);
 - it is final: a delivery delivered or expired before the last export took its snapshot (a dead
   letter stays until an operator settles it; a row still waiting, or a domain's record of a message
   it passed on, stays); a message with no delivery, no confirmation and no held arrival left; a
@@ -25,6 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -38,20 +40,21 @@ log = logging.getLogger(__name__)
 _FINAL = f"('{DeliveryState.DELIVERED.value}', '{DeliveryState.EXPIRED.value}')"
 
 # Each statement deletes one batch and returns how many rows went. %(upto)s: the export's watermark;
-# %(as_of)s: its snapshot's time; %(batch)s: the batch size; %(orphan_days)s: for presence events.
+# %(as_of)s: its snapshot's time; %(batch)s: the batch size; %(orphan_days)s: for presence events;
+# %(day)s: one day of retention, an interval (RETENTION_DAY_SECONDS: a calendar day unless shortened).
 _DELETES: dict[str, str] = {
     "deliveries": f"""
         WITH doomed AS (
             SELECT d.id FROM messaging_delivery d JOIN apps_registry_clientapp a ON a.id = d.app_id
              WHERE d.id <= %(upto)s AND d.state IN {_FINAL}
-               AND d.created_at < now() - make_interval(days => a.retention_days)
+               AND d.created_at < now() - a.retention_days * %(day)s
                AND coalesce(d.delivered_at, d.expired_at, d.created_at) < %(as_of)s
              ORDER BY d.id LIMIT %(batch)s)
         DELETE FROM messaging_delivery d USING doomed WHERE d.id = doomed.id""",
     "messages": """
         WITH doomed AS (
             SELECT m.id FROM messaging_message m JOIN apps_registry_clientapp a ON a.id = m.app_id
-             WHERE m.id <= %(upto)s AND m.created_at < now() - make_interval(days => a.retention_days)
+             WHERE m.id <= %(upto)s AND m.created_at < now() - a.retention_days * %(day)s
                AND NOT EXISTS (SELECT 1 FROM messaging_delivery d WHERE d.message_id = m.id)
                AND NOT EXISTS (SELECT 1 FROM messaging_message c WHERE c.confirms_id = m.id)
                AND NOT EXISTS (SELECT 1 FROM messaging_heldinorder h WHERE h.message_id = m.id)
@@ -61,7 +64,7 @@ _DELETES: dict[str, str] = {
         WITH doomed AS (
             SELECT s.connection_id FROM presence_session s JOIN apps_registry_clientapp a ON a.id = s.app_id
              WHERE s.disconnected_at IS NOT NULL
-               AND s.disconnected_at < now() - make_interval(days => a.retention_days)
+               AND s.disconnected_at < now() - a.retention_days * %(day)s
                AND EXISTS (SELECT 1 FROM presence_presenceevent e
                             WHERE e.connection_id = s.connection_id AND e.kind = 'disconnect' AND e.id <= %(upto)s)
              LIMIT %(batch)s)
@@ -70,7 +73,7 @@ _DELETES: dict[str, str] = {
         WITH doomed AS (
             SELECT e.id FROM presence_presenceevent e LEFT JOIN apps_registry_clientapp a ON a.id = e.app_id
              WHERE e.id <= %(upto)s
-               AND e.at < now() - make_interval(days => coalesce(a.retention_days, %(orphan_days)s))
+               AND e.at < now() - coalesce(a.retention_days, %(orphan_days)s) * %(day)s
                -- a connect event stays while its session is open: the export's live sessions read it
                AND NOT EXISTS (SELECT 1 FROM presence_session s
                                 WHERE s.connection_id = e.connection_id AND s.disconnected_at IS NULL)
@@ -101,7 +104,7 @@ def rows_past_retention_delete(*, budget_seconds: float | None = None, batch: in
         if mark is None or mark.position <= 0:
             continue  # nothing exported yet: nothing may go
         params = {"upto": mark.position, "as_of": mark.updated_at, "batch": size,
-                  "orphan_days": settings.RETENTION_ORPHAN_DAYS}
+                  "orphan_days": settings.RETENTION_ORPHAN_DAYS, "day": timedelta(seconds=settings.RETENTION_DAY_SECONDS)}
         removed = 0
         while True:
             if time.monotonic() >= deadline:

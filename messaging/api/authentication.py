@@ -55,13 +55,23 @@ def _digest(raw_key: str) -> str:
     return hashlib.sha256(raw_key.encode(errors="surrogatepass")).hexdigest()
 
 
-def verified_key(raw_key: str) -> VerifiedKey | None:
-    """The key's identity if it is active (remembered for API_KEY_CACHE_SECONDS), else None."""
-    digest, now = _digest(raw_key), time.monotonic()
+def verified_key_remembered(raw_key: str) -> VerifiedKey | None:
+    """The key's identity if this process verified it in the last API_KEY_CACHE_SECONDS, else None
+    (not known: `verified_key` asks the database). No I/O: safe on an event loop."""
+    digest = _digest(raw_key)
     with _lock:
         hit = _verified.get(digest)
-        if hit is not None and now - hit[0] < settings.API_KEY_CACHE_SECONDS:
-            return hit[1]
+    if hit is not None and time.monotonic() - hit[0] < settings.API_KEY_CACHE_SECONDS:
+        return hit[1]
+    return None
+
+
+def verified_key(raw_key: str) -> VerifiedKey | None:
+    """The key's identity if it is active (remembered for API_KEY_CACHE_SECONDS), else None."""
+    remembered = verified_key_remembered(raw_key)
+    if remembered is not None:
+        return remembered
+    digest, now = _digest(raw_key), time.monotonic()
     key = api_key_authenticate(raw_key=raw_key)
     with _lock:
         if key is None:

@@ -4,7 +4,7 @@ error answers the views declare."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -60,6 +60,16 @@ MESSAGE_ID = OpenApiParameter("message_id", {"type": "string", "pattern": "^[1-9
 
 def errors(*codes: int) -> dict[int, OpenApiResponse]:
     return {code: ERRORS[code] for code in codes}
+
+
+def reliable_answer(sender: str, recipients: Sequence[str]) -> dict[str, Any]:
+    """A stored send's answer (201), but for its leading `id`."""
+    return {"feature": "RELIABLE", "from": sender, "recipients": list(recipients), "deliveries": len(recipients)}
+
+
+def fast_answer(sender: str, recipients: Sequence[str], connections: int | None) -> dict[str, Any]:
+    """A FAST send's answer (200)."""
+    return {"feature": "FAST", "from": sender, "recipients": list(recipients), "connections": connections}
 
 
 class ApiView(APIView):

@@ -11,41 +11,79 @@ database (and, to be routed, the broker) anyway.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 from rest_framework.request import Request
 from rest_framework.throttling import BaseThrottle
 
-from foundation.transport.redis_clients import sync_client
+from foundation.transport.redis_clients import async_client, sync_client
 
 log = logging.getLogger(__name__)
 KEY = "sb:api:rate:{app_pk}"
 
-# KEYS: the bucket. ARGV: rate per second, burst, cost. -> seconds to wait (as text; 0 = taken).
-_TAKE = """
-local rate, burst, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+# KEYS: the bucket. ARGV: rate per second, burst, requests. -> how many of them got a token, and
+# (as text) the seconds until the next token when not all did.
+_TAKE_MANY = """
+local rate, burst, wanted = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
 local state = redis.call('HMGET', KEYS[1], 'tokens', 'stamp')
 local tokens, stamp = tonumber(state[1]), tonumber(state[2])
 if tokens == nil or stamp == nil then tokens, stamp = burst, now end
 tokens = math.min(burst, tokens + math.max(0, now - stamp) * rate)
+local granted = math.min(wanted, math.floor(tokens))
+tokens = tokens - granted
 local wait = 0
-if tokens >= cost then tokens = tokens - cost else wait = (cost - tokens) / rate end
+if granted < wanted then wait = (1 - tokens) / rate end
 redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'stamp', tostring(now))
 redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
-return tostring(wait)
+return {granted, tostring(wait)}
 """
-_script = None
+_script = None  # the sync client's
+_many_scripts: dict[int, object] = {}  # per async client (one per event loop)
 
 
-def rate_limit_take(*, app_pk: int, rate: float, burst: int, cost: int = 1) -> float:
-    """Take `cost` tokens of the app's bucket: 0.0 when taken, else the seconds until they are there."""
+def rate_limit_take(*, app_pk: int, rate: float, burst: int) -> float:
+    """Take a token of the app's bucket: 0.0 when taken, else the seconds until there is one."""
     global _script
     client = sync_client()
     if _script is None or _script.registered_client is not client:
-        _script = client.register_script(_TAKE)
-    return float(_script(keys=[KEY.format(app_pk=app_pk)], args=[rate, burst, cost]))
+        _script = client.register_script(_TAKE_MANY)
+    granted, wait = _script(keys=[KEY.format(app_pk=app_pk)], args=[rate, burst, 1])
+    return 0.0 if granted else float(wait)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    app_pk: int
+    rate: float
+    burst: int
+
+
+async def rate_limit_take_many(buckets: list[Bucket]) -> list[float]:
+    """One token for each request of `buckets` (a request per item, several per app), taken with
+    one script call per app in one pipeline: the LoopBatcher flush of the REST send on the event
+    loop (messaging.api.send_endpoint). Per request, in order: 0.0 when it got its token, else the
+    seconds until there is one. Requests of one app are served in their order: the first ones get
+    the tokens there are."""
+    client = async_client()
+    script = _many_scripts.get(id(client))
+    if script is None or script.registered_client is not client:
+        script = _many_scripts[id(client)] = client.register_script(_TAKE_MANY)
+    wanted: dict[int, list[int]] = {}
+    for index, bucket in enumerate(buckets):
+        wanted.setdefault(bucket.app_pk, []).append(index)
+    pipe = client.pipeline(transaction=False)
+    for app_pk, indexes in wanted.items():
+        bucket = buckets[indexes[0]]
+        await script(keys=[KEY.format(app_pk=app_pk)], args=[bucket.rate, bucket.burst, len(indexes)], client=pipe)
+    answers = await pipe.execute()
+    waits = [0.0] * len(buckets)
+    for (granted, wait), indexes in zip(answers, wanted.values(), strict=True):
+        for index in indexes[int(granted):]:
+            waits[index] = float(wait)
+    return waits
 
 
 class AppRateThrottle(BaseThrottle):

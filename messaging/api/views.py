@@ -26,6 +26,8 @@ from messaging.api.base import (
     USER,
     ApiView,
     errors,
+    fast_answer,
+    reliable_answer,
 )
 from messaging.api.errors import ApiError, validation_detail
 from messaging.api.pagination import (
@@ -76,12 +78,9 @@ class MessagesView(ApiView):
                                          feature=data["feature"], sender=data.get("sender"),
                                          reference=data["reference"], confirmation=data["confirmation"])
             if result.feature == FEATURE_FAST:
-                return Answer(status.HTTP_200_OK, {"feature": result.feature, "from": result.sender,
-                                                   "recipients": list(result.recipients),
-                                                   "connections": result.connections})
-            return Answer(status.HTTP_201_CREATED, {"id": str(result.message_id), "feature": result.feature,
-                                                    "from": result.sender, "recipients": list(result.recipients),
-                                                    "deliveries": len(result.recipients)})
+                return Answer(status.HTTP_200_OK, fast_answer(result.sender, result.recipients, result.connections))
+            return Answer(status.HTTP_201_CREATED, {"id": str(result.message_id),
+                                                    **reliable_answer(result.sender, result.recipients)})
 
         response = self.idempotent(send)
         metrics.API_SENDS.labels(data["feature"]).inc()

@@ -1,6 +1,7 @@
 """ASGI entry point for daphne: HTTP goes to Django (SSE streams to their own app; the calls between
-domains, /internal/, to Django without the site's middleware: foundation.lean_http), WebSockets to
-the Channels consumers."""
+domains, /internal/, to Django without the site's middleware: foundation.lean_http; a server's send,
+POST /api/v1/messages, to the event loop's own endpoint: messaging.api.send_endpoint, which hands
+what it does not answer itself to Django), WebSockets to the Channels consumers."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ from foundation.lean_http import lean_asgi_application  # noqa: E402
 daphne_adapter.install()
 
 from config.routing import stream_urlpatterns, websocket_urlpatterns  # noqa: E402  (needs the app registry)
+from messaging.api.send_endpoint import SendEndpoint  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         "http": URLRouter([*stream_urlpatterns, re_path(r"^internal/", lean_asgi_application()),
+                           re_path(r"^api/v1/messages$", SendEndpoint(django_asgi_app)),
                            re_path(r"", django_asgi_app)]),
         "websocket": URLRouter(websocket_urlpatterns),
     }

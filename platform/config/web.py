@@ -44,6 +44,10 @@ def main(argv: list[str]) -> None:
     frame_limit = str(int(os.environ.get("WS_MAX_FRAME_BYTES", 1024 * 1024)))
 
     django.setup()  # the check reads a setting and may log a warning; config.asgi sets up again (idempotent)
+    # The node's database threads wait on Postgres with the GIL released; when the answer comes,
+    # each waits for the event loop's thread to hand the GIL back, up to the switch interval (5 ms
+    # by default) per statement. A shorter interval shortens every group commit under load.
+    sys.setswitchinterval(settings.WEB_GIL_SWITCH_SECONDS)
     try:
         check_versions()
     except UntestedVersions as exc:

@@ -27,6 +27,9 @@
    rightmost hop that is not a trusted proxy.
 6. **Request bodies capped before they are buffered** (foundation.body_cap): 413 and the connection
    closed past a path's cap, instead of Twisted's temporary file of no limit.
+7. **No form parsing in Twisted.** Twisted parses a POST's Content-Type (with the email package,
+   costly) and a form body into `request.args`, which daphne never reads (the application gets the
+   body as it came): `_parsePOSTFormSubmission` off.
 
 **Only on the versions it was tested with.** All of this replaces daphne's and autobahn's methods
 and reads Twisted's private write buffer (`dataBuffer`, `offset`, `_tempDataLen`, `doWrite`). Another
@@ -373,6 +376,15 @@ def install() -> None:
 
     # 6. request bodies capped before they are buffered
     body_cap.install(http_protocol.WebRequest)
+
+    # 7. no form parsing (Twisted sets the flag per request, from an argument daphne never passes)
+    original_request_init = http_protocol.WebRequest.__init__
+
+    def request_init(self, *args, **kwargs):
+        original_request_init(self, *args, **kwargs)
+        self._parsePOSTFormSubmission = False
+
+    http_protocol.WebRequest.__init__ = request_init
 
     WebSocketProtocol._switchboard_patched = True
     log.debug("daphne patched (pid %s)", os.getpid())

@@ -18,3 +18,8 @@ def test_an_empty_lake_or_spark_master_is_an_error(settings):
 def test_a_missing_spark_defaults_file_is_an_error(settings, tmp_path):
     settings.SPARK_DEFAULTS_FILE = tmp_path / "nowhere.conf"
     assert [e.id for e in check_analytics(None)] == ["switchboard.E022"]
+
+
+def test_a_retention_day_of_no_seconds_is_an_error(settings):
+    settings.RETENTION_DAY_SECONDS = 0
+    assert [e.id for e in check_analytics(None)] == ["switchboard.E024"]

@@ -89,3 +89,17 @@ def test_the_dashboard_shows_the_oldest_row_kept_and_what_went_per_day(lake, anz
     section = page[page.index('id="retention"'):page.index('id="latest-reports"')]
     assert f"<td>messages</td><td>{OLD:%Y-%m-%d}" in section.replace("\n", "")  # the pending one's message
     assert f"<td>{NOW:%Y-%m-%d}</td><td class=\"num\">1</td><td class=\"num\">1</td>" in section.replace("\n", "")
+
+
+def test_a_shortened_retention_day_counts_retention_days_in_its_seconds(lake, anz, activity, settings):
+    settings.RETENTION_DAY_SECONDS = 60  # anz keeps 1 "day": a minute
+    now = datetime.now(UTC)  # not the module's NOW: an earlier test may have taken a minute
+    minutes_ago = activity.delivery(anz, now - timedelta(minutes=2), state="delivered",
+                                    delivered_at=now - timedelta(minutes=2))
+    seconds_ago = activity.delivery(anz, now - timedelta(seconds=10), state="delivered",
+                                    delivered_at=now - timedelta(seconds=10))
+    lake_export()
+
+    assert rows_past_retention_delete().removed["deliveries"] == 1
+    assert set(Delivery.objects.values_list("pk", flat=True)) == {seconds_ago.pk}
+    assert not Message.objects.filter(pk=minutes_ago.message_id).exists()

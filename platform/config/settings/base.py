@@ -311,6 +311,9 @@ ANALYTICS_EXPORT_SECONDS = env_int("ANALYTICS_EXPORT_SECONDS", 300)
 # batches of RETENTION_BATCH_ROWS for at most RETENTION_BUDGET_SECONDS (analytics.services.retention).
 RETENTION_SWEEP_SECONDS, RETENTION_BATCH_ROWS = env_int("RETENTION_SWEEP_SECONDS", 600), env_int("RETENTION_BATCH_ROWS", 5000)
 RETENTION_BUDGET_SECONDS, RETENTION_ORPHAN_DAYS = env_float("RETENTION_BUDGET_SECONDS", 60.0), 30
+# How long one day of retention_days lasts, for that sweep's cutoff only (nothing else reads it):
+# a day, unless a test or a trial shortens it to watch rows come and go within minutes.
+RETENTION_DAY_SECONDS = env_int("RETENTION_DAY_SECONDS", 86_400)
 ANALYTICS_EXPORT_BATCH_ROWS = env_int("ANALYTICS_EXPORT_BATCH_ROWS", 100_000)  # rows per Parquet file at most
 # How long an export waits for transactions older than its horizon (analytics.services.export).
 ANALYTICS_EXPORT_HORIZON_WAIT = env_int("ANALYTICS_EXPORT_HORIZON_WAIT", 10)
@@ -375,7 +378,7 @@ CELERY_BEAT_SCHEDULE = {
     "expire-idempotency-keys": {"task": "messaging.tasks.expire_idempotency_keys", "schedule": 3600.0},
     # Channel history past each app's retention_days (messaging.channels.retention).
     "expire-channel-history": {"task": "messaging.tasks.expire_channel_history", "schedule": 3600.0},
-    **NETWORK_BEAT_SCHEDULE,  # noqa: F405
+    **NETWORK_BEAT_SCHEDULE, **QUEUE_BEAT_SCHEDULE,  # noqa: F405
 }
 # Celery's Django fix-up closes the DB connection after every task unless told otherwise: reuse it
 # (it is recycled every 2 x this many tasks).
@@ -386,7 +389,7 @@ CELERY_WORKER_POOL = env_str("WORKER_POOL", "threads")
 CELERY_WORKER_CONCURRENCY = env_int("WORKER_CONCURRENCY", 4)
 # Webhook calls wait on tenants' receivers: their own queue, served by their own worker (`-Q webhooks`),
 # never by the routing worker (`-Q celery,routing`). The names are messaging.handoff's.
-CELERY_TASK_ROUTES = {"messaging.tasks.route_deliveries": {"queue": "routing"}, "messaging.tasks.webhook_deliver": {"queue": "webhooks"}, **NETWORK_TASK_ROUTES}  # noqa: F405,E501
+CELERY_TASK_ROUTES = {"messaging.tasks.route_deliveries": {"queue": "routing"}, "messaging.tasks.webhook_deliver": {"queue": "webhooks"}, **NETWORK_TASK_ROUTES, **QUEUE_TASK_ROUTES}  # noqa: F405,E501
 HANDOFF_DISPATCHER = "messaging.handoff.CeleryDispatcher"  # how named work reaches the workers: the broker
 # Every task's time limit (soft: SoftTimeLimitExceeded inside the task; hard: the pool kills it). Only
 # the prefork pool enforces them: the threads pool (the default) ignores both, so a webhook call is

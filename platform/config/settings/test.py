@@ -10,9 +10,12 @@ from __future__ import annotations
 from urllib.parse import urlparse, urlunparse
 
 from .local import *  # noqa: F403
-from .local import REDIS_URL, env_int, service_settings
+from .local import REDIS_URL, env_int, env_str, service_settings
 
 TEST_REDIS_DB = env_int("TEST_REDIS_DB", 15)
+# Two runs side by side (say, two checkouts on one machine) each name a database and a Redis
+# database of their own: TEST_DATABASE_NAME, TEST_REDIS_DB.
+TEST_DATABASE_NAME = env_str("TEST_DATABASE_NAME", "")
 
 
 def _with_db(url: str, db: int) -> str:
@@ -31,3 +34,5 @@ OUTGOING_ALLOWED_NETWORKS = ["127.0.0.0/8", "::1/128"]  # ... and auth services:
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed; never outside tests
 # Live-server and system-test threads must not keep connections that block dropping the test DB.
 DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405
+if TEST_DATABASE_NAME:
+    DATABASES["default"]["TEST"] = {"NAME": TEST_DATABASE_NAME}  # noqa: F405

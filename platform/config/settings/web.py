@@ -1,4 +1,5 @@
-"""Settings of what a web node reads from its clients beyond /ws: request bodies and Socket.IO.
+"""Settings of what a web node reads from its clients beyond /ws (request bodies, Socket.IO), and of
+how it runs (the GIL switch interval).
 
 Read from the environment here and only here; base.py star-imports this module.
 """
@@ -20,3 +21,6 @@ HTTP_MAX_BODY_BYTES_BY_PREFIX = {"/internal/": NETWORK_MAX_BODY_BYTES}
 SOCKETIO_PING_INTERVAL = env_float("SOCKETIO_PING_INTERVAL", 25.0)
 SOCKETIO_PING_TIMEOUT = env_float("SOCKETIO_PING_TIMEOUT", 20.0)
 SOCKETIO_MAX_PAYLOAD = env_int("SOCKETIO_MAX_PAYLOAD", 1_000_000)
+# The web node's GIL switch interval (sys.setswitchinterval), in seconds: how long a database thread
+# whose answer has come may wait for the event loop's thread (config.web).
+WEB_GIL_SWITCH_SECONDS = env_float("WEB_GIL_SWITCH_SECONDS", 0.0005)

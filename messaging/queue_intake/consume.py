@@ -1,0 +1,160 @@
+"""A batch of an app's intake entries consumed: each checked by the rules of a REST send
+(messaging.server_sends), the good ones stored in one statement (RELIABLE) or pushed (FAST), the
+others dead-lettered with their reason, then all acknowledged and deleted from the stream.
+
+An entry's fields: `to` (a user id, or a JSON list of user ids: a group message), `content`, and
+optionally `feature` (RELIABLE, the default, or FAST), `reference`, `sender` (a user of the app;
+its master user by default). Any other field, text that is not UTF-8, or anything a REST send
+would refuse sends it to the dead-letter stream `sbq:<APPNAME>:dead` with its original fields
+(each cut to DEAD_FIELD_MAX bytes), `entry` (its id) and `reason` ("<error code>: <detail>", the
+REST API's answer).
+
+Guarantees:
+- an entry is stored once and routed once however often it is processed (a consumer killed after
+  storing and before acknowledging; a claim by XAUTOCLAIM): its message's clientMessageId is
+  `sbq:<entry id>`, unique per (app, sender), and a repeat stores and routes nothing;
+- a FAST entry is pushed at most once (a marker set before the push; FAST is best effort);
+- nothing is acknowledged before it is stored or dead-lettered: the acknowledgement, the deletion
+  and the dead letters go in one MULTI after the commit. A dead letter may be written twice if its
+  consumer dies between the two (the dead-letter stream is at least once).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import redis
+from django.conf import settings
+from django.db import DataError, IntegrityError
+
+from apps_registry.selectors import AppSnapshot, app_snapshot
+from messaging.accept import SendRefused
+from messaging.protocol import FEATURE_FAST, FEATURE_RELIABLE
+from messaging.queue_intake.names import GROUP, dead_key, fast_seen_key, intake_key
+from messaging.queue_intake.stats import stats_add
+from messaging.server_sends import CheckedSend, server_fast_push, server_message_check
+from messaging.store import OutgoingMessage, messages_store
+
+log = logging.getLogger(__name__)
+
+FIELDS = frozenset({"to", "content", "feature", "reference", "sender"})
+DEAD_FIELD_MAX = 2048  # bytes of each original field a dead letter keeps (the stream is bounded in entries)
+FAST_SEEN_SECONDS = 24 * 3600  # longer than any entry waits to be reclaimed
+CLIENT_MESSAGE_ID_PREFIX = "sbq:"
+TO_INVALID = "'to' must be a user id or a non-empty JSON list of user ids"
+
+Entry = tuple[bytes, dict[bytes, bytes] | None]  # (id, fields); fields None: deleted before it was read
+
+
+@dataclass(frozen=True)
+class Consumed:
+    stored: int = 0  # RELIABLE entries stored (and handed to routing)
+    pushed: int = 0  # FAST entries pushed
+    repeated: int = 0  # entries processed before: nothing sent again
+    dead: int = 0
+
+
+def entry_fields(raw: dict[bytes, bytes]) -> dict[str, str]:
+    """The entry's fields as text: SendRefused for bytes that are not UTF-8 or a field not listed."""
+    try:
+        fields = {k.decode(): v.decode() for k, v in raw.items()}
+    except UnicodeDecodeError:
+        raise SendRefused("invalid_request", "fields must be UTF-8 text") from None
+    unknown = sorted(set(fields) - FIELDS)
+    if unknown:
+        raise SendRefused("invalid_request", f"unknown field {unknown[0]!r} (fields: {', '.join(sorted(FIELDS))})")
+    return fields
+
+
+def entry_check(app: AppSnapshot, fields: dict[str, str]) -> CheckedSend:
+    """The send an entry asks for, checked as a REST send is: SendRefused, or what to send."""
+    to = fields.get("to", "")
+    group, recipients = False, [to]
+    if to.startswith("["):
+        try:
+            recipients = json.loads(to)
+        except ValueError:
+            raise SendRefused("invalid_request", TO_INVALID) from None
+        if not isinstance(recipients, list) or not recipients or not all(isinstance(u, str) for u in recipients):
+            raise SendRefused("invalid_request", TO_INVALID)
+        group = True
+    elif not to:
+        raise SendRefused("invalid_request", TO_INVALID)
+    return server_message_check(app=app, recipients=recipients, content=fields.get("content"), group=group,
+                                feature=fields.get("feature", FEATURE_RELIABLE), sender=fields.get("sender"),
+                                reference=fields.get("reference", ""))
+
+
+def _dead_letter(pipe: redis.client.Pipeline, app_name: str, entry_id: bytes, raw: dict[bytes, bytes],
+                 code: str, detail: str) -> None:
+    fields = {k[:DEAD_FIELD_MAX]: v[:DEAD_FIELD_MAX] for k, v in raw.items()}
+    fields[b"entry"] = entry_id
+    fields[b"reason"] = f"{code}: {detail}".encode()
+    pipe.xadd(dead_key(app_name), fields, maxlen=settings.QUEUE_DEAD_MAXLEN, approximate=True)
+
+
+def _store(messages: list[OutgoingMessage]) -> tuple[list, list[tuple[int, Exception]]]:
+    """Store the batch in one statement; if the statement itself is refused (a value Postgres will
+    not take), store one at a time so only the bad entries fail: (results, [(index, error)])."""
+    try:
+        return messages_store(messages=messages), []
+    except (DataError, IntegrityError):
+        results, failed = [], []
+        for index, message in enumerate(messages):
+            try:
+                results.append(messages_store(messages=[message])[0])
+            except (DataError, IntegrityError) as exc:
+                results.append(None)
+                failed.append((index, exc))
+        return results, failed
+
+
+def queue_entries_consume(*, client: redis.Redis, app_name: str, entries: Sequence[Entry]) -> Consumed:
+    """Consume `entries` of the app's stream (read or claimed by this consumer): store, push or
+    dead-letter each, then acknowledge and delete them all. Raises on an infrastructure error
+    (Postgres or Redis away) with nothing acknowledged: the entries stay pending and are processed
+    again later, which stores and routes nothing twice."""
+    app = app_snapshot(app_name)
+    reliable: list[tuple[bytes, dict, OutgoingMessage]] = []
+    fast: list[tuple[bytes, OutgoingMessage]] = []
+    dead: list[tuple[bytes, dict, str, str]] = []
+    for entry_id, raw in entries:
+        if raw is None:
+            continue  # deleted from the stream before it was consumed (its writer trimmed it): acknowledged only
+        try:
+            if app is None:
+                raise SendRefused("invalid_request", f"app {app_name} does not exist")
+            checked = entry_check(app, entry_fields(raw))
+        except SendRefused as refused:
+            dead.append((entry_id, raw, refused.code, refused.detail))
+            continue
+        if checked.feature == FEATURE_FAST:
+            fast.append((entry_id, checked.message))
+        else:
+            cmid = CLIENT_MESSAGE_ID_PREFIX + entry_id.decode()
+            reliable.append((entry_id, raw, replace(checked.message, client_message_id=cmid)))
+    results, failed = _store([m for _, _, m in reliable]) if reliable else ([], [])
+    for index, exc in failed:
+        entry_id, raw, _ = reliable[index]
+        log.warning("queue entry %s of %s refused by the database: %s", entry_id, app_name, exc)
+        dead.append((entry_id, raw, "invalid_request", "the database refused this message"))
+    stored = sum(1 for r in results if r is not None and not r.duplicate)
+    repeated = sum(1 for r in results if r is not None and r.duplicate)
+    pushed = 0
+    for entry_id, message in fast:
+        if client.set(fast_seen_key(app_name, entry_id.decode()), 1, nx=True, ex=FAST_SEEN_SECONDS):
+            server_fast_push(app, message)
+            pushed += 1
+    done = Consumed(stored=stored, pushed=pushed, repeated=repeated + len(fast) - pushed, dead=len(dead))
+    pipe = client.pipeline(transaction=True)  # acknowledged and deleted together: never one without the other
+    for entry_id, raw, code, detail in dead:
+        _dead_letter(pipe, app_name, entry_id, raw, code, detail)
+    ids = [entry_id for entry_id, _ in entries]
+    pipe.xack(intake_key(app_name), GROUP, *ids)
+    pipe.xdel(intake_key(app_name), *ids)
+    stats_add(pipe, app_name, consumed=done.stored + done.pushed, dead=done.dead, repeated=done.repeated)
+    pipe.execute()
+    return done

@@ -1,0 +1,79 @@
+"""Names of the queue intake's keys and ACL users, and its Redis client.
+
+Every name derives from the app's name in one place here. ACL users are the server's, not a
+database's: where Switchboard's Redis database is not 0 (`make network`'s domains, the test run's
+database 15), the user's name carries the database number, so domains sharing one server never
+share an app's user.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import redis
+from django.conf import settings
+
+GROUP = "switchboard"  # the consumer group every worker reads with
+CONSUMERS_KEY = "sbq:consumers"  # sorted set: consumer name -> when it last said it is alive (unix time)
+_client: tuple[int, str, redis.Redis] | None = None
+
+
+def intake_key(app_name: str) -> str:
+    return f"sbq:{app_name}:in"
+
+
+def dead_key(app_name: str) -> str:
+    return f"sbq:{app_name}:dead"
+
+
+def stats_key(app_name: str) -> str:
+    return f"sbq:{app_name}:stats"
+
+
+def fast_seen_key(app_name: str, entry_id: str) -> str:
+    """Set when a FAST entry is pushed: an entry processed twice is pushed once (FAST is never stored)."""
+    return f"sbq:{app_name}:fast:{entry_id}"
+
+
+def queue_redis_url() -> str:
+    return settings.QUEUE_REDIS_URL or settings.REDIS_URL
+
+
+def queue_db() -> int:
+    return int(redis.connection.parse_url(queue_redis_url()).get("db") or 0)
+
+
+def acl_user_prefix() -> str:
+    db = queue_db()
+    return f"sbq-{db}-" if db else "sbq-"
+
+
+def acl_user(app_name: str) -> str:
+    return f"{acl_user_prefix()}{app_name}"
+
+
+def app_name_of_acl_user(user: str) -> str | None:
+    """The app an ACL user of this database's intake belongs to, or None (another database's, or
+    nobody's). App names start with a letter, so `sbq-15-ANZ` is never database 0's user of an app."""
+    prefix = acl_user_prefix()
+    if not user.startswith(prefix):
+        return None
+    rest = user[len(prefix):]
+    return rest if re.match(r"[A-Za-z]", rest) else None
+
+
+def queue_client() -> redis.Redis:
+    """The intake's Redis client for this process (one per process, as foundation's sync_client):
+    the server's default or admin user, which may run ACL, MEMORY, XAUTOCLAIM and CLIENT KILL."""
+    global _client
+    url = queue_redis_url()
+    if _client is None or _client[0] != os.getpid() or _client[1] != url:
+        # Reads block up to QUEUE_INTAKE_BLOCK_SECONDS, well inside the socket timeout.
+        client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
+        # Entries as Redis answers them (runner.entries_parse): redis-py's parser fails on an entry
+        # deleted while pending, which Redis 6.2 answers with no fields.
+        for command in ("XREADGROUP", "XAUTOCLAIM"):
+            client.set_response_callback(command, lambda answer, **_: answer)
+        _client = (os.getpid(), url, client)
+    return _client[2]

@@ -1,0 +1,203 @@
+"""The consumer of a routing worker: a thread that reads every app's intake stream with the
+consumer group (XREADGROUP, a consumer name per process), hands each app's entries to
+consume.queue_entries_consume, claims what a dead consumer left pending (XAUTOCLAIM, once idle for
+QUEUE_INTAKE_RECLAIM_SECONDS; then read as its own pending entries) and says it is alive; and a
+second thread that keeps the gates (gate.queue_gates_enforce) every QUEUE_INTAKE_WATCH_SECONDS.
+
+Started by the worker itself (messaging.tasks, on worker_ready, for workers serving the routing
+queue), so `make run`, compose and the Procfile need nothing more. The backlog stays in Redis: a
+read takes at most QUEUE_INTAKE_BATCH entries per stream. Redis or Postgres away: it logs, waits
+(backoff up to 30 s) and starts again: ACL users re-applied (a restarted Redis has none), groups
+made again where missing, then its own pending entries first (read before and not acknowledged).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+
+import redis
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections
+
+from foundation.outbound import Backoff
+from messaging.queue_intake.consume import queue_entries_consume
+from messaging.queue_intake.credentials import credential_app_names, queue_acl_sync
+from messaging.queue_intake.gate import consumer_alive_say, consumer_gone_say, queue_gates_enforce
+from messaging.queue_intake.names import GROUP, intake_key, queue_client
+
+log = logging.getLogger(__name__)
+
+RESTART_BACKOFF = Backoff(base=0.5, cap=30.0, jitter=0.5)
+APPS_REFRESH_SECONDS = 2.0  # a new credential's stream is read within this long
+# A consumer with nothing pending, idle this many reclaim periods, is removed from the group.
+FORGET_AFTER_RECLAIMS = 10
+
+
+def entries_parse(raw: list | None) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
+    """Entries of a raw XREADGROUP / XAUTOCLAIM answer: (id, fields), fields None for an entry
+    deleted while pending (redis-py's parser cannot take those)."""
+    out = []
+    for item in raw or []:
+        entry_id, flat = item[0], item[1]
+        out.append((entry_id, None if flat is None else dict(zip(flat[::2], flat[1::2], strict=True))))
+    return out
+
+
+def streams_parse(answer: dict | list | None) -> list[tuple[bytes, list]]:
+    """(stream key, raw entries) of a raw XREADGROUP answer: a map under RESP3, pairs under RESP2."""
+    if not answer:
+        return []
+    return list(answer.items()) if isinstance(answer, dict) else [(key, raw) for key, raw in answer]
+
+
+class QueueConsumer:
+    def __init__(self, name: str | None = None):
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        # The gate has a thread of its own: a batch being stored never delays a measurement.
+        self._threads = [threading.Thread(target=self._restarting, args=(work,), name=f"queue-intake-{role}",
+                                          daemon=True) for role, work in (("consumer", self._serve),
+                                                                          ("gate", self._watch))]
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Finish the batch in hand, then leave (what is pending stays pending for whoever comes next)."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout)
+        try:
+            consumer_gone_say(queue_client(), self.name)
+        except redis.RedisError:
+            pass  # its last word expires by itself
+
+    def _restarting(self, work) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                work()
+                return
+            except Exception as exc:  # never ends silently: logged, and started again after a pause
+                failures += 1
+                delay = RESTART_BACKOFF.seconds(failures)
+                expected = isinstance(exc, (redis.RedisError, DatabaseError, OSError))
+                log.warning("queue intake %s of %s: %s; starting again in %.1f s", work.__name__.strip("_"),
+                            self.name, exc, delay, exc_info=not expected)
+                close_old_connections()
+                self._stop.wait(delay)
+
+    def _watch(self) -> None:
+        """Every QUEUE_INTAKE_WATCH_SECONDS: every app's stream measured and its gate set (gate.py)."""
+        client = queue_client()
+        apps: list[str] = []
+        apps_at = 0.0
+        while not self._stop.wait(settings.QUEUE_INTAKE_WATCH_SECONDS):
+            if time.monotonic() >= apps_at:
+                close_old_connections()
+                apps = credential_app_names()
+                apps_at = time.monotonic() + APPS_REFRESH_SECONDS
+            queue_gates_enforce(client=client, app_names=apps)
+
+    def _serve(self) -> None:
+        client = queue_client()
+        queue_acl_sync()
+        apps: list[str] = []
+        keys: dict[bytes, str] = {}
+        apps_at = reclaim_at = 0.0
+        backlog = True  # our own pending entries first: read earlier, never acknowledged
+        while not self._stop.is_set():
+            close_old_connections()  # a connection Postgres dropped is replaced, as a task's would be
+            now = time.monotonic()
+            if now >= apps_at:
+                apps = credential_app_names()
+                groups_ensure(client, apps)
+                keys = {intake_key(name).encode(): name for name in apps}
+                apps_at = now + APPS_REFRESH_SECONDS
+            consumer_alive_say(client, self.name)
+            if now >= reclaim_at:
+                backlog = self._reclaim(client, apps) > 0 or backlog  # what it claimed is read as its own
+                reclaim_at = now + settings.QUEUE_INTAKE_RECLAIM_SECONDS / 2
+            took = 0
+            if apps:
+                took = self._read(client, keys, backlog)
+            else:
+                self._stop.wait(settings.QUEUE_INTAKE_BLOCK_SECONDS)
+            if backlog and not took:
+                backlog = False
+
+    def _read(self, client: redis.Redis, keys: dict[bytes, str], backlog: bool) -> int:
+        streams = list(keys)
+        args = ["XREADGROUP", "GROUP", GROUP, self.name, "COUNT", settings.QUEUE_INTAKE_BATCH]
+        if not backlog:
+            args += ["BLOCK", int(settings.QUEUE_INTAKE_BLOCK_SECONDS * 1000)]
+        answer = client.execute_command(*args, "STREAMS", *streams, *(["0"] if backlog else [">"]) * len(streams))
+        took = 0
+        for key, raw in streams_parse(answer):
+            entries = entries_parse(raw)
+            if entries:
+                queue_entries_consume(client=client, app_name=keys[key], entries=entries)
+                took += len(entries)
+        return took
+
+    def _reclaim(self, client: redis.Redis, apps: list[str]) -> int:
+        """Entries left pending by a consumer that died (or hangs), idle long enough, claimed by this one
+        (ids only: Redis 6.2 answers an entry deleted meanwhile with no id); they are then read as its own
+        pending entries. How many were claimed."""
+        idle_ms = int(settings.QUEUE_INTAKE_RECLAIM_SECONDS * 1000)
+        claimed = 0
+        for name in apps:
+            start = b"0-0"
+            while not self._stop.is_set():
+                start, ids = client.execute_command("XAUTOCLAIM", intake_key(name), GROUP, self.name, idle_ms, start,
+                                                    "COUNT", settings.QUEUE_INTAKE_BATCH, "JUSTID")[:2]
+                claimed += len(ids)
+                if start in (b"0-0", "0-0"):
+                    break
+            self._forget_consumers(client, name, idle_ms * FORGET_AFTER_RECLAIMS)
+        if claimed:
+            log.info("queue intake: %d entries claimed from consumers gone quiet", claimed)
+        return claimed
+
+    def _forget_consumers(self, client: redis.Redis, app_name: str, idle_ms: int) -> None:
+        for consumer in client.xinfo_consumers(intake_key(app_name), GROUP):
+            gone = consumer["name"].decode() if isinstance(consumer["name"], bytes) else consumer["name"]
+            if gone != self.name and consumer["pending"] == 0 and consumer["idle"] > idle_ms:
+                client.xgroup_delconsumer(intake_key(app_name), GROUP, gone)
+
+
+def groups_ensure(client: redis.Redis, app_names: list[str]) -> None:
+    """The consumer group of each app's stream (and the stream), from its first entry: entries
+    written before the group existed are consumed too."""
+    for name in app_names:
+        try:
+            client.xgroup_create(intake_key(name), GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+
+_consumer: QueueConsumer | None = None
+
+
+def queue_consumer_start() -> QueueConsumer | None:
+    """Start this process's consumer (once; not where QUEUE_INTAKE_CONSUMER is off)."""
+    global _consumer
+    if _consumer is None and settings.QUEUE_INTAKE_CONSUMER:
+        _consumer = QueueConsumer()
+        _consumer.start()
+        log.info("queue intake consumer %s started", _consumer.name)
+    return _consumer
+
+
+def queue_consumer_stop() -> None:
+    global _consumer
+    if _consumer is not None:
+        _consumer.stop()
+        _consumer = None

@@ -1,0 +1,106 @@
+"""Entries of an app's intake stream consumed: stored for their recipients once, however often they
+are processed; a malformed one dead-lettered with the reason a REST send would answer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from messaging.models import Delivery, Message
+from messaging.queue_intake.consume import queue_entries_consume
+from messaging.queue_intake.names import GROUP, dead_key, intake_key
+from messaging.queue_intake.runner import entries_parse, groups_ensure, streams_parse
+from tests.messaging.queue_intake.conftest import writer_for
+
+pytestmark = pytest.mark.django_db
+
+
+def read(client, app_name: str, consumer: str = "test", pending: bool = False):
+    """What a consumer reads next (its own pending entries with `pending`)."""
+    groups_ensure(client, [app_name])
+    answer = client.execute_command("XREADGROUP", "GROUP", GROUP, consumer, "COUNT", 1000, "STREAMS",
+                                    intake_key(app_name), "0" if pending else ">")
+    return [entry for _, raw in streams_parse(answer) for entry in entries_parse(raw)]
+
+
+def consume(client, app_name: str, entries, capture):
+    with capture(execute=True):
+        return queue_entries_consume(client=client, app_name=app_name, entries=entries)
+
+
+def test_a_send_put_on_the_stream_is_stored_for_its_recipient(anz, credential, queue_redis, handoff,
+                                                              django_capture_on_commit_callbacks):
+    writer = writer_for("ANZ", credential(anz))
+    writer.xadd(intake_key("ANZ"), {"to": "ANZ-1002", "content": "your order shipped", "reference": "order-7781"})
+    writer.xadd(intake_key("ANZ"), {"to": json.dumps(["ANZ-1003", "ANZ-1004"]), "content": "sale", "sender": "ANZ-9"})
+    done = consume(queue_redis, "ANZ", read(queue_redis, "ANZ"), django_capture_on_commit_callbacks)
+    assert (done.stored, done.dead, done.repeated) == (2, 0, 0)
+    one = Delivery.objects.select_related("message").get(recipient="ANZ-1002")
+    assert (one.message.content, one.message.reference, one.message.sender) == ("your order shipped", "order-7781",
+                                                                                  "ANZ-123223")
+    group = Message.objects.get(content="sale")
+    assert (group.kind, group.sender) == ("group", "ANZ-9")
+    assert sorted(group.deliveries.values_list("recipient", flat=True)) == ["ANZ-1003", "ANZ-1004"]
+    assert len(handoff.tasks("messaging.tasks.route_deliveries")) == 1  # handed to routing once committed
+    assert queue_redis.xlen(intake_key("ANZ")) == 0  # acknowledged and deleted
+    assert queue_redis.xpending(intake_key("ANZ"), GROUP)["pending"] == 0
+
+
+def test_an_entry_processed_twice_is_stored_and_routed_once(anz, credential, queue_redis, handoff,
+                                                            django_capture_on_commit_callbacks):
+    writer = writer_for("ANZ", credential(anz))
+    writer.xadd(intake_key("ANZ"), {"to": "ANZ-1002", "content": "once"})
+    entries = read(queue_redis, "ANZ")
+    first = consume(queue_redis, "ANZ", entries, django_capture_on_commit_callbacks)
+    handoff.clear()
+    again = consume(queue_redis, "ANZ", entries, django_capture_on_commit_callbacks)  # as after a crash before XACK
+    assert (first.stored, again.stored, again.repeated) == (1, 0, 1)
+    assert Message.objects.filter(content="once").count() == 1
+    assert Delivery.objects.filter(recipient="ANZ-1002").count() == 1
+    assert handoff.tasks() == []  # nothing routed again
+
+
+@pytest.mark.parametrize(("fields", "reason"), [
+    ({"to": "ANZ-x", "content": "x"}, "unknown_user: recipient 'ANZ-x' is not a user of app ANZ"),
+    ({"to": "BNZ-1", "content": "x"}, "unknown_user: recipient 'BNZ-1' is not a user of app ANZ"),
+    ({"to": "ANZ-1002", "content": "x" * 70_000}, "content_too_large: "),
+    ({"to": "ANZ-1002"}, "invalid_content: content must be a string"),
+    ({"content": "x"}, "invalid_request: 'to' must be a user id or a non-empty JSON list of user ids"),
+    ({"to": "[\"ANZ-1002\"", "content": "x"}, "invalid_request: 'to' must be"),
+    ({"to": "[]", "content": "x"}, "invalid_request: 'to' must be"),
+    ({"to": "ANZ-1002", "content": "x", "feature": "SLOW"}, "invalid_request: feature must be RELIABLE or FAST"),
+    ({"to": "ANZ-1002", "content": "x", "sender": "BNZ-1"}, "unknown_user: sender 'BNZ-1'"),
+    ({"to": "ANZ-1002", "content": "x", "priority": "high"}, "invalid_request: unknown field 'priority'"),
+    ({"to": "ANZ-1002", "content": b"\xff\xfe"}, "invalid_request: fields must be UTF-8 text"),
+    ({"to": json.dumps([f"ANZ-{n}" for n in range(6)]), "content": "x"}, "too_many_recipients: at most 5"),
+])
+def test_a_malformed_entry_is_dead_lettered_with_its_reason(anz, credential, queue_redis, fields, reason,
+                                                           django_capture_on_commit_callbacks):
+    writer = writer_for("ANZ", credential(anz))
+    entry_id = writer.xadd(intake_key("ANZ"), fields)
+    writer.xadd(intake_key("ANZ"), {"to": "ANZ-1002", "content": "the good one"})
+    done = consume(queue_redis, "ANZ", read(queue_redis, "ANZ"), django_capture_on_commit_callbacks)
+    assert (done.stored, done.dead) == (1, 1)
+    [(_, dead)] = queue_redis.xrange(dead_key("ANZ"))
+    assert dead[b"reason"].decode().startswith(reason)
+    assert dead[b"entry"] == entry_id
+    for name, value in fields.items():  # the original fields, cut to a bounded length
+        value = value if isinstance(value, bytes) else value.encode()
+        assert dead[name.encode()] == value[:2048]
+    assert queue_redis.xlen(intake_key("ANZ")) == 0
+    assert Message.objects.get().content == "the good one"
+
+
+def test_an_entry_deleted_while_pending_is_only_acknowledged(anz, credential, queue_redis,
+                                                             django_capture_on_commit_callbacks):
+    writer = writer_for("ANZ", credential(anz))
+    writer.xadd(intake_key("ANZ"), {"to": "ANZ-1002", "content": "gone"})
+    read(queue_redis, "ANZ", consumer="died")
+    writer.xadd(intake_key("ANZ"), {"to": "ANZ-1002", "content": "trims"}, maxlen=0, approximate=False)  # its own
+    queue_redis.execute_command("XAUTOCLAIM", intake_key("ANZ"), GROUP, "test", 0, "0-0", "JUSTID")  # as the runner
+    entries = read(queue_redis, "ANZ", consumer="test", pending=True)
+    assert [fields for _, fields in entries] == [None]
+    done = consume(queue_redis, "ANZ", entries, django_capture_on_commit_callbacks)
+    assert done == type(done)()
+    assert queue_redis.xpending(intake_key("ANZ"), GROUP)["pending"] == 0

@@ -1,0 +1,137 @@
+"""The queue intake with real workers: a send an app's backend puts on its stream reaches its
+recipient, and the consumer group survives a worker killed with SIGKILL mid-batch with nothing lost
+and nothing sent twice."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from messaging.models import Delivery, Message
+from messaging.queue_intake.credentials import queue_credential_create
+from messaging.queue_intake.models import QueueCredential
+from messaging.queue_intake.names import GROUP, acl_user_prefix, intake_key, queue_client
+from tests.messaging.queue_intake.conftest import writer_for
+from tests.wsclient import WsClient
+
+pytestmark = pytest.mark.system
+
+# Entries left pending by a dead consumer are claimed after 2 s (30 s by default); small batches,
+# so a kill lands between batches' commits and acknowledgements.
+ENV = {"QUEUE_INTAKE_RECLAIM_SECONDS": "2", "QUEUE_INTAKE_BATCH": "100"}
+
+
+@pytest.fixture(scope="module")
+def anz_password(demo_network, django_db_blocker):
+    """ANZ's queue credential, committed for the module (the workers read it)."""
+    with django_db_blocker.unblock():
+        _, password = queue_credential_create(app=demo_network["anz"])  # applied at once: autocommit
+    yield password
+    client = queue_client()
+    with django_db_blocker.unblock():
+        QueueCredential.objects.all().delete()
+    for user in client.execute_command("ACL", "USERS"):
+        if user.decode().startswith(acl_user_prefix()):
+            client.execute_command("ACL", "DELUSER", user)
+    for key in client.scan_iter(match="sbq:*"):
+        client.delete(key)
+
+
+@pytest.mark.django_db
+def test_a_send_put_on_the_stream_reaches_its_online_recipient(processes, anz_password):
+    web = processes.web("web")
+    processes.worker("worker", **ENV)
+    with WsClient(web.ws_url) as bob:
+        bob.auth("ANZ-70002")
+        writer_for("ANZ", anz_password).xadd(intake_key("ANZ"), {"to": "ANZ-70002", "content": "from the queue",
+                                                                 "reference": "order-1"})
+        frame = bob.recv_type("MESSAGE", timeout=20)
+    assert (frame["data"]["content"], frame["data"]["from"]) == ("from the queue", "ANZ-123223")
+
+
+@pytest.mark.django_db
+def test_the_consumer_group_survives_a_worker_killed_mid_batch(processes, anz_password):
+    total = 3000
+    admin = queue_client()
+    writer = writer_for("ANZ", anz_password)
+    pipe = writer.pipeline(transaction=False)
+    for i in range(total):  # the backlog waits in the stream, not in any process
+        pipe.xadd(intake_key("ANZ"), {"to": f"ANZ-{81000 + i % 40}", "content": f"backlog {i}"})
+    pipe.execute()
+    backlog = Message.objects.filter(content__startswith="backlog ")
+
+    first = processes.worker("first", **ENV)
+    deadline = time.monotonic() + 30
+    while not (admin.xpending(intake_key("ANZ"), GROUP)["pending"] and backlog.exists()):
+        assert time.monotonic() < deadline, first.output()[-3000:]
+        time.sleep(0.005)
+    first.kill()  # SIGKILL, with entries read and not acknowledged
+    stored_at_kill, pending_at_kill = backlog.count(), admin.xpending(intake_key("ANZ"), GROUP)["pending"]
+    assert stored_at_kill < total and pending_at_kill > 0
+
+    second = processes.worker("second", **ENV)
+    deadline = time.monotonic() + 60
+    while backlog.count() < total or admin.xlen(intake_key("ANZ")) or admin.xpending(intake_key("ANZ"), GROUP)["pending"]:
+        assert time.monotonic() < deadline, (backlog.count(), second.output()[-3000:])
+        time.sleep(0.2)
+    assert "claimed from consumers gone quiet" in second.output()
+    assert backlog.count() == total  # nothing lost, nothing stored twice
+    assert backlog.values("content").distinct().count() == total
+    assert Delivery.objects.filter(message__in=backlog).count() == total  # one delivery each: routed once
+    assert admin.xlen("sbq:ANZ:dead") == 0
+
+
+@pytest.mark.django_db
+def test_a_full_intake_refuses_its_writer_and_accepts_again_once_consumed(processes, anz_password):
+    processes.worker("worker", **ENV, QUEUE_INTAKE_MAX_BYTES=str(256 * 1024))
+    writer = writer_for("ANZ", anz_password)
+    sent, deadline = 0, time.monotonic() + 20
+    with pytest.raises(redis.exceptions.NoPermissionError):  # faster than one worker stores: the gate closes
+        while time.monotonic() < deadline:
+            pipe = writer.pipeline(transaction=False)
+            for i in range(200):
+                pipe.xadd(intake_key("ANZ"), {"to": f"ANZ-{82000 + i % 40}", "content": "full " + "x" * 1000})
+            pipe.execute()
+            sent += 200
+    while time.monotonic() < deadline:  # and opens again once the worker has drained it
+        try:
+            writer.xadd(intake_key("ANZ"), {"to": "ANZ-82000", "content": "full again"})
+            break
+        except redis.exceptions.NoPermissionError:
+            time.sleep(0.05)
+    else:
+        pytest.fail("the intake never accepted again")
+    assert queue_client().hget("sbq:ANZ:stats", "closed_full") is not None  # counted for /metrics
+
+
+@pytest.mark.django_db
+def test_the_consumer_comes_back_after_a_redis_restart_with_the_users_reapplied(private_redis, processes, anz_password):
+    env = {**ENV, "REDIS_URL": private_redis.url, "QUEUE_SYNC_SECONDS": "1"}
+    worker = processes.worker("worker", **env)
+    writer = redis.Redis.from_url(private_redis.url.replace("redis://", f"redis://sbq-ANZ:{anz_password}@"),
+                                  retry=None, socket_timeout=5)  # that server's database 0: user sbq-ANZ
+    deadline = time.monotonic() + 20
+    while True:  # the worker applied the credential to its Redis at its start
+        try:
+            writer.xadd(intake_key("ANZ"), {"to": "ANZ-83001", "content": "before the restart"})
+            break
+        except redis.exceptions.AuthenticationError:
+            assert time.monotonic() < deadline, worker.output()[-3000:]
+            time.sleep(0.1)
+    private_redis.kill()
+    time.sleep(1)
+    private_redis.start()  # append-only: the stream is back; the ACL users are not, until the consumer re-applies them
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            writer.xadd(intake_key("ANZ"), {"to": "ANZ-83001", "content": "after the restart"})
+            break
+        except (redis.exceptions.AuthenticationError, redis.exceptions.ConnectionError):
+            assert time.monotonic() < deadline, worker.output()[-3000:]
+            time.sleep(0.2)
+    while Message.objects.filter(content__endswith="the restart").count() < 2:
+        assert time.monotonic() < deadline, worker.output()[-3000:]
+        time.sleep(0.2)
+    assert "queue intake consumer" in worker.output() and "starting again" in worker.output()
