@@ -5,7 +5,8 @@ in a DB thread, so the event loop keeps serving sockets. It batches adaptively, 
 commit does: an item arriving while no flush runs is flushed at once (after `linger`, a fraction of
 a millisecond), and items arriving while a flush runs wait for it and go together in the next one.
 Light load pays no batching delay; heavy load gets big batches and one statement, one commit and
-one Celery task per batch.
+one Celery task per batch. Senders that each wait for their answer before sending again come back
+together: once as many wait as the last batch held (EARLY_END_MIN or more), the linger ends early.
 
 `submit` waits for the item's own result (the intake: a sender is answered after its message is
 committed); `add` is fire-and-forget (routing, delivered marks, releases). A batcher with
@@ -33,6 +34,9 @@ from messaging.asyncdb import run_db
 log = logging.getLogger(__name__)
 
 
+EARLY_END_MIN = 8  # a batch at least this large lets the next one end its linger early (Batcher._linger)
+
+
 class BatcherFull(Exception):
     def __init__(self, name: str, retry_after: float):
         super().__init__(f"{name} is full")
@@ -53,6 +57,8 @@ class Batcher:
         self._running: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.last_flush_seconds = 0.0  # how long the latest flush took: the retry hint when full
+        self._last_batch = 0  # how many items the latest flush took: the linger's early end
+        self._lingering: asyncio.Event | None = None  # set to end the linger early
         # Items are flushed in the order they were added: once `_done` reaches an item's number, it
         # has been flushed (committed, or its failure logged).
         self._added = 0
@@ -120,7 +126,25 @@ class Batcher:
         future = asyncio.get_running_loop().create_future()
         if self._append([(item, future)]):
             self._wake()
+        elif self._lingering is not None and len(self._items) >= self._last_batch >= EARLY_END_MIN:
+            self._lingering.set()
         return await future
+
+    async def _linger(self) -> None:
+        """Wait `linger` for a batch to gather, or less once as many senders wait as the last batch
+        held, when that was at least EARLY_END_MIN: senders that each wait for their answer before
+        they send again (REST clients, /ws clients that wait for MESSAGE_ACCEPTED) come back
+        together, and the time they would wait beyond that is latency and nothing else. Smaller
+        batches (a lightly loaded node) linger in full: that is what makes them batches."""
+        if self.linger <= 0:
+            return
+        self._lingering = asyncio.Event()
+        if not len(self._items) >= self._last_batch >= EARLY_END_MIN:
+            try:
+                await asyncio.wait_for(self._lingering.wait(), self.linger)
+            except TimeoutError:
+                pass
+        self._lingering = None
 
     def _wake(self) -> None:
         if self._running is None or self._running.done():
@@ -128,7 +152,7 @@ class Batcher:
         # else: the running drain picks the new items up when its flush returns
 
     async def _drain(self) -> None:
-        await asyncio.sleep(self.linger)
+        await self._linger()
         while True:
             with self._lock:
                 batch, self._items = self._items[: self.max_size], self._items[self.max_size:]
@@ -138,6 +162,7 @@ class Batcher:
                 if not self._items:
                     self._wakeup_pending = False
             started = time.monotonic()
+            self._last_batch = len(batch)
             items = [item for item, _ in batch]
             try:
                 results = await run_db(self._flush, items)

@@ -123,3 +123,32 @@ def test_caught_up_waits_for_what_was_added_before_it_however_busy_the_batcher_s
     batches, waiting_for_3, busy_still = asyncio.run(scenario())
     assert waiting_for_3 and busy_still
     assert batches == [[1, 2], [3], [4, 5]]
+
+
+def test_senders_who_all_came_back_end_the_linger_early_while_a_small_batch_lingers_in_full():
+    """Closed-loop senders (each waits for its answer before it sends again) come back together: once
+    as many wait as the last batch held, the batch goes without the rest of the linger; a batch
+    smaller than EARLY_END_MIN (a lightly loaded node) always lingers."""
+
+    async def scenario() -> tuple[float, float, float, list[list]]:
+        flushed: list[list] = []
+        batcher = Batcher("test", lambda items: flushed.append(list(items)) or items, linger=1.0)
+        batcher.bind(asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.gather(*(batcher.submit(n) for n in range(10)))  # the first batch: a full linger
+        first = loop.time() - started
+        started = loop.time()
+        await asyncio.gather(*(batcher.submit(n) for n in range(10, 20)))  # the same ten senders again
+        again = loop.time() - started
+        small = Batcher("small", lambda items: items, linger=1.0)
+        small.bind(loop)
+        await asyncio.gather(*(small.submit(n) for n in range(3)))
+        started = loop.time()
+        await asyncio.gather(*(small.submit(n) for n in range(3)))
+        return first, again, loop.time() - started, flushed
+
+    first, again, small_again, flushed = asyncio.run(scenario())
+    assert first >= 1.0 and small_again >= 1.0
+    assert again < 0.5
+    assert flushed == [list(range(10)), list(range(10, 20))]
