@@ -112,6 +112,7 @@ class Claim:
     answer: dict[str, Any] | None = None
     status: int | None = None
     conflict: IdempotencyConflict | None = None
+    message_id: int | None = None  # a new claim made with its answer: the message id that answer names
 
 
 def key_reused(key: str) -> IdempotencyConflict:
@@ -141,6 +142,20 @@ SELECT i.app_id, i.key, i.fingerprint, i.status_code, i.response
 """
 
 
+# The claims of sends whose answer is known but for the message's id: each claim is made with its
+# answer (201), whose `id` is drawn here from the messages' sequence; the caller stores the message
+# under that id in the same transaction. One write per key: no answer to store afterwards.
+_CLAIM_ANSWERED_SQL = """
+INSERT INTO messaging_idempotencykey (app_id, key, fingerprint, created_at, status_code, response)
+SELECT k.app_id, k.key, k.fingerprint, now(), 201,
+       jsonb_build_object('id', nextval('messaging_message_id_seq'::regclass)::text) || k.answer::jsonb
+  FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::text[]) AS k(app_id, key, fingerprint, answer)
+ ORDER BY k.app_id, k.key
+ON CONFLICT (app_id, key) DO NOTHING
+RETURNING app_id, key, id, (response->>'id')::bigint
+"""
+
+
 def idempotency_claims(*, app_id: int, keyed: dict[str, str],
                        reused: Callable[[str], IdempotencyConflict] = key_reused) -> dict[str, Claim]:
     """`idempotency_claims_many` for the keys of one app (key -> fingerprint), by key."""
@@ -150,18 +165,28 @@ def idempotency_claims(*, app_id: int, keyed: dict[str, str],
 
 
 def idempotency_claims_many(keyed: list[tuple[int, str, str]], *,
-                            reused: Callable[[str], IdempotencyConflict] = key_reused) -> dict[tuple[int, str], Claim]:
+                            reused: Callable[[str], IdempotencyConflict] = key_reused,
+                            answers: list[dict[str, Any]] | None = None) -> dict[tuple[int, str], Claim]:
     """Inside the caller's transaction: each (app, key, fingerprint) of `keyed` (no (app, key)
     twice) claimed in one statement, or its stored answer found, by (app, key). A concurrent claim
     of the same key waits for its transaction, as for one send; keys are claimed in (app, key)
     order, so two batches that share keys wait for each other instead of deadlocking. The caller
     sends the `new` ones and stores their answers with `idempotency_answers_store` in the same
-    transaction; `reused` words the conflict of a key claimed with another fingerprint."""
+    transaction; `reused` words the conflict of a key claimed with another fingerprint. With
+    `answers` (one per key: its 201 answer but for the `id`), each new claim is made with its
+    answer and names the message id drawn for it (`message_id`): the caller stores the message
+    under it, and has no answer to store."""
     if not keyed:
         return {}
+    columns = [[a for a, _, _ in keyed], [k for _, k, _ in keyed], [f for _, _, f in keyed]]
     with connection.cursor() as cur:
-        cur.execute(_CLAIM_MANY_SQL, [[a for a, _, _ in keyed], [k for _, k, _ in keyed], [f for _, _, f in keyed]])
-        claims = {(app_id, key): Claim(new=row_id) for app_id, key, row_id in cur.fetchall()}
+        if answers is None:
+            cur.execute(_CLAIM_MANY_SQL, columns)
+            claims = {(app_id, key): Claim(new=row_id) for app_id, key, row_id in cur.fetchall()}
+        else:
+            cur.execute(_CLAIM_ANSWERED_SQL, [*columns, [json.dumps(answer) for answer in answers]])
+            claims = {(app_id, key): Claim(new=row_id, message_id=message_id)
+                      for app_id, key, row_id, message_id in cur.fetchall()}
         others = [(a, k, f) for a, k, f in keyed if (a, k) not in claims]
         if others:
             cur.execute(_STORED_SQL, [[a for a, _, _ in others], [k for _, k, _ in others]])

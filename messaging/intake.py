@@ -13,8 +13,9 @@ The intake is bounded: past INTAKE_MAX_PENDING waiting sends, `submit` refuses a
 limit).
 
 A server's send (the REST API's, messaging.api.send_endpoint) may come under an idempotency key
-(`KeyedSend`): its key is claimed in the same transaction as the batch's messages and its answer
-stored with it, so the key, the message and the answer commit together or not at all. Its result
+(`KeyedSend`): its key is claimed, with its answer (the message's id drawn by the claim), in the
+same transaction as the batch's messages, so the key, the message and the answer commit together
+or not at all, and a key is written once. Its result
 is the new message's, or the answer stored the first time (`Replayed`), or IdempotencyConflict
 raised to its sender. A key twice in one batch is one message: the second place is answered as a
 replay of the first. A batch without keys is one statement in autocommit, as before.
@@ -22,7 +23,7 @@ replay of the first. A batch without keys is one statement in autocommit, as bef
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
@@ -30,12 +31,7 @@ from django.db import DataError, IntegrityError, transaction
 
 from messaging.batching import Batcher
 from messaging.handoff import Route
-from messaging.idempotency import (
-    IdempotencyConflict,
-    header_reused,
-    idempotency_answers_store,
-    idempotency_claims_many,
-)
+from messaging.idempotency import IdempotencyConflict, header_reused, idempotency_claims_many
 from messaging.store import OutgoingMessage, SendResult, messages_store
 
 
@@ -105,13 +101,16 @@ class Intake:
             if isinstance(item, KeyedSend):
                 first.setdefault((item.message.app_id, item.key), i)
         results: list[Result | None] = [None] * len(items)
+        firsts = list(first.items())
         with transaction.atomic():
-            claims = idempotency_claims_many([(a, k, items[i].fingerprint) for (a, k), i in first.items()],
-                                             reused=header_reused)
-            to_store: list[int] = []
+            claims = idempotency_claims_many([(a, k, items[i].fingerprint) for (a, k), i in firsts],
+                                             reused=header_reused, answers=[items[i].answer for _, i in firsts])
+            to_store: list[OutgoingMessage] = []
+            places: list[int] = []
             for i, item in enumerate(items):
                 if not isinstance(item, KeyedSend):
-                    to_store.append(i)
+                    to_store.append(item)
+                    places.append(i)
                     continue
                 if first[item.message.app_id, item.key] != i:
                     continue  # answered as its key's first place, below
@@ -120,26 +119,17 @@ class Intake:
                     results[i] = claim.conflict
                 elif claim.new is None:
                     results[i] = Replayed(claim.status or 201, claim.answer or {})
-                else:
-                    to_store.append(i)
-            stored = messages_store(messages=[_message(items[i]) for i in to_store], route=self.route)
-            answers = []
-            for i, result in zip(to_store, stored, strict=True):
+                else:  # stored under the id its claim's answer names
+                    to_store.append(replace(item.message, message_id=claim.message_id))
+                    places.append(i)
+            for i, result in zip(places, messages_store(messages=to_store, route=self.route), strict=True):
                 results[i] = result
-                item = items[i]
-                if isinstance(item, KeyedSend):
-                    answers.append((claims[item.message.app_id, item.key].new, item.answered(result.message_id)))
-            idempotency_answers_store(answers)
         for i, item in enumerate(items):
             if results[i] is None:  # a key's later place: the same request, or another one
                 assert isinstance(item, KeyedSend)
                 j = first[item.message.app_id, item.key]
                 results[i] = _again(items[j], results[j], item)
         return results  # type: ignore[return-value]
-
-
-def _message(item: Item) -> OutgoingMessage:
-    return item.message if isinstance(item, KeyedSend) else item
 
 
 def _again(first: KeyedSend, first_result: Result | None, item: KeyedSend) -> Result:

@@ -32,6 +32,7 @@ class OutgoingMessage:
     confirmation_requested: bool = False
     client_message_id: str | None = None
     origin_domain: str = ""
+    message_id: int | None = None  # drawn already (an idempotency claim's answer names it); else at the insert
 
 
 @dataclass(frozen=True)
@@ -41,21 +42,24 @@ class SendResult:
     duplicate: bool  # the clientMessageId was seen before: nothing new was stored or routed
 
 
-def messages_insert_sql(messages: str, *, forwarded: bool = False) -> str:
+def messages_insert_sql(messages: str, *, forwarded: bool = False, given_ids: bool = False) -> str:
     """CTEs that store the messages of relation `messages`, ending in `stored` (ord, id, app_id).
 
     `messages` has columns (ord, app_id, sender, kind, content, reference, confirm, cmid, origin,
     confirms) and, when `forwarded` (a message that came from another domain, messaging.network),
     also (origin_id, path, confirms_origin). Ids are drawn before the insert, so each input row
-    knows its message id; a row that collides with a stored one (the same clientMessageId from the
-    same sender, a second confirmation of one message, a forwarded message already stored here)
-    inserts nothing.
+    knows its message id (with `given_ids`, a row's `given_id` when it has one: drawn from the same
+    sequence before); a row that collides with a stored one (the same clientMessageId from the same
+    sender, a second confirmation of one message, a forwarded message already stored here) inserts
+    nothing.
     """
     extra_cols = ", origin_message_id, forward_path, confirms_origin" if forwarded else ""
     extra_vals = ", s.origin_id, s.path, s.confirms_origin" if forwarded else ""
+    drawn = "nextval('messaging_message_id_seq'::regclass)"
+    id_of = f"coalesce(given_id, {drawn})" if given_ids else drawn
     return f"""
     ids AS MATERIALIZED (
-        SELECT ord, nextval('messaging_message_id_seq'::regclass) AS id FROM {messages}
+        SELECT ord, {id_of} AS id FROM {messages}
     ), new_msgs AS (
         INSERT INTO messaging_message (id, app_id, sender, kind, content, reference, confirmation_requested,
                                        client_message_id, origin_domain, confirms_id, created_at{extra_cols})
@@ -105,13 +109,13 @@ def deliveries_append_sql(fan: str, *, origin_seq: bool = False) -> str:
     )"""
 
 
-def mailbox_append_sql(messages: str, recipients: str) -> str:
+def mailbox_append_sql(messages: str, recipients: str, *, given_ids: bool = False) -> str:
     """CTEs that store the messages of relation `messages` (`messages_insert_sql`) and append a
     delivery per row of `recipients` (ord, recipient) to each recipient's mailbox
     (`deliveries_append_sql`). Shared by sends and by confirmations. The CTEs end in `stored`
     (ord, id, app_id) and `new_deliveries` (id, message_id); a message that inserts nothing appends
     nothing."""
-    return f"""{messages_insert_sql(messages)}, fan AS MATERIALIZED (
+    return f"""{messages_insert_sql(messages, given_ids=given_ids)}, fan AS MATERIALIZED (
         SELECT st.ord, st.id AS message_id, st.app_id, r.recipient FROM stored st JOIN {recipients} r USING (ord)
     ), {deliveries_append_sql("fan")}"""
 
@@ -120,11 +124,11 @@ _STORE_SQL = f"""
 WITH msgs AS (
     SELECT * FROM unnest(%(ord)s::int[], %(app)s::bigint[], %(sender)s::text[], %(kind)s::text[],
                          %(content)s::text[], %(reference)s::text[], %(confirm)s::bool[], %(cmid)s::text[],
-                         %(origin)s::text[], %(confirms)s::bigint[])
-           AS t(ord, app_id, sender, kind, content, reference, confirm, cmid, origin, confirms)
+                         %(origin)s::text[], %(confirms)s::bigint[], %(given)s::bigint[])
+           AS t(ord, app_id, sender, kind, content, reference, confirm, cmid, origin, confirms, given_id)
 ), rcpts AS (
     SELECT * FROM unnest(%(r_ord)s::int[], %(r_user)s::text[]) AS t(ord, recipient)
-), {mailbox_append_sql("msgs", "rcpts")}
+), {mailbox_append_sql("msgs", "rcpts", given_ids=True)}
 SELECT st.ord, st.id, coalesce(array_agg(d.id ORDER BY d.id) FILTER (WHERE d.id IS NOT NULL), '{{}}')
   FROM stored st LEFT JOIN new_deliveries d ON d.message_id = st.id
  GROUP BY st.ord, st.id
@@ -140,7 +144,7 @@ def messages_store(*, messages: Sequence[OutgoingMessage], route: Route = routin
     if not messages:
         return []
     params: dict[str, list] = {k: [] for k in ("ord", "app", "sender", "kind", "content", "reference", "confirm",
-                                                "cmid", "origin", "confirms", "r_ord", "r_user")}
+                                                "cmid", "origin", "confirms", "given", "r_ord", "r_user")}
     for ord_, m in enumerate(messages):
         params["ord"].append(ord_)
         params["app"].append(m.app_id)
@@ -152,6 +156,7 @@ def messages_store(*, messages: Sequence[OutgoingMessage], route: Route = routin
         params["cmid"].append(m.client_message_id)
         params["origin"].append(m.origin_domain)
         params["confirms"].append(None)
+        params["given"].append(m.message_id)
         # Sorted and de-duplicated: a recipient gets one delivery per message.
         for recipient in sorted(set(m.recipients)):
             params["r_ord"].append(ord_)

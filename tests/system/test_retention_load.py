@@ -11,8 +11,8 @@ rows at least a day (`retention_days` 1), beat exports every 5 minutes and sweep
 row goes about a day and a few minutes after it was written, and "several minutes of steady load
 with retention shortened" means a load many retentions long. Here a retention day lasts
 RETENTION_DAY_SECONDS = 2 s, the export and the sweep run every second (each about as often,
-relative to the retention, as with a one-hour day at the shipped intervals), and LOAD_SECONDS = 27 s
-of load is 13 retentions, about 27 exports and 27 sweeps: the shape of a several-minute run with a
+relative to the retention, as with a one-hour day at the shipped intervals), and LOAD_SECONDS = 21 s
+of load is 10 retentions, about 21 exports and 21 sweeps: the shape of a several-minute run with a
 retention of twenty seconds, in a tenth of the time. The sweep's only shortcut is RETENTION_DAY_SECONDS; it runs as beat runs it in production.
 
 It fails without the sweep (RETENTION_SWEEP_SECONDS far beyond the run): every count then grows
@@ -42,7 +42,7 @@ SHORT_RETENTION = {
     "RETENTION_SWEEP_SECONDS": "1",
     "ANALYTICS_EXPORT_SECONDS": "1",
 }
-LOAD_SECONDS = 27
+LOAD_SECONDS = 21
 SENDERS, RATE = 6, 6.0  # messages per second per sender: 36 a second in all
 CHURN_PER_SECOND = 4  # sessions opened and closed again
 SAMPLE_SECONDS = 1.0
