@@ -103,7 +103,8 @@ class QueueConsumer:
                 close_old_connections()
                 apps = credential_app_names()
                 apps_at = time.monotonic() + APPS_REFRESH_SECONDS
-            queue_gates_enforce(client=client, app_names=apps)
+            if apps:  # no app has a credential: nothing to measure (and no Redis call 20 times a second)
+                queue_gates_enforce(client=client, app_names=apps)
 
     def _serve(self) -> None:
         client = queue_client()
@@ -127,8 +128,8 @@ class QueueConsumer:
             took = 0
             if apps:
                 took = self._read(client, keys, backlog)
-            else:
-                self._stop.wait(settings.QUEUE_INTAKE_BLOCK_SECONDS)
+            else:  # no app has a credential yet: look again when the list is read again
+                self._stop.wait(APPS_REFRESH_SECONDS)
             if backlog and not took:
                 backlog = False
 
