@@ -23,11 +23,13 @@ replay of the first. A batch without keys is one statement in autocommit, as bef
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
-from django.db import DataError, IntegrityError, transaction
+from django.db import DataError, IntegrityError, connection, transaction
 
 from messaging.batching import Batcher
 from messaging.handoff import Route
@@ -80,6 +82,7 @@ class Intake:
         """The batch's flush (in a DB thread): one statement (and, with keys, one transaction). A
         message the database refuses on its own account fails alone: the batch is retried one by
         one to find it."""
+        _connection_checked()
         try:
             return self._store_batch(items)
         except (DataError, IntegrityError) as exc:
@@ -130,6 +133,23 @@ class Intake:
                 j = first[item.message.app_id, item.key]
                 results[i] = _again(items[j], results[j], item)
         return results  # type: ignore[return-value]
+
+
+_thread = threading.local()
+
+
+def _connection_checked() -> None:
+    """Before a batch, on a pooled thread whose connection has been idle over
+    INTAKE_IDLE_CHECK_SECONDS: SELECT 1, and a new connection if that fails. A connection that
+    Postgres dropped while it sat idle (a restart) would otherwise fail the next batch, answering
+    every sender in it "unavailable" once Postgres is back. Under load no connection is idle that
+    long: no check is made. (A failed batch is not simply retried: a failure at its commit may have
+    committed it.)"""
+    now = time.monotonic()
+    idle = now - getattr(_thread, "used", now)
+    _thread.used = now
+    if connection.connection is not None and idle > settings.INTAKE_IDLE_CHECK_SECONDS and not connection.is_usable():
+        connection.close()
 
 
 def _again(first: KeyedSend, first_result: Result | None, item: KeyedSend) -> Result:

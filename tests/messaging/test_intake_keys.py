@@ -5,7 +5,9 @@ rate-limit tokens for a whole turn of the loop at once (messaging.api.throttling
 from __future__ import annotations
 
 import asyncio
+import time
 
+import psycopg
 import pytest
 
 from messaging.api.throttling import KEY, Bucket, rate_limit_take_many
@@ -79,3 +81,23 @@ def test_rate_limit_tokens_for_a_turn_of_the_loop_go_to_the_first_requests(redis
     waits = asyncio.run(rate_limit_take_many(buckets))
     assert waits[:3] == [0.0, 0.0, 0.0] and all(0 < w <= 1.0 for w in waits[3:5]) and waits[5] == 0.0
     redis_client.delete(KEY.format(app_pk=987650), KEY.format(app_pk=987651))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_on_a_connection_postgres_dropped_while_it_was_idle_is_stored(anz, intake):
+    """A restarted Postgres leaves the pooled threads' idle connections dead: the next batch on one
+    checks it first (it was idle past INTAKE_IDLE_CHECK_SECONDS) and connects again, instead of
+    failing every sender in the batch."""
+    from django.db import connection
+
+    from messaging import intake as intake_module
+
+    intake._store([_message(anz, "before")])
+    backend = connection.connection.info.backend_pid
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [backend])
+    intake_module._thread.used = time.monotonic() - 60  # idle a minute
+    result = intake._store([_message(anz, "after")])[0]
+    assert isinstance(result, SendResult)
+    assert connection.connection.info.backend_pid != backend
+    assert sorted(Message.objects.filter(app=anz).values_list("content", flat=True)) == ["after", "before"]

@@ -24,3 +24,6 @@ SOCKETIO_MAX_PAYLOAD = env_int("SOCKETIO_MAX_PAYLOAD", 1_000_000)
 # The web node's GIL switch interval (sys.setswitchinterval), in seconds: how long a database thread
 # whose answer has come may wait for the event loop's thread (config.web).
 WEB_GIL_SWITCH_SECONDS = env_float("WEB_GIL_SWITCH_SECONDS", 0.0005)
+# A pooled database connection idle this long is checked (SELECT 1) before the intake's next batch
+# runs on it (messaging.intake): one dropped by a Postgres restart no longer fails that batch.
+INTAKE_IDLE_CHECK_SECONDS = env_float("INTAKE_IDLE_CHECK_SECONDS", 1.0)
