@@ -58,7 +58,10 @@ def _digest(raw_key: str) -> str:
 def verified_key_remembered(raw_key: str) -> VerifiedKey | None:
     """The key's identity if this process verified it in the last API_KEY_CACHE_SECONDS, else None
     (not known: `verified_key` asks the database). No I/O: safe on an event loop."""
-    digest = _digest(raw_key)
+    return _remembered(_digest(raw_key))
+
+
+def _remembered(digest: str) -> VerifiedKey | None:
     with _lock:
         hit = _verified.get(digest)
     if hit is not None and time.monotonic() - hit[0] < settings.API_KEY_CACHE_SECONDS:
@@ -68,10 +71,11 @@ def verified_key_remembered(raw_key: str) -> VerifiedKey | None:
 
 def verified_key(raw_key: str) -> VerifiedKey | None:
     """The key's identity if it is active (remembered for API_KEY_CACHE_SECONDS), else None."""
-    remembered = verified_key_remembered(raw_key)
+    digest = _digest(raw_key)
+    remembered = _remembered(digest)
     if remembered is not None:
         return remembered
-    digest, now = _digest(raw_key), time.monotonic()
+    now = time.monotonic()
     key = api_key_authenticate(raw_key=raw_key)
     with _lock:
         if key is None:

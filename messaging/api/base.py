@@ -62,6 +62,12 @@ def errors(*codes: int) -> dict[int, OpenApiResponse]:
     return {code: ERRORS[code] for code in codes}
 
 
+def declared_too_large(length: str) -> bool:
+    """A Content-Length past DATA_UPLOAD_MAX_MEMORY_SIZE (however many digits: int() raises past
+    4300); a length that is no number at all is left to the body parser."""
+    return length.isascii() and length.isdigit() and plain_int(length, settings.DATA_UPLOAD_MAX_MEMORY_SIZE) is None
+
+
 def reliable_answer(sender: str, recipients: Sequence[str]) -> dict[str, Any]:
     """A stored send's answer (201), but for its leading `id`."""
     return {"feature": "RELIABLE", "from": sender, "recipients": list(recipients), "deliveries": len(recipients)}
@@ -83,10 +89,7 @@ class ApiView(APIView):
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)
-        # Digits past the limit (however many: int() raises past 4300) are too large; a length that is
-        # no number at all is left to the body parser.
-        length = request.META.get("CONTENT_LENGTH") or "0"
-        if length.isascii() and length.isdigit() and plain_int(length, settings.DATA_UPLOAD_MAX_MEMORY_SIZE) is None:
+        if declared_too_large(request.META.get("CONTENT_LENGTH") or "0"):
             raise ApiError(413, "request_too_large", f"request bodies are limited to "
                                                      f"{settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes")
 

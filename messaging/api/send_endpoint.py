@@ -55,7 +55,7 @@ from messaging import metrics as messaging_metrics
 from messaging.accept import SendRefused
 from messaging.api import metrics
 from messaging.api.authentication import KEY_TEXT, verified_key, verified_key_remembered
-from messaging.api.base import fast_answer, reliable_answer
+from messaging.api.base import declared_too_large, fast_answer, reliable_answer
 from messaging.api.errors import api_exception_handler
 from messaging.api.serializers import MessageSendSerializer
 from messaging.api.throttling import Bucket, rate_limit_take_many
@@ -64,7 +64,7 @@ from messaging.batching import BatcherFull, LoopBatcher
 from messaging.fast import message_fast_send_async
 from messaging.idempotency import HEADER, IdempotencyConflict, idempotency_key_valid, request_fingerprint
 from messaging.intake import KeyedSend, Replayed
-from messaging.protocol import FEATURE_FAST, plain_int
+from messaging.protocol import FEATURE_FAST
 from messaging.runtime import runtime
 from messaging.server_sends import server_message_check
 
@@ -227,9 +227,8 @@ def _request(scope: Scope, body: bytes) -> Request | None:
     media, _, params = headers.get(b"content-type", b"").partition(b";")
     if media.strip().lower() != b"application/json" or params.strip().lower() not in (b"", b"charset=utf-8"):
         return None
-    length = headers.get(b"content-length", b"0").decode("latin-1")
-    if not body or len(body) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE or (
-            length.isascii() and length.isdigit() and plain_int(length, settings.DATA_UPLOAD_MAX_MEMORY_SIZE) is None):
+    if not body or len(body) > settings.DATA_UPLOAD_MAX_MEMORY_SIZE or declared_too_large(
+            headers.get(b"content-length", b"0").decode("latin-1")):
         return None
     scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
     token = token.strip()
@@ -277,20 +276,24 @@ def _replaying(body: bytes, receive: Receive) -> Receive:
 def _site_headers(scope: Scope) -> tuple[tuple[bytes, bytes], ...]:
     """The headers the site's middleware puts on every answer (security headers, frame options),
     as it would for this request: they depend only on whether it came over HTTPS."""
-    proxy = settings.SECURE_PROXY_SSL_HEADER
-    forwarded = None
-    if proxy:
-        wanted = proxy[0].removeprefix("HTTP_").lower().replace("_", "-").encode()
-        forwarded = next((v for k, v in scope["headers"] if k == wanted), None)
+    proxy = _proxy_header()
+    forwarded = next((v for k, v in scope["headers"] if k == proxy), None) if proxy else None
     return _site_headers_for(scope.get("scheme", "http"), forwarded)
+
+
+@lru_cache(maxsize=1)
+def _proxy_header() -> bytes | None:
+    """SECURE_PROXY_SSL_HEADER as the header's name on the wire (`HTTP_X_FORWARDED_PROTO`:
+    `x-forwarded-proto`), or None."""
+    proxy = settings.SECURE_PROXY_SSL_HEADER
+    return proxy[0].removeprefix("HTTP_").lower().replace("_", "-").encode() if proxy else None
 
 
 @lru_cache(maxsize=16)
 def _site_headers_for(scheme: str, forwarded: bytes | None) -> tuple[tuple[bytes, bytes], ...]:
     headers = [(b"host", b"localhost")]
     if forwarded is not None:
-        headers.append((settings.SECURE_PROXY_SSL_HEADER[0].removeprefix("HTTP_").lower().replace("_", "-").encode(),
-                        forwarded))
+        headers.append((_proxy_header(), forwarded))
     request = ASGIRequest({"type": "http", "method": "POST", "path": "/", "scheme": scheme, "headers": headers,
                            "query_string": b"", "server": ("localhost", 80)}, BytesIO())
     response = HttpResponse()
