@@ -72,6 +72,7 @@ class ClientConsumer(ChannelReaderConsumer):
     master: MasterView | None = None  # the app's master user's connection: what it was told
     master_timer: asyncio.TimerHandle | None = None
     answers_sends = False  # MESSAGE_ACCEPTED goes to ACK-mode senders only (docs/protocol.md)
+    closed_for_good = False  # closed by its master user, the API or an operator (not to come back by itself)
 
     async def dispatch(self, message: dict) -> None:
         # Channels' default dispatch runs close_old_connections in a thread before every message
@@ -324,6 +325,7 @@ class ClientConsumer(ChannelReaderConsumer):
             return False
 
     async def connection_close(self, event: sockets.ConnectionCloseEvent) -> None:
+        self.closed_for_good = bool(event.get("final"))
         await self.close_with(event["code"], event["reason"])
 
     # --- channels (the hub hands publishes to the inbox; see messaging.channels.hub) -------------

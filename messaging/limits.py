@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass
 
@@ -44,18 +45,22 @@ class TokenBucket:
 
 
 class Refusals:
-    """Refused frames within a sliding window: persistent abuse closes the connection."""
+    """Refused frames within a sliding window: persistent abuse closes the connection.
+
+    O(1) per refusal, however many come: the window keeps at most tolerance + 1 stamps (the oldest
+    leave as new ones come), so a client that floods refused frames costs no more per frame than
+    one that sends a few (a copy of the whole window per frame made a flood quadratic)."""
 
     def __init__(self, tolerance: int):
         self.tolerance = max(20, tolerance)
-        self.stamps: list[float] = []
+        self.stamps: collections.deque[float] = collections.deque(maxlen=self.tolerance + 1)
 
     def add(self) -> bool:
-        """Record a refusal; True when the connection is abusive."""
+        """Record a refusal; True when the connection is abusive (more than `tolerance` refusals
+        within ABUSE_WINDOW seconds)."""
         now = time.monotonic()
-        self.stamps = [t for t in self.stamps if now - t < ABUSE_WINDOW]
         self.stamps.append(now)
-        return len(self.stamps) > self.tolerance
+        return len(self.stamps) > self.tolerance and now - self.stamps[0] < ABUSE_WINDOW
 
 
 @dataclass

@@ -35,6 +35,9 @@ REFUSED = Counter("switchboard_ws_frames_refused_total", "Frames answered with I
 AUTH = Counter("switchboard_ws_auth_total", "AUTH_CLIENT outcomes", ["result"], registry=REGISTRY)
 SOCKETIO_CONNECTS = Counter("switchboard_socketio_connects_total", "Socket.IO CONNECT outcomes (admitted, refused)",
                             ["result"], registry=REGISTRY)
+SOCKETIO_LIMITED = Counter("switchboard_socketio_limited_total",
+                           "Engine.IO requests refused and sessions ended by a bound (docs/security.md, Socket.IO)",
+                           ["bound"], registry=REGISTRY)
 WRITTEN = Counter("switchboard_deliveries_written_total", "Stored messages written to sockets on this node",
                   registry=REGISTRY)
 DELIVERY_LATENCY = Histogram(

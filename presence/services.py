@@ -192,7 +192,7 @@ def master_notify_many_sync(*, master_user_id: str, notices: list[tuple[str, str
 async def user_disconnect_everywhere(*, user_id: str, reason: str) -> int:
     """Close every connection of `user_id` in the cluster (CLOSE_CONNECTION)."""
     conns = await cache.connections_of(user_id)
-    event = sockets.connection_close_event(CLOSE_NORMAL, reason)
+    event = sockets.connection_close_event(CLOSE_NORMAL, reason, final=True)
     await sockets.send_many((c.channel_name, event) for c in conns)
     return len(conns)
 
@@ -201,7 +201,7 @@ def user_disconnect_everywhere_sync(*, user_id: str, reason: str) -> int:
     """The same from sync code (the REST API): close every connection of `user_id` with 1000;
     returns how many connections the cluster's presence listed."""
     conns = cache.connections_of_many([user_id])[user_id]
-    event = sockets.connection_close_event(CLOSE_NORMAL, reason)
+    event = sockets.connection_close_event(CLOSE_NORMAL, reason, final=True)
     sockets.send_many_sync((c.channel_name, event) for c in conns)
     return len(conns)
 
@@ -224,4 +224,4 @@ def _number(user_id: str) -> int | None:
 
 def session_disconnect(*, session: Session, reason: str) -> None:
     """The admin's disconnect action: ask the node holding the socket to close it."""
-    sockets.send_many_sync([(session.channel_name, sockets.connection_close_event(CLOSE_NORMAL, reason))])
+    sockets.send_many_sync([(session.channel_name, sockets.connection_close_event(CLOSE_NORMAL, reason, final=True))])

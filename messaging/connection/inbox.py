@@ -27,6 +27,10 @@ from messaging.channels.cursor import ChannelCursor
 from messaging.channels.hub import ChannelKey
 
 INBOX_SIZE = 1000  # channel publishes waiting for one connection
+# A connection whose queues never run dry (a client flooding frames, a burst of pushes) gives the
+# event loop a turn after this many items handled in a row: one connection cannot hold the node's
+# loop (every other client, /healthz) for the length of its whole backlog.
+YIELD_EVERY = 64
 
 
 async def _feed(source: Callable[[], Awaitable], queue: SlimQueue) -> None:
@@ -93,6 +97,7 @@ class ChannelReaderConsumer(AsyncWebsocketConsumer):
         for feeder in feeders:
             feeder.add_done_callback(woken)
         turn = 0
+        in_a_row = 0
         try:
             while True:
                 for feeder in feeders:
@@ -104,8 +109,13 @@ class ChannelReaderConsumer(AsyncWebsocketConsumer):
                         turn = (turn + step + 1) % 3  # the next look starts at the next source
                         item = queue.get_nowait()
                         await self.dispatch(deserialize(item) if isinstance(item, bytes) and deserialize else item)
+                        in_a_row += 1
+                        if in_a_row >= YIELD_EVERY:
+                            in_a_row = 0
+                            await asyncio.sleep(0)
                         break
                 else:
+                    in_a_row = 0
                     wake = loop.create_future()
                     await wake
                     wake = None

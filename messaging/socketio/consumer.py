@@ -30,6 +30,7 @@ from messaging.protocol import FETCH_MAX, FrameError, frame_of, invalid
 from messaging.socketio import mapping
 
 PID_SALT = "switchboard.socketio.pid"
+NO_BINARY = "binary data is not taken here: content and every field are text or JSON"
 
 
 class _StrictJson:
@@ -63,7 +64,6 @@ def pid_matches(pid: object, app_id: str, user_id: str) -> bool:
 
 class SocketIOConsumer(ClientConsumer):
     async def connect(self) -> None:
-        self.pending: Packet | None = None  # a binary event waiting for its attachments
         self.answering: int | None = None  # the ack id of the event being handled, until answered
         self.collected: list[dict] | None = None  # fetch_missing with a callback: its messages
         self.emitted: dict[int, int] = {}  # ack id of a message emitted in ACK mode -> message id
@@ -84,18 +84,7 @@ class SocketIOConsumer(ClientConsumer):
         if not await self.raw_allowed(text_data, bytes_data):
             return
         if bytes_data is not None:
-            pending = self.pending
-            if pending is None:
-                return await self._refuse("a binary attachment with no event waiting for it")
-            try:
-                done = pending.add_attachment(bytes_data)
-            except ValueError as exc:
-                self.pending = None
-                return await self._refuse(str(exc))
-            if done:
-                self.pending = None
-                await self._packet(pending)
-            return
+            return await self._refuse(NO_BINARY)
         plain = mapping.plain_event(text_data)  # the common case, parsed without a Packet
         if plain is not None:
             if plain is mapping.MALFORMED:
@@ -106,8 +95,15 @@ class SocketIOConsumer(ClientConsumer):
         except (ValueError, TypeError, RecursionError):
             return await self._refuse("malformed Socket.IO packet")
         if pkt.attachment_count:
-            self.pending = pkt
-            return
+            # Content is text: a packet that declares binary attachments is refused at once, and the
+            # connection closed, rather than its attachments gathered (a count of up to ten digits,
+            # each a frame of up to the payload limit, held until the last came).
+            self.answering = pkt.id  # (its callback, if it asked for one, hears why)
+            try:
+                await self._refuse(NO_BINARY)
+            finally:
+                self.answering = None
+            return await self.close_with(CLOSE_POLICY, "binary attachments are not accepted")
         await self._packet(pkt)
 
     async def _packet(self, pkt: Packet) -> None:
@@ -167,8 +163,6 @@ class SocketIOConsumer(ClientConsumer):
                 raise FrameError("an event is a list that starts with its name")
             if not self.life.authenticated:
                 raise FrameError("not connected: send CONNECT with auth first")
-            if mapping.has_binary(args):
-                raise FrameError("binary data is not taken here: content and every field are text or JSON")
             raw = mapping.frame_for_event(args[0], args[1] if len(args) > 1 else None)
             if args[0] == "fetch_missing" and ack_id is not None:
                 self.collected = []
@@ -248,9 +242,10 @@ class SocketIOConsumer(ClientConsumer):
 
     async def close_with(self, code: int, reason: str = "") -> None:
         """A refused login is a CONNECT_ERROR `{message, data: {code, redirect?}}`; a connection the
-        platform ends for good (1008: closed by the master user, a revoked key, abuse) gets a
-        Socket.IO DISCONNECT first, so the client does not come back. Any other close (a drain's
-        1012, overload, a slow reader) closes the transport only: the client reconnects."""
+        platform ends for good (closed by the master user's CLOSE_CONNECTION, the API's or the
+        admin's disconnect, or with 1008: a revoked key, abuse) gets a Socket.IO DISCONNECT first,
+        on either transport, so the client does not come back. Any other close (a drain's 1012,
+        overload, a slow reader, a takeover) closes the transport only: the client reconnects."""
         if not self.closing and self.life is not None:
             if not self.life.authenticated and code not in mapping.RECONNECT_CODES:
                 error: dict = {"code": code}
@@ -258,6 +253,6 @@ class SocketIOConsumer(ClientConsumer):
                     error["redirect"] = self.redirect
                 metrics.SOCKETIO_CONNECTS.labels("refused").inc()
                 await self._send(Packet(sio.CONNECT_ERROR, {"message": reason or "refused", "data": error}))
-            elif self.life.authenticated and code == CLOSE_POLICY:
+            elif self.life.authenticated and (code == CLOSE_POLICY or self.closed_for_good):
                 await self._send(Packet(sio.DISCONNECT))
         await super().close_with(code, reason)

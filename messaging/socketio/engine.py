@@ -4,7 +4,7 @@ An Engine.IO session is a conversation with one client that outlives any one HTT
 socket: it starts on HTTP long-polling (GET for what the server has, POST for what the client
 sends) or directly on a WebSocket, and a polling session may move to a WebSocket (the probe and
 upgrade). The server pings every SOCKETIO_PING_INTERVAL seconds and closes a session whose pong does
-not come within SOCKETIO_PING_TIMEOUT.
+not come within SOCKETIO_PING_TIMEOUT of its ping.
 
 Above the session runs one Socket.IO connection: the Channels consumer of messaging.socketio.consumer,
 the same consumer as /ws with its frames translated. It is run here as the ASGI application of a
@@ -13,6 +13,24 @@ for it, each `websocket.send` it makes is an Engine.IO message to the client, wh
 carries the session at that moment, and its `websocket.close` closes the session's transport (not a
 Socket.IO DISCONNECT: the client reconnects). So a Socket.IO connection has the same life, ledger,
 presence, delivery and drain as a /ws one, on a channel of the channel layer of its own.
+
+What a session guarantees the node (docs/security.md, "Socket.IO"):
+- what a client sends is handed to the connection in bounded pieces (HANDOFF_PACKETS at a time; the
+  writer waits for the connection to take them), so no poll or socket grows the node's memory or
+  holds its event loop, however many packets it carries;
+- until its client has logged in, a session costs a few hundred bytes (the connection above starts
+  with the first packet the client sends), and there are at most SOCKETIO_PREAUTH_SESSIONS_PER_NODE
+  of them on the node and SOCKETIO_PREAUTH_SESSIONS_PER_ADDRESS per client address; one not logged
+  in within WS_AUTH_TIMEOUT is closed;
+- what waits for a client's next poll is bounded (SOCKETIO_MAX_OUTBOX_PACKETS, SOCKETIO_MAX_OUTBOX_BYTES):
+  a client that does not poll is cut off as a slow reader, and what it held goes back to the mailbox;
+- only a PONG to a PING the client was given (its poll carried it, or its socket was written it)
+  keeps a session alive: a client that never polls cannot keep one open with blind PONGs.
+
+What it guarantees the connection above (the consumer counts a stored message delivered by it):
+a message has left once the bytes that carry it (the poll's answer, or the socket's frame) have left
+the node, as daphne's transport reports for /ws (foundation.daphne_adapter.OutgoingBuffer); a frame
+the socket did not take (cut off as a slow reader, closed) is not counted at all.
 
 The packet codecs are python-engineio's; sessions, transports, the upgrade and the heartbeat are
 written here, because python-engineio's server owns the whole ASGI application and the session's
@@ -25,6 +43,7 @@ sessions is messaging.socketio.endpoint.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import secrets
@@ -33,8 +52,10 @@ from collections.abc import Awaitable, Callable
 from django.conf import settings
 from engineio import packet as eio
 
-from foundation.daphne_adapter import FRAME_LIMIT_EXTENSION, OUTGOING_EXTENSION
+from foundation.daphne_adapter import FRAME_LIMIT_EXTENSION, OUTGOING_EXTENSION, OutgoingBuffer
 from foundation.slim_queue import SlimQueue
+from foundation.transport.frames import CLOSE_SLOW_READER
+from messaging import metrics
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +64,59 @@ Receive = Callable[[], Awaitable[dict]]
 App = Callable[[dict, Receive, Send], Awaitable[None]]
 
 CLOSE_GOING_AWAY = 1001  # the transport closed under the session (the consumer's disconnect code)
+# Packets from the client handed to the connection at a time: the poll or socket that brought more
+# waits until the connection has taken these (and the event loop has run everyone else).
+HANDOFF_PACKETS = 64
+
+# How a session ends (EngineSession.close): the application above closed it (the client is told:
+# CLOSE on its next poll, or its socket closed); the client sent CLOSE (a waiting poll is let go with
+# NOOP); its PONG did not come; its transport went away under it.
+BY_SERVER, BY_CLIENT, BY_TIMEOUT, BY_TRANSPORT = "server", "client", "timeout", "transport"
 
 SESSIONS: dict[str, EngineSession] = {}  # this node's open sessions, by id
+
+
+class Preauth:
+    """The node's sessions whose client has not logged in yet, counted per client address."""
+
+    by_address: collections.Counter[str] = collections.Counter()
+    total = 0
+
+    @classmethod
+    def refusal(cls, address: str) -> str | None:
+        """Why one more session from `address` is refused, or None."""
+        if cls.total >= settings.SOCKETIO_PREAUTH_SESSIONS_PER_NODE:
+            return "too many sessions waiting for their login on this node"
+        if cls.by_address[address] >= settings.SOCKETIO_PREAUTH_SESSIONS_PER_ADDRESS:
+            return "too many sessions waiting for their login from this address"
+        return None
+
+    @classmethod
+    def add(cls, address: str) -> None:
+        cls.by_address[address] += 1
+        cls.total += 1
+
+    @classmethod
+    def remove(cls, address: str) -> None:
+        left = cls.by_address[address] - 1
+        if left > 0:
+            cls.by_address[address] = left
+        else:
+            del cls.by_address[address]
+        cls.total -= 1
+
+
+def client_address(scope: dict) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
 
 
 class Outgoing:
     """What the application above has written, and how much of it has left the node: the same
     report daphne's transport gives the /ws consumer (foundation.daphne_adapter.OutgoingBuffer,
-    offered under the same scope extension), counted in messages. A message has left once the
-    poll that carries it was answered, or once it was handed to the session's WebSocket; the
-    consumer counts a message delivered only then, and gives back to the mailbox what a session
-    that ends had not sent out."""
+    offered under the same scope extension), counted in messages. The consumer counts a message
+    delivered only once it has left, and gives back to the mailbox what a session that ends had not
+    sent out."""
 
     __slots__ = ("queued", "closed", "on_flush", "_flushed")
 
@@ -76,17 +139,61 @@ class Outgoing:
                     log.exception("flush callback failed")
 
 
+class Departures:
+    """Messages (Outgoing positions) handed to a transport, waiting for the bytes that carry them to
+    leave the node: a poll's answer or a socket's frames, on daphne's report of the socket's buffer
+    (OutgoingBuffer). Without such a report (another server) a message has left once handed over."""
+
+    __slots__ = ("outgoing", "waiting", "buffers")
+
+    def __init__(self, outgoing: Outgoing) -> None:
+        self.outgoing = outgoing
+        # (made when first needed: a session that never carries a stored message costs none of it)
+        self.waiting: collections.deque[tuple[OutgoingBuffer, int, int]] | None = None
+        self.buffers: list[OutgoingBuffer] | None = None  # the buffers whose flushes this watches
+
+    def track(self, buffer: OutgoingBuffer | None, position: int) -> None:
+        """Messages up to `position` went into `buffer` (the bytes queued in it so far carry them)."""
+        if buffer is None or (not self.waiting and buffer.flushed() >= buffer.queued):
+            self.outgoing.sent(position)
+            return
+        if self.waiting is None:
+            self.waiting, self.buffers = collections.deque(), []
+        self.waiting.append((buffer, buffer.queued, position))
+        if buffer.on_flush != self.check:
+            buffer.on_flush = self.check
+            self.buffers.append(buffer)
+
+    def check(self) -> None:
+        position = 0
+        while self.waiting:  # (None or empty: nothing waits)
+            buffer, target, at = self.waiting[0]
+            if buffer.flushed() < target:
+                break
+            self.waiting.popleft()
+            position = at
+        if position:
+            self.outgoing.sent(position)
+
+    def stop(self) -> None:
+        for buffer in self.buffers or ():
+            if buffer.on_flush == self.check:
+                buffer.on_flush = None
+        self.buffers = None
+
+
 class FrameLimitLift:
     """The application's `lift()` of the WebSocket frame limit (foundation.daphne_adapter.FrameLimit,
     under the same scope extension): a session's socket takes frames up to WS_PREAUTH_MAX_FRAME_BYTES
     until its client has logged in, as /ws does, whether the socket comes before the login or after
-    it (an upgrade)."""
+    it (an upgrade). The consumer lifts it when it admits its client: the session's login."""
 
-    __slots__ = ("lifted", "socket_limit")
+    __slots__ = ("lifted", "socket_limit", "on_lift")
 
-    def __init__(self) -> None:
+    def __init__(self, on_lift: Callable[[], None]) -> None:
         self.lifted = False
         self.socket_limit = None  # the session's WebSocket's FrameLimit, once it has one
+        self.on_lift = on_lift
 
     def attach(self, scope: dict) -> None:
         self.socket_limit = (scope.get("extensions") or {}).get(FRAME_LIMIT_EXTENSION)
@@ -94,39 +201,51 @@ class FrameLimitLift:
             self.socket_limit.lift()
 
     def lift(self) -> None:
+        if self.lifted:
+            return
         self.lifted = True
         if self.socket_limit is not None:
             self.socket_limit.lift()
+        self.on_lift()
 
 
 class EngineSession:
     """One client's Engine.IO session on this node, with the Socket.IO consumer above it."""
 
     # (slots: thousands are held on a node; docs/benchmarks.md measures a held connection's memory)
-    __slots__ = ("sid", "outbox", "outgoing", "frame_limit", "wake", "polls", "ws_send", "closed",
-                 "ping_due", "pong_due", "inner", "app_task")
+    __slots__ = ("sid", "address", "preauth", "outbox", "outbox_bytes", "outgoing", "departures", "frame_limit",
+                 "waiter", "polls", "ws_send", "ws_buffer", "closed", "ping_out", "ping_given", "timer", "scope",
+                 "inner", "app", "app_task")
 
-    def __init__(self, scope: dict, app: App, *, ws_send: Send | None = None) -> None:
-        """A session on long-polling, or (`ws_send`) straight on a WebSocket."""
+    def __init__(self, scope: dict, app: App, *, ws_send: Send | None = None,
+                 ws_buffer: OutgoingBuffer | None = None) -> None:
+        """A session on long-polling, or (`ws_send`, with daphne's report of its buffer) straight on
+        a WebSocket. The caller has checked Preauth.refusal."""
         self.sid = secrets.token_urlsafe(15)
-        self.outbox: list[tuple[eio.Packet, int]] = []  # for the next poll: (packet, its Outgoing position or 0)
+        self.address = client_address(scope)
+        self.preauth = True
+        Preauth.add(self.address)
+        self.outbox: list[tuple[eio.Packet, int, int]] = []  # for the next poll: (packet, Outgoing position or 0, size)
+        self.outbox_bytes = 0
         self.outgoing = Outgoing()
-        self.frame_limit = FrameLimitLift()
-        self.wake = asyncio.Event()  # a poll waiting: something is in the outbox, or the session ended
+        self.departures = Departures(self.outgoing)
+        self.frame_limit = FrameLimitLift(self._preauth_end)
+        self.waiter: asyncio.Future | None = None  # a poll waiting (one at a time): woken by a packet or the end
         self.polls = 0  # polls in progress (one at a time)
         self.ws_send = ws_send  # the WebSocket transport, once the session is on one
+        self.ws_buffer = ws_buffer
         self.closed = False
-        loop = asyncio.get_running_loop()
-        self.ping_due = loop.time() + settings.SOCKETIO_PING_INTERVAL
-        self.pong_due: float | None = None  # a PING is out: its PONG must come by then
+        self.ping_out = False  # a PING waits for its PONG...
+        self.ping_given = False  # ... and has reached the client: only then does a PONG answer it
+        # One timer at a time (a handle costs memory, and thousands of sessions are held): first the
+        # look at whether the client has said anything at all, then the heartbeat's.
+        self.timer = asyncio.get_running_loop().call_later(
+            min(settings.WS_AUTH_TIMEOUT, settings.SOCKETIO_PING_INTERVAL), self._first_look)
         self.inner = SlimQueue()
-        self.inner.put_nowait({"type": "websocket.connect"})
-        extensions = {OUTGOING_EXTENSION: self.outgoing, FRAME_LIMIT_EXTENSION: self.frame_limit}
-        inner_scope = {**scope, "type": "websocket", "scheme": "wss" if scope.get("scheme") == "https" else "ws",
-                       "subprotocols": [], "extensions": extensions}
+        self.scope = scope  # (the application's, made from it when it starts)
+        self.app = app
+        self.app_task: asyncio.Task | None = None  # started by the client's first packet
         SESSIONS[self.sid] = self
-        self.app_task = loop.create_task(self._run_app(app, inner_scope))
-        _heartbeat_ensure()
 
     @property
     def polling(self) -> bool:
@@ -139,12 +258,20 @@ class EngineSession:
 
     # --- the application above -------------------------------------------------------------------
 
-    async def _run_app(self, app: App, scope: dict) -> None:
+    def _start_app(self) -> None:
+        self.inner.put_nowait({"type": "websocket.connect"})
+        extensions = {OUTGOING_EXTENSION: self.outgoing, FRAME_LIMIT_EXTENSION: self.frame_limit}
+        scope = {**self.scope, "type": "websocket", "scheme": "wss" if self.scope.get("scheme") == "https" else "ws",
+                 "subprotocols": [], "extensions": extensions}
+        self.app_task = asyncio.get_running_loop().create_task(self._run_app(scope))
+
+    async def _run_app(self, scope: dict) -> None:
         try:
-            await app(scope, self.inner.get, self._from_app)
+            await self.app(scope, self.inner.get, self._from_app)
         except Exception:
             log.exception("the Socket.IO connection of engine session %s failed", self.sid)
         finally:
+            self.inner.clear()  # nobody takes them now: a writer waiting for room is let go
             await self.close()
 
     async def _from_app(self, message: dict) -> None:
@@ -153,16 +280,29 @@ class EngineSession:
             if self.closed:
                 return  # taken by nothing: the consumer sees Outgoing.queued unchanged
             data = message.get("text")
-            self.outgoing.queued += 1
-            await self.send(eio.Packet(eio.MESSAGE, data if data is not None else message.get("bytes")),
-                            position=self.outgoing.queued)
+            pkt = eio.Packet(eio.MESSAGE, data if data is not None else message.get("bytes"))
+            position = self.outgoing.queued + 1
+            if await self.send(pkt, position=position):
+                self.outgoing.queued = position
         elif kind == "websocket.close":
-            await self.close(code=message.get("code") or 1000)
+            await self.close(code=message.get("code") or 1000, by=BY_SERVER)
 
-    def to_app(self, pkt: eio.Packet) -> None:
-        """An Engine.IO message from the client, for the application."""
+    def _preauth_end(self) -> None:
+        if self.preauth:
+            self.preauth = False
+            Preauth.remove(self.address)
+
+    async def to_app(self, pkt: eio.Packet) -> None:
+        """An Engine.IO message from the client, for the application; waits while the application
+        has HANDOFF_PACKETS of them still to take."""
         if self.closed:
             return
+        if self.app_task is None:
+            self._start_app()
+        elif self.inner.qsize() >= HANDOFF_PACKETS:
+            await self.inner.below(HANDOFF_PACKETS)
+            if self.closed:
+                return
         if pkt.binary:
             self.inner.put_nowait({"type": "websocket.receive", "bytes": pkt.data})
         else:
@@ -171,78 +311,164 @@ class EngineSession:
 
     # --- packets to the client -------------------------------------------------------------------
 
-    async def send(self, pkt: eio.Packet, position: int = 0) -> None:
+    async def send(self, pkt: eio.Packet, position: int = 0) -> bool:
         """A packet for the client; `position`: its Outgoing count (0: the session's own packets,
-        PING and the like)."""
+        PING and the like). False when it was not taken: the session ended, its socket refused it
+        (cut off as a slow reader), or its outbox is full (it is then cut off)."""
         if self.closed:
-            return
+            return False
         if self.ws_send is not None:
+            buffer = self.ws_buffer
+            before = buffer.queued if buffer is not None else 0
             await ws_write(self.ws_send, pkt)
-            self.outgoing.sent(position)
+            if buffer is not None and (buffer.queued == before or buffer.closed):
+                return False  # (the socket is gone or was cut off: its close ends the session)
+            if pkt.packet_type == eio.PING:
+                self.ping_given = True
+            if position:
+                self.departures.track(buffer, position)
+            return True
+        size = _size_of(pkt)
+        if (len(self.outbox) >= settings.SOCKETIO_MAX_OUTBOX_PACKETS
+                or self.outbox_bytes + size > settings.SOCKETIO_MAX_OUTBOX_BYTES):
+            log.warning("engine session %s: %d packets (%d bytes) wait for a poll that does not come; cut off",
+                        self.sid, len(self.outbox), self.outbox_bytes)
+            metrics.SOCKETIO_LIMITED.labels("outbox").inc()
+            self.outbox, self.outbox_bytes = [], 0  # (given back to the mailbox: its next poll gets CLOSE)
+            asyncio.ensure_future(self.close(code=CLOSE_SLOW_READER, by=BY_SERVER))
+            return False
+        self.outbox.append((pkt, position, size))
+        self.outbox_bytes += size
+        self._wake()
+        return True
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self) -> None:
+        """Until something is in the outbox or the session has ended (one poll at a time waits)."""
+        if self.outbox or self.closed:
             return
-        self.outbox.append((pkt, position))
-        self.wake.set()
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
 
     def take_outbox(self) -> tuple[list[eio.Packet], int]:
         """What waits for the client, and the Outgoing position it reaches."""
         taken, self.outbox = self.outbox, []
-        self.wake.clear()
-        return [pkt for pkt, _ in taken], max((position for _, position in taken), default=0)
+        self.outbox_bytes = 0
+        if self.ping_out and any(pkt.packet_type == eio.PING for pkt, _, _ in taken):
+            self.ping_given = True
+        return [pkt for pkt, _, _ in taken], max((position for _, position, _ in taken), default=0)
 
-    async def on_websocket(self, ws_send: Send) -> None:
+    async def on_websocket(self, ws_send: Send, ws_buffer: OutgoingBuffer | None) -> None:
         """The session moves to a WebSocket (the upgrade's last step): what waited for a poll goes
         there, in order, and everything after."""
-        self.ws_send = ws_send
         packets, position = self.take_outbox()
+        self.ws_send, self.ws_buffer = ws_send, ws_buffer
         for pkt in packets:
             await ws_write(ws_send, pkt)
-        self.outgoing.sent(position)
+        if position:
+            self.departures.track(ws_buffer, position)
 
     # --- packets from the client -----------------------------------------------------------------
 
     async def receive(self, pkt: eio.Packet) -> None:
         if pkt.packet_type == eio.MESSAGE:
-            self.to_app(pkt)
+            await self.to_app(pkt)
         elif pkt.packet_type == eio.PONG:
-            self.pong_due = None
-            self.ping_due = asyncio.get_running_loop().time() + settings.SOCKETIO_PING_INTERVAL
+            if self.ping_out and self.ping_given:
+                self.ping_out = self.ping_given = False
+                self.timer.cancel()
+                self.timer = asyncio.get_running_loop().call_later(settings.SOCKETIO_PING_INTERVAL, self._ping)
+            # else: a PONG to no PING the client was given answers nothing (and keeps nothing alive)
         elif pkt.packet_type == eio.CLOSE:
-            await self.close(code=1000, tell_client=False)
+            await self.close(code=1000, by=BY_CLIENT)
         # PING (not sent by v4 clients), UPGRADE and NOOP outside the upgrade: nothing to do
+
+    # --- the heartbeat ---------------------------------------------------------------------------
+
+    def _first_look(self) -> None:
+        """A session whose client has sent nothing by now (not even a CONNECT) is closed: a session
+        whose connection has started is closed by it, if its login does not come in time."""
+        if self.closed:
+            return
+        if self.app_task is None and settings.WS_AUTH_TIMEOUT <= settings.SOCKETIO_PING_INTERVAL:
+            asyncio.ensure_future(self.close(by=BY_SERVER))
+            return
+        until_ping = settings.SOCKETIO_PING_INTERVAL - settings.WS_AUTH_TIMEOUT
+        if until_ping > 0:
+            self.timer = asyncio.get_running_loop().call_later(until_ping, self._ping)
+        else:
+            self._ping()
+
+    def _ping(self) -> None:
+        if self.closed:
+            return
+        self.ping_out, self.ping_given = True, False
+        self.timer = asyncio.get_running_loop().call_later(settings.SOCKETIO_PING_TIMEOUT, self._pong_overdue)
+        asyncio.ensure_future(self.send(eio.Packet(eio.PING)))
+
+    def _pong_overdue(self) -> None:
+        if not self.closed:
+            log.info("engine session %s: no pong within %ss, closed", self.sid, settings.SOCKETIO_PING_TIMEOUT)
+            asyncio.ensure_future(self.close(code=CLOSE_GOING_AWAY, by=BY_TIMEOUT))
 
     # --- the end ------------------------------------------------------------------------------
 
-    async def close(self, *, code: int = CLOSE_GOING_AWAY, tell_client: bool = True) -> None:
-        """The session ends: the client's transport is closed (what waited for it goes first on a
-        poll), and the application hears `websocket.disconnect`."""
+    async def close(self, *, code: int = CLOSE_GOING_AWAY, by: str = BY_SERVER) -> None:
+        """The session ends, `by` whom (BY_SERVER, ...): the client's transport is told as the
+        protocol says (a poll: CLOSE after what waited for it, or NOOP when the client closed; a
+        socket: closed), and the application hears `websocket.disconnect` with `code` once it has
+        handled what the client sent before."""
         if self.closed:
             return
         self.closed = True
         self.outgoing.closed = True
-        if tell_client and self.ws_send is None:
-            # What waits for the client ends with CLOSE: the next poll takes it (the session stays
-            # findable for a ping timeout so that one can), then the session is gone.
-            self.outbox.append((eio.Packet(eio.CLOSE), 0))
-            asyncio.get_running_loop().call_later(settings.SOCKETIO_PING_TIMEOUT, SESSIONS.pop, self.sid, None)
+        self.timer.cancel()
+        self._preauth_end()  # (no longer one waiting for its login)
+        self.departures.stop()
+        if self.ws_send is None:
+            if by == BY_SERVER:
+                # What waits for the client goes out, then CLOSE, in a poll of its own (the client
+                # handles a payload's Socket.IO packets on its next tick, after a CLOSE beside them:
+                # a DISCONNECT would come too late to keep it from reconnecting). The session stays
+                # findable for a ping timeout so that the client's next polls can take them.
+                asyncio.get_running_loop().call_later(settings.SOCKETIO_PING_TIMEOUT, SESSIONS.pop, self.sid, None)
+            else:
+                SESSIONS.pop(self.sid, None)
+                if self.polls and by == BY_CLIENT:  # a waiting poll is let go with NOOP (else with CLOSE)
+                    self.outbox.append((eio.Packet(eio.NOOP), 0, 1))
         else:
             SESSIONS.pop(self.sid, None)
-        self.wake.set()
-        if self.ws_send is not None and tell_client:
-            try:
-                await self.ws_send({"type": "websocket.close", "code": 1000})
-            except Exception:  # already gone
-                pass
-        self.inner.put_nowait({"type": "websocket.disconnect", "code": code})
+            if by != BY_TRANSPORT:
+                try:
+                    await self.ws_send({"type": "websocket.close", "code": 1000})
+                except Exception:  # already gone
+                    pass
+        self._wake()
+        if self.app_task is not None and not self.app_task.done():
+            self.inner.put_nowait({"type": "websocket.disconnect", "code": code})
+
+
+def _size_of(pkt: eio.Packet) -> int:
+    data = pkt.data
+    return 1 + (len(data) if isinstance(data, (str, bytes)) else 0)
 
 
 def packet_of(data: str | bytes) -> eio.Packet:
     """An Engine.IO packet from the client as it came (a poll's part, a WebSocket frame): a MESSAGE,
-    the common case, without the codec (which tries JSON on it first); ValueError if it is none."""
+    the common case, without the codec (which tries JSON on it first); ValueError if it is none
+    (a deeply nested JSON body included)."""
     if isinstance(data, str) and data.startswith("4"):
         return eio.Packet(eio.MESSAGE, data[1:])
     try:
         return eio.Packet(encoded_packet=data)
-    except IndexError:
+    except (IndexError, TypeError, RecursionError):
         raise ValueError("not an Engine.IO packet") from None
 
 
@@ -253,40 +479,3 @@ async def ws_write(send: Send, pkt: eio.Packet) -> None:
     encoded = pkt.encode()
     await send({"type": "websocket.send", "bytes": encoded} if isinstance(encoded, bytes)
                else {"type": "websocket.send", "text": encoded})
-
-
-
-# --- the heartbeat: one task for every session of the node ---------------------------------------
-
-HEARTBEAT_TICK = 0.25  # seconds between two looks at every session's ping and pong
-_heartbeat: asyncio.Task | None = None
-
-
-def _heartbeat_ensure() -> None:
-    global _heartbeat
-    if _heartbeat is None or _heartbeat.done():
-        _heartbeat = asyncio.get_running_loop().create_task(_heartbeat_run())
-
-
-async def _heartbeat_run() -> None:
-    """PING each session SOCKETIO_PING_INTERVAL after it opened or last answered, and close one whose
-    PONG has not come SOCKETIO_PING_TIMEOUT after its PING (one task for the node rather than one
-    per session: a held session costs less memory)."""
-    loop = asyncio.get_running_loop()
-    while SESSIONS:
-        await asyncio.sleep(min(HEARTBEAT_TICK, settings.SOCKETIO_PING_INTERVAL / 4))
-        now = loop.time()
-        for session in list(SESSIONS.values()):
-            if session.closed:
-                continue
-            try:
-                if session.pong_due is not None:
-                    if now >= session.pong_due:
-                        log.info("engine session %s: no pong within %ss, closed", session.sid,
-                                 settings.SOCKETIO_PING_TIMEOUT)
-                        await session.close(code=CLOSE_GOING_AWAY, tell_client=False)
-                elif now >= session.ping_due:
-                    session.pong_due = now + settings.SOCKETIO_PING_TIMEOUT
-                    await session.send(eio.Packet(eio.PING))
-            except Exception:
-                log.exception("the heartbeat of engine session %s failed", session.sid)

@@ -80,19 +80,6 @@ def event_text(name: str, data: Any, ack_id: int | None = None) -> str:
     return f"2{'' if ack_id is None else ack_id}{dumps([name, data])}"
 
 
-def has_binary(value: Any, depth: int = 0) -> bool:
-    """Whether an event's arguments carry a binary attachment anywhere."""
-    if isinstance(value, (bytes, bytearray)):
-        return True
-    if depth > 32:
-        return False
-    if isinstance(value, dict):
-        return any(has_binary(v, depth + 1) for v in value.values())
-    if isinstance(value, list):
-        return any(has_binary(v, depth + 1) for v in value)
-    return False
-
-
 def frame_for_event(name: str, arg: Any) -> dict:
     """The /ws frame (as decoded JSON) a client event stands for; FrameError for an unknown event."""
     frame_type = EVENTS.get(name)

@@ -67,7 +67,9 @@ log = logging.getLogger(__name__)
 SERVER_CODES = {1000, 1001, 1008, 1009, 1011, 1012, 1013}
 OUTGOING_EXTENSION = "switchboard.outgoing"
 FRAME_LIMIT_EXTENSION = "switchboard.frame_limit"
-STREAM_PATHS = ("/sse/",)  # HTTP responses that stream for minutes
+# HTTP responses whose application wants to know when their bytes have left the node: streams that
+# last for minutes (SSE), and Socket.IO's polls, which carry stored messages (messaging.socketio).
+STREAM_PATHS = ("/sse/", "/socket.io/")
 # A client that does not answer our close frame within this many seconds is dropped.
 CLOSE_HANDSHAKE_TIMEOUT = 5
 
@@ -323,8 +325,8 @@ def install() -> None:
             scope.setdefault("extensions", {})[OUTGOING_EXTENSION] = buffer
             scope["extensions"][FRAME_LIMIT_EXTENSION] = FrameLimit(protocol, max_preauth_frame)
         elif scope.get("type") == "http" and str(scope.get("path", "")).startswith(STREAM_PATHS):
-            # A long-lived HTTP stream (SSE) gets the same view of its socket's buffer; a kept-alive
-            # connection's transport is wrapped once.
+            # A long-lived HTTP stream (SSE), or a Socket.IO poll, gets the same view of its
+            # socket's buffer; a kept-alive connection's transport is wrapped once.
             transport = getattr(getattr(protocol, "channel", None), "transport", None)
             if transport is not None:
                 buffer = getattr(transport, "_switchboard_outgoing", None) or OutgoingBuffer(transport)

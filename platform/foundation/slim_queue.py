@@ -11,7 +11,9 @@ put, and one future while the reader waits.
 It offers the part of asyncio.Queue those users call: `get`, `get_nowait`, `put_nowait` (QueueFull
 past `maxsize`), `qsize`, `empty`, and the `_put`/`_get` hooks through which every put and get go
 (foundation.daphne_adapter counts bytes with them). A second concurrent reader is a bug, and is
-refused with RuntimeError rather than left to hang.
+refused with RuntimeError rather than left to hang. A writer that must not run ahead of the reader
+(messaging.socketio.engine hands a client's packets over in bounded pieces) waits with
+`below(n)` until fewer than n items wait; `clear()` drops what waits.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class SlimQueue:
         self.maxsize = maxsize
         self._items: collections.deque | None = None
         self._waiter: asyncio.Future | None = None
+        self._space: asyncio.Future | None = None  # writers waiting in below(): woken by the next get
         # Called after each put: lets one reader wait on several queues with a single future
         # (messaging.connection.inbox), instead of a task blocked in get() per queue.
         self.on_put: Callable[[], None] | None = None
@@ -46,7 +49,28 @@ class SlimQueue:
         self._items.append(item)
 
     def _get(self) -> Any:
-        return self._items.popleft()
+        item = self._items.popleft()
+        space = self._space
+        if space is not None:
+            self._space = None
+            if not space.done():
+                space.set_result(None)
+        return item
+
+    async def below(self, count: int) -> None:
+        """Return once fewer than `count` items wait (at once if they already do)."""
+        while self.qsize() >= count:
+            if self._space is None:
+                self._space = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._space)  # (shared by every waiting writer: one's cancellation is not all's)
+
+    def clear(self) -> None:
+        """Drop every waiting item (writers waiting for space are let go)."""
+        if self._items:
+            self._items.clear()
+        space, self._space = self._space, None
+        if space is not None and not space.done():
+            space.set_result(None)
 
     def put_nowait(self, item: Any) -> None:
         if self.full():

@@ -55,7 +55,7 @@ def test_sessions_filter_by_node_and_an_operator_can_disconnect_one(operator, tr
     assert "ANZ-7" in listing
     operator.post("/admin/presence/session/", {"action": "disconnect", "_selected_action": [session.pk]})
     assert sockets.run_async(get_channel_layer().receive(channel)) == sockets.connection_close_event(
-        1000, "disconnected by an operator")
+        1000, "disconnected by an operator", final=True)
     nodes = operator.get("/admin/presence/node/").content.decode()
     assert "web-1" in nodes and " s</td>" in nodes
 

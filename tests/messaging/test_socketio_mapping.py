@@ -7,7 +7,7 @@ import pytest
 
 from messaging.protocol import FrameError, frame_of
 from messaging.socketio.consumer import Packet, pid_for, pid_matches
-from messaging.socketio.mapping import answer_of, event_of, frame_for_event, has_binary, message_of
+from messaging.socketio.mapping import answer_of, event_of, frame_for_event, message_of
 
 
 def test_a_message_event_becomes_the_message_frame_with_its_feature_and_reference_beside_the_data():
@@ -54,12 +54,6 @@ def test_pushed_frames_are_events_and_pong_is_nothing():
     assert event_of("USER_CONNECTED", {"userId": "ANZ-1"}) == ("user_connected", {"userId": "ANZ-1"})
     assert event_of("EVENT", {"seq": 1, "kind": "B", "from": None, "to": None})[0] == "event"
     assert event_of("PONG", {}) is None
-
-
-def test_binary_anywhere_in_the_arguments_is_found():
-    assert has_binary(["message", {"to": "ANZ-1", "content": b"\x00"}])
-    assert has_binary(["message", [[bytearray(b"x")]]])
-    assert not has_binary(["message", {"to": "ANZ-1", "content": "text", "n": 1}])
 
 
 def test_a_socketio_packet_with_nan_is_not_json_and_is_refused():

@@ -211,11 +211,14 @@ def test_a_connect_over_the_pre_login_frame_limit_is_refused_and_closed(node):
 
 
 @pytest.mark.django_db
-def test_a_binary_attachment_is_reassembled_and_judged_like_any_content(node):
+def test_a_binary_attachment_is_refused_at_once_with_the_reason_and_the_client_is_disconnected(node):
     with SioUser(node.url, "ANZ-41111") as alice:
+        disconnected = threading.Event()
+        alice.client.on("disconnect", lambda *args: disconnected.set())
         answer = alice.call("message", {"to": "ANZ-41112", "content": b"\x00\x01 binary"})
-        assert answer["error"] == "INVALID_MESSAGE" and "content" in answer["detail"]
-        assert alice.call("message", {"to": "ANZ-41112", "content": "text"})["id"].isdigit()
+        assert answer["error"] == "INVALID_MESSAGE" and "binary" in answer["detail"]
+        assert disconnected.wait(10)  # (told DISCONNECT: python-socketio would not come back either)
+    assert not Delivery.objects.filter(recipient="ANZ-41112").exists()
 
 
 @pytest.mark.django_db
@@ -379,3 +382,18 @@ def test_many_sends_from_threads_are_each_answered_once(node):
         assert len({a["id"] for a in answers}) == 30
         got = {bob.next("message")["content"] for _ in range(30)}
         assert got == {f"n-{i}" for i in range(30)}
+
+
+@pytest.mark.django_db
+def test_a_raw_sender_asking_for_confirmation_without_a_callback_gets_the_confirmation_event(node):
+    with _ws_session(node) as ws, WsClient(node.ws_url) as bob:
+        bob.auth("ANZ-41172")
+        ws.send('40{"appId":"app-id-343","userId":"ANZ-41171","token":"t"}')
+        assert _next_packet(ws).startswith("40{")
+        ws.send('42["message",{"to":"ANZ-41172","content":"confirm me","reference":"ref-1",'
+                '"confirmationEnabled":true}]')
+        assert bob.recv_type("MESSAGE")["data"]["content"] == "confirm me"
+        packet = _next_packet(ws)
+        while not packet.startswith('42["confirmation"'):
+            packet = _next_packet(ws)
+        assert json.loads(packet[2:])[1]["reference"] == "ref-1"

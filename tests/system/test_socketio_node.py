@@ -134,3 +134,44 @@ def test_the_master_user_is_told_of_a_socketio_user_connecting(web):
         assert master.wait_event("user_connected")["args"][0] == {"userId": "ANZ-42071"}
         user.command(op="disconnect")
         assert master.wait_event("user_disconnected")["args"][0] == {"userId": "ANZ-42071"}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("transports", [["polling"], ["websocket"]], ids=["polling", "websocket"])
+def test_a_user_closed_by_the_master_is_told_disconnect_and_does_not_come_back(web, transports):
+    with NodeClient() as master, NodeClient() as user:
+        master.connect(web.url, "ANZ-123223")
+        first = user.connect(web.url, "ANZ-42081", opts={"transports": transports})
+        assert first["event"] == "connect"
+        assert master.call("close_connection", {"userId": "ANZ-42081"}) == {}
+        # socket.io-client's reason for a server's DISCONNECT packet; on a bare transport close it
+        # would be "transport close" and the client would reconnect by itself
+        assert user.wait_event("disconnect")["reason"] == "io server disconnect"
+        with pytest.raises(TimeoutError):
+            user.wait_event("connect", timeout=2)  # (its reconnection delay is 100-500 ms)
+
+
+@pytest.mark.django_db
+def test_a_user_disconnected_through_the_api_is_told_disconnect(web, pub):
+    with NodeClient() as user:
+        assert user.connect(web.url, "SIO-42091", app_id="app-id-sio")["event"] == "connect"
+        answer = httpx.post(f"{web.url}/api/v1/users/SIO-42091/disconnect",
+                            headers={"Authorization": f"Bearer {pub['key']}"}, timeout=10)
+        assert answer.status_code < 300, answer.text
+        assert user.wait_event("disconnect")["reason"] == "io server disconnect"
+        with pytest.raises(TimeoutError):
+            user.wait_event("connect", timeout=2)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("transports", [["polling"], ["websocket"]], ids=["polling", "websocket"])
+def test_a_sender_that_asks_for_confirmation_gets_it_when_the_message_is_delivered(web, transports):
+    with NodeClient() as alice, WsClient(web.ws_url) as bob:
+        bob.auth("ANZ-42102")
+        alice.connect(web.url, "ANZ-42101", opts={"transports": transports})
+        answer = alice.call("message", {"to": "ANZ-42102", "content": "confirm me", "reference": "ref-1",
+                                        "confirmationEnabled": True})
+        assert bob.recv_type("MESSAGE")["data"]["content"] == "confirm me"
+        confirmation = alice.wait_event("confirmation")["args"][0]
+        assert confirmation["reference"] == "ref-1" and confirmation["id"]
+        assert answer["id"].isdigit()

@@ -21,6 +21,20 @@ HTTP_MAX_BODY_BYTES_BY_PREFIX = {"/internal/": NETWORK_MAX_BODY_BYTES}
 SOCKETIO_PING_INTERVAL = env_float("SOCKETIO_PING_INTERVAL", 25.0)
 SOCKETIO_PING_TIMEOUT = env_float("SOCKETIO_PING_TIMEOUT", 20.0)
 SOCKETIO_MAX_PAYLOAD = env_int("SOCKETIO_MAX_PAYLOAD", 1_000_000)
+# Bounds of an Engine.IO session (messaging.socketio.engine; docs/security.md, "Socket.IO"). Packets
+# one poll's payload may carry (past it: 400 and the session ended), and, until its client has
+# logged in, the payload's bytes and packets (a CONNECT and a PONG are all a session needs then).
+SOCKETIO_MAX_PACKETS = env_int("SOCKETIO_MAX_PACKETS", 1000)
+SOCKETIO_PREAUTH_MAX_PAYLOAD = env_int("SOCKETIO_PREAUTH_MAX_PAYLOAD", 16 * 1024)
+SOCKETIO_PREAUTH_MAX_PACKETS = env_int("SOCKETIO_PREAUTH_MAX_PACKETS", 16)
+# Sessions whose client has not logged in yet, per node and per client address: a handshake beyond
+# either is refused (403, Engine.IO's code 4); each such session ends WS_AUTH_TIMEOUT after it opened.
+SOCKETIO_PREAUTH_SESSIONS_PER_NODE = env_int("SOCKETIO_PREAUTH_SESSIONS_PER_NODE", 10_000)
+SOCKETIO_PREAUTH_SESSIONS_PER_ADDRESS = env_int("SOCKETIO_PREAUTH_SESSIONS_PER_ADDRESS", 200)
+# What may wait for a polling client's next poll, in packets and bytes: past either, the client is
+# cut off as a slow reader (as /ws past WS_MAX_OUTGOING_BYTES) and what it held goes back to the mailbox.
+SOCKETIO_MAX_OUTBOX_PACKETS = env_int("SOCKETIO_MAX_OUTBOX_PACKETS", 10_000)
+SOCKETIO_MAX_OUTBOX_BYTES = env_int("SOCKETIO_MAX_OUTBOX_BYTES", 8 * 1024 * 1024)
 # The web node's GIL switch interval (sys.setswitchinterval), in seconds: how long a database thread
 # whose answer has come may wait for the event loop's thread (config.web).
 WEB_GIL_SWITCH_SECONDS = env_float("WEB_GIL_SWITCH_SECONDS", 0.0005)

@@ -74,9 +74,14 @@ class ExchangeEventsEvent(TypedDict):
 
 
 class ConnectionCloseEvent(TypedDict):
+    """Close one connection with `code`; `final`: it is ended for good (closed by its app's master
+    user, the API or an operator), so a client that would reconnect by itself is told not to
+    (Socket.IO's DISCONNECT); otherwise it may come back (a drain, a takeover)."""
+
     type: Literal["connection.close"]
     code: int
     reason: str
+    final: NotRequired[bool]
 
 
 class ChannelMembershipEvent(TypedDict):
@@ -113,8 +118,11 @@ def exchange_events_event(frames: list[str]) -> ExchangeEventsEvent:
     return {"type": "exchange.events", "frames": frames}
 
 
-def connection_close_event(code: int, reason: str) -> ConnectionCloseEvent:
-    return {"type": "connection.close", "code": code, "reason": reason}
+def connection_close_event(code: int, reason: str, *, final: bool = False) -> ConnectionCloseEvent:
+    event: ConnectionCloseEvent = {"type": "connection.close", "code": code, "reason": reason}
+    if final:
+        event["final"] = True
+    return event
 
 
 def channel_join_event(channel: str) -> ChannelMembershipEvent:
