@@ -16,7 +16,17 @@ from django.utils.html import escape, format_html
 
 from .admin_guards import HomesKeptAdmin, MetaManagedAdmin
 from .meta import meta_state_line
-from .models import OPEN_APP_MEANING, ApiKey, ClientApp, Domain, DomainLink, OperatorKey, UserDistribution, UserRange
+from .models import (
+    OPEN_APP_MEANING,
+    PUSH_OPEN_MEANING,
+    ApiKey,
+    ClientApp,
+    Domain,
+    DomainLink,
+    OperatorKey,
+    UserDistribution,
+    UserRange,
+)
 from .routing import DomainGraph, route_for_user
 from .services import (
     api_key_create,
@@ -129,7 +139,7 @@ class ClientAppAdmin(MetaManagedAdmin):
     form = ClientAppForm
     list_display = ["app_name", "app_id", "master_user_id", "auth_mode", "retention_days", "max_delivery_attempts"]
     search_fields = ["app_name", "app_id", "master_user_id"]
-    list_filter = ["auth_mode"]
+    list_filter = ["auth_mode", "push_open"]
     inlines = [UserDistributionInline, ApiKeyInline]
     fieldsets = [
         (None, {"fields": ["app_name", "app_id", "master_user_id", "confirmation_enabled"]}),
@@ -139,7 +149,7 @@ class ClientAppAdmin(MetaManagedAdmin):
                                "max_connections_per_user", "api_rate_limit_per_second", "api_rate_limit_burst",
                                "retention_days", "max_delivery_attempts"]}),
         ("Security", {"fields": ["allowed_origins", "max_token_lifetime_seconds"]}),
-        ("Channels", {"fields": ["public_channel_patterns", "client_subscriptions_allowed"]}),
+        ("Channels", {"fields": ["public_channel_patterns", "client_subscriptions_allowed", "push_open"]}),
     ]
 
     def get_form(self, request, obj=None, **kwargs):
@@ -164,6 +174,11 @@ class ClientAppAdmin(MetaManagedAdmin):
         super().save_model(request, obj, form, change)
         if obj.admits_anyone:
             self.message_user(request, f"{obj.app_name} has auth mode 'none': {OPEN_APP_MEANING}.", messages.WARNING)
+        if obj.push_open:
+            served = ("A production node never serves it." if getattr(settings, "PRODUCTION", False)
+                      else "For development and demos only.")
+            self.message_user(request, f"{obj.app_name} has push open mode: {PUSH_OPEN_MEANING}. {served}",
+                              messages.WARNING)
 
 
 def _client_app_clean(original):

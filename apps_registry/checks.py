@@ -1,19 +1,21 @@
 """`check --deploy` checks of the registered apps and the domain network (ids switchboard.W01x): a
 tenant anyone may log in to, and a network whose calls travel in the clear or are signed with a
-short secret, are named before a node goes on the internet. Only under --deploy: they read the
-database."""
+short secret, are named before a node goes on the internet; an app with push open mode (anyone may
+publish on its public channels without a key) is an error in production (switchboard.E030: the
+image's `check --deploy --fail-level ERROR` refuses to start the node) and named elsewhere
+(W030). Only under --deploy: they read the database."""
 
 from __future__ import annotations
 
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.core.checks import Tags, register
+from django.core.checks import Error, Tags, register
 from django.core.checks import Warning as CheckWarning
 from django.db import DatabaseError
 
-from .models import OPEN_APP_MEANING, DomainLink, UserDistribution
-from .selectors import app_names_admitting_anyone, app_names_with_auth_url_off, domain_call_url
+from .models import OPEN_APP_MEANING, PUSH_OPEN_MEANING, DomainLink, UserDistribution
+from .selectors import app_names_admitting_anyone, app_names_push_open, app_names_with_auth_url_off, domain_call_url
 
 # What a shared secret must have at least: 32 bytes (HMAC-SHA256's own size; the generated ones have 43).
 MIN_SECRET_BYTES = 32
@@ -44,6 +46,25 @@ def check_open_apps(app_configs, **kwargs):
         for name in refusing_apps
     ]
     return warnings
+
+
+@register(Tags.security, deploy=True)
+def check_push_open_app(app_configs, **kwargs):
+    """Push open mode is for development and demos: a production node never serves it, and refuses
+    to start while an app has it (an operator would otherwise believe the seed's clients work there)."""
+    try:
+        names = app_names_push_open()
+    except DatabaseError:
+        return []  # check_open_apps already says the database could not be read
+    production = getattr(settings, "PRODUCTION", False)
+    kind, check_id = (Error, "switchboard.E030") if production else (CheckWarning, "switchboard.W030")
+    where = ("Production never serves it: its bare requests are refused (401)." if production
+             else "Fine for development and demos, never for a public node.")
+    return [kind(f"App {name} has push open mode: {PUSH_OPEN_MEANING}. {where}",
+                 hint="Switch push open mode off for it in the admin (or drop `pushOpen` from its configuration "
+                      "entry); clients then publish with an API key and read with ?app= or a token.",
+                 id=check_id)
+            for name in names]
 
 
 @register()

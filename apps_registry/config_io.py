@@ -7,7 +7,8 @@ an app's distributions are replaced by the file's list. What it does not name is
 Extension keys beyond the linker format: `weight`, `enabled` and `sharedSecret` on links;
 `standby` on user distributions (the domain that keeps a copy of the range's mailboxes and takes
 its users over while their home is lost: another known domain than `domainName`);
-`tokenSecret`, `authMode`, `publicChannels`, `clientSubscriptions` on apps, and `settings`: the
+`tokenSecret`, `authMode`, `publicChannels`, `clientSubscriptions`, `pushOpen` (push open mode:
+at most one app, ClientApp.push_open; an entry without it has it off) on apps, and `settings`: the
 app's settings that protect its users (allowed origins, token lifetime, limits, attempts,
 retention; APP_SETTINGS), written where they differ from the defaults. Importing an entry without
 `settings` (or without one of them) keeps what the app has; the meta role's pull (`mirror`) sets
@@ -47,6 +48,7 @@ from django.db.models import Q
 
 from foundation.names import domain_name_valid
 
+from .config_entries import ConfigError, entry_int, entry_required, validation_text
 from .models import (
     APP_NAME_RE,
     AuthMode,
@@ -120,42 +122,16 @@ def _settings_export(app: ClientApp) -> dict[str, Any]:
             if getattr(app, name) != _setting_default(name)}
 
 
-class ConfigError(Exception):
-    """A config file entry that cannot be imported; the message names the entry."""
-
-
 @dataclass
 class ImportSummary:
     created: dict[str, int] = field(default_factory=lambda: {"domains": 0, "links": 0, "apps": 0, "distributions": 0})
     updated: dict[str, int] = field(default_factory=lambda: {"domains": 0, "links": 0, "apps": 0, "distributions": 0})
     open_apps: list[str] = field(default_factory=list)  # imported with auth mode none: anyone may log in
+    push_open_app: str | None = None  # imported with push open mode: the push seed's bare requests are its
 
     def __str__(self) -> str:
         parts = [f"{kind}: {self.created[kind]} created, {self.updated[kind]} updated" for kind in self.created]
         return "; ".join(parts)
-
-
-def _require(entry: dict, key: str, where: str) -> Any:
-    if not isinstance(entry, dict):
-        raise ConfigError(f"{where}: expected a mapping, got {type(entry).__name__}")
-    if entry.get(key) in (None, ""):
-        raise ConfigError(f"{where}: '{key}' is required")
-    return entry[key]
-
-
-def _as_int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ConfigError(f"{where}: {value!r} is not a whole number")
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"{where}: {value!r} is not a whole number") from None
-
-
-def _validation_text(exc: ValidationError) -> str:
-    if hasattr(exc, "message_dict"):
-        return "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
-    return " ".join(exc.messages)
 
 
 def config_import(*, text: str, default_auth_mode: str | None = None, mirror: bool = False) -> ImportSummary:
@@ -181,7 +157,7 @@ def _import_domains(entries: list, summary: ImportSummary) -> dict[str, Domain]:
     by_name = {d.name: d for d in Domain.objects.all()}
     for i, entry in enumerate(entries):
         where = f"domains[{i}]"
-        name = str(_require(entry, "name", where))
+        name = str(entry_required(entry, "name", where))
         where = f"domains[{i}] ({name})"
         if not domain_name_valid(name):
             raise ConfigError(f"{where}: invalid domain name")
@@ -202,14 +178,14 @@ def _import_domains(entries: list, summary: ImportSummary) -> dict[str, Domain]:
 def _import_links(entries: list, domains: dict[str, Domain], summary: ImportSummary) -> None:
     for i, entry in enumerate(entries):
         where = f"domainLinks[{i}]"
-        n1, n2 = str(_require(entry, "n1", where)), str(_require(entry, "n2", where))
+        n1, n2 = str(entry_required(entry, "n1", where)), str(entry_required(entry, "n2", where))
         where = f"domainLinks[{i}] ({n1} - {n2})"
         for name in (n1, n2):
             if name not in domains:
                 raise ConfigError(f"{where}: unknown domain '{name}' (list it under domains)")
         if n1 == n2:
             raise ConfigError(f"{where}: a link must join two different domains")
-        weight = _as_int(entry.get("weight", 1), f"{where} weight")
+        weight = entry_int(entry.get("weight", 1), f"{where} weight")
         if weight < 1:
             raise ConfigError(f"{where}: weight must be 1 or more")
         enabled = bool(entry.get("enabled", True))
@@ -243,10 +219,10 @@ def _implied_auth_mode(entry: dict, default: str | None = None) -> str:
 
 
 def _app_fields(entry: dict, where: str, default_auth_mode: str | None) -> dict[str, Any]:
-    app_name = str(_require(entry, "appName", where))
+    app_name = str(entry_required(entry, "appName", where))
     if not re.match(APP_NAME_RE, app_name):
         raise ConfigError(f"{where}: appName must be letters/digits (it is the user-id prefix)")
-    master = str(_require(entry, "masterUserId", where))
+    master = str(entry_required(entry, "masterUserId", where))
     parsed = user_id_parse(master)
     if parsed is None or parsed.app_name != app_name:
         raise ConfigError(f"{where}: masterUserId '{master}' is not a user id of {app_name} ({app_name}-<digits>)")
@@ -267,9 +243,12 @@ def _app_fields(entry: dict, where: str, default_auth_mode: str | None) -> dict[
     public = entry.get("publicChannels") or []
     if not isinstance(public, list) or not all(isinstance(p, str) for p in public):
         raise ConfigError(f"{where}: publicChannels must be a list of channel patterns")
+    push_open = entry.get("pushOpen", False)
+    if not isinstance(push_open, bool):
+        raise ConfigError(f"{where}: pushOpen must be true or false")
     return {
         "app_name": app_name,
-        "app_id": str(_require(entry, "appId", where)),
+        "app_id": str(entry_required(entry, "appId", where)),
         "master_user_id": master,
         "auth_url": auth_url,
         "auth_enabled": auth_enabled,
@@ -277,11 +256,29 @@ def _app_fields(entry: dict, where: str, default_auth_mode: str | None) -> dict[
         "token_secret": token_secret,
         "public_channel_patterns": public,
         "client_subscriptions_allowed": bool(entry.get("clientSubscriptions", False)),
+        "push_open": push_open,
     }
+
+
+def _push_open_make_room(entries: list, mirror: bool) -> int:
+    """At most one app has push open mode (a constraint). Before any app is written, the apps the
+    file names without it give it up; one it does not name keeps it, so a file giving it to another
+    is refused (a mirror takes it from every app but the one the meta gives it to). Returns how
+    many apps gave it up."""
+    named = {str(e.get("appName")): e.get("pushOpen") is True for e in entries if isinstance(e, dict)}
+    wanted = [name for name, on in named.items() if on]
+    if len(wanted) > 1:
+        raise ConfigError(f"clientApps: pushOpen is true for {' and '.join(wanted)}; at most one app may have it")
+    others = ClientApp.objects.filter(push_open=True).exclude(app_name__in=wanted)
+    if wanted and not mirror and (kept := others.exclude(app_name__in=list(named)).first()) is not None:
+        raise ConfigError(f"clientApps ({wanted[0]}): pushOpen: app {kept.app_name} has push open mode here and the "
+                          "file does not name it; at most one app may (switch it off there first)")
+    return others.filter(**({} if mirror else {"app_name__in": list(named)})).update(push_open=False)
 
 
 def _import_apps(entries: list, summary: ImportSummary, default_auth_mode: str | None, mirror: bool) -> None:
     seen_ids: dict[str, str] = {}
+    summary.updated["apps"] += _push_open_make_room(entries, mirror)
     for i, entry in enumerate(entries):
         where = f"clientApps[{i}]"
         fields = _app_fields(entry, where, default_auth_mode)
@@ -304,6 +301,8 @@ def _import_apps(entries: list, summary: ImportSummary, default_auth_mode: str |
             summary.updated["apps"] += 1
         if app.auth_mode == AuthMode.NONE:
             summary.open_apps.append(app.app_name)
+        if app.push_open:
+            summary.push_open_app = app.app_name
         _import_distributions(app, entry.get("userDistributions") or [], where, summary, mirror)
 
 
@@ -311,12 +310,12 @@ def _import_distributions(app: ClientApp, entries: list, where: str, summary: Im
     wanted = []
     for j, dist in enumerate(entries):
         dwhere = f"{where} userDistributions[{j}]"
-        domain_name = str(_require(dist, "domainName", dwhere))
+        domain_name = str(entry_required(dist, "domainName", dwhere))
         domain = Domain.objects.filter(name=domain_name).first()
         if domain is None:
             raise ConfigError(f"{dwhere}: unknown domain '{domain_name}'")
-        range_from = _as_int(dist.get("from", 0), f"{dwhere} from")
-        range_to = None if dist.get("to") is None else _as_int(dist["to"], f"{dwhere} to")
+        range_from = entry_int(dist.get("from", 0), f"{dwhere} from")
+        range_to = None if dist.get("to") is None else entry_int(dist["to"], f"{dwhere} to")
         standby = None
         if dist.get("standby") is not None:
             standby = Domain.objects.filter(name=str(dist["standby"])).first()
@@ -340,7 +339,7 @@ def _import_distributions(app: ClientApp, entries: list, where: str, summary: Im
         try:
             distribution_validate(app=app, range_from=range_from, range_to=range_to)
         except ValidationError as exc:
-            raise ConfigError(f"{dwhere}: {_validation_text(exc)}") from None
+            raise ConfigError(f"{dwhere}: {validation_text(exc)}") from None
         UserDistribution.objects.create(app=app, domain=domain, range_from=range_from, range_to=range_to,
                                         standby=standby)
         summary.created["distributions"] += 1
@@ -381,6 +380,8 @@ def config_export(*, include_secrets: bool = False) -> str:
             item["publicChannels"] = list(app.public_channel_patterns)
         if app.client_subscriptions_allowed:
             item["clientSubscriptions"] = True
+        if app.push_open:
+            item["pushOpen"] = True
         if app_settings := _settings_export(app):
             item["settings"] = app_settings
         dists = []

@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 import secrets
 from datetime import timedelta
-from typing import NamedTuple
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -32,6 +31,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
+from apps_registry.ranges import UserRange
 from apps_registry.takeover import Takeover  # noqa: F401  (a model of this app, in its own module)
 from foundation.names import DOMAIN_NAME_PATTERN
 
@@ -42,31 +42,6 @@ DOMAIN_NAME_RE = rf"^{DOMAIN_NAME_PATTERN}\Z"
 USER_ID_RE = re.compile(rf"(?P<app>{APP_NAME_PATTERN})-(?P<number>0|[1-9][0-9]{{0,17}})", re.ASCII)
 
 
-class UserRange(NamedTuple):
-    """Users `<app>-<low>` … `<app>-<high>` inclusive; `high` None means no upper end.
-
-    The one definition of the range rule (the overlap trigger in migration 0002 is its SQL twin):
-    two ranges share a user iff each starts at or before the other ends. Containment is overlap
-    with a one-user range.
-    """
-
-    low: int
-    high: int | None
-
-    def overlaps(self, other: UserRange) -> bool:
-        return (other.high is None or self.low <= other.high) and (self.high is None or other.low <= self.high)
-
-    def contains(self, number: int) -> bool:
-        return self.overlaps(UserRange(number, number))
-
-    def overlapping_q(self) -> Q:
-        """The same rule as a filter on UserDistribution rows."""
-        q = Q(range_to__isnull=True) | Q(range_to__gte=self.low)
-        if self.high is not None:
-            q &= Q(range_from__lte=self.high)
-        return q
-
-
 class AuthMode(models.TextChoices):
     NONE = "none", "none: appId and user-id prefix only (anyone may log in)"
     AUTH_URL = "auth_url", "external auth URL"
@@ -75,6 +50,12 @@ class AuthMode(models.TextChoices):
 
 # What auth mode `none` means, said once: the admin's help text and warning and the deploy check.
 OPEN_APP_MEANING = "anyone who knows the appId can log in as any user of this app, including its master user"
+# What an app's push open mode means, said once: the admin's help text and warning and the deploy check.
+PUSH_OPEN_MEANING = (
+    "the push service's endpoints serve requests without credentials as this app's: anyone may publish on its "
+    "public channels with POST /messages without an API key, and read them on /sse/messages and /ws/messages "
+    "without ?app= or a token"
+)
 AUTH_URL_DISABLED_REFUSAL = (
     "The external auth URL mode needs the auth URL enabled: while it is off, every login is refused. "
     "Enable it, or choose another auth mode."
@@ -152,6 +133,15 @@ class ClientApp(models.Model):
         default=list, blank=True, help_text='Glob patterns of channels anyone may read with ?app=appId, e.g. ["news.*"].'
     )
     client_subscriptions_allowed = models.BooleanField(default=False)
+    # The push seed's clients send no key and name no app (`curl -X POST /messages`, `GET
+    # /sse/messages?channels=a`): a request like that is this app's, on its public channels. At most
+    # one app (the constraint below); never on a production node (messaging.api.authentication,
+    # apps_registry.selectors.push_open_app), and `check --deploy` refuses it there (switchboard.E030).
+    push_open = models.BooleanField(
+        "push open mode", default=False,
+        help_text=f"When on, {PUSH_OPEN_MEANING}. For running the push service's clients unchanged in "
+                  "development and demos; at most one app; never served in production.",
+    )
 
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -165,6 +155,11 @@ class ClientApp(models.Model):
             models.CheckConstraint(
                 condition=~Q(auth_mode=AuthMode.SIGNED_TOKEN) | ~Q(token_secret=""),
                 name="signed_token_mode_needs_secret",
+            ),
+            # A request without a key or an app belongs to the one open app: never two to choose from.
+            models.UniqueConstraint(
+                fields=["push_open"], condition=Q(push_open=True), name="one_push_open_app",
+                violation_error_message="Another app already has push open mode: at most one app may.",
             ),
         ]
 

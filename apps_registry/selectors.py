@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
+from django.conf import settings
 from django.db.models import Case, F, Max, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -246,6 +247,21 @@ def app_snapshot(app_name: str) -> AppSnapshot | None:
 def app_snapshot_by_app_id(app_id: str) -> AppSnapshot | None:
     """The app whose appId is `app_id` (stream URLs and tokens name apps this way)."""
     return _cached(("id", app_id), lambda: _snapshot_load(ClientApp.objects.filter(app_id=app_id).first()))
+
+
+def push_open_app() -> AppSnapshot | None:
+    """The app a push-compatible request without a key and without an app belongs to: the one app
+    with push open mode (ClientApp.push_open; at most one, a constraint), cached like the other
+    snapshots. None when no app has it, and always on a production node: there the mode is never
+    served (and `check --deploy` refuses it, switchboard.E030)."""
+    if getattr(settings, "PRODUCTION", False):
+        return None
+    return _cached(("push-open", ""), lambda: _snapshot_load(ClientApp.objects.filter(push_open=True).first()))
+
+
+def app_names_push_open() -> list[str]:
+    """Apps with push open mode (at most one; a list for the deploy check's wording)."""
+    return list(ClientApp.objects.filter(push_open=True).order_by("app_name").values_list("app_name", flat=True))
 
 
 def _snapshot_load(app: ClientApp | None) -> AppSnapshot | None:

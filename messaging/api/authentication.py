@@ -5,6 +5,11 @@ Verified keys are remembered per process for API_KEY_CACHE_SECONDS (5 s), by the
 the key (the raw key is never kept), so a busy server costs no query per request; a revoked key
 therefore keeps working on a node for at most that long. Unknown keys are not remembered (each
 costs one indexed query; a flood of made-up keys cannot push good ones out of the cache).
+
+The push seed's publish (`POST /messages`) alone also takes a request without any Authorization
+header, as the app with push open mode when the domain has one (`PushOpenAuthentication`,
+apps_registry.models.ClientApp.push_open; never on a production node): the seed's clients send no
+key. A request that sends a header is judged by its key, open app or not.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
-from apps_registry.selectors import AppSnapshot, app_snapshot
+from apps_registry.selectors import AppSnapshot, app_snapshot, push_open_app
 from apps_registry.services import api_key_authenticate
 
 CACHE_SIZE = 4096
@@ -129,6 +134,30 @@ class HasApiKey(BasePermission):
         return isinstance(request.user, ApiCaller)
 
 
+@dataclass(frozen=True)
+class OpenCaller:
+    """`request.user` of a push-compatible request without a key: the domain's push open app."""
+
+    app: AppSnapshot
+    is_authenticated: bool = True
+
+
+class PushOpenAuthentication(BaseAuthentication):
+    """After ApiKeyAuthentication: a request with no Authorization header at all is the push open
+    app's, when there is one (else the permission check answers 401, as without this class)."""
+
+    def authenticate(self, request: Request) -> tuple[OpenCaller, None] | None:
+        if request.META.get("HTTP_AUTHORIZATION"):
+            return None  # a key was sent: it alone decides (ApiKeyAuthentication)
+        app = push_open_app()
+        return (OpenCaller(app=app), None) if app is not None else None
+
+
+class HasApiKeyOrOpen(BasePermission):
+    def has_permission(self, request: Request, view: object) -> bool:
+        return isinstance(request.user, (ApiCaller, OpenCaller))
+
+
 class ApiKeyScheme(OpenApiAuthenticationExtension):
     """The schema's security scheme for ApiKeyAuthentication."""
 
@@ -139,3 +168,17 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
         return {"type": "http", "scheme": "bearer",
                 "description": "A server API key of your app (`python manage.py apikey create APPNAME`, or the "
                                "admin's API keys page): `Authorization: Bearer sb_….…`"}
+
+
+class PushOpenScheme(OpenApiAuthenticationExtension):
+    """PushOpenAuthentication in the schema: no credentials at all (an empty security requirement),
+    beside the API key."""
+
+    target_class = PushOpenAuthentication
+    name: list[str] = []  # no security scheme of its own
+
+    def get_security_requirement(self, auto_schema: object) -> dict:
+        return {}
+
+    def get_security_definition(self, auto_schema: object) -> list:
+        return []

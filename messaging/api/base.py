@@ -31,6 +31,7 @@ from messaging.protocol import plain_int
 ERRORS = {code: OpenApiResponse(s.ErrorSerializer, description=text) for code, text in {
     400: "invalid request (`invalid_request`, `malformed_request`, …)",
     401: "no key, or a wrong or revoked one",
+    403: "without a key (the push open app's publish): a channel that is not public, or a user's own",
     404: "not found, or not your app's",
     409: "the Idempotency-Key was used for another request",
     413: "content over the app's limit, or a body over the server's",

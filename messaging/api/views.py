@@ -12,7 +12,6 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from foundation.transport.frames import dumps
 from messaging.api import metrics
 from messaging.api import serializers as s
 from messaging.api.base import (
@@ -165,32 +164,6 @@ class ChannelMessagesView(ApiView):
             following = request.build_absolute_uri(f"{request.path}?after={items[-1].offset}&limit={limit}")
         return Response({"channel": name, "results": [{"offset": i.offset, "content": i.content} for i in items],
                          "next": following, "previous": None})
-
-
-class PushMessagesView(ApiView):
-    """The push seed's publish (docs/protocol.md, "Channel streams"), kept exactly: its clients work unchanged."""
-
-    @extend_schema(
-        operation_id="push_publish", tags=["push-compatible"], request=s.PushPublishSerializer,
-        parameters=[IDEMPOTENCY], summary="Publish on a channel (push seed compatible)",
-        description="`POST /messages` of the push service: answers 202 with the number of live subscribers the "
-                    "message went out to. A message that is not a string is delivered as its JSON text.",
-        responses={202: s.PushAcceptedSerializer, **errors(400, 401, 404, 409, 413, 429)},
-    )
-    def post(self, request: Request) -> Response:
-        data = self.valid(s.PushPublishSerializer)
-        name = self.channel(data["channel"])
-        message = data["message"]
-        content = message if isinstance(message, str) else dumps(message)
-
-        def send() -> Answer:
-            published = server_channel_publish(app=self.app, channel=name, content=content,
-                                               publisher=f"api:{request.user.key.prefix}")
-            return Answer(status.HTTP_202_ACCEPTED, {"subscribers": published.subscribers})
-
-        response = self.idempotent(send)
-        metrics.API_SENDS.labels("CHANNEL").inc()
-        return response
 
 
 # --- message status and dead letters -------------------------------------------------------------

@@ -7,6 +7,10 @@ A reader may read a channel of its app when:
 3. the reader shows a grant naming it (messaging.channels.names), good for this user (a grant with
    a `sub` is good for that user only).
 
+Who may publish without a key (the push seed's bare `POST /messages`, served for an app with push
+open mode): anyone, on a channel of that app anyone may read (rule 2), other than a user's own
+channel (`@<userId>`: what is published there is the server's word about that user).
+
 An app's "client subscriptions" switch is not part of this rule: it decides whether a /ws client
 may SUBSCRIBE by itself at all (docs/protocol.md, "Channels"). The rule above decides what any
 reader may read, on every transport.
@@ -25,6 +29,7 @@ from messaging.channels.names import (
     channel_is_public,
     channel_name_valid,
     channel_of_app,
+    channel_user,
 )
 
 CHANNEL_NAME_RULE = "a channel name is 1 to 128 of A-Z a-z 0-9 _ . - @"
@@ -79,3 +84,12 @@ def channel_read_check(app: AppSnapshot, name: str, *, user_id: str | None, gran
         raise ChannelRefused("bad_grant", str(exc)) from None
     if not channel_granted(claims, name, user_id):
         raise ChannelRefused("not_granted", f"the token does not grant channel '{name}'")
+
+
+def channel_open_publish_check(app: AppSnapshot, name: str) -> None:
+    """Nothing when a publisher without a key may publish on channel `name` of `app` (a name
+    already checked with `channel_name_require`); ChannelRefused says why not."""
+    if channel_user(name) is not None:
+        raise ChannelRefused("user_channel", f"channel '{name}' is a user's own: publish on it with an API key")
+    if not channel_is_public(app, name):
+        raise ChannelRefused("not_public", f"channel '{name}' is not public: publish on it with an API key")

@@ -214,14 +214,17 @@ async def on_group_message(conn: Connection, frame: Frame) -> None:
         content = content_require(app, data.get("content"))
     except SendRefused as exc:
         raise _refused(exc, data) from None
+    client_message_id = _client_message_id(data)
     _charge(conn, len(recipients), data)
     if frame.feature == FEATURE_FAST:
         await message_fast_send_async(app=app, sender=conn.life.user_id, recipients=recipients, content=content,
                                       reference=frame.reference)
         return
+    # One message row with a delivery per recipient: its clientMessageId is held to the same
+    # (app, sender, clientMessageId) constraint as MESSAGE's, so a resend stores and routes nothing.
     await _store(conn, frame, data, OutgoingMessage(
         app_id=app.pk, sender=conn.life.user_id, recipients=tuple(recipients), content=content,
-        kind=MessageKind.GROUP, reference=frame.reference or "",
+        kind=MessageKind.GROUP, reference=frame.reference or "", client_message_id=client_message_id,
     ))
 
 

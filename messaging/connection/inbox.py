@@ -42,9 +42,11 @@ async def _feed(source: Callable[[], Awaitable], queue: SlimQueue) -> None:
 class ChannelReaderConsumer(AsyncWebsocketConsumer):
     channels: ChannelCursor | None = None
     ended = False
+    _release: asyncio.Future | None = None  # `release`, running or done, once `end` was called
 
     async def __call__(self, scope, receive, send) -> None:
         self.ended = False
+        self._release = None
         direct = False
         feeders: list[asyncio.Task] = []
         self.inbox = SlimQueue(maxsize=INBOX_SIZE)  # one reader: the dispatch loop
@@ -125,11 +127,16 @@ class ChannelReaderConsumer(AsyncWebsocketConsumer):
 
     async def end(self) -> None:
         """Release what the connection holds, once, on whichever way out comes first (the client's
-        disconnect, or the finally above)."""
-        if self.ended:
-            return
-        self.ended = True
-        await self.release()
+        disconnect, or the finally above).
+
+        The release is a task of its own, awaited shielded: daphne cancels a consumer that outlives
+        its client by its application close timeout (and again every second until it is done), and
+        such a cancellation must not cut a release short half-way (presence given back, the session
+        row left open). A later call waits for the same release."""
+        if self._release is None:
+            self.ended = True
+            self._release = asyncio.ensure_future(self.release())
+        await asyncio.shield(self._release)
 
     async def release(self) -> None:
         """What a subclass holds (its channels, its presence, ...): released here, exactly once."""

@@ -8,6 +8,14 @@ cancellation) and settles, in order: the node's list, the user's delivery budget
 what the connection held but its client never got (back to the mailbox), presence (and the master's
 USER_DISCONNECTED where it was the user's last connection), the session row.
 
+A login can be cancelled half-way: its client leaves while the login waits (a slow auth URL, a
+busy database), and daphne cancels a consumer that outlives its client by its application close
+timeout. Once the node's list has the connection, `admit`'s steps (presence, the session row) run as
+a task of their own that a cancellation of its caller does not stop (each step is under way in a
+batcher, which carries it out whether or not anyone waits for it); `end` waits for that task and
+gives back whatever it took, as for any connection. So a client that leaves during its login is
+never left online, and never keeps a connection slot.
+
 The presence entry and the session row go through the node's batchers (messaging.connection.admission:
 one Redis pipeline, one transaction per batch of connections), each step still waited for, so the
 order and the give-backs above hold exactly as they would one connection at a time. The session's
@@ -17,6 +25,7 @@ for the id.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -63,6 +72,7 @@ class ConnectionLife:
         self.user_bucket: TokenBucket | None = None
         self.close_note = ""  # why it ended, for the session row
         self._app_loaded_at = 0.0
+        self._registering: asyncio.Task | None = None  # admit's steps from the node's list on
 
     async def admit(self, *, app_id: str, user_id: str, token: str, acks: bool, origin: str | None,
                     remote_addr: str, user_agent: str) -> Refusal | bool:
@@ -75,6 +85,16 @@ class ConnectionLife:
             return Refusal(outcome.reason, CLOSE_TRY_AGAIN if outcome.retry else CLOSE_POLICY, outcome.redirect)
         node, app = self.node, outcome.app
         await node.ensure_started()
+        # Shielded: a cancellation here (the client left) lets the steps finish; `end` gives them back.
+        self._registering = asyncio.ensure_future(self._register(
+            app=app, user_id=user_id, acks=acks, remote_addr=remote_addr, user_agent=user_agent))
+        return await asyncio.shield(self._registering)
+
+    async def _register(self, *, app: AppSnapshot, user_id: str, acks: bool, remote_addr: str,
+                        user_agent: str) -> Refusal | bool:
+        """admit's steps that take something (`end` gives it back): the node's list, presence, the
+        session row; each refusal gives back what the steps before it took."""
+        node = self.node
         node.connection_add(self.channel_name, LocalConnection(user_id=user_id, app_id=app.pk, acks=acks,
                                                                close=self.close))
         entry = cache.ConnectionEntry(user_id=user_id, channel_name=self.channel_name, node_id=node.node_id,
@@ -122,6 +142,13 @@ class ConnectionLife:
                   position: int | None) -> None:
         """The connection is gone (`position`: the bytes its socket had flushed). Called once (the
         consumer's end, messaging.connection.inbox)."""
+        registering = self._registering
+        if registering is not None and not registering.done():
+            # The client left during its login: the login's steps finish, then are given back below.
+            await asyncio.wait({registering})
+            self.close_note = self.close_note or "client left during login"
+            if not registering.cancelled() and registering.exception() is not None:
+                log.error("the login of a client that left failed", exc_info=registering.exception())
         if not self.authenticated:
             return
         node = self.node

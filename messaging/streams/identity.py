@@ -1,5 +1,8 @@
 """Who is reading a stream: `?app=<appId>` names the app (public channels only), `?token=<signed
-token>` shows a grant; which channels they may read is messaging.channels.access's one rule."""
+token>` shows a grant, and a stream that gives neither (the push seed's own clients:
+`?channels=a,b` alone) reads the public channels of the domain's push open app, where an operator
+marked one (apps_registry.models.ClientApp.push_open; never on a production node); which channels
+they may read is messaging.channels.access's one rule."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from urllib.parse import parse_qs
 import jwt
 from django.conf import settings
 
-from apps_registry.selectors import AppSnapshot, app_snapshot_by_app_id
+from apps_registry.selectors import AppSnapshot, app_snapshot_by_app_id, push_open_app
 from messaging.channels.access import ChannelRefused, Grant, channel_read_check
 from messaging.channels.names import GrantError, channel_name_valid, channel_of_app
 from messaging.protocol import plain_int
@@ -119,7 +122,10 @@ def stream_identity(params: dict[str, str]) -> StreamIdentity:
             raise StreamRefused(401, "unauthorized", "unknown app")
         grant, user = None, None
     else:
-        raise StreamRefused(401, "unauthorized", "give ?app=<appId> for public channels, or ?token=<signed token>")
+        app = push_open_app()  # the push seed's bare request: the open app's, when there is one
+        if app is None:
+            raise StreamRefused(401, "unauthorized", "give ?app=<appId> for public channels, or ?token=<signed token>")
+        grant, user = None, None
     refused = [c for c in channels if not _readable(app, c, user, grant)]
     if refused:
         raise StreamRefused(403, "forbidden", f"channel '{refused[0]}' is neither public nor granted")

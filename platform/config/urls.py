@@ -9,8 +9,8 @@ from apps_registry.meta import EXPORT_PATH, config_export_view
 from config import health
 from config.admin_login import admin_login
 from messaging.api.errors import not_found as api_not_found
+from messaging.api.push_views import PushMessagesView
 from messaging.api.urls import pooled
-from messaging.api.views import PushMessagesView
 from messaging.metrics import metrics_view
 from messaging.views import demo_client
 

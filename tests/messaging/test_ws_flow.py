@@ -119,6 +119,68 @@ def test_duplicate_client_message_id_is_stored_and_delivered_once(node):
     assert Message.objects.filter(sender="ANZ-5001", client_message_id="payment-77").count() == 1
 
 
+def test_a_resent_group_message_is_stored_once_and_reaches_each_recipient_once(node):
+    with node.client() as alice, node.client() as bob, node.client() as carol:
+        alice.auth("ANZ-5101", acks=True)
+        bob.auth("ANZ-5102")
+        carol.auth("ANZ-5103")
+        group = {"to": ["ANZ-5102", "ANZ-5103"], "content": "dinner at 8", "clientMessageId": "invite-1"}
+        alice.send("GROUP_MESSAGE", group, reference="g-1")
+        first = alice.recv_type("MESSAGE_ACCEPTED")
+        alice.send("GROUP_MESSAGE", group, reference="g-1")
+        again = alice.recv_type("MESSAGE_ACCEPTED")
+        assert first["data"] == {"id": first["data"]["id"], "clientMessageId": "invite-1", "recipients": 2}
+        assert again == {**first, "data": {**first["data"], "duplicate": True}}  # the same answer, marked
+        for recipient in (bob, carol):
+            assert recipient.recv_type("MESSAGE")["data"]["id"] == first["data"]["id"]
+            assert [f for f in recipient.recv_all(quiet=1) if f["type"] == "MESSAGE"] == []
+    assert Message.objects.filter(sender="ANZ-5101", client_message_id="invite-1").count() == 1
+    assert Delivery.objects.filter(message__sender="ANZ-5101").count() == 2
+
+
+def test_a_group_message_resent_on_a_new_connection_after_the_socket_died_is_not_delivered_again(node):
+    group = {"to": ["ANZ-5112", "ANZ-5113"], "content": "meeting moved", "clientMessageId": "move-1"}
+    with node.client() as bob, node.client() as carol:
+        bob.auth("ANZ-5112")
+        carol.auth("ANZ-5113")
+        with node.client() as alice:
+            alice.auth("ANZ-5111", acks=True)
+            alice.send("GROUP_MESSAGE", group)
+            # The socket dies before the sender reads its MESSAGE_ACCEPTED: it cannot know whether it was stored.
+        stored = bob.recv_type("MESSAGE")["data"]["id"]
+        with node.client() as alice_again:
+            alice_again.auth("ANZ-5111", acks=True)
+            alice_again.send("GROUP_MESSAGE", group)
+            answer = alice_again.recv_type("MESSAGE_ACCEPTED")["data"]
+            assert (answer["id"], answer.get("duplicate")) == (stored, True)
+        assert carol.recv_type("MESSAGE")["data"]["id"] == stored
+        for recipient in (bob, carol):
+            assert [f for f in recipient.recv_all(quiet=1) if f["type"] == "MESSAGE"] == []
+    assert Delivery.objects.filter(message__sender="ANZ-5111").count() == 2
+
+
+def test_one_client_message_id_names_one_message_whether_sent_alone_or_to_a_group(node):
+    with node.client() as alice, node.client() as bob:
+        alice.auth("ANZ-5121", acks=True)
+        bob.auth("ANZ-5122")
+        alice.message("ANZ-5122", "just you", clientMessageId="same-id")
+        first = alice.recv_type("MESSAGE_ACCEPTED")["data"]
+        alice.send("GROUP_MESSAGE", {"to": ["ANZ-5122", "ANZ-5123"], "content": "everyone", "clientMessageId": "same-id"})
+        again = alice.recv_type("MESSAGE_ACCEPTED")["data"]
+        assert (again["id"], again.get("duplicate")) == (first["id"], True)
+        assert bob.recv_type("MESSAGE")["data"]["content"] == "just you"
+        assert [f for f in bob.recv_all(quiet=1) if f["type"] == "MESSAGE"] == []
+    assert Delivery.objects.filter(message__sender="ANZ-5121").count() == 1
+
+
+def test_a_group_message_with_a_malformed_client_message_id_is_refused(node):
+    with node.client() as alice:
+        alice.auth("ANZ-5131")
+        alice.send("GROUP_MESSAGE", {"to": ["ANZ-5132"], "content": "x", "clientMessageId": ""})
+        assert "clientMessageId" in alice.recv_type("INVALID_MESSAGE")["data"]["reason"]
+    assert not Message.objects.filter(sender="ANZ-5131").exists()
+
+
 def test_ack_mode_redelivers_unacked_messages_after_reconnect_with_the_same_id(node):
     with node.client() as alice:
         alice.auth("ANZ-6001")

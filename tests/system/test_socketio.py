@@ -250,6 +250,24 @@ def test_a_socketio_user_sends_with_an_acknowledgement_and_a_ws_user_receives_it
 
 
 @pytest.mark.django_db
+def test_a_group_message_event_resent_with_its_client_message_id_reaches_each_recipient_once(node):
+    group = {"to": ["ANZ-41032", "ANZ-41033"], "content": "once each", "clientMessageId": "sio-group-1"}
+    with WsClient(node.ws_url) as bob, WsClient(node.ws_url) as carol:
+        bob.auth("ANZ-41032")
+        carol.auth("ANZ-41033")
+        with SioUser(node.url, "ANZ-41031") as alice:
+            first = alice.call("group_message", group)
+        with SioUser(node.url, "ANZ-41031") as alice_again:  # a resend on a new connection, after a doubt
+            again = alice_again.call("group_message", group)
+        assert first == {"id": first["id"], "clientMessageId": "sio-group-1"}
+        assert again == {**first, "duplicate": True}
+        for recipient in (bob, carol):
+            assert recipient.recv_type("MESSAGE")["data"]["id"] == first["id"]
+            assert [f for f in recipient.recv_all(quiet=1) if f["type"] == "MESSAGE"] == []
+    assert Delivery.objects.filter(message__sender="ANZ-41031").count() == 2
+
+
+@pytest.mark.django_db
 def test_a_ws_user_sends_and_a_socketio_user_receives_a_message_event(node):
     with SioUser(node.url, "ANZ-41011", transports=["polling"]) as bob, WsClient(node.ws_url) as alice:
         alice.auth("ANZ-41012")

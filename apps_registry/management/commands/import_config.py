@@ -5,7 +5,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 
 from apps_registry.config_io import ConfigError, config_import
-from apps_registry.models import OPEN_APP_MEANING, AuthMode
+from apps_registry.models import OPEN_APP_MEANING, PUSH_OPEN_MEANING, AuthMode
 
 
 class Command(BaseCommand):
@@ -32,3 +32,7 @@ class Command(BaseCommand):
             self.stdout.write(self.style.WARNING(
                 f"open apps (auth mode none: {OPEN_APP_MEANING}): {', '.join(summary.open_apps)}. "
                 "Give them signed tokens or an auth URL in the admin, or import with --auth-mode signed_token."))
+        if summary.push_open_app:
+            self.stdout.write(self.style.WARNING(
+                f"{summary.push_open_app} has push open mode: {PUSH_OPEN_MEANING}. For development and demos only "
+                "(a production node never serves it, and `check --deploy` refuses it there)."))

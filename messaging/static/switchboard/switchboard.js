@@ -17,9 +17,10 @@
  * credentials, and stays there (at most MAX_REDIRECTS in a row without an authentication).
  *
  * Answers are matched to what was sent by the server's echo of a refused frame's data (every
- * MESSAGE carries a clientMessageId) and by order: the server answers a connection's frames in
- * order, so in ACK mode an acceptance without an id (a group send) or a refusal without an echo
- * (content too large) belongs to the oldest send still waiting.
+ * MESSAGE and GROUP_MESSAGE carries a clientMessageId) and by order: the server answers a
+ * connection's frames in order, so in ACK mode an acceptance without an id (from a server older
+ * than group clientMessageIds) or a refusal without an echo (content too large) belongs to the
+ * oldest send still waiting.
  */
 
 const DEFAULTS = {
@@ -178,9 +179,10 @@ export class Switchboard {
     return this._enqueue("MESSAGE", { to, content }, opts);
   }
 
-  /** One message to several users (GROUP_MESSAGE); answers as `send`. The server keeps no
-   * clientMessageId for groups: one resent after a crash may be stored twice.
-   * @param {string[]} to @param {string} content @param {{reference?: string, feature?: string}} [opts] */
+  /** One message to several users (GROUP_MESSAGE); answers as `send`. Like a send, it carries a
+   * clientMessageId: resent after a reconnect, it is stored and delivered once.
+   * @param {string[]} to @param {string} content
+   * @param {{reference?: string, feature?: string, clientMessageId?: string}} [opts] */
   sendGroup(to, content, opts = {}) {
     return this._enqueue("GROUP_MESSAGE", { to: [...to], content }, opts);
   }
@@ -533,7 +535,7 @@ export class Switchboard {
     }
     const fast = opts.feature === "FAST";
     const frame = { type, data };
-    if (type === "MESSAGE") data.clientMessageId = opts.clientMessageId || newId();
+    data.clientMessageId = opts.clientMessageId || newId(); // MESSAGE and GROUP_MESSAGE alike
     if (opts.reference !== undefined && opts.reference !== "") frame.reference = opts.reference;
     if (fast) frame.feature = "FAST";
     if (opts.confirmationEnabled === false) frame.confirmationEnabled = false;

@@ -289,7 +289,22 @@ test("ACK mode: a send is resent after a reconnect with its clientMessageId unti
   assert.deepEqual(third.sentOf("MESSAGE"), []);
 });
 
-test("ACK mode: a group send is matched to its acceptance in order", async () => {
+test("ACK mode: a group send is matched to its acceptance by its clientMessageId", async () => {
+  const sb = client({ acks: true });
+  sb.connect();
+  const ws = await authenticated(sb);
+  const a = sb.sendGroup(["ANZ-2", "ANZ-3"], "to both");
+  const b = sb.sendGroup(["ANZ-4"], "to one", { clientMessageId: "mine-1" });
+  const [first, second] = ws.sentOf("GROUP_MESSAGE");
+  assert.match(first.data.clientMessageId, /^sb-/);
+  assert.equal(second.data.clientMessageId, "mine-1");
+  ws.receive("MESSAGE_ACCEPTED", { id: "2", clientMessageId: "mine-1", recipients: 1 });
+  ws.receive("MESSAGE_ACCEPTED", { id: "1", clientMessageId: first.data.clientMessageId, recipients: 2 });
+  assert.equal((await a).id, "1");
+  assert.equal((await b).id, "2");
+});
+
+test("ACK mode: an acceptance without a clientMessageId belongs to the oldest group send waiting", async () => {
   const sb = client({ acks: true });
   sb.connect();
   const ws = await authenticated(sb);
@@ -299,6 +314,21 @@ test("ACK mode: a group send is matched to its acceptance in order", async () =>
   ws.receive("MESSAGE_ACCEPTED", { id: "2", recipients: 1 });
   assert.equal((await a).id, "1");
   assert.equal((await b).id, "2");
+});
+
+test("ACK mode: a group send is resent after a reconnect with the same clientMessageId", async () => {
+  const sb = client({ acks: true });
+  sb.connect();
+  const first = await authenticated(sb);
+  const sending = sb.sendGroup(["ANZ-2", "ANZ-3"], "to both");
+  const [frame] = first.sentOf("GROUP_MESSAGE");
+  first.drop(1006);
+  const second = await authenticated(sb);
+  assert.deepEqual(second.sentOf("GROUP_MESSAGE"), [frame]);
+  second.receive("MESSAGE_ACCEPTED", { id: "5", clientMessageId: frame.data.clientMessageId, recipients: 2,
+    duplicate: true });
+  assert.deepEqual(await sending, { id: "5", clientMessageId: frame.data.clientMessageId, recipients: 2,
+    duplicate: true });
 });
 
 test("sends made while disconnected wait, in order, and go out after authentication", async () => {
