@@ -8,7 +8,9 @@ Liveness. Every domain tells its neighbours, with each presence gossip round (ev
 PRESENCE_GOSSIP_SECONDS), its own clock and every other domain's last clock it heard, and the
 Takeover rows it holds (`network_gossip`). A domain records when it first heard each newer clock of
 each domain (DomainHeard, by its own clock): "silent for" is how long no newer word of a domain came,
-by whatever path (messaging.network.liveness). The Takeover row with the higher epoch wins wherever it arrives.
+by whatever path (messaging.network.liveness). The Takeover row with the higher epoch wins wherever it arrives,
+if the neighbour that tells it may (`record_refusal`: its holder is the home's standby and not the
+receiver, its epoch not ahead of the receiver's clock); a record refused is named in the answer.
 
 Takeover (`takeover_watch`, beat every TAKEOVER_WATCH_SECONDS, at every domain that is a standby):
 the home has been silent here for FAILOVER_SECONDS and its link from here is down for as long, and a
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
@@ -104,19 +107,81 @@ def network_parse(item) -> dict:
     return {"heard": heard, "takeovers": records}
 
 
-def network_accept(network: dict) -> int:
-    """Take the takeovers newer than those held here (and their effects), then the clocks heard (in
-    that order: a home that hears its neighbours again has heard of its takeover first). Returns how
-    many takeover records changed here."""
-    changed = 0
+def epoch_ceiling() -> int:
+    """The highest epoch this domain believes: an epoch is its writer's clock in microseconds
+    (`_epoch_next`), so an honest one is never further ahead of this domain's clock than the two
+    clocks are apart (signed calls already refuse clocks FORWARD_MAX_SKEW_SECONDS apart). One
+    further ahead than TAKEOVER_EPOCH_MAX_AHEAD_SECONDS would beat every record its holder writes
+    until then (2^63-1 for ever: the next epoch would not fit a bigint, and takeovers of that home
+    would fail); such a record is refused, and such a row (stored before this rule) counts as no
+    epoch at all, so the next genuine record replaces it."""
+    return time.time_ns() // 1000 + int(settings.TAKEOVER_EPOCH_MAX_AHEAD_SECONDS * 1_000_000)
+
+
+def _epoch_of(current: Takeover | None) -> int:
+    return current.epoch if current is not None and current.epoch <= epoch_ceiling() else 0
+
+
+@dataclass
+class Accepted:
+    """What a neighbour's takeover records did here: how many changed a record, and those refused
+    (`{"index": i, "reason": …}`, by their index in the call; the forwarding call's answer lists
+    them as `takeovers_refused`)."""
+
+    changed: int = 0
+    refused: list[dict] = field(default_factory=list)
+
+
+def record_refusal(record: dict, *, here: str, standbys: set[tuple[str, str]], holder_now: str | None) -> str | None:
+    """Why a newer takeover record a neighbour tells must not be taken (None: it may). The records
+    carry no signature of their writer (only each hop's link signs the call that carries them), so
+    what the receiver checks is what its own configuration and clock say every genuine record is:
+
+    - its holder is a standby of its home here (only a standby takes a home over: `take_over`), or,
+      for a hand-back, the domain this domain knows holds that home (its standby may have changed
+      since it took the home over);
+    - its holder is not this domain: only this domain writes what it holds (`take_over`,
+      `hand_back`); a neighbour cannot make it hold users it never merged, or give back users it holds;
+    - its epoch is no further ahead of this domain's clock than TAKEOVER_EPOCH_MAX_AHEAD_SECONDS
+      (`epoch_ceiling`)."""
+    home, holder, epoch = record["home"], record["holder"], record["epoch"]
+    if epoch > epoch_ceiling():
+        return (f"epoch {epoch} is more than {settings.TAKEOVER_EPOCH_MAX_AHEAD_SECONDS:g} s ahead of {here}'s clock "
+                "(an epoch is its writer's clock in microseconds)")
+    if holder == home:
+        return f"{home} cannot hold its own users"
+    if holder == here:
+        return f"only {here} records which users {here} holds"
+    if (home, holder) not in standbys and (record["held"] or holder != holder_now):
+        return f"{holder} is not a standby of {home}'s users here"
+    return None
+
+
+def network_accept(network: dict, *, sender: str) -> Accepted:
+    """Take the takeovers newer than those held here (and their effects) that `sender` may tell
+    (`record_refusal`), then the clocks heard (in that order: a home that hears its neighbours again
+    has heard of its takeover first)."""
+    here = settings.DOMAIN_NAME
+    out = Accepted()
     domains = dict(Domain.objects.values_list("name", "pk"))
-    epochs = dict(Takeover.objects.values_list("home__name", "epoch")) if network["takeovers"] else {}
-    for r in network["takeovers"]:
-        if r["home"] not in domains or r["holder"] not in domains or epochs.get(r["home"], 0) >= r["epoch"]:
+    held_here = ({home: (epoch, holder) for home, epoch, holder in
+                  Takeover.objects.values_list("home__name", "epoch", "holder__name")} if network["takeovers"] else {})
+    standbys: set[tuple[str, str]] | None = None
+    ceiling = epoch_ceiling()
+    for index, r in enumerate(network["takeovers"]):
+        epoch, holder_now = held_here.get(r["home"], (0, None))
+        if r["home"] not in domains or r["holder"] not in domains or (epoch <= ceiling and epoch >= r["epoch"]):
             continue  # (no lock taken for what is known: every forward call from a holder tells it)
+        if standbys is None:
+            standbys = set(UserDistribution.objects.filter(standby__isnull=False)
+                           .values_list("domain__name", "standby__name"))
+        if (why := record_refusal(r, here=here, standbys=standbys, holder_now=holder_now)) is not None:
+            log.warning("%s: takeover record %d from %s refused: %s", here, index, sender, why)
+            out.refused.append({"index": index, "reason": why})
+            continue
         with transaction.atomic():
             current = Takeover.objects.select_for_update().filter(home_id=domains[r["home"]]).first()
-            if current is not None and current.epoch >= r["epoch"]:
+            if _epoch_of(current) >= r["epoch"]:
                 continue
             returned = parse_datetime(r["returned_at"]) if isinstance(r.get("returned_at"), str) else None
             Takeover.objects.update_or_create(home_id=domains[r["home"]], defaults={
@@ -124,10 +189,10 @@ def network_accept(network: dict) -> int:
                 "taken_at": parse_datetime(r["taken_at"]), "returned_at": returned,
                 "manual": bool(r.get("manual")), "reason": str(r.get("reason", ""))[:300],
                 "learned_at": timezone.now()})
-        changed += 1
+        out.changed += 1
         _changed(r["home"], r["holder"], r["held"])
     heard_apply(network["heard"])
-    return changed
+    return out
 
 
 def _changed(home: str, holder: str, held: bool) -> None:
@@ -251,7 +316,9 @@ def _retry_now(home: str) -> None:
 
 
 def _epoch_next(current: Takeover | None) -> int:
-    return max(current.epoch if current else 0, time.time_ns() // 1000) + 1
+    """After `current`'s epoch and at least this domain's clock in microseconds (a row with an epoch
+    past `epoch_ceiling` counts as none: its next would not fit a bigint, or beat honest records)."""
+    return max(_epoch_of(current), time.time_ns() // 1000) + 1
 
 
 def take_over(home: str, *, manual: bool = False, reason: str = "") -> dict:
