@@ -20,6 +20,7 @@ from django.test import Client
 from apps_registry.models import Domain, Takeover
 from apps_registry.selectors import app_snapshot, app_snapshots_clear
 from foundation import signed_calls
+from messaging.network.presence_gossip import presence_gossip
 from messaging.network.takeover import hand_back, network_accept, network_gossip, take_over
 from messaging.network.transport import FORWARD_PATH
 from tests.messaging.network.test_takeover import CAROL, held_by, lost
@@ -130,3 +131,15 @@ def test_a_row_stored_with_an_epoch_far_ahead_before_the_rule_wedges_nothing(sta
     assert genuine[0]["epoch"] < BIGINT_MAX
     told(net, "domain-01", "domain-04", *genuine)
     assert held_by(net, "domain-01") == "domain-04"  # the genuine record replaces the impossible one
+
+
+def test_the_domain_whose_gossip_is_refused_logs_which_neighbour_refused_what(standby_ring, caplog):
+    net = standby_ring
+    with net.at("domain-01"):  # a record domain-01 should never have taken (an earlier version took anything)
+        Takeover.objects.create(home=Domain.objects.get(name="domain-03"), holder=Domain.objects.get(name="domain-01"),
+                                held=True, epoch=time.time_ns() // 1000, taken_at="2026-11-28T00:00:00Z")
+        assert presence_gossip() == {"domain-02": "ok", "domain-04": "ok"}
+    refusals = [r.getMessage() for r in caplog.records if "refused takeover records" in r.getMessage()]
+    assert refusals[0].startswith("domain-02 refused takeover records domain-01 told it: [{'index': 0, 'reason': "
+                                  "\"domain-01 is not a standby of domain-03's users here\"}]")
+    assert held_by(net, "domain-02") is None
