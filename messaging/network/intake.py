@@ -34,7 +34,7 @@ from messaging.network.forward_payload import Incoming, payload_parse
 from messaging.network.links import destination, link_received, route_blocked, route_holding
 from messaging.network.order import Arrival, arrivals_put_in_order
 from messaging.network.presence_gossip import presence_accept
-from messaging.network.takeover import network_accept
+from messaging.network.takeover_records import network_accept
 from messaging.store import deliveries_append_sql, messages_insert_sql
 
 _LOCK_SQL = """

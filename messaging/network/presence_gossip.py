@@ -25,7 +25,7 @@ from django.conf import settings
 from apps_registry.models import ClientApp
 from foundation.logs import loggable
 from messaging.network.links import neighbours
-from messaging.network.takeover import network_gossip
+from messaging.network.takeover_records import network_gossip
 from messaging.network.transport import FORWARD_PATH, PeerError, peer_call_prepare, peer_calls_send
 from presence import remote
 from presence.online import app_online_users_sync

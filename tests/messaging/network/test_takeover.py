@@ -28,14 +28,8 @@ from messaging.network.models import DomainHeard, LinkHealth, StandbyCopy, Stand
 from messaging.network.order import Arrival, arrivals_put_in_order
 from messaging.network.presence_gossip import presence_gossip
 from messaging.network.queue import forward_sweep
-from messaging.network.takeover import (
-    given_back,
-    hand_back,
-    network_accept,
-    network_gossip,
-    take_over,
-    takeover_watch,
-)
+from messaging.network.takeover import given_back, hand_back, take_over, takeover_watch
+from messaging.network.takeover_records import network_accept, network_gossip
 from messaging.router import deliveries_route
 from messaging.tasks import standby_flush_on_stop, standby_sweep
 

@@ -1,4 +1,4 @@
-"""Who may tell a domain that a home's users are served elsewhere (messaging.network.takeover,
+"""Who may tell a domain that a home's users are served elsewhere (messaging.network.takeover_records,
 `record_refusal`), on the one-database ring: domain-03's users stand by on domain-04.
 
     domain-01 ── domain-02
@@ -21,7 +21,8 @@ from apps_registry.models import Domain, Takeover
 from apps_registry.selectors import app_snapshot, app_snapshots_clear
 from foundation import signed_calls
 from messaging.network.presence_gossip import presence_gossip
-from messaging.network.takeover import hand_back, network_accept, network_gossip, take_over
+from messaging.network.takeover import hand_back, take_over
+from messaging.network.takeover_records import network_accept, network_gossip
 from messaging.network.transport import FORWARD_PATH
 from tests.messaging.network.test_takeover import CAROL, held_by, lost
 
