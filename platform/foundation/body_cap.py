@@ -54,6 +54,7 @@ from urllib.parse import unquote
 from django.conf import settings
 from django.utils.module_loading import import_string
 
+from foundation.logs import loggable
 from foundation.metrics import CONNECTIONS_CLOSED
 
 log = logging.getLogger(__name__)
@@ -116,10 +117,6 @@ def gate_for(path: str) -> Gate | None:
     return None
 
 
-def large_bodies_in_flight(key: str) -> int:
-    return _large_bodies[key]
-
-
 def answer(status: int, body: dict) -> bytes:
     """A whole HTTP answer that closes its connection: `body` as JSON."""
     data = json.dumps(body).encode()
@@ -136,7 +133,7 @@ def _refuse(request, status: int, body: dict, reason: str) -> None:
     request.content = io.BytesIO()  # what was kept is dropped
     channel = getattr(request, "channel", None)
     transport = getattr(channel, "transport", None)
-    log.info("refused a request before its body was read (%s): %s %s", reason, status, body.get("error"))
+    log.info("refused a request and closed its connection (%s): %s %s", reason, status, loggable(body.get("error")))
     CONNECTIONS_CLOSED.labels(reason).inc()
     _slot_release(request)
     if transport is not None:
@@ -182,8 +179,9 @@ def _body_late(request, seconds: float) -> None:
 
 
 def _slot_needed(request) -> bool:
-    """Whether the request's body is large for its admission and holds no place yet; takes one when
-    free (True), or refuses the request (False)."""
+    """Take one of its key's places for a request whose body has turned out large (declared, or read
+    so far) for its gate's admission. True: it may be read on (not large, placed already, or placed
+    now); False: no place was free, and it has been refused."""
     admission: Admission | None = getattr(request, "_switchboard_admission", None)
     if admission is None or getattr(request, "_switchboard_slot", None) is not None:
         return True
