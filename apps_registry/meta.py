@@ -39,16 +39,19 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from foundation.body_cap import Admission, Refusal, RequestHead
 from foundation.outgoing import Answer, OutgoingError, outgoing_client, outgoing_request, run_outgoing
 from foundation.signed_calls import (
     ANSWER_METHOD,
     DOMAIN_HEADER,
+    NONCE_KEY,
     SIGNATURE_HEADER,
+    header_refusal,
     nonce_first_use,
     signature_refusal,
     signed_headers,
 )
-from foundation.transport.redis_clients import sync_client
+from foundation.transport.redis_clients import async_client, sync_client
 
 from .config_io import ConfigError, config_export, config_import
 from .models import ClientApp, Domain, DomainLink, MetaState
@@ -63,15 +66,37 @@ YAML_TYPE = "application/yaml; charset=utf-8"
 # --- the export (every domain) -------------------------------------------------------------------
 
 
+NO_META_SECRET = "this domain has no META_SECRET: its configuration is not exported"
+REPLAYED = "nonce already used (a replayed call)"
+
+
 def _refused(reason: str) -> JsonResponse:
     return JsonResponse({"error": f"refused: {reason}"}, status=403)
+
+
+async def config_export_gate(head: RequestHead) -> Refusal | Admission:
+    """The export's check before any body is read (messaging.network.transport.peer_headers_gate
+    hands it the export's path): it takes no body, and a pull that is not signed, not fresh or
+    whose nonce was used is refused as the view refuses it, without reading anything more."""
+    if head.length != 0:
+        return Refusal(400, {"error": "refused: the configuration export takes no request body"})
+    if not settings.META_SECRET:
+        return Refusal(403, {"error": f"refused: {NO_META_SECRET}"})
+    reason, signature = header_refusal(header=head.headers.get(SIGNATURE_HEADER.lower()),
+                                       max_skew=settings.FORWARD_MAX_SKEW_SECONDS)
+    if reason is None and signature is not None and await async_client().exists(
+            NONCE_KEY.format(sender="meta", nonce=signature.nonce)):
+        reason = REPLAYED
+    if reason is not None:
+        return Refusal(403, {"error": f"refused: {reason}"})
+    return Admission(key="meta", large_over=0, slots=0)
 
 
 @require_GET
 def config_export_view(request: HttpRequest) -> HttpResponse:
     secret = settings.META_SECRET
     if not secret:
-        return _refused("this domain has no META_SECRET: its configuration is not exported")
+        return _refused(NO_META_SECRET)
     path = request.get_full_path()
     sender = request.headers.get(DOMAIN_HEADER, "")[:64]
     reason, signature = signature_refusal(secret=secret, header=request.headers.get(SIGNATURE_HEADER),
@@ -81,7 +106,7 @@ def config_export_view(request: HttpRequest) -> HttpResponse:
     # a captured call sent again under another name must still be a replay.
     if reason is None and not nonce_first_use(redis=sync_client(), sender="meta", nonce=signature.nonce,
                                               ttl=2 * settings.FORWARD_MAX_SKEW_SECONDS):
-        reason = "nonce already used (a replayed call)"
+        reason = REPLAYED
     if reason is not None:
         log.warning("config export refused to %r: %s", sender, reason)
         return _refused(reason)

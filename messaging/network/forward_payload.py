@@ -17,7 +17,7 @@ from messaging.network.fast_forward import fast_parse
 from messaging.network.links import destination, way_on
 from messaging.network.presence_gossip import PresenceRefused, presence_parse
 from messaging.network.selectors import WaitingHere
-from messaging.network.takeover import network_parse
+from messaging.network.takeover_records import network_parse
 from messaging.network.transport import PeerRefused
 
 KINDS = tuple(k.value for k in MessageKind)

@@ -34,7 +34,7 @@ from messaging.network.forward_payload import Incoming, payload_parse
 from messaging.network.links import destination, link_received, route_blocked, route_holding
 from messaging.network.order import Arrival, arrivals_put_in_order
 from messaging.network.presence_gossip import presence_accept
-from messaging.network.takeover import network_accept
+from messaging.network.takeover_records import network_accept
 from messaging.store import deliveries_append_sql, messages_insert_sql
 
 _LOCK_SQL = """
@@ -233,14 +233,16 @@ def messages_store_forwarded(items: list[Incoming], *, sender: str) -> tuple[int
 def forward_accept(*, sender: str, payload: dict) -> dict:
     """Store (messages) and apply (receipts) what `sender` forwards, all before answering
     {"stored": new deliveries, "duplicates": deliveries already here, "receipts": receipts applied,
-    "refused": [{"index": i, "reason": ...}] (messages refused alone), and, for a call with FAST
-    items, "fast": connections reached here}."""
+    "refused": [{"index": i, "reason": ...}] (messages refused alone), for a call with FAST
+    items "fast": connections reached here, and where takeover records of its `network` were
+    refused, "takeovers_refused": [{"index": i, "reason": ...}]}."""
     parsed = payload_parse(sender=sender, payload=payload)
     route_blocked(peer=sender, targets=parsed.blocked)
     route_holding(peer=sender, targets={home for m in parsed.messages if m.hold for r in m.recipients
                                         if (home := destination(r))})
+    taken = None
     if parsed.network is not None:  # first: a takeover told here routes the messages of this call
-        network_accept(parsed.network)
+        taken = network_accept(parsed.network, sender=sender)
     with transaction.atomic():
         stored, duplicates = messages_store_forwarded(parsed.messages, sender=sender)
         applied = receipts.receipts_apply(parsed.receipts)
@@ -250,4 +252,6 @@ def forward_accept(*, sender: str, payload: dict) -> dict:
         answer["fast"] = fast_accept(parsed.fast)  # after the commit: connections reached here
     if parsed.presence:
         answer["presence"] = presence_accept(parsed.presence)
+    if taken is not None and taken.refused:
+        answer["takeovers_refused"] = taken.refused
     return answer

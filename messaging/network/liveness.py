@@ -2,7 +2,7 @@
 before it takes a home over (messaging.network.takeover).
 
 Every domain tells its neighbours, with each gossip round, its own clock and every other domain's
-last clock it heard (messaging.network.takeover.network_gossip). A domain records, by its own clock,
+last clock it heard (messaging.network.takeover_records.network_gossip). A domain records, by its own clock,
 when each newer clock of each domain reached it (DomainHeard): "silent for" is how long no newer
 word of a domain came, by whatever path, so no two clocks are ever compared.
 """

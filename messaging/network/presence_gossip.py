@@ -23,8 +23,9 @@ import time
 from django.conf import settings
 
 from apps_registry.models import ClientApp
+from foundation.logs import loggable
 from messaging.network.links import neighbours
-from messaging.network.takeover import network_gossip
+from messaging.network.takeover_records import network_gossip
 from messaging.network.transport import FORWARD_PATH, PeerError, peer_call_prepare, peer_calls_send
 from presence import remote
 from presence.online import app_online_users_sync
@@ -59,6 +60,10 @@ def presence_gossip() -> dict[str, str]:
             out[peer] = exc.reason
     for call, answer in zip(calls, peer_calls_send(calls, timeout=settings.LINK_PROBE_TIMEOUT_SECONDS), strict=True):
         out[call.peer] = answer.reason if isinstance(answer, PeerError) else "ok"
+        if isinstance(answer, dict) and answer.get("takeovers_refused"):
+            # (messaging.network.takeover.record_refusal: this domain holds records its neighbour will not take)
+            log.warning("%s refused takeover records %s told it: %s", call.peer, here,
+                        loggable(answer["takeovers_refused"], 1000))
     return out
 
 

@@ -6,9 +6,11 @@ routes their messages there.
 
 Liveness. Every domain tells its neighbours, with each presence gossip round (every
 PRESENCE_GOSSIP_SECONDS), its own clock and every other domain's last clock it heard, and the
-Takeover rows it holds (`network_gossip`). A domain records when it first heard each newer clock of
+Takeover rows it holds (messaging.network.takeover_records). A domain records when it first heard each newer clock of
 each domain (DomainHeard, by its own clock): "silent for" is how long no newer word of a domain came,
-by whatever path (messaging.network.liveness). The Takeover row with the higher epoch wins wherever it arrives.
+by whatever path (messaging.network.liveness). The Takeover row with the higher epoch wins wherever it arrives,
+if the neighbour that tells it may (`takeover_records.record_refusal`: its holder is the home's standby and not the
+receiver, its epoch not ahead of the receiver's clock); a record refused is named in the answer.
 
 Takeover (`takeover_watch`, beat every TAKEOVER_WATCH_SECONDS, at every domain that is a standby):
 the home has been silent here for FAILOVER_SECONDS and its link from here is down for as long, and a
@@ -42,10 +44,9 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from django.utils.dateparse import parse_datetime
 
 from apps_registry.models import Domain, Takeover, UserDistribution
-from apps_registry.selectors import MAX_TAKEOVERS, app_snapshots_clear, takeover_records
+from apps_registry.selectors import takeover_records
 from foundation.db import hot_cursor
 from foundation.transport.frames import CLOSE_RESTART
 from messaging import handoff
@@ -59,12 +60,12 @@ from messaging.network.held_rows import (
     queued_into_mailboxes,
     records_back_into_mailboxes,
 )
-from messaging.network.liveness import heard_apply, heard_versions, silent_seconds, witnesses_agree
+from messaging.network.liveness import silent_seconds, witnesses_agree
 from messaging.network.mailbox_merge import Copied, mailbox_merge, subscriptions_merge
 from messaging.network.models import LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
 from messaging.network.outgoing_copy import outgoing_take
 from messaging.network.standby import ANY_STANDBY, feed_send_last, standby_ranges
-from messaging.network.transport import PeerRefused
+from messaging.network.takeover_records import changed_here, epoch_of, retry_now
 from presence.services import users_close_sync
 
 log = logging.getLogger(__name__)
@@ -73,81 +74,6 @@ log = logging.getLogger(__name__)
 REORDER_MARGIN_SECONDS = 60
 REORDER_AFTER_SECONDS = 120  # and late arrivals are put in order for this long after a hand-back
 
-
-
-# --- the records, told around ---------------------------------------------------------------------
-
-
-def network_gossip() -> dict:
-    """What this domain tells each neighbour of the network's state, with its presence round."""
-    return {"heard": heard_versions(),
-            "takeovers": takeover_records()}
-
-
-def network_parse(item) -> dict:
-    if (not isinstance(item, dict) or set(item) - {"heard", "takeovers"} or not isinstance(item.get("heard", {}), dict)
-            or not isinstance(item.get("takeovers", []), list) or len(item.get("takeovers", [])) > MAX_TAKEOVERS
-            or len(item.get("heard", {})) > MAX_TAKEOVERS):
-        raise PeerRefused(400, "network must be {\"heard\": {domain: clock}, \"takeovers\": [...]}")
-    heard = item.get("heard", {})
-    if not all(isinstance(d, str) and 0 < len(d) <= 64 and isinstance(v, int) and not isinstance(v, bool)
-               and 0 <= v < 2**63 for d, v in heard.items()):
-        raise PeerRefused(400, "network.heard must map domain names to whole numbers")
-    records = []
-    for i, r in enumerate(item.get("takeovers", [])):
-        if (not isinstance(r, dict) or not isinstance(r.get("home"), str) or not isinstance(r.get("holder"), str)
-                or not isinstance(r.get("held"), bool) or not isinstance(r.get("epoch"), int)
-                or isinstance(r.get("epoch"), bool) or not 0 < r["epoch"] < 2**63
-                or not isinstance(r.get("taken_at"), str) or parse_datetime(r["taken_at"]) is None):
-            raise PeerRefused(400, f"network.takeovers[{i}] must be a takeover record")
-        records.append(r)
-    return {"heard": heard, "takeovers": records}
-
-
-def network_accept(network: dict) -> int:
-    """Take the takeovers newer than those held here (and their effects), then the clocks heard (in
-    that order: a home that hears its neighbours again has heard of its takeover first). Returns how
-    many takeover records changed here."""
-    changed = 0
-    domains = dict(Domain.objects.values_list("name", "pk"))
-    epochs = dict(Takeover.objects.values_list("home__name", "epoch")) if network["takeovers"] else {}
-    for r in network["takeovers"]:
-        if r["home"] not in domains or r["holder"] not in domains or epochs.get(r["home"], 0) >= r["epoch"]:
-            continue  # (no lock taken for what is known: every forward call from a holder tells it)
-        with transaction.atomic():
-            current = Takeover.objects.select_for_update().filter(home_id=domains[r["home"]]).first()
-            if current is not None and current.epoch >= r["epoch"]:
-                continue
-            returned = parse_datetime(r["returned_at"]) if isinstance(r.get("returned_at"), str) else None
-            Takeover.objects.update_or_create(home_id=domains[r["home"]], defaults={
-                "holder_id": domains[r["holder"]], "held": r["held"], "epoch": r["epoch"],
-                "taken_at": parse_datetime(r["taken_at"]), "returned_at": returned,
-                "manual": bool(r.get("manual")), "reason": str(r.get("reason", ""))[:300],
-                "learned_at": timezone.now()})
-        changed += 1
-        _changed(r["home"], r["holder"], r["held"])
-    heard_apply(network["heard"])
-    return changed
-
-
-def _changed(home: str, holder: str, held: bool) -> None:
-    """Who serves `home`'s users changed: this process sees it at once (others within
-    TAKEOVER_LOOK_SECONDS), and the connections of those users on the side that no longer serves
-    them close (1012)."""
-    app_snapshots_clear()
-    here = settings.DOMAIN_NAME
-    if home == here and not held:
-        transaction.on_commit(lambda: handoff.given_back_enqueue(holder))  # (a task: no lock held meanwhile)
-    if home != here and not held:
-        # The home serves again: what waits here on the link to it goes now, not after the backoff
-        # its calls earned while it was away (it would land after what the holder copied back).
-        _retry_now(home)
-        transaction.on_commit(lambda: handoff.forward_links_kick([home]))
-    if (home == here and held) or (holder == here and not held):
-        closed = users_close_sync(ranges=standby_ranges(home, holder), code=CLOSE_RESTART,
-                                  reason=f"your users are served by {holder if held else home} now; reconnect")
-        log.warning("%s: %s's users %s; %d connections closed", here, home,
-                    f"held by {holder}" if held else "handed back", closed)
 
 
 def given_back(holder: str) -> dict:
@@ -198,7 +124,7 @@ def takeover_watch() -> dict[str, str]:
             if current.holder.name == here and (not current.manual or current.returning_since is not None):
                 silent = silent_seconds(home)
                 if silent is not None and silent < settings.LINK_DOWN_AFTER_SECONDS:  # it speaks again
-                    _retry_now(home)
+                    retry_now(home)
                     out[home] = hand_back(home)["state"]
                 elif current.returning_since is not None:
                     # Begun: it goes on between two of the home's gossip rounds, and is given up
@@ -243,15 +169,10 @@ def _fence_close() -> int | None:
                             reason=f"{settings.DOMAIN_NAME} is cut off from the network; reconnect")
 
 
-def _retry_now(home: str) -> None:
-    """A held home that speaks again (its gossip arrives) is called now: the backoff its link earned
-    while it was away (a probe alone never clears it) would hold the changes it must take first, and
-    so the hand-back, for up to the backoff's length. A call that fails earns it again."""
-    LinkHealth.objects.filter(peer=home, retry_at__gt=timezone.now() + timedelta(seconds=2)).update(retry_at=None)
-
-
 def _epoch_next(current: Takeover | None) -> int:
-    return max(current.epoch if current else 0, time.time_ns() // 1000) + 1
+    """After `current`'s epoch and at least this domain's clock in microseconds (a row with an epoch
+    past `epoch_ceiling` counts as none: its next would not fit a bigint, or beat honest records)."""
+    return max(epoch_of(current), time.time_ns() // 1000) + 1
 
 
 def take_over(home: str, *, manual: bool = False, reason: str = "") -> dict:
@@ -285,7 +206,7 @@ def take_over(home: str, *, manual: bool = False, reason: str = "") -> dict:
                 len(queued), home, sent_on)
     if queued:
         transaction.on_commit(lambda: handoff.routing_enqueue(queued))
-    _changed(home, here, True)
+    changed_here(home, here, True)
     _tell_now()
     return {"state": "taken", "merged": merged.appended, "queued": len(queued)}
 
@@ -326,7 +247,7 @@ def hand_back(home: str, *, manual: bool = False) -> dict:
         current.manual, current.learned_at, current.returning_since = manual or current.manual, timezone.now(), None
         current.save(update_fields=["held", "returned_at", "epoch", "manual", "learned_at", "returning_since"])
     log.warning("%s handed %s's users back (%d deliveries it held)", here, home, cleared)
-    _changed(home, here, False)
+    changed_here(home, here, False)
     _tell_now()
     return {"state": "handed back", "deliveries": cleared}
 

@@ -114,3 +114,25 @@ def check_node_identity(app_configs, **kwargs):
         errors.append(Error(f"PRESENCE_SNAPSHOT_PAGE={settings.PRESENCE_SNAPSHOT_PAGE} lists no users per frame.",
                             hint="1 or more (default 1000).", id="switchboard.E010"))
     return errors
+
+
+@register(deploy=False)
+def check_network_door(app_configs, **kwargs):
+    """The bounds of the door between domains (foundation.body_cap, messaging.network): each must let
+    a genuine call through."""
+    errors = []
+    if settings.NETWORK_LARGE_BODIES_PER_LINK < 1:
+        errors.append(Error(
+            f"NETWORK_LARGE_BODIES_PER_LINK={settings.NETWORK_LARGE_BODIES_PER_LINK}: no neighbour's call over "
+            f"NETWORK_LARGE_BODY_BYTES ({settings.NETWORK_LARGE_BODY_BYTES}) would ever be read.",
+            hint="1 or more (default 2).", id="switchboard.E030"))
+    if settings.HTTP_BODY_TIMEOUT_SECONDS < 0:
+        errors.append(Error(f"HTTP_BODY_TIMEOUT_SECONDS={settings.HTTP_BODY_TIMEOUT_SECONDS} is negative.",
+                            hint="Seconds a request body may take (default 30); 0 for no limit.",
+                            id="switchboard.E031"))
+    if settings.TAKEOVER_EPOCH_MAX_AHEAD_SECONDS < 1:
+        errors.append(Error(
+            f"TAKEOVER_EPOCH_MAX_AHEAD_SECONDS={settings.TAKEOVER_EPOCH_MAX_AHEAD_SECONDS:g}: a takeover told by a "
+            "domain whose clock is a moment ahead would be refused.",
+            hint="At least the clocks' skew between domains (default 300).", id="switchboard.E032"))
+    return errors

@@ -75,6 +75,18 @@ def signature_parse(header: str | None) -> Signature | None:
     return Signature(timestamp=timestamp, nonce=nonce, values=tuple(parts.get(SCHEME, [])))
 
 
+def header_refusal(*, header: str | None, max_skew: int, now: float | None = None) -> tuple[str | None, Signature | None]:
+    """What the signature header alone refuses (None: well formed and fresh), and the parsed
+    signature: the part of `signature_refusal` that needs no body, so a receiver can refuse a call
+    before reading it (messaging.network.transport's header check)."""
+    signature = signature_parse(header)
+    if signature is None:
+        return "missing or malformed signature", None
+    if abs((time.time() if now is None else now) - signature.timestamp) > max_skew:
+        return f"timestamp outside the allowed {max_skew} s window", signature
+    return None, signature
+
+
 def signature_refusal(*, secret: str | Sequence[str], header: str | None, method: str, path: str, body: bytes,
                       max_skew: int, now: float | None = None) -> tuple[str | None, Signature | None]:
     """Why a signed call must be refused (None: the signature holds with `secret`, or one of them),
@@ -83,11 +95,9 @@ def signature_refusal(*, secret: str | Sequence[str], header: str | None, method
     Replays are the caller's second step (`nonce_first_use`), once the signature is known to be
     genuine: a forged call must not be able to burn a nonce.
     """
-    signature = signature_parse(header)
-    if signature is None:
-        return "missing or malformed signature", None
-    if abs((time.time() if now is None else now) - signature.timestamp) > max_skew:
-        return f"timestamp outside the allowed {max_skew} s window", signature
+    reason, signature = header_refusal(header=header, max_skew=max_skew, now=now)
+    if reason is not None or signature is None:
+        return reason, signature
     for key in [secret] if isinstance(secret, str) else secret:
         expected = signature_compute(secret=key, timestamp=signature.timestamp, nonce=signature.nonce,
                                      method=method, path=path, body=body)

@@ -51,6 +51,13 @@ def test_a_master_snapshot_page_of_no_users_is_reported_with_its_check_id():
     assert result.returncode != 0 and "switchboard.E010" in result.stderr
 
 
+def test_bounds_of_the_door_between_domains_that_would_refuse_genuine_calls_are_reported_with_their_ids():
+    result = _check({"NETWORK_LARGE_BODIES_PER_LINK": "0", "HTTP_BODY_TIMEOUT_SECONDS": "-1",
+                     "TAKEOVER_EPOCH_MAX_AHEAD_SECONDS": "0"})
+    assert result.returncode != 0
+    assert all(f"switchboard.{code}" in result.stderr for code in ("E030", "E031", "E032"))
+
+
 def test_secrets_can_come_from_files(tmp_path, monkeypatch):
     secret = tmp_path / "secret"
     secret.write_text("from-a-file\n")

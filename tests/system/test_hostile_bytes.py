@@ -283,10 +283,11 @@ def test_a_body_under_the_cap_is_read_as_before(web):
     assert refused.value.code == 401  # read whole, then refused for want of a key
 
 
-def test_the_calls_between_domains_may_carry_more_than_the_public_cap(web):
-    body = b"{" + b" " * (3 * BODY_CAP) + b"}"
-    request = urllib.request.Request(f"{web.url}/internal/v1/forward", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(request, timeout=10)
-    assert refused.value.code == 403  # read, and refused as unsigned: not 413
+def test_the_calls_between_domains_may_declare_more_than_the_public_cap(web):
+    # Refused as unsigned, from the headers alone, not as too large (tests/system/test_network_door.py
+    # has the calls between domains: a genuine one that size is read whole).
+    sock = _raw_request(web, f"POST /internal/v1/forward HTTP/1.1\r\nHost: localhost\r\nContent-Length: {3 * BODY_CAP}"
+                             "\r\n\r\n")
+    answer = _answer(sock)
+    assert answer.startswith(b"HTTP/1.1 403")
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1]) == {"error": "missing or malformed Switchboard-Domain header"}

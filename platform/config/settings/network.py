@@ -45,6 +45,10 @@ STANDBY_COPY_SECONDS = env_float("STANDBY_COPY_SECONDS", 1.0)
 # and its link down this long, and a third domain agrees; beat looks every TAKEOVER_WATCH_SECONDS.
 FAILOVER_SECONDS = env_float("FAILOVER_SECONDS", 30.0)
 TAKEOVER_WATCH_SECONDS = env_float("TAKEOVER_WATCH_SECONDS", 2.0)
+# A takeover's epoch is its writer's clock in microseconds; a record a neighbour tells whose epoch is
+# further ahead of this domain's clock than this is refused (it would beat every genuine record of
+# that home until then; 2^63-1 for ever), and a stored row that far ahead counts as no epoch.
+TAKEOVER_EPOCH_MAX_AHEAD_SECONDS = env_float("TAKEOVER_EPOCH_MAX_AHEAD_SECONDS", 300.0)
 # A hand-back first stops admitting the users at the holder and closes their connections, this long
 # before it gives their mailboxes up (every web node has seen it, and their last ACKs are read).
 HAND_BACK_GRACE_SECONDS = env_float("HAND_BACK_GRACE_SECONDS", 3.0)

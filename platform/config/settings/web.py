@@ -15,6 +15,19 @@ HTTP_MAX_BODY_BYTES = env_int("HTTP_MAX_BODY_BYTES", 2_621_440)  # Django's DATA
 DATA_UPLOAD_MAX_MEMORY_SIZE = HTTP_MAX_BODY_BYTES
 NETWORK_MAX_BODY_BYTES = env_int("NETWORK_MAX_BODY_BYTES", 32 * 1024 * 1024)
 HTTP_MAX_BODY_BYTES_BY_PREFIX = {"/internal/": NETWORK_MAX_BODY_BYTES}
+# A request body not complete this many seconds after its headers is answered 408 and its connection
+# closed (foundation.body_cap): a body sent a byte at a time holds no connection for ever. 0: no limit.
+HTTP_BODY_TIMEOUT_SECONDS = env_float("HTTP_BODY_TIMEOUT_SECONDS", 30.0)
+# Path prefixes whose requests are checked from their headers before any of their body is read: the
+# calls between domains must come from a neighbour, signed, fresh and with a nonce not yet used
+# (messaging.network.transport.peer_headers_gate), or they are refused and their connection closed.
+HTTP_HEADER_GATES = {"/internal/": "messaging.network.transport.peer_headers_gate"}
+# Of the bodies a neighbour's calls may carry past the public cap (over NETWORK_LARGE_BODY_BYTES, up to
+# NETWORK_MAX_BODY_BYTES), at most this many per link are read at once on a web node; one more is
+# answered 503 (its caller retries with its backoff). Memory held by such bodies on a node is at most
+# links x this x NETWORK_MAX_BODY_BYTES.
+NETWORK_LARGE_BODY_BYTES = env_int("NETWORK_LARGE_BODY_BYTES", HTTP_MAX_BODY_BYTES)
+NETWORK_LARGE_BODIES_PER_LINK = env_int("NETWORK_LARGE_BODIES_PER_LINK", 2)
 # Socket.IO at /socket.io/ (messaging.socketio): Engine.IO's heartbeat (the server pings every
 # interval; a session whose pong does not come within the timeout is closed) and the largest
 # payload a client may send in one poll or WebSocket frame, in bytes (told to clients at the handshake).

@@ -9,6 +9,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.test import RequestFactory
 from django.utils import timezone
 
 from foundation import signed_calls
@@ -144,3 +145,16 @@ def test_a_rotated_link_secret_fails_no_call_while_the_two_ends_switch_apart(cli
     assert call(client, PING_PATH, {}, secret=old) == (403, {"error": "bad signature"})
     prepared = transport.peer_call_prepare(peer="domain-02", path=PING_PATH, payload={})
     assert prepared.headers[signed_calls.SIGNATURE_HEADER].count("v1=") == 1
+
+
+def test_calls_claiming_thousands_of_made_up_domains_leave_the_link_cache_as_it_was(client, net_ring):
+    assert call(client, PING_PATH, {}) == (200, {"domain": "domain-01"})  # a neighbour's call: its links cached
+    cached = transport.link_cache_size()
+    assert cached == 2  # domain-01's links: to domain-02 and domain-04
+    for n in range(3000):  # the Switchboard-Domain header is not signed: anyone may write any name
+        made_up = RequestFactory().post(PING_PATH, data=b"{}", content_type="application/json", headers={
+            signed_calls.DOMAIN_HEADER: f"made-up-{n}", signed_calls.SIGNATURE_HEADER: "t=1,n=abcdefgh,v1=0"})
+        with pytest.raises(transport.PeerRefused):
+            transport.peer_request_check(made_up)
+    assert transport.link_cache_size() == cached
+    assert call(client, PING_PATH, {}) == (200, {"domain": "domain-01"})

@@ -28,23 +28,20 @@ from messaging.network.models import DomainHeard, LinkHealth, StandbyCopy, Stand
 from messaging.network.order import Arrival, arrivals_put_in_order
 from messaging.network.presence_gossip import presence_gossip
 from messaging.network.queue import forward_sweep
-from messaging.network.takeover import (
-    given_back,
-    hand_back,
-    network_accept,
-    network_gossip,
-    take_over,
-    takeover_watch,
-)
+from messaging.network.takeover import given_back, hand_back, take_over, takeover_watch
+from messaging.network.takeover_records import network_accept, network_gossip
 from messaging.router import deliveries_route
 from messaging.tasks import standby_flush_on_stop, standby_sweep
 
 pytestmark = pytest.mark.django_db
 
 ALICE, BOB, CAROL, DAVE = "ANZ-17", "ANZ-1000003", "ANZ-3000007", "ANZ-6000001"  # homed on 01, 02, 03, 04
-# What the gossip tells a domain once domain-04 holds domain-03's users.
-HELD_BY_04 = {"heard": {}, "takeovers": [{"home": "domain-03", "holder": "domain-04", "held": True, "epoch": 10**17,
-                                          "taken_at": "2026-11-28T00:00:00Z"}]}
+
+
+def told_by_04(net) -> dict:
+    """What domain-04's gossip tells its neighbours of the takeovers it holds."""
+    with net.at("domain-04"):
+        return {"heard": {}, "takeovers": network_gossip()["takeovers"]}
 
 
 def login(user: str, app_id: str):
@@ -145,7 +142,7 @@ def test_a_message_that_went_round_towards_the_lost_home_comes_back_to_the_holde
     sent_round_then_taken_over(net)
     for n in ("domain-01", "domain-02"):
         with net.at(n):
-            network_accept(HELD_BY_04)
+            network_accept(told_by_04(net), sender="domain-04")
             forward_sweep()
     net.pump()
     for n in ("domain-01", "domain-02"):
@@ -163,7 +160,7 @@ def test_a_message_the_holder_sent_round_comes_back_by_another_way_into_the_mail
     net.cut_link("domain-01", "domain-02")
     for n in ("domain-02", "domain-03", "domain-04"):
         with net.at(n):
-            network_accept(HELD_BY_04)
+            network_accept(told_by_04(net), sender="domain-04")
             LinkHealth.objects.filter(peer="domain-03").update(up=True, down_since=None, retry_at=None, last_error="")
     with net.at("domain-03"):  # it learned before the message was sent (the test's database clock stands still)
         Takeover.objects.update(learned_at=timezone.now() - timedelta(minutes=1))
@@ -206,7 +203,7 @@ def test_the_holder_hands_back_once_the_home_has_every_change_and_nothing_comes_
         subscription_add(app_id=net.app.pk, subscriber=CAROL, channel="sport")
     net.send(ALICE, CAROL, "during")  # domain-01 learned of the takeover
     with net.at("domain-01"):
-        network_accept(HELD_BY_04)
+        network_accept(told_by_04(net), sender="domain-04")
     net.pump()
     net.deliver(CAROL, at="domain-04")  # she read both at domain-04
     net.down.clear()
@@ -249,7 +246,7 @@ def test_a_home_given_its_users_back_keeps_a_message_it_forwarded_whose_only_mai
         assert hand_back("domain-03")["state"] == "handed back"  # its rows of carol's are cleared
         record = network_gossip()["takeovers"]
     with net.at("domain-03"):
-        network_accept({"heard": {}, "takeovers": record})
+        network_accept({"heard": {}, "takeovers": record}, sender="domain-04")
     net.pump()
     assert mailbox(net, "domain-03") == [("came both ways", "pending")]
 
@@ -285,7 +282,7 @@ def test_a_home_given_its_users_back_copies_their_mailboxes_to_the_standby_again
         assert hand_back("domain-03")["state"] == "handed back"  # "during" went home with it
         record = network_gossip()["takeovers"]
     with net.at("domain-03"):
-        network_accept({"heard": {}, "takeovers": record})  # the home learns it has its users back
+        network_accept({"heard": {}, "takeovers": record}, sender="domain-04")  # the home learns it has its users back
     copy_now(net)
     with net.at("domain-03"):
         home = list(Delivery.objects.filter(recipient=CAROL, forward_to="").order_by("seq")
@@ -305,7 +302,7 @@ def test_a_home_not_yet_told_of_its_hand_back_learns_it_from_the_holders_next_me
     with net.at("domain-04"):
         told = network_gossip()["takeovers"]
     with net.at("domain-03"):  # the home knows it is held
-        assert network_accept({"heard": {}, "takeovers": told}) == 1
+        assert network_accept({"heard": {}, "takeovers": told}, sender="domain-04").changed == 1
     net.down.clear()
     with net.at("domain-04"):
         assert hand_back("domain-03")["state"] == "handed back"  # its gossip to domain-03 is not sent
@@ -333,7 +330,7 @@ def test_a_home_given_its_users_back_puts_each_origins_messages_back_in_its_orde
         return [c for c, _ in mailbox(net, "domain-03")]
 
     with net.at("domain-03"):
-        network_accept({"heard": {}, "takeovers": told})
+        network_accept({"heard": {}, "takeovers": told}, sender="domain-04")
         mailbox_merge([copied(3), copied(1, "domain-02")])  # came here on a link's queue when it returned
         mailbox_merge([copied(1), copied(4), copied(2, "domain-02")])  # what the holder stored, copied back
     assert contents() == ["domain-01 3", "domain-02 1", "domain-01 1", "domain-01 4", "domain-02 2"]
@@ -341,7 +338,7 @@ def test_a_home_given_its_users_back_puts_each_origins_messages_back_in_its_orde
         assert hand_back("domain-03")["state"] == "handed back"
         told = network_gossip()["takeovers"]
     with net.at("domain-03"):
-        network_accept({"heard": {}, "takeovers": told})
+        network_accept({"heard": {}, "takeovers": told}, sender="domain-04")
         assert given_back("domain-04")["reordered"] == 2
     assert contents() == [  # domain-01's in its order, over its places; domain-02's where they were
         "domain-01 1", "domain-02 1", "domain-01 3", "domain-01 4", "domain-02 2"]
@@ -417,9 +414,11 @@ def test_the_higher_epoch_wins_wherever_the_gossip_brings_a_takeover(standby_rin
     net = standby_ring
     record = {"home": "domain-03", "holder": "domain-04", "held": True, "epoch": 5, "taken_at": "2026-11-28T00:00:00Z"}
     with net.at("domain-02"):
-        assert network_accept({"heard": {}, "takeovers": [record]}) == 1
-        assert network_accept({"heard": {}, "takeovers": [{**record, "held": False, "epoch": 4}]}) == 0
-        assert network_accept({"heard": {}, "takeovers": [{**record, "held": False, "epoch": 6}]}) == 1
+        assert network_accept({"heard": {}, "takeovers": [record]}, sender="domain-03").changed == 1
+        assert network_accept({"heard": {}, "takeovers": [{**record, "held": False, "epoch": 4}]},
+                              sender="domain-03").changed == 0
+        assert network_accept({"heard": {}, "takeovers": [{**record, "held": False, "epoch": 6}]},
+                              sender="domain-03").changed == 1
     assert held_by(net, "domain-02") is None
 
 
@@ -489,7 +488,7 @@ def test_a_held_home_keeps_its_mailbox_parked_and_forwards_what_it_stores_since_
     with net.at("domain-04"):
         take_over("domain-03", manual=True)  # planned maintenance: domain-03 is up
     with net.at("domain-03"):
-        network_accept(HELD_BY_04)
+        network_accept(told_by_04(net), sender="domain-04")
         frozen = Delivery.objects.get(recipient=CAROL)
         deliveries_route([frozen.id])  # a retry, a fetch: it stays in her mailbox here, parked
         frozen.refresh_from_db()
@@ -530,7 +529,7 @@ def test_a_held_home_parks_what_its_holder_copies_back_and_never_forwards_it_bac
     net.pump()
     net.down.clear()  # domain-03 is back, and has heard that domain-04 holds its users
     with net.at("domain-03"):
-        network_accept(HELD_BY_04)
+        network_accept(told_by_04(net), sender="domain-04")
         # learned before the copy comes (the test's one transaction has one now(): see above)
         Takeover.objects.update(learned_at=timezone.now() - timedelta(hours=1))
     copy_now(net, at="domain-04")
