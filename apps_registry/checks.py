@@ -1,9 +1,9 @@
 """`check --deploy` checks of the registered apps and the domain network (ids switchboard.W01x): a
 tenant anyone may log in to, and a network whose calls travel in the clear or are signed with a
 short secret, are named before a node goes on the internet; an app with push open mode (anyone may
-publish on its public channels without a key) is an error in production (switchboard.E030: the
+publish on its public channels without a key) is an error in production (switchboard.E033: the
 image's `check --deploy --fail-level ERROR` refuses to start the node) and named elsewhere
-(W030). Only under --deploy: they read the database."""
+(W033). Only under --deploy: they read the database."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def check_push_open_app(app_configs, **kwargs):
     except DatabaseError:
         return []  # check_open_apps already says the database could not be read
     production = getattr(settings, "PRODUCTION", False)
-    kind, check_id = (Error, "switchboard.E030") if production else (CheckWarning, "switchboard.W030")
+    kind, check_id = (Error, "switchboard.E033") if production else (CheckWarning, "switchboard.W033")
     where = ("Production never serves it: its bare requests are refused (401)." if production
              else "Fine for development and demos, never for a public node.")
     return [kind(f"App {name} has push open mode: {PUSH_OPEN_MEANING}. {where}",

@@ -136,7 +136,7 @@ class ClientApp(models.Model):
     # The push seed's clients send no key and name no app (`curl -X POST /messages`, `GET
     # /sse/messages?channels=a`): a request like that is this app's, on its public channels. At most
     # one app (the constraint below); never on a production node (messaging.api.authentication,
-    # apps_registry.selectors.push_open_app), and `check --deploy` refuses it there (switchboard.E030).
+    # apps_registry.selectors.push_open_app), and `check --deploy` refuses it there (switchboard.E033).
     push_open = models.BooleanField(
         "push open mode", default=False,
         help_text=f"When on, {PUSH_OPEN_MEANING}. For running the push service's clients unchanged in "

@@ -253,7 +253,7 @@ def push_open_app() -> AppSnapshot | None:
     """The app a push-compatible request without a key and without an app belongs to: the one app
     with push open mode (ClientApp.push_open; at most one, a constraint), cached like the other
     snapshots. None when no app has it, and always on a production node: there the mode is never
-    served (and `check --deploy` refuses it, switchboard.E030)."""
+    served (and `check --deploy` refuses it, switchboard.E033)."""
     if getattr(settings, "PRODUCTION", False):
         return None
     return _cached(("push-open", ""), lambda: _snapshot_load(ClientApp.objects.filter(push_open=True).first()))

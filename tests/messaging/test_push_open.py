@@ -110,20 +110,20 @@ def test_a_new_app_is_not_open_and_at_most_one_app_may_be(anz, bnz):
 
 
 def test_check_deploy_names_the_open_app_and_refuses_it_in_production(open_app, settings):
-    assert _deploy_messages("switchboard.W030") == [
+    assert _deploy_messages("switchboard.W033") == [
         "App ANZ has push open mode: the push service's endpoints serve requests without credentials as this "
         "app's: anyone may publish on its public channels with POST /messages without an API key, and read them "
         "on /sse/messages and /ws/messages without ?app= or a token. Fine for development and demos, never for a "
         "public node."]
-    assert [m for m in run_checks() if m.id in ("switchboard.W030", "switchboard.E030")] == []  # only --deploy
+    assert [m for m in run_checks() if m.id in ("switchboard.W033", "switchboard.E033")] == []  # only --deploy
     settings.PRODUCTION = True
     [error] = check_push_open_app(None)
-    assert error.id == "switchboard.E030" and error.is_serious()  # --fail-level ERROR: the node does not start
+    assert error.id == "switchboard.E033" and error.is_serious()  # --fail-level ERROR: the node does not start
     assert "App ANZ has push open mode" in error.msg and "Production never serves it" in error.msg
 
 
 def test_check_deploy_is_quiet_without_an_open_app(anz, settings):
-    assert _deploy_messages("switchboard.W030") == []
+    assert _deploy_messages("switchboard.W033") == []
     settings.PRODUCTION = True
     assert check_push_open_app(None) == []
 
