@@ -4,19 +4,20 @@ others dead-lettered with their reason, then all acknowledged and deleted from t
 
 An entry's fields: `to` (a user id, or a JSON list of user ids: a group message), `content`, and
 optionally `feature` (RELIABLE, the default, or FAST), `reference`, `sender` (a user of the app;
-its master user by default). Any other field, text that is not UTF-8, or anything a REST send
-would refuse sends it to the dead-letter stream `sbq:<APPNAME>:dead` with its original fields
-(each cut to DEAD_FIELD_MAX bytes), `entry` (its id) and `reason` ("<error code>: <detail>", the
-REST API's answer).
+its master user by default). Any other field, text that is not UTF-8, an entry larger than
+QUEUE_INTAKE_ENTRY_MAX_BYTES (never read whole: queue_intake.reader) or anything a REST send would
+refuse sends it to the dead-letter stream `sbq:<APPNAME>:dead` with `entry` (its id), `reason`
+("<error code>: <detail>", the REST API's answer) and a bounded copy of its fields
+(queue_intake.dead_letters).
 
 Guarantees:
 - an entry is stored once and routed once however often it is processed (a consumer killed after
   storing and before acknowledging; a claim by XAUTOCLAIM): its message's clientMessageId is
   `sbq:<entry id>`, unique per (app, sender), and a repeat stores and routes nothing;
 - a FAST entry is pushed at most once (a marker set before the push; FAST is best effort);
-- nothing is acknowledged before it is stored or dead-lettered: the acknowledgement, the deletion
-  and the dead letters go in one MULTI after the commit. A dead letter may be written twice if its
-  consumer dies between the two (the dead-letter stream is at least once).
+- nothing is acknowledged before it is stored or dead-lettered: the acknowledgement, the
+  deletion and the dead letters go in one MULTI after the commit. A dead letter may be written twice
+  if its consumer dies between the two (the dead-letter stream is at least once).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from django.db import DataError, IntegrityError
 from apps_registry.selectors import AppSnapshot, app_snapshot
 from messaging.accept import SendRefused
 from messaging.protocol import FEATURE_FAST, FEATURE_RELIABLE
-from messaging.queue_intake.names import GROUP, dead_key, fast_seen_key, intake_key
+from messaging.queue_intake.dead_letters import Oversized, dead_letter_add
+from messaging.queue_intake.names import GROUP, fast_seen_key, intake_key
+from messaging.queue_intake.reader import Entry
 from messaging.queue_intake.stats import stats_add
 from messaging.server_sends import CheckedSend, server_fast_push, server_message_check
 from messaging.store import OutgoingMessage, messages_store
@@ -41,12 +44,9 @@ from messaging.store import OutgoingMessage, messages_store
 log = logging.getLogger(__name__)
 
 FIELDS = frozenset({"to", "content", "feature", "reference", "sender"})
-DEAD_FIELD_MAX = 2048  # bytes of each original field a dead letter keeps (the stream is bounded in entries)
 FAST_SEEN_SECONDS = 24 * 3600  # longer than any entry waits to be reclaimed
 CLIENT_MESSAGE_ID_PREFIX = "sbq:"
 TO_INVALID = "'to' must be a user id or a non-empty JSON list of user ids"
-
-Entry = tuple[bytes, dict[bytes, bytes] | None]  # (id, fields); fields None: deleted before it was read
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def entry_fields(raw: dict[bytes, bytes]) -> dict[str, str]:
         raise SendRefused("invalid_request", "fields must be UTF-8 text") from None
     unknown = sorted(set(fields) - FIELDS)
     if unknown:
-        raise SendRefused("invalid_request", f"unknown field {unknown[0]!r} (fields: {', '.join(sorted(FIELDS))})")
+        raise SendRefused("invalid_request", f"unknown field {unknown[0][:64]!r} (fields: {', '.join(sorted(FIELDS))})")
     return fields
 
 
@@ -88,12 +88,14 @@ def entry_check(app: AppSnapshot, fields: dict[str, str]) -> CheckedSend:
                                 reference=fields.get("reference", ""))
 
 
-def _dead_letter(pipe: redis.client.Pipeline, app_name: str, entry_id: bytes, raw: dict[bytes, bytes],
-                 code: str, detail: str) -> None:
-    fields = {k[:DEAD_FIELD_MAX]: v[:DEAD_FIELD_MAX] for k, v in raw.items()}
-    fields[b"entry"] = entry_id
-    fields[b"reason"] = f"{code}: {detail}".encode()
-    pipe.xadd(dead_key(app_name), fields, maxlen=settings.QUEUE_DEAD_MAXLEN, approximate=True)
+def entry_raw_check(app: AppSnapshot | None, app_name: str, raw: dict[bytes, bytes] | Oversized) -> CheckedSend:
+    """An entry as read (its fields, or an Oversized copy) checked: SendRefused, or what to send."""
+    if app is None:
+        raise SendRefused("invalid_request", f"app {app_name} does not exist")
+    if isinstance(raw, Oversized):
+        raise SendRefused("request_too_large", f"the entry holds {raw.size} bytes in {raw.count} fields; at most "
+                                               f"{settings.QUEUE_INTAKE_ENTRY_MAX_BYTES} (QUEUE_INTAKE_ENTRY_MAX_BYTES)")
+    return entry_check(app, entry_fields(raw))
 
 
 def _store(messages: list[OutgoingMessage]) -> tuple[list, list[tuple[int, Exception]]]:
@@ -118,18 +120,16 @@ def queue_entries_consume(*, client: redis.Redis, app_name: str, entries: Sequen
     (Postgres or Redis away) with nothing acknowledged: the entries stay pending and are processed
     again later, which stores and routes nothing twice."""
     app = app_snapshot(app_name)
-    reliable: list[tuple[bytes, dict, OutgoingMessage]] = []
+    reliable: list[tuple[bytes, dict | Oversized, OutgoingMessage]] = []
     fast: list[tuple[bytes, OutgoingMessage]] = []
-    dead: list[tuple[bytes, dict, str, str]] = []
+    dead: list[tuple[bytes, dict | Oversized, str]] = []
     for entry_id, raw in entries:
         if raw is None:
             continue  # deleted from the stream before it was consumed (its writer trimmed it): acknowledged only
         try:
-            if app is None:
-                raise SendRefused("invalid_request", f"app {app_name} does not exist")
-            checked = entry_check(app, entry_fields(raw))
+            checked = entry_raw_check(app, app_name, raw)
         except SendRefused as refused:
-            dead.append((entry_id, raw, refused.code, refused.detail))
+            dead.append((entry_id, raw, f"{refused.code}: {refused.detail}"))
             continue
         if checked.feature == FEATURE_FAST:
             fast.append((entry_id, checked.message))
@@ -140,7 +140,7 @@ def queue_entries_consume(*, client: redis.Redis, app_name: str, entries: Sequen
     for index, exc in failed:
         entry_id, raw, _ = reliable[index]
         log.warning("queue entry %s of %s refused by the database: %s", entry_id, app_name, exc)
-        dead.append((entry_id, raw, "invalid_request", "the database refused this message"))
+        dead.append((entry_id, raw, "invalid_request: the database refused this message"))
     stored = sum(1 for r in results if r is not None and not r.duplicate)
     repeated = sum(1 for r in results if r is not None and r.duplicate)
     pushed = 0
@@ -150,8 +150,8 @@ def queue_entries_consume(*, client: redis.Redis, app_name: str, entries: Sequen
             pushed += 1
     done = Consumed(stored=stored, pushed=pushed, repeated=repeated + len(fast) - pushed, dead=len(dead))
     pipe = client.pipeline(transaction=True)  # acknowledged and deleted together: never one without the other
-    for entry_id, raw, code, detail in dead:
-        _dead_letter(pipe, app_name, entry_id, raw, code, detail)
+    for entry_id, raw, reason in dead:
+        dead_letter_add(pipe, app_name, entry_id, raw, reason)
     ids = [entry_id for entry_id, _ in entries]
     pipe.xack(intake_key(app_name), GROUP, *ids)
     pipe.xdel(intake_key(app_name), *ids)

@@ -135,3 +135,37 @@ def test_the_consumer_comes_back_after_a_redis_restart_with_the_users_reapplied(
         assert time.monotonic() < deadline, worker.output()[-3000:]
         time.sleep(0.2)
     assert "queue intake consumer" in worker.output() and "starting again" in worker.output()
+
+
+def _peak_rss_kib(proc) -> int:
+    """The most memory the process has held (its high-water mark, VmHWM)."""
+    for line in open(f"/proc/{proc.popen.pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.django_db
+def test_a_64_mb_entry_is_dead_lettered_without_being_read_and_the_entries_after_it_flow(processes, anz_password):
+    worker = processes.worker("worker", **ENV)
+    writer = writer_for("ANZ", anz_password)
+    writer.xadd(intake_key("ANZ"), {"to": "ANZ-84000", "content": "warm"})
+    deadline = time.monotonic() + 20
+    while not Message.objects.filter(content="warm").exists():
+        assert time.monotonic() < deadline, worker.output()[-3000:]
+        time.sleep(0.05)
+    before = _peak_rss_kib(worker)
+    huge = writer.xadd(intake_key("ANZ"), {"to": "ANZ-84000", "content": "x" * (64 * 1024 * 1024)})
+    # Behind it in the stream (written by Switchboard's own user: the gate may close its writer at once).
+    queue_client().xadd(intake_key("ANZ"), {"to": "ANZ-84000", "content": "after the huge one"})
+    deadline = time.monotonic() + 30
+    while not Message.objects.filter(content="after the huge one").exists():
+        assert time.monotonic() < deadline, worker.output()[-3000:]
+        time.sleep(0.05)
+    assert _peak_rss_kib(worker) - before < 32 * 1024  # it held 260 MB more when it read the entry whole
+    [(_, dead)] = queue_client().xrange("sbq:ANZ:dead")
+    assert dead[b"entry"] == huge and dead[b"reason"].startswith(b"request_too_large: ")
+    assert queue_client().memory_usage("sbq:ANZ:dead", samples=0) < 16 * 1024
+    assert worker.alive()
+    assert queue_client().xpending(intake_key("ANZ"), GROUP)["pending"] == 0  # nothing left for another to reclaim
+
