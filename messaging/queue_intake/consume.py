@@ -14,8 +14,13 @@ Guarantees:
 - an entry is stored once and routed once however often it is processed (a consumer killed after
   storing and before acknowledging; a claim by XAUTOCLAIM): its message's clientMessageId is
   `sbq:<entry id>`, unique per (app, sender), and a repeat stores and routes nothing;
-- a FAST entry is pushed at most once (a marker set before the push; FAST is best effort);
-- nothing is acknowledged before it is stored or dead-lettered: the acknowledgement, the
+- a FAST entry is pushed at most once, with no marker kept anywhere: it is acknowledged and deleted
+  (one MULTI, an XACK per entry) before it is pushed, and only the consumer whose XACK removed it
+  from the group's pending list (answered 1) pushes it. A second consumer that claimed it, or this
+  one processing it again after a crash, gets 0 and pushes nothing; the group's pending list is the
+  marker, for exactly as long as the entry can be processed again. A consumer that dies between the
+  acknowledgement and the push loses that push (FAST is best effort: at most once, never twice);
+- nothing RELIABLE is acknowledged before it is stored or dead-lettered: the acknowledgement, the
   deletion and the dead letters go in one MULTI after the commit. A dead letter may be written twice
   if its consumer dies between the two (the dead-letter stream is at least once).
 """
@@ -35,7 +40,7 @@ from apps_registry.selectors import AppSnapshot, app_snapshot
 from messaging.accept import SendRefused
 from messaging.protocol import FEATURE_FAST, FEATURE_RELIABLE
 from messaging.queue_intake.dead_letters import Oversized, dead_letter_add
-from messaging.queue_intake.names import GROUP, fast_seen_key, intake_key
+from messaging.queue_intake.names import GROUP, intake_key
 from messaging.queue_intake.reader import Entry
 from messaging.queue_intake.stats import stats_add
 from messaging.server_sends import CheckedSend, server_fast_push, server_message_check
@@ -44,7 +49,6 @@ from messaging.store import OutgoingMessage, messages_store
 log = logging.getLogger(__name__)
 
 FIELDS = frozenset({"to", "content", "feature", "reference", "sender"})
-FAST_SEEN_SECONDS = 24 * 3600  # longer than any entry waits to be reclaimed
 CLIENT_MESSAGE_ID_PREFIX = "sbq:"
 TO_INVALID = "'to' must be a user id or a non-empty JSON list of user ids"
 
@@ -114,11 +118,21 @@ def _store(messages: list[OutgoingMessage]) -> tuple[list, list[tuple[int, Excep
         return results, failed
 
 
+def _fast_claim(client: redis.Redis, app_name: str, ids: list[bytes]) -> list[bool]:
+    """Acknowledge and delete the FAST entries `ids` (one MULTI): per entry, whether this XACK took
+    it off the group's pending list, i.e. whether this consumer is the one that may push it."""
+    pipe = client.pipeline(transaction=True)
+    for entry_id in ids:
+        pipe.xack(intake_key(app_name), GROUP, entry_id)
+    pipe.xdel(intake_key(app_name), *ids)
+    return [bool(acked) for acked in pipe.execute()[:-1]]
+
+
 def queue_entries_consume(*, client: redis.Redis, app_name: str, entries: Sequence[Entry]) -> Consumed:
     """Consume `entries` of the app's stream (read or claimed by this consumer): store, push or
     dead-letter each, then acknowledge and delete them all. Raises on an infrastructure error
-    (Postgres or Redis away) with nothing acknowledged: the entries stay pending and are processed
-    again later, which stores and routes nothing twice."""
+    (Postgres or Redis away) with nothing RELIABLE acknowledged: the entries stay pending and are
+    processed again later, which stores and routes nothing twice."""
     app = app_snapshot(app_name)
     reliable: list[tuple[bytes, dict | Oversized, OutgoingMessage]] = []
     fast: list[tuple[bytes, OutgoingMessage]] = []
@@ -144,17 +158,21 @@ def queue_entries_consume(*, client: redis.Redis, app_name: str, entries: Sequen
     stored = sum(1 for r in results if r is not None and not r.duplicate)
     repeated = sum(1 for r in results if r is not None and r.duplicate)
     pushed = 0
-    for entry_id, message in fast:
-        if client.set(fast_seen_key(app_name, entry_id.decode()), 1, nx=True, ex=FAST_SEEN_SECONDS):
-            server_fast_push(app, message)
-            pushed += 1
+    if fast:
+        for (_, message), ours in zip(fast, _fast_claim(client, app_name, [i for i, _ in fast]), strict=True):
+            if ours:
+                server_fast_push(app, message)
+                pushed += 1
     done = Consumed(stored=stored, pushed=pushed, repeated=repeated + len(fast) - pushed, dead=len(dead))
     pipe = client.pipeline(transaction=True)  # acknowledged and deleted together: never one without the other
     for entry_id, raw, reason in dead:
         dead_letter_add(pipe, app_name, entry_id, raw, reason)
-    ids = [entry_id for entry_id, _ in entries]
-    pipe.xack(intake_key(app_name), GROUP, *ids)
-    pipe.xdel(intake_key(app_name), *ids)
+    fast_ids = {entry_id for entry_id, _ in fast}  # acknowledged and deleted already
+    ids = [entry_id for entry_id, _ in entries if entry_id not in fast_ids]
+    if ids:
+        pipe.xack(intake_key(app_name), GROUP, *ids)
+        pipe.xdel(intake_key(app_name), *ids)
     stats_add(pipe, app_name, consumed=done.stored + done.pushed, dead=done.dead, repeated=done.repeated)
-    pipe.execute()
+    if len(pipe):
+        pipe.execute()
     return done

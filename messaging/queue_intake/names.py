@@ -31,11 +31,6 @@ def stats_key(app_name: str) -> str:
     return f"sbq:{app_name}:stats"
 
 
-def fast_seen_key(app_name: str, entry_id: str) -> str:
-    """Set when a FAST entry is pushed: an entry processed twice is pushed once (FAST is never stored)."""
-    return f"sbq:{app_name}:fast:{entry_id}"
-
-
 def queue_redis_url() -> str:
     return settings.QUEUE_REDIS_URL or settings.REDIS_URL
 

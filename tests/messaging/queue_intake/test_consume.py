@@ -111,3 +111,23 @@ def test_an_entry_deleted_while_pending_is_only_acknowledged(anz, credential, qu
     assert done == type(done)()
     assert queue_redis.xpending(intake_key("ANZ"), GROUP)["pending"] == 0
 
+
+def test_a_fast_entry_is_pushed_once_however_often_it_is_processed_and_leaves_no_key(
+        anz, credential, queue_redis, django_capture_on_commit_callbacks):
+    writer = writer_for("ANZ", credential(anz))
+    for n in range(3):
+        writer.xadd(intake_key("ANZ"), {"to": "ANZ-1002", "content": f"typing {n}", "feature": "FAST"})
+    first = read(queue_redis, "ANZ", consumer="slow")
+    # The slow consumer seems dead: another claims its entries and processes them.
+    queue_redis.execute_command("XAUTOCLAIM", intake_key("ANZ"), GROUP, "other", 0, "0-0", "JUSTID")
+    claimed = read(queue_redis, "ANZ", consumer="other", pending=True)
+    done = consume(queue_redis, "ANZ", claimed, django_capture_on_commit_callbacks)
+    late = consume(queue_redis, "ANZ", first, django_capture_on_commit_callbacks)  # the slow one wakes up
+    again = consume(queue_redis, "ANZ", claimed, django_capture_on_commit_callbacks)  # as after a crash
+    assert (done.pushed, late.pushed, again.pushed) == (3, 0, 0)
+    assert (late.repeated, again.repeated) == (3, 3)
+    assert not Message.objects.exists()  # FAST is never stored
+    assert queue_redis.xlen(intake_key("ANZ")) == 0
+    assert queue_redis.xpending(intake_key("ANZ"), GROUP)["pending"] == 0
+    assert sorted(queue_redis.scan_iter(match="sbq:ANZ:*")) == [b"sbq:ANZ:in", b"sbq:ANZ:stats"]  # no marker left
+
