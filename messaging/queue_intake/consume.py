@@ -13,7 +13,8 @@ refuse sends it to the dead-letter stream `sbq:<APPNAME>:dead` with `entry` (its
 Guarantees:
 - an entry is stored once and routed once however often it is processed (a consumer killed after
   storing and before acknowledging; a claim by XAUTOCLAIM): its message's clientMessageId is
-  `sbq:<entry id>`, unique per (app, sender), and a repeat stores and routes nothing;
+  `sbq:<entry id>`, unique per (app, sender), and a repeat stores and routes nothing. No client can
+  take such an id first: `sbq:` is refused on /ws and Socket.IO (messaging.protocol);
 - a FAST entry is pushed at most once, with no marker kept anywhere: it is acknowledged and deleted
   (one MULTI, an XACK per entry) before it is pushed, and only the consumer whose XACK removed it
   from the group's pending list (answered 1) pushes it. A second consumer that claimed it, or this
@@ -38,7 +39,7 @@ from django.db import DataError, IntegrityError
 
 from apps_registry.selectors import AppSnapshot, app_snapshot
 from messaging.accept import SendRefused
-from messaging.protocol import FEATURE_FAST, FEATURE_RELIABLE
+from messaging.protocol import FEATURE_FAST, FEATURE_RELIABLE, QUEUE_CLIENT_MESSAGE_ID_PREFIX
 from messaging.queue_intake.dead_letters import Oversized, dead_letter_add
 from messaging.queue_intake.names import GROUP, intake_key
 from messaging.queue_intake.reader import Entry
@@ -49,7 +50,6 @@ from messaging.store import OutgoingMessage, messages_store
 log = logging.getLogger(__name__)
 
 FIELDS = frozenset({"to", "content", "feature", "reference", "sender"})
-CLIENT_MESSAGE_ID_PREFIX = "sbq:"
 TO_INVALID = "'to' must be a user id or a non-empty JSON list of user ids"
 
 
@@ -148,7 +148,7 @@ def queue_entries_consume(*, client: redis.Redis, app_name: str, entries: Sequen
         if checked.feature == FEATURE_FAST:
             fast.append((entry_id, checked.message))
         else:
-            cmid = CLIENT_MESSAGE_ID_PREFIX + entry_id.decode()
+            cmid = QUEUE_CLIENT_MESSAGE_ID_PREFIX + entry_id.decode()
             reliable.append((entry_id, raw, replace(checked.message, client_message_id=cmid)))
     results, failed = _store([m for _, _, m in reliable]) if reliable else ([], [])
     for index, exc in failed:
