@@ -10,6 +10,13 @@ refuse sends it to the dead-letter stream `sbq:<APPNAME>:dead` with `entry` (its
 ("<error code>: <detail>", the REST API's answer) and a bounded copy of its fields
 (queue_intake.dead_letters).
 
+The app's API rate limit applies as to the REST API, on the same bucket (messaging.api.throttling):
+a token per entry. Entries beyond the tokens there are are not refused: they are left unacknowledged,
+as they were read (`Consumed.waiting`), and the consumer reads them again once there are tokens
+(`Consumed.retry_after`; queue_intake.runner). Nothing is lost and nothing is dead-lettered for it;
+the backlog waits in the stream, where the gate bounds it, and the writer is refused (NOPERM) once
+it is full, as when the workers fall behind.
+
 Guarantees:
 - an entry is stored once and routed once however often it is processed (a consumer killed after
   storing and before acknowledging; a claim by XAUTOCLAIM): its message's clientMessageId is
@@ -39,6 +46,7 @@ from django.db import DataError, IntegrityError
 
 from apps_registry.selectors import AppSnapshot, app_snapshot
 from messaging.accept import SendRefused
+from messaging.api.throttling import rate_limit_take_up_to
 from messaging.protocol import FEATURE_FAST, FEATURE_RELIABLE, QUEUE_CLIENT_MESSAGE_ID_PREFIX
 from messaging.queue_intake.dead_letters import Oversized, dead_letter_add
 from messaging.queue_intake.names import GROUP, intake_key
@@ -51,6 +59,10 @@ log = logging.getLogger(__name__)
 
 FIELDS = frozenset({"to", "content", "feature", "reference", "sender"})
 TO_INVALID = "'to' must be a user id or a non-empty JSON list of user ids"
+# Entries left waiting for tokens are read again after at most this long: soon enough that they never
+# sit idle long enough to be claimed by another consumer (QUEUE_INTAKE_RECLAIM_SECONDS, 30 s), rarely
+# enough that a stream far over its app's limit is not read again and again for nothing.
+RETRY_AFTER_MAX = 1.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,8 @@ class Consumed:
     pushed: int = 0  # FAST entries pushed
     repeated: int = 0  # entries processed before: nothing sent again
     dead: int = 0
+    waiting: int = 0  # entries over the app's rate limit: left unacknowledged, to be read again
+    retry_after: float = 0.0  # when `waiting`: seconds until they may have tokens
 
 
 def entry_fields(raw: dict[bytes, bytes]) -> dict[str, str]:
@@ -102,6 +116,26 @@ def entry_raw_check(app: AppSnapshot | None, app_name: str, raw: dict[bytes, byt
     return entry_check(app, entry_fields(raw))
 
 
+def _tokens_take(app: AppSnapshot | None, wanted: int) -> tuple[int, float]:
+    """Tokens of the app's API bucket for `wanted` entries: how many it got, and the seconds until
+    the rest may have them. Redis away: all pass, as REST requests do (messaging.api.throttling)."""
+    if app is None or not wanted:
+        return wanted, 0.0  # an app that is gone: its entries are dead-lettered, which costs nobody's budget
+    try:
+        granted, wait = rate_limit_take_up_to(app_pk=app.pk, rate=app.api_rate_limit_per_second,
+                                              burst=app.api_rate_limit_burst, wanted=wanted)
+    except redis.RedisError:
+        log.warning("API rate limit not applied to the queue intake of %s: Redis unavailable", app.app_name,
+                    exc_info=True)
+        return wanted, 0.0
+    if granted >= wanted:
+        return wanted, 0.0
+    # Until the rest could all have tokens at the app's rate; no longer than the bucket takes to fill
+    # (it holds no more than its burst: waiting longer would waste what the rate gives) nor RETRY_AFTER_MAX.
+    rest = min(wanted - granted, app.api_rate_limit_burst)
+    return granted, min(RETRY_AFTER_MAX, wait + (rest - 1) / app.api_rate_limit_per_second)
+
+
 def _store(messages: list[OutgoingMessage]) -> tuple[list, list[tuple[int, Exception]]]:
     """Store the batch in one statement; if the statement itself is refused (a value Postgres will
     not take), store one at a time so only the bad entries fail: (results, [(index, error)])."""
@@ -129,17 +163,27 @@ def _fast_claim(client: redis.Redis, app_name: str, ids: list[bytes]) -> list[bo
 
 
 def queue_entries_consume(*, client: redis.Redis, app_name: str, entries: Sequence[Entry]) -> Consumed:
-    """Consume `entries` of the app's stream (read or claimed by this consumer): store, push or
-    dead-letter each, then acknowledge and delete them all. Raises on an infrastructure error
+    """Consume `entries` of the app's stream (read or claimed by this consumer, in stream order):
+    store, push or dead-letter as many as the app's rate limit lets through, then acknowledge and
+    delete them; the others are left as they are (`waiting`). Raises on an infrastructure error
     (Postgres or Redis away) with nothing RELIABLE acknowledged: the entries stay pending and are
     processed again later, which stores and routes nothing twice."""
     app = app_snapshot(app_name)
+    granted, retry_after = _tokens_take(app, sum(1 for _, raw in entries if raw is not None))
+    taken: list[Entry] = []
+    for entry_id, raw in entries:
+        if raw is None:
+            taken.append((entry_id, raw))  # deleted from the stream before it was consumed (its writer trimmed it): acknowledged only
+        elif granted:
+            taken.append((entry_id, raw))
+            granted -= 1
+    waiting = len(entries) - len(taken)
     reliable: list[tuple[bytes, dict | Oversized, OutgoingMessage]] = []
     fast: list[tuple[bytes, OutgoingMessage]] = []
     dead: list[tuple[bytes, dict | Oversized, str]] = []
-    for entry_id, raw in entries:
+    for entry_id, raw in taken:
         if raw is None:
-            continue  # deleted from the stream before it was consumed (its writer trimmed it): acknowledged only
+            continue
         try:
             checked = entry_raw_check(app, app_name, raw)
         except SendRefused as refused:
@@ -163,12 +207,13 @@ def queue_entries_consume(*, client: redis.Redis, app_name: str, entries: Sequen
             if ours:
                 server_fast_push(app, message)
                 pushed += 1
-    done = Consumed(stored=stored, pushed=pushed, repeated=repeated + len(fast) - pushed, dead=len(dead))
+    done = Consumed(stored=stored, pushed=pushed, repeated=repeated + len(fast) - pushed, dead=len(dead),
+                    waiting=waiting, retry_after=retry_after if waiting else 0.0)
     pipe = client.pipeline(transaction=True)  # acknowledged and deleted together: never one without the other
     for entry_id, raw, reason in dead:
         dead_letter_add(pipe, app_name, entry_id, raw, reason)
     fast_ids = {entry_id for entry_id, _ in fast}  # acknowledged and deleted already
-    ids = [entry_id for entry_id, _ in entries if entry_id not in fast_ids]
+    ids = [entry_id for entry_id, _ in taken if entry_id not in fast_ids]
     if ids:
         pipe.xack(intake_key(app_name), GROUP, *ids)
         pipe.xdel(intake_key(app_name), *ids)

@@ -4,6 +4,9 @@ an entry over QUEUE_INTAKE_ENTRY_MAX_BYTES: reader.py), hands each app's entries
 consume.queue_entries_consume, claims what a dead consumer left pending (XAUTOCLAIM, once idle for
 QUEUE_INTAKE_RECLAIM_SECONDS; then read as its own pending entries) and says it is alive; and a
 second thread that keeps the gates (gate.queue_gates_enforce) every QUEUE_INTAKE_WATCH_SECONDS.
+An app over its API rate limit has the entries it has no tokens for left pending; its stream is left
+out of the reads until they may have tokens (at most consume.RETRY_AFTER_MAX later), then its pending
+entries are read again; the other apps' streams are read meanwhile as usual.
 
 Started by the worker itself (messaging.tasks, on worker_ready, for workers serving the routing
 queue), so `make run`, compose and the Procfile need nothing more. The backlog stays in Redis: a
@@ -97,6 +100,7 @@ class QueueConsumer:
         queue_acl_sync()
         apps: list[str] = []
         own: set[str] | None = None  # apps whose own pending entries are read first ("0"): all of them at a start
+        paused: dict[str, float] = {}  # app -> when its entries waiting for tokens may be read again (monotonic)
         apps_at = reclaim_at = 0.0
         try:
             while not self._stop.is_set():
@@ -112,21 +116,35 @@ class QueueConsumer:
                     own |= self._reclaim(client, apps)  # what it claimed is read as its own
                     reclaim_at = now + settings.QUEUE_INTAKE_RECLAIM_SECONDS / 2
                 if apps:
-                    self._read(client, reader, apps, own)
+                    self._read(client, reader, apps, own, paused)
                 else:  # no app has a credential yet: look again when the list is read again
                     self._stop.wait(APPS_REFRESH_SECONDS)
         finally:
             reader.close()
 
-    def _read(self, client: redis.Redis, reader: EntryReader, apps: list[str], own: set[str]) -> None:
+    def _read(self, client: redis.Redis, reader: EntryReader, apps: list[str], own: set[str],
+              paused: dict[str, float]) -> None:
         """One XREADGROUP over the apps' streams and their entries consumed. An app with entries of
-        its own pending is read from "0" (and without blocking) until none are left; the others
-        from ">" (new entries), blocking up to QUEUE_INTAKE_BLOCK_SECONDS."""
-        block = None if own else int(settings.QUEUE_INTAKE_BLOCK_SECONDS * 1000)
-        streams = [(intake_key(name), "0" if name in own else ">") for name in apps]
+        its own pending is read from "0" (and without blocking) until none are left; an app whose
+        entries wait for tokens of its rate limit is left out until they may have some, then read
+        from "0" again; the others are read from ">" (new entries), blocking up to
+        QUEUE_INTAKE_BLOCK_SECONDS, or less when a paused app is due sooner."""
+        now = time.monotonic()
+        for name, until in list(paused.items()):
+            if until <= now:
+                del paused[name]
+        ready = [name for name in apps if name not in paused]
+        if not ready:  # every app waits for tokens: until the first may have some
+            self._stop.wait(min(paused.values()) - now)
+            return
+        block = None
+        if not own & set(ready):
+            wait = min([settings.QUEUE_INTAKE_BLOCK_SECONDS, *(until - now for until in paused.values())])
+            block = max(1, int(wait * 1000))
+        streams = [(intake_key(name), "0" if name in own else ">") for name in ready]
         answer = reader.read(group=GROUP, consumer=self.name, streams=streams, count=settings.QUEUE_INTAKE_BATCH,
                              block_ms=block)
-        names = {intake_key(name).encode(): name for name in apps}
+        names = {intake_key(name).encode(): name for name in ready}
         answered = set()
         for key, entries in answer:
             name = names[key]
@@ -134,8 +152,11 @@ class QueueConsumer:
             if not entries:
                 own.discard(name)  # none of its own left: new entries from now on
                 continue
-            queue_entries_consume(client=client, app_name=name, entries=entries)
-        own -= {name for name in apps if name in own and name not in answered}
+            done = queue_entries_consume(client=client, app_name=name, entries=entries)
+            if done.waiting:  # over its rate limit: the rest stays pending, read again from "0" once due
+                own.add(name)
+                paused[name] = time.monotonic() + done.retry_after
+        own -= {name for name in ready if name in own and name not in answered}
 
     def _reclaim(self, client: redis.Redis, apps: list[str]) -> set[str]:
         """Entries left pending by a consumer that died (or hangs), idle long enough, claimed by this one

@@ -4,9 +4,13 @@ are processed; a malformed one dead-lettered with the reason a REST send would a
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
+from apps_registry.selectors import app_snapshots_clear
+from foundation.transport.redis_clients import sync_client
+from messaging.api.throttling import KEY, rate_limit_take
 from messaging.models import Delivery, Message
 from messaging.queue_intake.consume import queue_entries_consume
 from messaging.queue_intake.names import GROUP, dead_key, intake_key, queue_redis_url
@@ -131,3 +135,47 @@ def test_a_fast_entry_is_pushed_once_however_often_it_is_processed_and_leaves_no
     assert queue_redis.xpending(intake_key("ANZ"), GROUP)["pending"] == 0
     assert sorted(queue_redis.scan_iter(match="sbq:ANZ:*")) == [b"sbq:ANZ:in", b"sbq:ANZ:stats"]  # no marker left
 
+
+@pytest.fixture
+def limited(anz):
+    """ANZ with a small API rate limit: 20 requests a second, a burst of 3."""
+    anz.api_rate_limit_per_second, anz.api_rate_limit_burst = 20, 3
+    anz.save()
+    app_snapshots_clear()
+    yield anz
+    sync_client().delete(KEY.format(app_pk=anz.pk))
+
+
+def test_entries_over_the_apps_rate_limit_wait_unacknowledged_and_are_stored_once_it_allows(
+        limited, credential, queue_redis, django_capture_on_commit_callbacks):
+    writer = writer_for("ANZ", credential(limited))
+    for n in range(8):
+        writer.xadd(intake_key("ANZ"), {"to": "ANZ-1002", "content": f"queued {n}"})
+    done = consume(queue_redis, "ANZ", read(queue_redis, "ANZ"), django_capture_on_commit_callbacks)
+    assert Message.objects.count() == 3  # its burst
+    assert (done.stored, done.waiting, done.dead) == (3, 5, 0)
+    assert 0 < done.retry_after <= 1.0
+    assert queue_redis.xpending(intake_key("ANZ"), GROUP)["pending"] == 5  # still there, still ours
+    assert queue_redis.xlen(intake_key("ANZ")) == 5
+    deadline = time.monotonic() + 10
+    while Message.objects.count() < 8:
+        assert time.monotonic() < deadline
+        time.sleep(done.retry_after)
+        done = consume(queue_redis, "ANZ", read(queue_redis, "ANZ", pending=True), django_capture_on_commit_callbacks)
+    assert sorted(Message.objects.values_list("content", flat=True)) == [f"queued {n}" for n in range(8)]
+    assert queue_redis.xlen(intake_key("ANZ")) == 0 and queue_redis.xlen(dead_key("ANZ")) == 0
+
+
+def test_queued_sends_and_rest_requests_draw_on_one_bucket(limited, credential, queue_redis,
+                                                          django_capture_on_commit_callbacks):
+    limited.api_rate_limit_per_second = 0.5  # no token comes back during the test
+    limited.save()
+    app_snapshots_clear()
+    writer = writer_for("ANZ", credential(limited))
+    writer.xadd(intake_key("ANZ"), {"to": "ANZ-1002", "content": "after the API's requests"})
+    entries = read(queue_redis, "ANZ")
+    for _ in range(3):
+        assert rate_limit_take(app_pk=limited.pk, rate=0.5, burst=3) == 0.0  # the REST API takes the burst
+    done = consume(queue_redis, "ANZ", entries, django_capture_on_commit_callbacks)
+    assert not Message.objects.exists()
+    assert (done.stored, done.waiting, done.retry_after) == (0, 1, 1.0)
