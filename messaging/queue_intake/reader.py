@@ -222,6 +222,8 @@ class EntryReader:
                     self._header(b"*")  # (id, fields)
                     entry_id, _ = self._bulk(ID_MAX)
                     flat = self._header(b"*")
+                    if flat is not None and flat % 2:
+                        raise redis.exceptions.InvalidResponse("queue intake read: an entry of an odd field count")
                     entry = (entry_id, None if flat is None else self._fields(flat // 2))
                 entries.append(entry)
             out.append((key, entries))

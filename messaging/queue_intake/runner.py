@@ -97,6 +97,9 @@ class QueueConsumer:
     def _serve(self) -> None:
         client = queue_client()
         reader = EntryReader(queue_redis_url(), name=f"sbq-reader-{self.name}")
+        # Alive from the start: the gate (another thread, measuring from its first 50 ms) applies the
+        # consumed stream's cap, not the smaller one of a stream nobody reads, while this one starts.
+        consumer_alive_say(client, self.name)
         queue_acl_sync()
         apps: list[str] = []
         own: set[str] | None = None  # apps whose own pending entries are read first ("0"): all of them at a start
