@@ -26,6 +26,9 @@ REFERENCE_MAX = 256
 BIGINT_MAX = 2**63 - 1  # ids and offsets are Postgres bigints
 ACK_ID_STRING_MAX = 10**18 - 1  # an ACK id written as a string: at most 18 digits
 CLIENT_MESSAGE_ID_MAX = 128
+# clientMessageIds of this prefix are the queue intake's (`sbq:<domain>:<entry id>`, messaging.queue_intake.consume):
+# a client's MESSAGE with one is refused, so no client can take an id a queued send will use first.
+QUEUE_CLIENT_MESSAGE_ID_PREFIX = "sbq:"
 
 CLIENT_TYPES = {
     "AUTH_CLIENT", "MESSAGE", "GROUP_MESSAGE", "FETCH_MISSING_MESSAGES_REQUEST", "CLOSE_CONNECTION",

@@ -2,7 +2,9 @@
 on the same budget. Taking a token is one Lua script (atomic: two nodes cannot both take the last
 token), timed by Redis's own clock (the nodes' clocks need not agree). The limits are the app's
 `api_rate_limit_per_second` and `api_rate_limit_burst`; beyond them a request is answered 429 with
-`Retry-After` (whole seconds, at least 1).
+`Retry-After` (whole seconds, at least 1). The queue intake's consumers draw on the same bucket,
+a token per entry of the app's stream (messaging.queue_intake.consume): an entry without one waits
+in the stream.
 
 If Redis cannot be asked, requests pass: the limit protects the platform, and a send needs the
 database (and, to be routed, the broker) anyway.
@@ -46,12 +48,20 @@ _many_scripts: dict[int, object] = {}  # per async client (one per event loop)
 
 def rate_limit_take(*, app_pk: int, rate: float, burst: int) -> float:
     """Take a token of the app's bucket: 0.0 when taken, else the seconds until there is one."""
+    granted, wait = rate_limit_take_up_to(app_pk=app_pk, rate=rate, burst=burst, wanted=1)
+    return 0.0 if granted else wait
+
+
+def rate_limit_take_up_to(*, app_pk: int, rate: float, burst: int, wanted: int) -> tuple[int, float]:
+    """Take up to `wanted` tokens of the app's bucket (a worker's batch of queued sends,
+    messaging.queue_intake.consume): how many it got, and when it got fewer, the seconds until the
+    next one."""
     global _script
     client = sync_client()
     if _script is None or _script.registered_client is not client:
         _script = client.register_script(_TAKE_MANY)
-    granted, wait = _script(keys=[KEY.format(app_pk=app_pk)], args=[rate, burst, 1])
-    return 0.0 if granted else float(wait)
+    granted, wait = _script(keys=[KEY.format(app_pk=app_pk)], args=[rate, burst, wanted])
+    return int(granted), float(wait)
 
 
 @dataclass(frozen=True)

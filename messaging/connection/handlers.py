@@ -34,6 +34,7 @@ from messaging.protocol import (
     CLIENT_MESSAGE_ID_MAX,
     FEATURE_FAST,
     FETCH_MAX,
+    QUEUE_CLIENT_MESSAGE_ID_PREFIX,
     Frame,
     FrameError,
     accepted_frame,
@@ -182,6 +183,9 @@ def _client_message_id(data: dict) -> str | None:
     value = data.get("clientMessageId")
     if value is not None and (not isinstance(value, str) or not value or len(value) > CLIENT_MESSAGE_ID_MAX):
         raise FrameError(f"clientMessageId must be a string of 1 to {CLIENT_MESSAGE_ID_MAX} characters", data)
+    if value is not None and value.startswith(QUEUE_CLIENT_MESSAGE_ID_PREFIX):
+        raise FrameError(f"clientMessageId must not start with {QUEUE_CLIENT_MESSAGE_ID_PREFIX!r}: reserved for the "
+                         "app's sends from its queue", data)
     return value
 
 

@@ -6,7 +6,10 @@ workers consume every app's stream with one consumer group and store each entry 
 - models.py: QueueCredential, an app's ACL user (its password's SHA-256 only);
 - credentials.py: create, rotate, revoke; the ACL users re-applied from Postgres (`queue_acl_sync`);
 - gate.py: each stream measured, its writer's +xadd taken away past the cap and given back when drained;
-- consume.py: a batch of entries checked, stored (idempotent by entry id) or dead-lettered, then acked;
-- runner.py: the consumer thread of a routing worker (XREADGROUP, XAUTOCLAIM, backoff);
+- reader.py: XREADGROUP on a connection of its own, never holding an entry over QUEUE_INTAKE_ENTRY_MAX_BYTES;
+- consume.py: a batch of entries within the app's rate limit checked, stored (idempotent by entry id),
+  pushed (FAST, at most once) or dead-lettered, then acked;
+- dead_letters.py: the dead-letter stream, bounded in bytes, and what a dead letter keeps of its entry;
+- runner.py: the consumer thread of a routing worker (reads, XAUTOCLAIM, rate-limit pauses, backoff);
 - stats.py: the counts kept in Redis by the workers and read by /metrics.
 """

@@ -31,11 +31,6 @@ def stats_key(app_name: str) -> str:
     return f"sbq:{app_name}:stats"
 
 
-def fast_seen_key(app_name: str, entry_id: str) -> str:
-    """Set when a FAST entry is pushed: an entry processed twice is pushed once (FAST is never stored)."""
-    return f"sbq:{app_name}:fast:{entry_id}"
-
-
 def queue_redis_url() -> str:
     return settings.QUEUE_REDIS_URL or settings.REDIS_URL
 
@@ -69,11 +64,10 @@ def queue_client() -> redis.Redis:
     global _client
     url = queue_redis_url()
     if _client is None or _client[0] != os.getpid() or _client[1] != url:
-        # Reads block up to QUEUE_INTAKE_BLOCK_SECONDS, well inside the socket timeout.
         client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
-        # Entries as Redis answers them (runner.entries_parse): redis-py's parser fails on an entry
-        # deleted while pending, which Redis 6.2 answers with no fields.
-        for command in ("XREADGROUP", "XAUTOCLAIM"):
-            client.set_response_callback(command, lambda answer, **_: answer)
+        # XAUTOCLAIM … JUSTID as Redis answers it: redis-py's parser fails on an entry deleted while
+        # pending. Entries themselves are never read through this client (redis-py holds a whole
+        # reply, however large an entry is) but through queue_intake.reader.
+        client.set_response_callback("XAUTOCLAIM", lambda answer, **_: answer)
         _client = (os.getpid(), url, client)
     return _client[2]

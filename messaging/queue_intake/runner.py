@@ -1,8 +1,12 @@
 """The consumer of a routing worker: a thread that reads every app's intake stream with the
-consumer group (XREADGROUP, a consumer name per process), hands each app's entries to
+consumer group (XREADGROUP, a consumer name per process, on a connection of its own that never holds
+an entry over QUEUE_INTAKE_ENTRY_MAX_BYTES: reader.py), hands each app's entries to
 consume.queue_entries_consume, claims what a dead consumer left pending (XAUTOCLAIM, once idle for
 QUEUE_INTAKE_RECLAIM_SECONDS; then read as its own pending entries) and says it is alive; and a
 second thread that keeps the gates (gate.queue_gates_enforce) every QUEUE_INTAKE_WATCH_SECONDS.
+An app over its API rate limit has the entries it has no tokens for left pending; its stream is left
+out of the reads until they may have tokens (at most consume.RETRY_AFTER_MAX later), then its pending
+entries are read again; the other apps' streams are read meanwhile as usual.
 
 Started by the worker itself (messaging.tasks, on worker_ready, for workers serving the routing
 queue), so `make run`, compose and the Procfile need nothing more. The backlog stays in Redis: a
@@ -27,7 +31,8 @@ from foundation.outbound import Backoff
 from messaging.queue_intake.consume import queue_entries_consume
 from messaging.queue_intake.credentials import credential_app_names, queue_acl_sync
 from messaging.queue_intake.gate import consumer_alive_say, consumer_gone_say, queue_gates_enforce
-from messaging.queue_intake.names import GROUP, intake_key, queue_client
+from messaging.queue_intake.names import GROUP, intake_key, queue_client, queue_redis_url
+from messaging.queue_intake.reader import EntryReader
 
 log = logging.getLogger(__name__)
 
@@ -35,23 +40,6 @@ RESTART_BACKOFF = Backoff(base=0.5, cap=30.0, jitter=0.5)
 APPS_REFRESH_SECONDS = 2.0  # a new credential's stream is read within this long
 # A consumer with nothing pending, idle this many reclaim periods, is removed from the group.
 FORGET_AFTER_RECLAIMS = 10
-
-
-def entries_parse(raw: list | None) -> list[tuple[bytes, dict[bytes, bytes] | None]]:
-    """Entries of a raw XREADGROUP / XAUTOCLAIM answer: (id, fields), fields None for an entry
-    deleted while pending (redis-py's parser cannot take those)."""
-    out = []
-    for item in raw or []:
-        entry_id, flat = item[0], item[1]
-        out.append((entry_id, None if flat is None else dict(zip(flat[::2], flat[1::2], strict=True))))
-    return out
-
-
-def streams_parse(answer: dict | list | None) -> list[tuple[bytes, list]]:
-    """(stream key, raw entries) of a raw XREADGROUP answer: a map under RESP3, pairs under RESP2."""
-    if not answer:
-        return []
-    return list(answer.items()) if isinstance(answer, dict) else [(key, raw) for key, raw in answer]
 
 
 class QueueConsumer:
@@ -108,63 +96,90 @@ class QueueConsumer:
 
     def _serve(self) -> None:
         client = queue_client()
+        reader = EntryReader(queue_redis_url(), name=f"sbq-reader-{self.name}")
+        # Alive from the start: the gate (another thread, measuring from its first 50 ms) applies the
+        # consumed stream's cap, not the smaller one of a stream nobody reads, while this one starts.
+        consumer_alive_say(client, self.name)
         queue_acl_sync()
         apps: list[str] = []
-        keys: dict[bytes, str] = {}
+        own: set[str] | None = None  # apps whose own pending entries are read first ("0"): all of them at a start
+        paused: dict[str, float] = {}  # app -> when its entries waiting for tokens may be read again (monotonic)
         apps_at = reclaim_at = 0.0
-        backlog = True  # our own pending entries first: read earlier, never acknowledged
-        while not self._stop.is_set():
-            close_old_connections()  # a connection Postgres dropped is replaced, as a task's would be
-            now = time.monotonic()
-            if now >= apps_at:
-                apps = credential_app_names()
-                groups_ensure(client, apps)
-                keys = {intake_key(name).encode(): name for name in apps}
-                apps_at = now + APPS_REFRESH_SECONDS
-            consumer_alive_say(client, self.name)
-            if now >= reclaim_at:
-                backlog = self._reclaim(client, apps) > 0 or backlog  # what it claimed is read as its own
-                reclaim_at = now + settings.QUEUE_INTAKE_RECLAIM_SECONDS / 2
-            took = 0
-            if apps:
-                took = self._read(client, keys, backlog)
-            else:  # no app has a credential yet: look again when the list is read again
-                self._stop.wait(APPS_REFRESH_SECONDS)
-            if backlog and not took:
-                backlog = False
+        try:
+            while not self._stop.is_set():
+                close_old_connections()  # a connection Postgres dropped is replaced, as a task's would be
+                now = time.monotonic()
+                if now >= apps_at:
+                    apps = credential_app_names()
+                    groups_ensure(client, apps)
+                    own = set(apps) if own is None else own & set(apps)
+                    apps_at = now + APPS_REFRESH_SECONDS
+                consumer_alive_say(client, self.name)
+                if now >= reclaim_at:
+                    own |= self._reclaim(client, apps)  # what it claimed is read as its own
+                    reclaim_at = now + settings.QUEUE_INTAKE_RECLAIM_SECONDS / 2
+                if apps:
+                    self._read(client, reader, apps, own, paused)
+                else:  # no app has a credential yet: look again when the list is read again
+                    self._stop.wait(APPS_REFRESH_SECONDS)
+        finally:
+            reader.close()
 
-    def _read(self, client: redis.Redis, keys: dict[bytes, str], backlog: bool) -> int:
-        streams = list(keys)
-        args = ["XREADGROUP", "GROUP", GROUP, self.name, "COUNT", settings.QUEUE_INTAKE_BATCH]
-        if not backlog:
-            args += ["BLOCK", int(settings.QUEUE_INTAKE_BLOCK_SECONDS * 1000)]
-        answer = client.execute_command(*args, "STREAMS", *streams, *(["0"] if backlog else [">"]) * len(streams))
-        took = 0
-        for key, raw in streams_parse(answer):
-            entries = entries_parse(raw)
-            if entries:
-                queue_entries_consume(client=client, app_name=keys[key], entries=entries)
-                took += len(entries)
-        return took
+    def _read(self, client: redis.Redis, reader: EntryReader, apps: list[str], own: set[str],
+              paused: dict[str, float]) -> None:
+        """One XREADGROUP over the apps' streams and their entries consumed. An app with entries of
+        its own pending is read from "0" (and without blocking) until none are left; an app whose
+        entries wait for tokens of its rate limit is left out until they may have some, then read
+        from "0" again; the others are read from ">" (new entries), blocking up to
+        QUEUE_INTAKE_BLOCK_SECONDS, or less when a paused app is due sooner."""
+        now = time.monotonic()
+        for name, until in list(paused.items()):
+            if until <= now:
+                del paused[name]
+        ready = [name for name in apps if name not in paused]
+        if not ready:  # every app waits for tokens: until the first may have some
+            self._stop.wait(min(paused.values()) - now)
+            return
+        block = None
+        if not own & set(ready):
+            wait = min([settings.QUEUE_INTAKE_BLOCK_SECONDS, *(until - now for until in paused.values())])
+            block = max(1, int(wait * 1000))
+        streams = [(intake_key(name), "0" if name in own else ">") for name in ready]
+        answer = reader.read(group=GROUP, consumer=self.name, streams=streams, count=settings.QUEUE_INTAKE_BATCH,
+                             block_ms=block)
+        names = {intake_key(name).encode(): name for name in ready}
+        answered = set()
+        for key, entries in answer:
+            name = names[key]
+            answered.add(name)
+            if not entries:
+                own.discard(name)  # none of its own left: new entries from now on
+                continue
+            done = queue_entries_consume(client=client, app_name=name, entries=entries)
+            if done.waiting:  # over its rate limit: the rest stays pending, read again from "0" once due
+                own.add(name)
+                paused[name] = time.monotonic() + done.retry_after
+        own -= {name for name in ready if name in own and name not in answered}
 
-    def _reclaim(self, client: redis.Redis, apps: list[str]) -> int:
+    def _reclaim(self, client: redis.Redis, apps: list[str]) -> set[str]:
         """Entries left pending by a consumer that died (or hangs), idle long enough, claimed by this one
         (ids only: Redis 6.2 answers an entry deleted meanwhile with no id); they are then read as its own
-        pending entries. How many were claimed."""
+        pending entries. The apps it claimed entries of."""
         idle_ms = int(settings.QUEUE_INTAKE_RECLAIM_SECONDS * 1000)
-        claimed = 0
+        claimed: dict[str, int] = {}
         for name in apps:
             start = b"0-0"
             while not self._stop.is_set():
                 start, ids = client.execute_command("XAUTOCLAIM", intake_key(name), GROUP, self.name, idle_ms, start,
                                                     "COUNT", settings.QUEUE_INTAKE_BATCH, "JUSTID")[:2]
-                claimed += len(ids)
+                if ids:
+                    claimed[name] = claimed.get(name, 0) + len(ids)
                 if start in (b"0-0", "0-0"):
                     break
             self._forget_consumers(client, name, idle_ms * FORGET_AFTER_RECLAIMS)
         if claimed:
-            log.info("queue intake: %d entries claimed from consumers gone quiet", claimed)
-        return claimed
+            log.info("queue intake: %d entries claimed from consumers gone quiet", sum(claimed.values()))
+        return set(claimed)
 
     def _forget_consumers(self, client: redis.Redis, app_name: str, idle_ms: int) -> None:
         for consumer in client.xinfo_consumers(intake_key(app_name), GROUP):

@@ -181,6 +181,21 @@ def test_a_group_message_with_a_malformed_client_message_id_is_refused(node):
     assert not Message.objects.filter(sender="ANZ-5131").exists()
 
 
+def test_a_client_message_id_of_the_queue_intakes_namespace_is_refused(node):
+    with node.client() as alice, node.client() as bob:
+        alice.auth("ANZ-5141")
+        bob.auth("ANZ-5142")
+        # A queued send of the app's backend will be stored as `sbq:<its entry id>`: taken first, it would be
+        # answered "duplicate" and never sent.
+        alice.message("ANZ-5142", "claimed first", clientMessageId="sbq:1764370000000-0")
+        refused = alice.recv_type("INVALID_MESSAGE")["data"]
+        assert refused["reason"] == ("clientMessageId must not start with 'sbq:': reserved for the app's sends "
+                                     "from its queue")
+        alice.message("ANZ-5142", "mine", clientMessageId="my-sbq:1")  # the prefix only
+        assert bob.recv_type("MESSAGE")["data"]["content"] == "mine"
+    assert not Message.objects.filter(content="claimed first").exists()
+
+
 def test_ack_mode_redelivers_unacked_messages_after_reconnect_with_the_same_id(node):
     with node.client() as alice:
         alice.auth("ANZ-6001")

@@ -9,6 +9,9 @@ import time
 import pytest
 import redis
 
+from apps_registry.models import ClientApp
+from foundation.transport.redis_clients import sync_client
+from messaging.api.throttling import KEY
 from messaging.models import Delivery, Message
 from messaging.queue_intake.credentials import queue_credential_create
 from messaging.queue_intake.models import QueueCredential
@@ -25,13 +28,19 @@ ENV = {"QUEUE_INTAKE_RECLAIM_SECONDS": "2", "QUEUE_INTAKE_BATCH": "100"}
 
 @pytest.fixture(scope="module")
 def anz_password(demo_network, django_db_blocker):
-    """ANZ's queue credential, committed for the module (the workers read it)."""
+    """ANZ's queue credential, committed for the module (the workers read it). Its API rate limit is
+    lifted meanwhile: these tests time the intake, not the limit (which queued sends draw on; the
+    test of the limit sets its own)."""
+    anz = ClientApp.objects.filter(pk=demo_network["anz"].pk)
     with django_db_blocker.unblock():
+        limits = anz.values("api_rate_limit_per_second", "api_rate_limit_burst").get()
+        anz.update(api_rate_limit_per_second=100_000, api_rate_limit_burst=100_000)
         _, password = queue_credential_create(app=demo_network["anz"])  # applied at once: autocommit
     yield password
     client = queue_client()
     with django_db_blocker.unblock():
         QueueCredential.objects.all().delete()
+        anz.update(**limits)
     for user in client.execute_command("ACL", "USERS"):
         if user.decode().startswith(acl_user_prefix()):
             client.execute_command("ACL", "DELUSER", user)
@@ -135,3 +144,72 @@ def test_the_consumer_comes_back_after_a_redis_restart_with_the_users_reapplied(
         assert time.monotonic() < deadline, worker.output()[-3000:]
         time.sleep(0.2)
     assert "queue intake consumer" in worker.output() and "starting again" in worker.output()
+
+
+def _peak_rss_kib(proc) -> int:
+    """The most memory the process has held (its high-water mark, VmHWM)."""
+    for line in open(f"/proc/{proc.popen.pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.django_db
+def test_a_64_mb_entry_is_dead_lettered_without_being_read_and_the_entries_after_it_flow(processes, anz_password):
+    worker = processes.worker("worker", **ENV)
+    writer = writer_for("ANZ", anz_password)
+    writer.xadd(intake_key("ANZ"), {"to": "ANZ-84000", "content": "warm"})
+    deadline = time.monotonic() + 20
+    while not Message.objects.filter(content="warm").exists():
+        assert time.monotonic() < deadline, worker.output()[-3000:]
+        time.sleep(0.05)
+    before = _peak_rss_kib(worker)
+    huge = writer.xadd(intake_key("ANZ"), {"to": "ANZ-84000", "content": "x" * (64 * 1024 * 1024)})
+    # Behind it in the stream (written by Switchboard's own user: the gate may close its writer at once).
+    queue_client().xadd(intake_key("ANZ"), {"to": "ANZ-84000", "content": "after the huge one"})
+    deadline = time.monotonic() + 30
+    # Stored, then acknowledged with the dead letter (nothing left pending for another worker to reclaim).
+    while not Message.objects.filter(content="after the huge one").exists() or \
+            queue_client().xpending(intake_key("ANZ"), GROUP)["pending"]:
+        assert time.monotonic() < deadline, worker.output()[-3000:]
+        time.sleep(0.05)
+    assert _peak_rss_kib(worker) - before < 32 * 1024  # it held 260 MB more when it read the entry whole
+    [(_, dead)] = queue_client().xrange("sbq:ANZ:dead")
+    assert dead[b"entry"] == huge and dead[b"reason"].startswith(b"request_too_large: ")
+    assert queue_client().memory_usage("sbq:ANZ:dead", samples=0) < 16 * 1024
+    assert worker.alive()
+
+
+@pytest.fixture
+def anz_limited(demo_network, anz_password, django_db_blocker):
+    """ANZ's API rate limit set to 50 requests a second, a burst of 10, committed for the workers."""
+    anz = ClientApp.objects.filter(pk=demo_network["anz"].pk)
+    with django_db_blocker.unblock():
+        limits = anz.values("api_rate_limit_per_second", "api_rate_limit_burst").get()
+        anz.update(api_rate_limit_per_second=50, api_rate_limit_burst=10)
+    yield
+    with django_db_blocker.unblock():
+        anz.update(**limits)
+    sync_client().delete(KEY.format(app_pk=demo_network["anz"].pk))
+
+
+def test_a_backlog_is_sent_at_the_apps_rate_limit_with_nothing_lost_or_dead(processes, anz_password, anz_limited,
+                                                                             django_db_blocker):
+    total = 150
+    dead_before = queue_client().xlen("sbq:ANZ:dead")
+    worker = processes.worker("worker", **ENV)
+    pipe = writer_for("ANZ", anz_password).pipeline(transaction=False)
+    for i in range(total):
+        pipe.xadd(intake_key("ANZ"), {"to": f"ANZ-{85000 + i % 20}", "content": f"limited {i}"})
+    began = time.monotonic()
+    pipe.execute()
+    deadline = began + 30
+    with django_db_blocker.unblock():  # no test transaction: the limit above is committed, for the worker
+        sent = Message.objects.filter(content__startswith="limited ")
+        while sent.count() < total:
+            assert time.monotonic() < deadline, (sent.count(), worker.output()[-3000:])
+            time.sleep(0.1)
+        took = time.monotonic() - began
+        assert sent.values("content").distinct().count() == total  # each once
+    assert took >= (total - 10) / 50 * 0.9  # its burst at once, then 50 a second: 2.8 s (a tenth for the clocks)
+    assert queue_client().xlen("sbq:ANZ:dead") == dead_before

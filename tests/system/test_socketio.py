@@ -301,6 +301,13 @@ def test_a_send_refused_by_the_platform_answers_the_callback_with_the_error(node
 
 
 @pytest.mark.django_db
+def test_a_client_message_id_of_the_queue_intakes_namespace_is_refused(node):
+    with SioUser(node.url, "ANZ-41035") as alice:
+        answer = alice.call("message", {"to": "ANZ-41036", "content": "x", "clientMessageId": "sbq:1764370000000-0"})
+        assert answer["error"] == "INVALID_MESSAGE" and "reserved for the app's sends from its queue" in answer["detail"]
+
+
+@pytest.mark.django_db
 def test_fetch_missing_answers_the_stored_messages_and_what_is_left(node):
     with WsClient(node.ws_url) as alice:
         alice.auth("ANZ-41041")

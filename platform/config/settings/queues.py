@@ -31,8 +31,14 @@ QUEUE_INTAKE_BLOCK_SECONDS = env_float("QUEUE_INTAKE_BLOCK_SECONDS", 0.2)
 QUEUE_INTAKE_RECLAIM_SECONDS = env_float("QUEUE_INTAKE_RECLAIM_SECONDS", 30.0)
 # A consumer that has not said it is alive for this long is not: the smaller cap applies.
 QUEUE_CONSUMER_TIMEOUT_SECONDS = env_float("QUEUE_CONSUMER_TIMEOUT_SECONDS", 5.0)
-# Entries kept in an app's dead-letter stream `sbq:<APPNAME>:dead` (older ones are trimmed).
-QUEUE_DEAD_MAXLEN = env_int("QUEUE_DEAD_MAXLEN", 1000)
+# An entry larger than this (its field names and values, and 64 bytes a field) is never read whole:
+# the consumer keeps a copy of its first QUEUE_DEAD_LETTER_BYTES and dead-letters it (request_too_large).
+QUEUE_INTAKE_ENTRY_MAX_BYTES = env_int("QUEUE_INTAKE_ENTRY_MAX_BYTES", 1024 * 1024)
+# An app's dead-letter stream `sbq:<APPNAME>:dead` holds at most this many bytes: the oldest dead
+# letters are trimmed (messaging.queue_intake.dead_letters); and a dead letter keeps at most this much
+# of its entry's fields (a copy of the first ones, with `truncated` saying what was left out).
+QUEUE_DEAD_MAX_BYTES = env_int("QUEUE_DEAD_MAX_BYTES", 4 * 1024 * 1024)
+QUEUE_DEAD_LETTER_BYTES = env_int("QUEUE_DEAD_LETTER_BYTES", 4096)
 # Beat: the ACL users re-applied from Postgres (a restarted Redis has none) and the gates set, also
 # from a worker that is not consuming (routed to the outbound worker: it runs when no routing worker does).
 QUEUE_SYNC_SECONDS = env_float("QUEUE_SYNC_SECONDS", 2.0)

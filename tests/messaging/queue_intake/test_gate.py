@@ -64,3 +64,23 @@ def test_a_closed_gate_opens_only_under_half_its_cap(anz, credential, queue_redi
     assert not queue_gates_enforce(client=queue_redis, app_names=["ANZ"])[0].writable
     queue_redis.xdel(intake_key("ANZ"), *ids)
     assert queue_gates_enforce(client=queue_redis, app_names=["ANZ"])[0].writable
+
+
+def test_a_large_entry_hidden_between_small_ones_is_measured_and_closes_the_gate(anz, credential, queue_redis,
+                                                                                 settings):
+    settings.QUEUE_INTAKE_MAX_BYTES = 1024 * 1024
+    consumer_alive_say(queue_redis, "alive")
+    writer = writer_for("ANZ", credential(anz))
+    pipe = writer.pipeline(transaction=False)
+    for _ in range(600):  # a few dozen small nodes first: what Redis's sampled MEMORY USAGE looks at
+        pipe.xadd(intake_key("ANZ"), {"to": "ANZ-1002", "content": "x" * 100})
+    pipe.xadd(intake_key("ANZ"), {"to": "ANZ-1002", "content": "x" * (8 * 1024 * 1024)})  # a node of its own
+    for _ in range(600):
+        pipe.xadd(intake_key("ANZ"), {"to": "ANZ-1002", "content": "x" * 100})
+    pipe.execute()
+    assert queue_redis.memory_usage(intake_key("ANZ")) < 1024 * 1024  # what the default sampling sees
+    [gate] = queue_gates_enforce(client=queue_redis, app_names=["ANZ"])
+    assert gate.used > 8 * 1024 * 1024
+    assert (gate.writable, gate.changed) == (False, True)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        writer.xadd(intake_key("ANZ"), {"to": "ANZ-1002", "content": "one more"})
