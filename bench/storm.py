@@ -91,6 +91,19 @@ def webhook_rows(database_url: str) -> dict[str, int]:
         return dict(conn.execute("SELECT event, count(*) FROM messaging_webhookdelivery GROUP BY event").fetchall())
 
 
+def settled_webhook_rows(database_url: str, quiet: float = 2.0, timeout: float = 60.0) -> dict[str, int]:
+    """Webhook deliveries by event, once no new one has been recorded for `quiet` seconds."""
+    deadline = time.monotonic() + timeout
+    last = webhook_rows(database_url)
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        now = webhook_rows(database_url)
+        if now == last:
+            break
+        last = now
+    return last
+
+
 def _minus(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: n - before.get(k, 0) for k, n in sorted(after.items()) if n - before.get(k, 0)}
 
@@ -226,8 +239,8 @@ def run_platform(root: Path, args: argparse.Namespace, progress, endpoint: bool 
                     os.killpg(pid, signal.SIGCONT)
             webhooks = {}
             if endpoint:
-                recorded = webhook_rows(running.database_url)
-                received = sink.wait_for(sum(recorded.values()), DELIVERIES_WAIT)
+                recorded = settled_webhook_rows(running.database_url)  # the clients' last ends recorded too
+                received = sink.wait_for_each(recorded, DELIVERIES_WAIT)
                 webhooks = {"recorded": recorded, "received": received}
                 progress(f"{name}: webhook calls recorded {recorded}, received {received}")
     return {"root": str(root), "name": name, "endpoint": endpoint, "webhook_calls": args.webhook_calls if hooks else None,

@@ -57,3 +57,13 @@ class WebhookSink:
         while sum(self.counts().values()) < total and time.monotonic() < deadline:
             time.sleep(0.1)
         return self.counts()
+
+    def wait_for_each(self, expected: dict[str, int], timeout: float) -> dict[str, int]:
+        """The counts once every event has come as often as `expected` says (or `timeout` passed)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            counts = self.counts()
+            if all(counts.get(event, 0) >= n for event, n in expected.items()):
+                return counts
+            time.sleep(0.1)
+        return self.counts()
