@@ -29,6 +29,7 @@ from devstack.embedded import _redis_bin, free_port, urls_hand_over
 from devstack.supervise import wait_ready
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+OUTBOUND_CONCURRENCY = 4  # the outbound worker's threads (make run's default)
 
 
 def platform_env(root: Path = REPO_ROOT) -> dict[str, str]:
@@ -50,6 +51,7 @@ class RunningPlatform:
     database_url: str  # the run's own database, dropped after it
     redis_url: str  # the run's own Redis server, stopped after it
     urls: tuple[str, ...] = ()  # every web node's WebSocket URL, in the order of their ports
+    outbound_pids: tuple[int, ...] = ()  # the outbound worker (webhook calls), when one was asked for
 
 
 @contextmanager
@@ -85,22 +87,25 @@ def _redis_answers(url: str) -> bool:
 
 @contextmanager
 def platform_processes(port: int, log_dir: Path, worker_concurrency: int = 4, *, more_ports: tuple[int, ...] = (),
-                       root: Path = REPO_ROOT) -> Iterator[RunningPlatform]:
+                       root: Path = REPO_ROOT, extra_env: dict[str, str] | None = None,
+                       outbound_worker: bool = False) -> Iterator[RunningPlatform]:
     """A fresh web node on `port` (and one more on each of `more_ports`) plus one worker, run from the
-    checkout at `root`, on a database and a Redis of their own, for the duration of the block."""
-    env = platform_env(root)
+    checkout at `root`, on a database and a Redis of their own, for the duration of the block.
+    `extra_env` is added to every process's environment; `outbound_worker` starts a worker for the
+    webhooks queue too, as `make run` does (its pids are `outbound_pids`)."""
+    env = {**platform_env(root), **(extra_env or {})}
     ports = (port, *more_ports)
     with bench_database(env["DATABASE_URL"]) as database_url, private_redis(log_dir) as redis_url:
         env.update(DATABASE_URL=database_url, REDIS_URL=redis_url)
-        with _processes(env, ports, log_dir, worker_concurrency, root) as (web_pids, worker_pid):
+        with _processes(env, ports, log_dir, worker_concurrency, root, outbound_worker) as (web_pids, worker_pids):
             urls = tuple(f"ws://127.0.0.1:{p}/ws" for p in ports)
-            yield RunningPlatform(urls[0], web_pids=web_pids, worker_pids=[worker_pid], database_url=database_url,
-                                  redis_url=redis_url, urls=urls)
+            yield RunningPlatform(urls[0], web_pids=web_pids, worker_pids=worker_pids[:1], database_url=database_url,
+                                  redis_url=redis_url, urls=urls, outbound_pids=tuple(worker_pids[1:]))
 
 
 @contextmanager
 def _processes(env: dict[str, str], ports: tuple[int, ...], log_dir: Path, worker_concurrency: int,
-               root: Path) -> Iterator[tuple[list[int], int]]:
+               root: Path, outbound_worker: bool = False) -> Iterator[tuple[list[int], list[int]]]:
     for args in (["migrate", "--noinput", "-v", "0"], ["bootstrap"]):
         subprocess.run([sys.executable, "manage.py", *args], cwd=root, env=env, check=True,
                        stdout=subprocess.DEVNULL)
@@ -112,6 +117,10 @@ def _processes(env: dict[str, str], ports: tuple[int, ...], log_dir: Path, worke
         commands.append(("worker", f"bench-{ports[0]}",
                          [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "WARNING", "-Q",
                           "celery,routing", "-c", str(worker_concurrency), "-n", f"bench-{ports[0]}@%h"]))
+        if outbound_worker:
+            commands.append(("outbound", f"bench-{ports[0]}",
+                             [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "WARNING", "-Q",
+                              "webhooks", "-c", str(OUTBOUND_CONCURRENCY), "-n", f"bench-outbound-{ports[0]}@%h"]))
         for name, node_id, argv in commands:
             log = open(log_dir / f"platform-{name}.log", "w")
             procs.append(subprocess.Popen(argv, cwd=root, env={**env, "NODE_ID": node_id},
@@ -120,7 +129,7 @@ def _processes(env: dict[str, str], ports: tuple[int, ...], log_dir: Path, worke
             if not wait_ready(f"http://127.0.0.1:{p}/readyz", proc):
                 raise SystemExit(f"the web node on port {p} did not become ready (log in {log_dir})")
         time.sleep(3)  # the worker connects to the broker
-        yield [proc.pid for proc in procs[:-1]], procs[-1].pid
+        yield [proc.pid for proc in procs[:len(ports)]], [proc.pid for proc in procs[len(ports):]]
     finally:
         for proc in procs:
             if proc.poll() is None:

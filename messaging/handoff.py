@@ -41,6 +41,11 @@ ROUTE_TASK = "messaging.tasks.route_deliveries"
 ROUTING_QUEUE = "routing"
 ROUTING_TASK_MAX_IDS = 500  # keeps one task's claim statement and its pushes short
 WEBHOOK_TASK = "messaging.tasks.webhook_deliver"
+# Many recorded calls at once (a storm's user.connected, a batch of dead letters): the recorder hands
+# them over in one task, whose worker hands each call its own WEBHOOK_TASK. A web node pays one
+# broker publish per batch of calls, not one per call.
+WEBHOOK_HAND_OUT_TASK = "messaging.tasks.webhook_hand_out"
+WEBHOOK_HAND_OUT_MAX_IDS = 500  # keeps one hand-out task's message small
 # Webhook calls wait on tenants' receivers: a queue of their own, served by a worker of their own
 # (`-Q webhooks`), so a slow receiver never holds a thread that routing needs.
 WEBHOOK_QUEUE = "webhooks"
@@ -197,9 +202,24 @@ def routing_enqueue(delivery_ids: Sequence[int]) -> None:
 
 
 def webhook_calls_enqueue(delivery_ids: Sequence, claim: int) -> None:
-    """One task per recorded webhook call (each waits on a different receiver), under `claim`."""
+    """One task per recorded webhook call (each waits on a different receiver), under `claim`: what
+    a worker hands out (the sweep, a hand-out task)."""
     for delivery_id in delivery_ids:
         _dispatcher.dispatch(WEBHOOK_TASK, [str(delivery_id), claim], WEBHOOK_QUEUE)
+
+
+def webhook_calls_hand_over(delivery_ids: Sequence, claim: int) -> None:
+    """What a recorder hands over once committed: one call goes straight to its task; more go in one
+    WEBHOOK_HAND_OUT_TASK per WEBHOOK_HAND_OUT_MAX_IDS, and a webhook worker gives each call its
+    task (`webhook_calls_enqueue`). A lost hand-out loses nothing: its calls are handed out again by
+    the sweep once their lease has passed, as a lost call's task is."""
+    ids = [str(delivery_id) for delivery_id in delivery_ids]
+    if len(ids) == 1:
+        _dispatcher.dispatch(WEBHOOK_TASK, [ids[0], claim], WEBHOOK_QUEUE)
+        return
+    for start in range(0, len(ids), WEBHOOK_HAND_OUT_MAX_IDS):
+        _dispatcher.dispatch(WEBHOOK_HAND_OUT_TASK, [ids[start:start + WEBHOOK_HAND_OUT_MAX_IDS], claim],
+                             WEBHOOK_QUEUE)
 
 
 def flood_links_enqueue(peers: Sequence[str]) -> None:

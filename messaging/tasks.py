@@ -113,6 +113,15 @@ def webhook_deliver(delivery_id: str, claim: int) -> str:
 
 
 @shared_task(acks_late=True)
+def webhook_hand_out(delivery_ids: list[str], claim: int) -> int:
+    """Recorded webhook calls handed over together (messaging.handoff.webhook_calls_hand_over): each
+    gets its own webhook_deliver task, on the webhooks queue. Safe twice: a duplicate call task finds
+    the claim taken and sends nothing."""
+    webhook_calls_enqueue(delivery_ids, claim)
+    return len(delivery_ids)
+
+
+@shared_task(acks_late=True)
 def webhook_sweep() -> int:
     """Beat: hand out webhook calls that are due again (retries, and those whose task was lost)."""
     ids, claim = webhooks_sweep()

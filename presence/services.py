@@ -93,7 +93,9 @@ def sessions_open(*, openings: Sequence[SessionOpening]) -> None:
         return
     columns = list(zip(*((o.connection_id, o.app_id, o.user_id, o.node_id, o.channel_name, o.acks, o.connected_at,
                           o.remote_addr[:64], o.user_agent[:300]) for o in openings), strict=True))
-    with transaction.atomic(), connection.cursor() as cur:
+    # Within a caller's transaction (a web node's batch records its webhook events with it), no
+    # savepoint: the batch is all or none anyway, and a savepoint is two more round trips.
+    with transaction.atomic(savepoint=False), connection.cursor() as cur:
         cur.execute(
             """
             INSERT INTO presence_session (connection_id, app_id, user_id, node_id, channel_name, acks, connected_at,
@@ -117,7 +119,7 @@ def sessions_close(*, closings: Sequence[SessionClosing]) -> None:
     by_reason: dict[str, list[uuid.UUID]] = {}
     for closing in closings:
         by_reason.setdefault(closing.close_reason, []).append(closing.connection_id)
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):  # no savepoint within a caller's transaction (as above)
         Session.objects.filter(pk__in=[c.connection_id for c in closings], disconnected_at__isnull=True).update(
             disconnected_at=now, last_seen_at=now)
         for reason, ids in by_reason.items():

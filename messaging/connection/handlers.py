@@ -29,7 +29,7 @@ from messaging.delivery.delivered import deliveries_mark_delivered
 from messaging.delivery.fetch import missing_fetch
 from messaging.fast import message_fast_send_async
 from messaging.models import MessageKind
-from messaging.presence_notices import user_presence_announce
+from messaging.presence_notices import master_announce
 from messaging.protocol import (
     CLIENT_MESSAGE_ID_MAX,
     FEATURE_FAST,
@@ -106,8 +106,8 @@ async def on_auth_client(conn: Connection, frame: Frame) -> None:
     app, node = life.app, life.node
     if user_id == app.master_user_id and not await _master_catch_up(conn, app):
         return
-    if admitted:
-        await user_presence_announce(app=app, user_id=user_id, connected=True, lookup=node.master_lookups.submit)
+    if admitted:  # the user's first connection: its user.connected webhook was committed with its session
+        await master_announce(app=app, user_id=user_id, connected=True, lookup=node.master_lookups.submit)
     # Read for a whole batch of connections at once (messaging.connection.admission).
     reads = await node.first_reads.submit(FirstReadsFor(app_id=app.pk, user_id=user_id, acks=life.acks))
     # ACK mode: left behind by a connection that could not give them back (its node crashed): they

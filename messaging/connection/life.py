@@ -20,7 +20,9 @@ The presence entry and the session row go through the node's batchers (messaging
 one Redis pipeline, one transaction per batch of connections), each step still waited for, so the
 order and the give-backs above hold exactly as they would one connection at a time. The session's
 id is made here, so its row is written in the same batch as its neighbours' without a round trip
-for the id.
+for the id. Where presence says the connection is the user's first (or last) in the cluster, the
+app's user.connected (user.disconnected) webhook event goes with the session row, committed in its
+transaction; the master user is told by the caller (admitted) or here (end), as before.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ from foundation.transport.frames import CLOSE_POLICY, CLOSE_RESTART, CLOSE_TRY_A
 from messaging.asyncdb import run_db
 from messaging.authentication import client_authenticate
 from messaging.channels.cursor import ChannelCursor
+from messaging.connection.admission import SessionEnd, SessionOpen
 from messaging.connection.ledger import DeliveryLedger, Settled
 from messaging.limits import ConnectionLimits, TokenBucket
-from messaging.presence_notices import user_presence_announce
+from messaging.presence_notices import master_announce, user_presence_notice_wanted
 from messaging.runtime import LocalConnection, NodeRuntime, runtime
 from presence import cache
 from presence.services import SessionClosing, SessionOpening
@@ -113,10 +116,11 @@ class ConnectionLife:
             return Refusal("service unavailable; reconnect later", CLOSE_TRY_AGAIN)
         session_id = uuid.uuid4()
         try:
-            await node.sessions_opened.submit(SessionOpening(
+            await node.sessions_opened.submit(SessionOpen(SessionOpening(
                 connection_id=session_id, app_id=app.pk, user_id=user_id, node_id=node.node_id,
                 channel_name=self.channel_name, acks=acks, remote_addr=remote_addr, user_agent=user_agent,
-                connected_at=timezone.now()))
+                connected_at=timezone.now()),
+                notice=user_presence_notice_wanted(app_id=app.pk, user_id=user_id, connected=True) if first else None))
         except Exception:
             log.exception("opening the session row of %s failed", user_id)
             node.connection_remove(self.channel_name)
@@ -158,19 +162,22 @@ class ConnectionLife:
             await channels.leave_all()
         if ledger is not None:
             self.settle(ledger.close(position))
+        notice = None
         try:
             last = await node.presence_removes.submit(cache.ConnectionEntry(
                 user_id=self.user_id, channel_name=self.channel_name, node_id=node.node_id))
             if last:
-                await user_presence_announce(app=self.app, user_id=self.user_id, connected=False,
-                                             lookup=node.master_lookups.submit)
+                notice = user_presence_notice_wanted(app_id=self.app.pk, user_id=self.user_id, connected=False)
+                await master_announce(app=self.app, user_id=self.user_id, connected=False,
+                                      lookup=node.master_lookups.submit)
         except Exception:
             # Redis is away: this node's heartbeat removes the stale entry (and announces) later.
             log.exception("presence update on disconnect of %s failed", self.user_id)
         if self.session_id is not None:
             try:
-                await node.sessions_closed.submit(SessionClosing(
-                    connection_id=self.session_id, close_reason=self.close_note or "connection failed"))
+                await node.sessions_closed.submit(SessionEnd(SessionClosing(
+                    connection_id=self.session_id, close_reason=self.close_note or "connection failed"),
+                    notice=notice))
             except Exception:
                 log.exception("closing session row of %s failed", self.user_id)
 

@@ -4,13 +4,17 @@ them.
 Recording is one statement per batch of events: it joins the events with the app's enabled
 endpoints that want them (the database decides who gets what, whatever a process's cache
 believes), writes one WebhookDelivery per event and endpoint with its complete body, and, once
-committed, hands each to a Celery task (messaging.handoff) under a claim with a lease
-(messaging.webhooks.delivery):
-a task lost with its worker is made up for by the sweep when the lease runs out.
+committed, hands them over (messaging.handoff.webhook_calls_hand_over: one task for the whole batch,
+whose worker gives each call a Celery task of its own) under a claim with a lease
+(messaging.webhooks.delivery): a task lost with its worker is made up for by the sweep when the
+lease runs out.
 
-An event that happens in a process that crashes before recording it is not announced: these
-announcements are as best-effort as the master user's USER_CONNECTED notices. Once recorded, a
-call is made until it is delivered or dead.
+Recording joins the caller's transaction. A web node records user.connected and user.disconnected
+in the transaction that opens or closes the session (messaging.connection.admission), so a batch of
+logins costs one statement and one hand-off, and an event commits with its session or not at all.
+Events that happen in a process that crashes before recording them (a channel's first reader, a
+stale entry the heartbeat drops) are not announced. Once recorded, a call is made until it is
+delivered or dead.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from foundation.outbound import claim_token
 from foundation.outgoing import address_refusal, allowed_networks
 from messaging import metrics
 from messaging.asyncdb import run_db
-from messaging.handoff import webhook_calls_enqueue
+from messaging.handoff import webhook_calls_hand_over
 from messaging.webhooks.delivery import webhook_lease_seconds
 from messaging.webhooks.models import (
     WEBHOOK_ALL_EVENTS,
@@ -138,6 +142,7 @@ _RECORD_SQL = f"""
           JOIN messaging_webhookendpoint e
             ON e.app_id = n.app_id AND e.enabled AND ('{WEBHOOK_ALL_EVENTS}' = ANY(e.events) OR n.event = ANY(e.events))
           JOIN apps_registry_clientapp a ON a.id = n.app_id
+           FOR KEY SHARE OF e
     )
     INSERT INTO messaging_webhookdelivery (id, endpoint_id, event, payload, state, attempts, next_attempt_at, claim,
                                            last_status, last_error, created_at)
@@ -153,8 +158,14 @@ _RECORD_SQL = f"""
 
 def webhooks_record(*, notices: Sequence[WebhookNotice]) -> int:
     """Record the notices for every enabled endpoint of their apps that wants them, in one
-    statement; each is sent once committed. Returns how many deliveries were recorded. Notices of
-    apps without endpoints for them cost no query (selectors' cache)."""
+    statement, in the caller's transaction if there is one; they are handed over together once
+    committed. Returns how many deliveries were recorded. Notices of apps without endpoints for them
+    cost no query (selectors' cache).
+
+    The endpoints are locked FOR KEY SHARE as they are read (the lock the deliveries' foreign key
+    takes at commit anyway, taken first): an endpoint an operator is deleting is waited for and then
+    left out, where its deliveries would have failed the caller's whole transaction at commit (the
+    key is checked then), a web node's batch of sessions with it."""
     wanted = [n for n in notices if n.event in webhook_events_wanted(n.app_id)]
     if not wanted:
         return 0
@@ -170,19 +181,21 @@ def webhooks_record(*, notices: Sequence[WebhookNotice]) -> int:
         metrics.WEBHOOKS.labels(event, "recorded").inc(count)
     ids = [row[0] for row in rows]
     if ids:
-        transaction.on_commit(lambda: webhook_calls_enqueue(ids, claim))
+        transaction.on_commit(lambda: webhook_calls_hand_over(ids, claim))
     return len(ids)
 
 
 async def webhooks_record_async(*, notices: Sequence[WebhookNotice]) -> int:
     """From an event loop: nothing at all (not even a thread hop) when the cache knows that no
     endpoint wants these notices; otherwise recorded on the database pool."""
-    if not any(_maybe_wanted(n) for n in notices):
+    if not any(webhook_notice_maybe_wanted(n) for n in notices):
         return 0
     return await run_db(webhooks_record, notices=notices)
 
 
-def _maybe_wanted(notice: WebhookNotice) -> bool:
+def webhook_notice_maybe_wanted(notice: WebhookNotice) -> bool:
+    """Whether an endpoint may want the notice, from the cache alone (no I/O, safe on an event loop):
+    False only when the cache knows that none of the app's endpoints wants it."""
     known = webhook_events_wanted_cached(notice.app_id)
     return known is None or notice.event in known
 
@@ -200,7 +213,7 @@ def webhook_test_send(*, endpoint: WebhookEndpoint) -> WebhookDelivery:
         id=delivery_id, endpoint=endpoint, event=WebhookEvent.TEST, payload=payload, claim=claim,
         next_attempt_at=now + timedelta(seconds=webhook_lease_seconds()), created_at=now)
     metrics.WEBHOOKS.labels(WebhookEvent.TEST.value, "recorded").inc()
-    transaction.on_commit(lambda: webhook_calls_enqueue([delivery_id], claim))
+    transaction.on_commit(lambda: webhook_calls_hand_over([delivery_id], claim))
     return delivery
 
 
@@ -223,5 +236,5 @@ def webhook_deliveries_requeue(*, delivery_ids: Sequence[uuid.UUID | str], app_i
         )
         ids = [row[0] for row in cur.fetchall()]
     if ids:
-        transaction.on_commit(lambda: webhook_calls_enqueue(ids, claim))
+        transaction.on_commit(lambda: webhook_calls_hand_over(ids, claim))
     return len(ids)

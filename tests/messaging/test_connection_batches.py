@@ -17,11 +17,16 @@ from messaging.channels.services import subscription_add
 from messaging.connection.admission import FirstReadsFor, first_reads
 from messaging.connection.life import ConnectionLife, Refusal
 from messaging.delivery.claims import deliveries_claim
+from messaging.handoff import WEBHOOK_HAND_OUT_TASK, WEBHOOK_TASK
+from messaging.models import WebhookDelivery
 from messaging.runtime import NodeRuntime
 from messaging.store import OutgoingMessage, messages_store
+from messaging.webhooks.selectors import webhook_events_forget
+from messaging.webhooks.services import webhook_endpoint_create
 from presence import cache
 from presence.models import PresenceEvent, Session
 from tests.factories import make_app
+from tests.webhook_receiver import WebhookReceiver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -76,6 +81,57 @@ def test_a_storm_of_logins_gives_each_connection_its_session_and_presence_and_th
         "client closed (1006)"}
     assert PresenceEvent.objects.filter(kind="disconnect").count() == 60
     assert all(conns == [] for conns in cache.connections_of_many(users).values())
+
+
+def _transactions(rows) -> set[str]:
+    """The transactions that wrote these rows as they stand (their xmin: one per transaction)."""
+    return {str(xmin) for xmin in rows.extra(select={"xmin": "xmin::text"}).values_list("xmin", flat=True)}
+
+
+def test_a_storm_of_logins_records_its_webhooks_with_the_sessions_in_a_few_transactions_and_hand_offs(anz, handoff):
+    webhook_events_forget()
+    with WebhookReceiver() as receiver:
+        _, secret = webhook_endpoint_create(app_id=anz.pk, url=receiver.url)  # every event
+        group = lives(60)
+        users = [f"ANZ-{n % 40}" for n in range(60)]  # 20 users connect twice: 40 first connections
+
+        async def logins() -> list:
+            return await admit_all(group, users)
+
+        async def ends() -> None:
+            for life in group:
+                life.close_note = "client closed (1006)"
+            await asyncio.gather(*(life.end(ledger=None, channels=None, position=None) for life in group))
+
+        firsts = asyncio.run(logins())
+        connected = WebhookDelivery.objects.filter(event="user.connected")
+        # Every first connection's event is committed by the time its login is answered.
+        assert firsts.count(True) == 40 and connected.count() == 40
+        asyncio.run(ends())
+        disconnected = WebhookDelivery.objects.filter(event="user.disconnected")
+
+        expected = sorted(f"ANZ-{n}" for n in range(40))
+        assert sorted(r.payload["data"]["userId"] for r in connected) == expected
+        assert sorted(r.payload["data"]["userId"] for r in disconnected) == expected
+        # Each event was written in the transaction of the sessions it announces, and a batch of
+        # logins shares one transaction: far fewer than one per login.
+        written = _transactions(connected), _transactions(disconnected)
+        assert written[0] <= _transactions(PresenceEvent.objects.filter(kind="connect"))
+        assert written[1] <= _transactions(PresenceEvent.objects.filter(kind="disconnect"))
+        assert len(written[0]) + len(written[1]) <= 10
+        # ... and handed over once per batch (a hand-out task a webhook worker fans out), not per call.
+        handed = handoff.tasks()
+        assert {h.task for h in handed} <= {WEBHOOK_TASK, WEBHOOK_HAND_OUT_TASK}
+        assert len(handed) <= len(written[0]) + len(written[1])
+
+        handoff.pump()
+
+        calls = receiver.wait_for(lambda call: True, count=80)
+        assert sorted((c.event, c.json["data"]["userId"]) for c in calls) == sorted(
+            [("user.connected", u) for u in expected] + [("user.disconnected", u) for u in expected])
+        assert all(c.signed_with(secret) for c in calls)
+        assert set(WebhookDelivery.objects.values_list("state", flat=True)) == {"delivered"}
+    webhook_events_forget()
 
 
 def test_a_session_row_the_database_refuses_refuses_the_login_and_gives_back_its_presence(anz):

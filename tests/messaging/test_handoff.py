@@ -25,6 +25,8 @@ from messaging.handoff import (
     ROUTING_QUEUE,
     ROUTING_TASK_MAX_IDS,
     WAKE_KEY,
+    WEBHOOK_HAND_OUT_MAX_IDS,
+    WEBHOOK_HAND_OUT_TASK,
     WEBHOOK_QUEUE,
     WEBHOOK_TASK,
     CeleryDispatcher,
@@ -36,6 +38,7 @@ from messaging.handoff import (
     receipt_links_kick,
     routing_enqueue,
     webhook_calls_enqueue,
+    webhook_calls_hand_over,
 )
 from messaging.network.outbox import link_lock_key
 from tests.network import held_by_another_worker
@@ -79,6 +82,22 @@ def test_each_webhook_call_is_a_task_of_its_own_under_its_claim_on_the_webhooks_
     assert _queued(redis_client, WEBHOOK_QUEUE) == [(WEBHOOK_TASK, ["a1", 77]), (WEBHOOK_TASK, ["b2", 77])]
     assert _queued(redis_client, "celery") == []
     assert settings.CELERY_TASK_ROUTES[WEBHOOK_TASK] == {"queue": WEBHOOK_QUEUE}
+
+
+def test_calls_recorded_together_leave_in_one_hand_out_task_that_gives_each_its_own_on_the_webhooks_queue(
+        redis_client, broker):
+    redis_client.delete("celery", WEBHOOK_QUEUE)
+    ids = [f"id{n}" for n in range(WEBHOOK_HAND_OUT_MAX_IDS + 2)]
+    webhook_calls_hand_over(ids, 77)
+    webhook_calls_hand_over(["alone"], 78)  # one call needs no hand-out
+    queued = _queued(redis_client, WEBHOOK_QUEUE)
+    assert queued == [(WEBHOOK_HAND_OUT_TASK, [ids[:WEBHOOK_HAND_OUT_MAX_IDS], 77]),
+                      (WEBHOOK_HAND_OUT_TASK, [ids[WEBHOOK_HAND_OUT_MAX_IDS:], 77]), (WEBHOOK_TASK, ["alone", 78])]
+    assert settings.CELERY_TASK_ROUTES[WEBHOOK_HAND_OUT_TASK] == {"queue": WEBHOOK_QUEUE}
+
+    redis_client.delete(WEBHOOK_QUEUE)
+    assert tasks.webhook_hand_out(["a1", "b2"], 77) == 2  # what the webhook worker runs
+    assert _queued(redis_client, WEBHOOK_QUEUE) == [(WEBHOOK_TASK, ["a1", 77]), (WEBHOOK_TASK, ["b2", 77])]
 
 
 def _queues_of_workers(text: str) -> list[str]:

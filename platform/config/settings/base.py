@@ -389,7 +389,7 @@ CELERY_WORKER_POOL = env_str("WORKER_POOL", "threads")
 CELERY_WORKER_CONCURRENCY = env_int("WORKER_CONCURRENCY", 4)
 # Webhook calls wait on tenants' receivers: their own queue, served by their own worker (`-Q webhooks`),
 # never by the routing worker (`-Q celery,routing`). The names are messaging.handoff's.
-CELERY_TASK_ROUTES = {"messaging.tasks.route_deliveries": {"queue": "routing"}, "messaging.tasks.webhook_deliver": {"queue": "webhooks"}, **NETWORK_TASK_ROUTES, **QUEUE_TASK_ROUTES}  # noqa: F405,E501
+CELERY_TASK_ROUTES = {"messaging.tasks.route_deliveries": {"queue": "routing"}, "messaging.tasks.webhook_deliver": {"queue": "webhooks"}, "messaging.tasks.webhook_hand_out": {"queue": "webhooks"}, **NETWORK_TASK_ROUTES, **QUEUE_TASK_ROUTES}  # noqa: F405,E501
 HANDOFF_DISPATCHER = "messaging.handoff.CeleryDispatcher"  # how named work reaches the workers: the broker
 # Every task's time limit (soft: SoftTimeLimitExceeded inside the task; hard: the pool kills it). Only
 # the prefork pool enforces them: the threads pool (the default) ignores both, so a webhook call is

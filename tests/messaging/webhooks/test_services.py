@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
@@ -147,6 +150,43 @@ def test_an_endpoint_deleted_or_disabled_elsewhere_gets_nothing_even_while_a_cac
     assert webhooks_record(notices=[notice]) == 0
     WebhookEndpoint.objects.filter(pk=endpoint.pk).delete()
     assert webhooks_record(notices=[notice]) == 0
+
+
+def test_an_endpoint_being_deleted_while_events_are_recorded_is_left_out_and_the_callers_transaction_commits(anz):
+    # A web node records presence events in the transaction of its batch of sessions: an operator
+    # deleting an endpoint at that moment must not fail the batch (every login in it) at commit.
+    endpoint, _ = webhook_endpoint_create(app_id=anz.pk, url="https://gone.example.com")
+    notice = WebhookNotice(anz.pk, "user.connected", {"userId": "ANZ-7"})
+    outcome: dict = {}
+
+    def record_in_a_batch() -> None:
+        try:
+            with transaction.atomic():
+                outcome["recorded"] = webhooks_record(notices=[notice])
+        except Exception as exc:
+            outcome["error"] = exc
+        finally:
+            connection.close()
+
+    recorder = threading.Thread(target=record_in_a_batch)
+    with transaction.atomic():
+        WebhookEndpoint.objects.filter(pk=endpoint.pk).delete()  # not committed yet
+        recorder.start()
+        deadline = time.monotonic() + 10
+        while not _waiting_on_a_lock() and recorder.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    recorder.join(10)
+
+    assert outcome == {"recorded": 0}
+    assert not WebhookDelivery.objects.exists()
+
+
+def _waiting_on_a_lock() -> bool:
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_stat_clear_snapshot()")  # else read once per transaction
+        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()")
+        return cur.fetchone()[0] > 0
 
 
 # --- where events come from ----------------------------------------------------------------------
