@@ -51,6 +51,10 @@ NODE_CONNS_KEY = "sb:n:{node_id}:conns"
 NODE_ALIVE_KEY = "sb:n:{node_id}:alive"
 NODE_DEAD_KEY = "sb:n:{node_id}:dead"
 NODE_SUSPECT_KEY = "sb:n:{node_id}:suspect"
+# Channels removed since the node's last heartbeat (scripts.DISCONNECT, HEARTBEAT); kept at most this
+# long when no heartbeat comes to empty it (a node that died).
+NODE_REMOVED_KEY = "sb:n:{node_id}:removed"
+REMOVED_TTL_SECONDS = 3600
 NODE_REGS_KEY = "sb:n:{node_id}:regs"
 APP_ONLINE_KEY = "sb:a:{app_name}:online"
 TOMBSTONE_SECONDS = 24 * 3600
@@ -94,6 +98,10 @@ def _suspect_key(node_id: str) -> str:
     return NODE_SUSPECT_KEY.format(node_id=node_id)
 
 
+def _removed_key(node_id: str) -> str:
+    return NODE_REMOVED_KEY.format(node_id=node_id)
+
+
 def node_registrations_key(node_id: str) -> str:
     """Where a node lists the hashes it holds a field in (dropped with it when it dies)."""
     return NODE_REGS_KEY.format(node_id=node_id)
@@ -134,7 +142,8 @@ async def connection_add(*, user_id: str, channel_name: str, node_id: str, acks:
 async def connection_remove(*, user_id: str, channel_name: str, node_id: str) -> bool:
     """Forget a connection; True when it was the user's last one in the cluster."""
     conns, _, _ = _node_keys(node_id)
-    removed, count = await async_client().eval(scripts.DISCONNECT, 2, user_key(user_id), conns, channel_name)
+    removed, count = await async_client().eval(scripts.DISCONNECT, 3, user_key(user_id), conns, _removed_key(node_id),
+                                               channel_name, REMOVED_TTL_SECONDS)
     return bool(removed) and int(count) == 0
 
 
@@ -207,7 +216,8 @@ async def connections_add(*, entries: Sequence[ConnectionEntry]) -> list[bool | 
 async def connections_remove(*, entries: Sequence[ConnectionEntry]) -> list[bool | Exception]:
     """connection_remove for many connections in one round trip. Per entry: True when it was the
     user's last connection in the cluster, else False, or the Redis error."""
-    calls = [(2, [user_key(e.user_id), _node_keys(e.node_id)[0], e.channel_name]) for e in entries]
+    calls = [(3, [user_key(e.user_id), _node_keys(e.node_id)[0], _removed_key(e.node_id), e.channel_name,
+                  REMOVED_TTL_SECONDS]) for e in entries]
     out: list[bool | Exception] = []
     for answer in await _evalsha_many(scripts.DISCONNECT, calls):
         if isinstance(answer, Exception):
@@ -242,7 +252,8 @@ async def node_heartbeat(*, node_id: str, ttl: int, held: Iterable[HeldConnectio
     args: list[str | int] = [ttl, node_id]
     for conn in held:
         args.extend((conn.channel_name, conn.user_id, 1 if conn.acks else 0))
-    result = await async_client().eval(scripts.HEARTBEAT, 4, conns, alive, dead, _suspect_key(node_id), *args)
+    result = await async_client().eval(scripts.HEARTBEAT, 5, conns, alive, dead, _suspect_key(node_id),
+                                       _removed_key(node_id), *args)
     if int(result[0]) == -1:
         raise NodeDeclaredDead(node_id)
     return [_text(u) for u in result[1:]]
@@ -291,7 +302,8 @@ def node_forget(*, node_id: str) -> list[ForgottenConnection]:
 
 def connection_remove_sync(*, user_id: str, channel_name: str, node_id: str) -> bool:
     conns, _, _ = _node_keys(node_id)
-    removed, count = sync_client().eval(scripts.DISCONNECT, 2, user_key(user_id), conns, channel_name)
+    removed, count = sync_client().eval(scripts.DISCONNECT, 3, user_key(user_id), conns, _removed_key(node_id),
+                                        channel_name, REMOVED_TTL_SECONDS)
     return bool(removed) and int(count) == 0
 
 

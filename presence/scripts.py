@@ -34,17 +34,24 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 index_add(ARGV[3])
 return {added, redis.call('HLEN', KEYS[1])}
 """
-# KEYS: user hash, node hash. ARGV: channel. -> {removed, count}
+# KEYS: user hash, node hash, node's removed set. ARGV: channel, the removed set's ttl. -> {removed, count}
 # The user's id is the user hash's key past 'sb:u:' (the Python signature stays as it was).
+# The channel is noted in the node's removed set: a heartbeat whose snapshot of the node's
+# connections was taken before this removal must not put it back (HEARTBEAT).
 DISCONNECT = INDEX + """
 local removed = redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('SADD', KEYS[3], ARGV[1])
+redis.call('EXPIRE', KEYS[3], tonumber(ARGV[2]))
 local count = redis.call('HLEN', KEYS[1])
 if count == 0 then index_remove_if_gone(string.sub(KEYS[1], 6)) end
 return {removed, count}
 """
-# KEYS: node hash, alive key, tombstone, suspect set. ARGV: ttl, node id, then triples channel,
-# user, acks. -> {-1} when the node was declared dead, else {1, user whose last connection went, ...}.
+# KEYS: node hash, alive key, tombstone, suspect set, removed set. ARGV: ttl, node id, then triples
+# channel, user, acks. -> {-1} when the node was declared dead, else {1, user whose last connection
+# went, ...}. A held channel in the removed set was removed after the node's snapshot (its
+# connection ended while this beat was on its way): it is not put back, or the user would stay
+# online as a ghost and its next connection would not be announced as its first.
 # User hashes are computed keys: fine on a single Redis (the deployment this project supports);
 # a Redis Cluster would need hash tags.
 HEARTBEAT = INDEX + """
@@ -73,10 +80,13 @@ end
 redis.call('DEL', KEYS[4])
 for _, channel in ipairs(suspects) do redis.call('SADD', KEYS[4], channel) end
 for i = 3, #ARGV, 3 do
-  redis.call('HSET', 'sb:u:' .. ARGV[i + 1], ARGV[i], node .. '|' .. ARGV[i + 2])
-  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
-  index_add(ARGV[i + 1])
+  if redis.call('SISMEMBER', KEYS[5], ARGV[i]) == 0 then
+    redis.call('HSET', 'sb:u:' .. ARGV[i + 1], ARGV[i], node .. '|' .. ARGV[i + 2])
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+    index_add(ARGV[i + 1])
+  end
 end
+redis.call('DEL', KEYS[5])
 return gone
 """
 # KEYS: node hash, tombstone, alive key, registrations set. ARGV: tombstone ttl, node id

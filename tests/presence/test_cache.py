@@ -68,6 +68,17 @@ def test_a_connection_registered_while_a_heartbeat_was_in_flight_is_not_taken_fo
     assert _online("ANZ-1") == ["ch-new"]
 
 
+def test_a_connection_that_ended_while_a_heartbeat_was_in_flight_is_not_put_back_as_a_ghost():
+    _add("ANZ-1", "ch-1")
+    held = [("ch-1", "ANZ-1")]  # the node's snapshot, taken before...
+    assert _remove("ANZ-1", "ch-1") is True  # ... the connection ended and its removal reached Redis
+    _beat(held)  # the beat with the stale snapshot arrives after it
+    assert _online("ANZ-1") == []
+    assert _add("ANZ-1", "ch-2") is True  # so the user's next connection is its first
+    _beat([("ch-2", "ANZ-1")])
+    assert _online("ANZ-1") == ["ch-2"]
+
+
 def test_the_heartbeat_restores_what_an_emptied_redis_forgot(redis_client):
     _add("ANZ-1", "ch-1")
     redis_client.flushdb()  # a restarted Redis without persistence
