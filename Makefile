@@ -77,7 +77,7 @@ $(NODE_STAMP): tests/node/package-lock.json
 # processes start once; each worker with a Redis of its own: devstack.pytest_services).
 # TEST_WORKERS=0 runs it in this one process.
 TEST_WORKERS ?= 2
-PYTEST_DIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadscope)
+PYTEST_DIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 # The project's bytecode, compiled once: every process the tests start (about two hundred) would
 # compile it again where PYTHONDONTWRITEBYTECODE is set.
 COMPILE = $(BIN)/python -m compileall -q -j 0 apps_registry messaging presence analytics platform bench > /dev/null

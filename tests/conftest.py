@@ -283,3 +283,39 @@ def _takeover_look_pinned_where_queries_are_counted(request, monkeypatch):
     run it would fall inside the counted block now and then."""
     if {"django_assert_num_queries", "django_assert_max_num_queries"} & set(request.fixturenames):
         monkeypatch.setattr("apps_registry.selectors.TAKEOVER_LOOK_SECONDS", float("inf"))
+
+
+# The modules that take longest, longest first (their tests' wall time on a 2-core machine under the
+# suite, 2026-11-29: the network ring about 7 minutes, the rest 50 s to 2.5 min). Under pytest-xdist a
+# module runs whole on one worker, in the order collected (`make test` passes --no-loadscope-reorder,
+# which would order modules by their number of tests): started last, the ring ran alone at the end
+# for minutes while the other worker had nothing left to do.
+LONGEST_FIRST = [
+    "tests/system/test_network_ring.py",
+    "tests/system/test_rolling_restart.py",
+    "tests/analytics/test_local_cluster.py",
+    "tests/system/test_channel_streams.py",
+    "tests/system/test_supervise.py",
+    "tests/analytics/test_presence_report.py",
+    "tests/system/test_cluster_failures.py",
+    "tests/system/test_exchange_end_to_end.py",
+    "tests/config/test_settings.py",
+    "tests/system/test_presence_healing.py",
+    "tests/bench/test_storm.py",
+    "tests/system/test_socketio_bounds.py",
+    "tests/analytics/test_bench.py",
+    "tests/system/test_master_catch_up.py",
+    "tests/messaging/network/test_takeover.py",
+    "tests/system/test_postgres_fault.py",
+    "tests/system/test_delivery_guarantees.py",
+    "tests/browser/test_switchboard_browser.py",
+    "tests/system/test_api_postgres_fault.py",
+    "tests/system/test_queue_intake.py",
+    "tests/system/test_meta_role.py",
+    "tests/system/test_socketio_node.py",
+]
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # (stable: the rest as collected)
