@@ -10,7 +10,7 @@ What the database guarantees (not just the forms):
 
 An app admits anyone only where an operator chose auth mode `none` (a new app gets signed tokens
 with a generated secret); an app in auth-URL mode with the URL switched off refuses every login
-(`clean` refuses saving it, messaging.authentication refuses logins to rows saved before).
+(`clean` refuses saving it, messaging.gateway.authentication refuses logins to rows saved before).
 
 A user id is `<appName>-<number>` with the number in ASCII digits and no leading zero, so one user
 has exactly one id: `ANZ-0123`, `ANZ-１２３` (full-width) or `ANZ-١٢٣` (Arabic-Indic digits) are
@@ -168,7 +168,7 @@ class ClientApp(models.Model):
 
     def clean(self) -> None:
         # Not a database constraint: rows saved before it may break the rule; login refuses them
-        # (messaging.authentication) and `check --deploy` names them.
+        # (messaging.gateway.authentication) and `check --deploy` names them.
         if self.auth_mode == AuthMode.AUTH_URL and not self.auth_enabled:
             raise ValidationError({"auth_enabled": AUTH_URL_DISABLED_REFUSAL})
 

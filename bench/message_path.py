@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from channels.testing import WebsocketCommunicator
 
-from messaging.asyncdb import pool_connections_close
-from messaging.consumers import ClientConsumer
+from foundation.asyncdb import pool_connections_close
+from messaging.gateway.consumers import ClientConsumer
 from tests.factories import make_app
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -37,7 +37,7 @@ domain that serves them); the run reports the longest time a user could not log 
 
 It also reports how long the network took to settle and each accepted message's time from its
 first send to its first arrival (p50, p99, max, how many over 10 s and 30 s): a message held at
-its home for an earlier one from its origin (messaging.network.order) shows there.
+its home for an earlier one from its origin (messaging.federation.order) shows there.
 """
 
 from __future__ import annotations

@@ -14,12 +14,12 @@ from django.contrib import admin
 
 from foundation.admin_readonly import ACT, ReadOnlyAdminMixin
 
-from .delivery.dead_letters import dead_letters_discard, dead_letters_requeue
+from .core.delivery.dead_letters import dead_letters_discard, dead_letters_requeue
 from .exchange import admin as exchange_admin  # noqa: F401  (registers the event exchange's console)
+from .federation import admin as federation_admin  # noqa: F401  (registers the links' console)
+from .federation.whereabouts import delivery_where
+from .intake.stream import admin as queue_intake_admin  # noqa: F401  (registers the queue credentials' console)
 from .models import DeadLetter, Delivery, DeliveryState, Message
-from .network import admin as network_admin  # noqa: F401  (registers the links' console)
-from .network.whereabouts import delivery_where
-from .queue_intake import admin as queue_intake_admin  # noqa: F401  (registers the queue credentials' console)
 from .selftest import admin as selftest_admin  # noqa: F401  (registers the selftest runs' console)
 from .webhooks import admin as webhooks_admin  # noqa: F401  (registers the webhook console)
 

@@ -2,7 +2,7 @@
 
 Guarantees:
 - A RELIABLE message and all of its Delivery rows are written in one transaction, before anything
-  is acknowledged or routed (messaging.store).
+  is acknowledged or routed (messaging.core.store).
 - Each recipient has a Mailbox whose `last_seq` hands out gap-free, strictly increasing sequence
   numbers: the upsert that bumps it holds the mailbox row lock until the transaction ends, so a
   rolled-back message leaves no hole and two concurrent messages cannot take the same number.
@@ -11,7 +11,7 @@ Guarantees:
 - A confirmation confirms one message once: `confirms` is unique. It is a column of its own, not
   a clientMessageId, so no client input can collide with it.
 - Delivery states move pending -> sent -> delivered, with retrying / dead / expired as side exits;
-  every move is one conditional statement in messaging.delivery and stamps its time.
+  every move is one conditional statement in messaging.core.delivery and stamps its time.
   State names live here only: SQL is built from the tuples below (`states_sql`), and the partial
   indexes use the same tuples, so a new state cannot leave a query or an index behind.
 - A mailbox has no holes: delivery rows are never deleted one by one (the admin cannot delete
@@ -55,7 +55,7 @@ class DeliveryState(models.TextChoices):
     RETRYING = "retrying"
     DEAD = "dead"
     EXPIRED = "expired"
-    # A recipient homed in another domain (messaging.network): queued on the link to `forward_to`,
+    # A recipient homed in another domain (messaging.federation): queued on the link to `forward_to`,
     # then stored by that domain (which takes it on from there) until the home domain reports back
     # delivered (or dead). Neither is in the mailbox: the recipient never connects here.
     FORWARDING = "forwarding"
@@ -95,7 +95,7 @@ class Message(models.Model):
     # NULL, not "": the unique constraint must not treat "no id" as one shared id.
     client_message_id = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001
     origin_domain = models.CharField(max_length=64, blank=True, default="")
-    # A message that came from another domain (messaging.network): its id in its origin domain (NULL
+    # A message that came from another domain (messaging.federation): its id in its origin domain (NULL
     # for one stored here first; message_forwarded_once makes an (origin domain, id) stored once), the
     # domains it passed through, origin first ("domain-01,domain-02"), and, for a confirmation, the
     # message it confirms as "<origin domain>:<id there>" where that message has no copy here.
@@ -139,7 +139,7 @@ class Mailbox(models.Model):
     last_seq = models.BigIntegerField(default=0)
     # How many of the mailbox's messages were stored here first (not forwarded from another domain):
     # their Delivery.origin_seq, by which the recipient's home, where that is another domain, puts
-    # them in order (messaging.network.order). Gap-free, as last_seq is.
+    # them in order (messaging.federation.order). Gap-free, as last_seq is.
     origin_last_seq = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
@@ -161,14 +161,14 @@ class Delivery(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)  # the row's timer (see the module docstring)
     claim = models.BigIntegerField(null=True, blank=True)
     last_error = models.CharField(max_length=500, blank=True, default="")
-    # The neighbouring domain a forwarding/forwarded delivery was queued on (messaging.network).
+    # The neighbouring domain a forwarding/forwarded delivery was queued on (messaging.federation).
     forward_to = models.CharField(max_length=64, blank=True, default="", db_default="")
     # A dead letter re-queued by an operator, on its way to a neighbour: the neighbour revives its own
-    # dead copy rather than taking the call for a duplicate (messaging.network.intake); cleared once sent.
+    # dead copy rather than taking the call for a duplicate (messaging.federation.inbound); cleared once sent.
     revive = models.BooleanField(default=False, db_default=False)
     # The message's place among the messages to this recipient stored first at its origin domain
     # (Mailbox.origin_last_seq there): what the recipient's home puts each origin's messages in order
-    # by (messaging.network.order). Drawn here for a message stored here first, carried in (and on)
+    # by (messaging.federation.order). Drawn here for a message stored here first, carried in (and on)
     # for one that came from another domain; NULL for rows older than that order, or from a domain
     # that does not send it.
     origin_seq = models.BigIntegerField(null=True, blank=True)
@@ -199,20 +199,20 @@ class Delivery(models.Model):
             models.Index(fields=["recipient", "-id"], name="delivery_recipient_recent"),
             # The dead-letter queue in the admin and the API, newest first. Deliberately partial:
             # a general (state, ...) index tempted the planner into scanning every undelivered
-            # row for batch updates by id (see messaging.delivery.sql).
+            # row for batch updates by id (see messaging.core.delivery.sql).
             models.Index(fields=["-dead_at"], name="delivery_dead_letters", condition=Q(state=DeliveryState.DEAD.value)),
-            # A link's forwarding queue, each recipient's rows in mailbox order (messaging.network):
+            # A link's forwarding queue, each recipient's rows in mailbox order (messaging.federation):
             # partial, so only what waits on a link is in it.
             models.Index(fields=["forward_to", "app", "recipient", "seq"], name="delivery_link_queue",
                          condition=Q(state=DeliveryState.FORWARDING.value)),
             # What waits on any link, each recipient's oldest first: a new row queues behind its
-            # recipient's waiting rows (messaging.network.queue) and an intermediate domain takes a
+            # recipient's waiting rows (messaging.federation.queue) and an intermediate domain takes a
             # message behind them (selectors.WaitingHere). Without it that probe walked the
             # recipient's whole mailbox history (delivery_seq_unique_in_mailbox, filtered by state).
             models.Index(fields=["app", "recipient", "seq"], name="delivery_waiting",
                          condition=Q(state=DeliveryState.FORWARDING.value)),
             # What is in flight further on, each recipient's newest first: the way its next message
-            # follows so as not to overtake it (messaging.network.queue.detours_of). Partial: a
+            # follows so as not to overtake it (messaging.federation.queue.detours_of). Partial: a
             # recipient with a long history of delivered rows costs one probe, not a scan.
             models.Index(fields=["app", "recipient", "-seq"], name="delivery_in_flight",
                          condition=Q(state=DeliveryState.FORWARDED.value)),
@@ -234,7 +234,7 @@ class DeadLetter(Delivery):
 
 
 class IdempotencyKey(models.Model):
-    """A server's `Idempotency-Key` on a send, kept for API_IDEMPOTENCY_HOURS (messaging.idempotency).
+    """A server's `Idempotency-Key` on a send, kept for API_IDEMPOTENCY_HOURS (messaging.core.idempotency).
 
     (app, key) is unique: of two requests with one key, the database lets exactly one claim it, in
     the same transaction as its send, so a second message can never be stored under that key. The
@@ -266,7 +266,7 @@ class IdempotencyKey(models.Model):
 # The tables declared in messaging's rooms belong to this app: importing them registers them.
 from messaging.channels.models import Channel, ChannelMessage, Subscription  # noqa: E402
 from messaging.exchange.models import ExchangeState, Follow  # noqa: E402
-from messaging.network.models import (  # noqa: E402
+from messaging.federation.models import (  # noqa: E402
     ChannelForward,
     HeldInOrder,
     LinkHealth,
@@ -276,7 +276,7 @@ from messaging.network.models import (  # noqa: E402
     StandbyFeed,
     StandbySubscription,
 )
-from messaging.queue_intake.models import QueueCredential  # noqa: E402
+from messaging.intake.stream.models import QueueCredential  # noqa: E402
 from messaging.webhooks.models import (  # noqa: E402
     WEBHOOK_ALL_EVENTS,
     WEBHOOK_OPEN_STATES,

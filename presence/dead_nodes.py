@@ -9,10 +9,10 @@ node silent for PRESENCE_NODE_TIMEOUT whose Redis key is gone and:
 2. closes its open session rows and marks the node stopped.
 
 A node that was only paused (a long GC, a frozen VM) and comes back finds the tombstone and its
-stopped row at its next heartbeat and closes its sockets with 1012 (messaging.runtime): its clients
+stopped row at its next heartbeat and closes its sockets with 1012 (messaging.gateway.runtime): its clients
 reconnect and fetch, rather than living on as ghosts with closed session rows.
 
-A node that drains (SIGTERM, messaging.drain) leaves the same way, by itself and without the
+A node that drains (SIGTERM, messaging.gateway.drain) leaves the same way, by itself and without the
 tombstone's meaning "you were dead": `node_deregister`, once its connections have ended, takes
 whatever is left of it out of Redis and marks its row stopped (the reaper never looks at a stopped
 node), closing any session row whose end did not run. The tombstone it leaves refuses a straggling

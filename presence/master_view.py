@@ -8,7 +8,7 @@ that (a second USER_CONNECTED for a user it already listed is not written), and 
 PRESENCE_MASTER_RESYNC_SECONDS compares it with the app's online index and writes the notices
 that make up the difference. A lost notice is thereby late by at most that long, never missing.
 
-Pure bookkeeping: the consumer (messaging.consumers) reads the index and writes the frames.
+Pure bookkeeping: the consumer (messaging.gateway.consumers) reads the index and writes the frames.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Who is online at the other domains of the network, as this domain last heard (Redis).
 
 Each domain tells its neighbours, every PRESENCE_GOSSIP_SECONDS, the online users of its apps and
-what it heard of the other domains (messaging.network.presence_gossip); a domain's list carries a
+what it heard of the other domains (messaging.federation.presence_gossip); a domain's list carries a
 number its origin raised (the origin's clock in nanoseconds), so an older list heard by a longer
 way never replaces a newer one. A list lives PRESENCE_REMOTE_TTL_SECONDS after the last newer one
 arrived: a domain that stops telling (it is down, or cut off) has no users online here once that

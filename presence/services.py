@@ -164,7 +164,7 @@ async def master_notify(*, master_user_id: str, event_type: str, user_id: str,
                         lookup: ConnectionsLookup | None = None) -> None:
     """USER_CONNECTED / USER_DISCONNECTED to the app's master user, wherever it is connected.
     `lookup` finds the master's connections (a node passes its batched lookup: one Redis read for
-    every announcement of a storm's tick, messaging.runtime)."""
+    every announcement of a storm's tick, messaging.gateway.runtime)."""
     if user_id == master_user_id:
         return
     conns = await (lookup or cache.connections_of)(master_user_id)

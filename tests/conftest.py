@@ -88,7 +88,7 @@ TransactionTestCase._fixture_teardown = _tables_emptied
 
 def _left_in_a_transaction() -> list[str]:
     """The aliases whose connection on this (the test's) thread is still inside a transaction."""
-    from messaging.asyncdb import connection_discard, transaction_left_open
+    from foundation.asyncdb import connection_discard, transaction_left_open
 
     left = [conn for conn in connections.all(initialized_only=True) if transaction_left_open(conn)]
     for conn in left:
@@ -223,12 +223,12 @@ def _clean_test_redis():
 
 @pytest.fixture(scope="session", autouse=True)
 def _pool_connections_closed_at_the_end(django_db_setup):
-    """Services called through messaging.asyncdb.run_db in this process hold a connection per pool
+    """Services called through foundation.asyncdb.run_db in this process hold a connection per pool
     thread, and foundation.outbound a lock connection per thread that took a lock; the test database
     can only be dropped once they are closed."""
     yield
+    from foundation.asyncdb import pool_connections_close
     from foundation.outbound import lock_connections_close
-    from messaging.asyncdb import pool_connections_close
 
     pool_connections_close()
     lock_connections_close()
@@ -236,9 +236,9 @@ def _pool_connections_closed_at_the_end(django_db_setup):
 
 @pytest.fixture(autouse=True)
 def handoff(request):
-    """Where this test's process hands named work (messaging.handoff): a fresh InlineDispatcher,
+    """Where this test's process hands named work (foundation.handoff): a fresh InlineDispatcher,
     run by `handoff.pump()`; for a system or browser test, the broker, as real workers serve it."""
-    from messaging.handoff import CeleryDispatcher, InlineDispatcher, dispatcher_use
+    from foundation.handoff import CeleryDispatcher, InlineDispatcher, dispatcher_use
 
     real_workers = request.node.get_closest_marker("system") or request.node.get_closest_marker("browser")
     dispatcher = CeleryDispatcher() if real_workers else InlineDispatcher()
@@ -248,7 +248,7 @@ def handoff(request):
 
 
 from tests.inprocess import inprocess, inprocess_node  # noqa: E402,F401  (fixtures: a web node and a worker here)
-from tests.messaging.api_fixtures import (  # noqa: E402,F401  (fixtures of the server API tests)
+from tests.messaging.api.fixtures import (  # noqa: E402,F401  (fixtures of the server API tests)
     anonymous_http,
     anz,
     anz_key,
@@ -268,10 +268,10 @@ def _fresh_app_snapshots():
     """Tests create and drop apps under the same names; a process keeps app snapshots for a few
     seconds (apps_registry.selectors), so each test starts without them."""
     from apps_registry.selectors import app_snapshots_clear
-    from messaging.network.links import graph_cache_clear
+    from messaging.federation.links import graph_cache_clear
 
     app_snapshots_clear()
-    graph_cache_clear()  # the domain graph is cached for a second too (messaging.network.links)
+    graph_cache_clear()  # the domain graph is cached for a second too (messaging.federation.links)
     yield
 
 
@@ -305,7 +305,7 @@ LONGEST_FIRST = [
     "tests/system/test_socketio_bounds.py",
     "tests/analytics/test_bench.py",
     "tests/system/test_master_catch_up.py",
-    "tests/messaging/network/test_takeover.py",
+    "tests/messaging/federation/test_takeover.py",
     "tests/system/test_postgres_fault.py",
     "tests/system/test_delivery_guarantees.py",
     "tests/browser/test_switchboard_browser.py",

@@ -2,12 +2,12 @@
 daphne (tests/processes.py starts real ones for what does: frames on the wire, drains, kills).
 
 - The node is the project's own ASGI application (config.asgi) on an event loop of its own, in a
-  thread: the same consumers, the same consumer loop (messaging.connection.inbox serves a
+  thread: the same consumers, the same consumer loop (messaging.gateway.connection.inbox serves a
   communicator's events the way it serves daphne's), the same node runtime with its batchers and
   heartbeat, on the real Redis channel layer and presence cache and the test database.
 - A client is Channels' WebsocketCommunicator on that loop, behind the synchronous API of
   tests/wsclient.WsClient, so a test reads the same whichever node it talks to.
-- The worker is the hand-off's inline dispatcher (messaging.handoff) pumped continuously by a
+- The worker is the hand-off's inline dispatcher (foundation.handoff) pumped continuously by a
   thread of its own: what the node hands over runs through the task functions a Celery worker
   runs, on a database connection of its own.
 
@@ -28,8 +28,8 @@ import pytest
 from channels.testing import WebsocketCommunicator
 from django.db import connection
 
-from messaging.handoff import InlineDispatcher, dispatcher
-from messaging.runtime import runtime
+from foundation.handoff import InlineDispatcher, dispatcher
+from messaging.gateway.runtime import runtime
 from tests.wsclient import FrameReader
 
 

@@ -12,10 +12,10 @@ are the public ones. The configuration (apps, domains, links) is shared, as the 
 A test plays a domain with `with net.at("domain-02"):` (settings.DOMAIN_NAME and the connection's
 search_path), and everything the product does runs through its real doors:
 
-- the hand-off (messaging.handoff) is an inline dispatcher that records which domain handed each
+- the hand-off (foundation.handoff) is an inline dispatcher that records which domain handed each
   task over; `net.pump()` runs the tasks, as that domain, through the task functions the workers
   run, until none is left;
-- calls to a neighbour (messaging.network.transport) go over a wire that hands the signed request
+- calls to a neighbour (messaging.federation.transport) go over a wire that hands the signed request
   to the neighbour's view in-process (signature, nonce, body checks and all), as that domain; a
   domain in `net.down` refuses the connection;
 - work a domain commits is handed over when its `at` block ends (its on-commit callbacks run
@@ -39,17 +39,17 @@ from django.utils import timezone
 from apps_registry.models import ClientApp, Domain, DomainLink
 from apps_registry.selectors import app_snapshots_clear
 from apps_registry.services import distribution_create
+from foundation.handoff import WAKE_KEY, Handed, InlineDispatcher, dispatcher_use, task_run
 from foundation.outbound import one_at_a_time
 from foundation.outgoing import Answer, OutgoingError
 from foundation.transport.redis_clients import sync_client
-from messaging.delivery.delivered import deliveries_mark_delivered
-from messaging.handoff import WAKE_KEY, Handed, InlineDispatcher, dispatcher_use, task_run
+from messaging.core.delivery.delivered import deliveries_mark_delivered
+from messaging.core.store import OutgoingMessage, messages_store
+from messaging.federation import links
+from messaging.federation.fence import fence_forget
+from messaging.federation.models import LinkHealth
+from messaging.federation.transport import PeerCall, wire_use
 from messaging.models import Delivery, Message
-from messaging.network import links
-from messaging.network.fence import fence_forget
-from messaging.network.models import LinkHealth
-from messaging.network.transport import PeerCall, wire_use
-from messaging.store import OutgoingMessage, messages_store
 from tests.factories import make_app
 
 DOMAINS = ("domain-01", "domain-02", "domain-03", "domain-04")
@@ -275,7 +275,7 @@ def held_by_another_worker(lock_key: str) -> Iterator[None]:
 
 def _redis_left_forget() -> None:
     """What the played domains leave in the test Redis: "a wake-up is on its way" marks
-    (messaging.handoff) and the presence lists heard from other domains (presence.remote, alive
+    (foundation.handoff) and the presence lists heard from other domains (presence.remote, alive
     for a gossip TTL: a later test's master would see those users online)."""
     client = sync_client()
     patterns = (WAKE_KEY.format(here="*", task="*", peer="*"), "sb:rp:*", "sb:rpv:*", "sb:rpd:*")

@@ -18,7 +18,7 @@ from django.conf import settings
 from django.db import connection
 
 from devstack.embedded import _redis_bin
-from messaging.handoff import FORWARDING_QUEUE, ROUTING_QUEUE, WEBHOOK_QUEUE
+from foundation.handoff import FORWARDING_QUEUE, ROUTING_QUEUE, WEBHOOK_QUEUE
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

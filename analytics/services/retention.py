@@ -1,7 +1,7 @@
 """Rows past their app's retention deleted, in bounded batches, once the analytics export has them.
 
 Nothing else ever removes a message, delivery, session or presence-event row (retention marks an
-undelivered delivery `expired`, messaging.delivery.expiry), so without this the tables grow by every
+undelivered delivery `expired`, messaging.core.delivery.expiry), so without this the tables grow by every
 send for ever. A row goes only when all of these hold:
 
 - it is older than its app's `retention_days` (presence events of an app that no longer exists:

@@ -17,16 +17,16 @@ from rest_framework.views import APIView
 
 from apps_registry.models import APP_NAME_PATTERN
 from apps_registry.selectors import AppSnapshot
-from messaging.accept import user_require
 from messaging.api import serializers as s
 from messaging.api.authentication import ApiKeyAuthentication, HasApiKey
 from messaging.api.errors import ApiError
 from messaging.api.pagination import ApiCursorPagination
-from messaging.api.throttling import AppRateThrottle
 from messaging.channels.access import channel_name_require
 from messaging.channels.names import CHANNEL_NAME
-from messaging.idempotency import HEADER, Answer, idempotency_key_valid, idempotent_send, request_fingerprint
-from messaging.protocol import plain_int
+from messaging.core.accept import user_require
+from messaging.core.idempotency import HEADER, Answer, idempotency_key_valid, idempotent_send, request_fingerprint
+from messaging.core.protocol import plain_int
+from messaging.intake.throttling import AppRateThrottle
 
 ERRORS = {code: OpenApiResponse(s.ErrorSerializer, description=text) for code, text in {
     400: "invalid request (`invalid_request`, `malformed_request`, …)",

@@ -21,13 +21,13 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 
 from foundation.transport.frames import is_wire_safe
-from messaging.accept import SendRefused
 from messaging.api import metrics
-from messaging.idempotency import IdempotencyConflict
+from messaging.core.accept import SendRefused
+from messaging.core.idempotency import IdempotencyConflict
 
 log = logging.getLogger(__name__)
 
-# Codes of SendRefused (messaging.accept, messaging.channels.access, messaging.server_sends) and the status each answers with.
+# Codes of SendRefused (messaging.core.accept, messaging.channels.access, messaging.intake.server_sends) and the status each answers with.
 REFUSAL_STATUS = {
     "unknown_user": status.HTTP_404_NOT_FOUND,
     "unknown_channel": status.HTTP_404_NOT_FOUND,

@@ -12,9 +12,9 @@ from rest_framework.response import Response
 from messaging.api import serializers as s
 from messaging.api.base import CURSOR, LIMIT, ApiView, errors
 from messaging.api.errors import ApiError
-from messaging.exchange.intake import EventLineError, IntakeFull, events_append
+from messaging.core.protocol import BIGINT_MAX, plain_int
+from messaging.exchange.event_lines import EventLineError, IntakeFull, events_append
 from messaging.exchange.selectors import followees_of, followers_of
-from messaging.protocol import BIGINT_MAX, plain_int
 
 NUMBER = OpenApiParameter("n", {"type": "string", "pattern": "^(0|[1-9][0-9]{0,18})$", "example": "32"},
                           OpenApiParameter.PATH, description="A user of the event exchange, by number (user 32 "

@@ -19,7 +19,7 @@ from rest_framework.response import Response
 
 from apps_registry.selectors import user_id_parse
 from messaging.api.errors import ApiError
-from messaging.protocol import plain_int
+from messaging.core.protocol import plain_int
 
 PAGE_SIZE = 100
 PAGE_SIZE_MAX = 1000

@@ -18,8 +18,8 @@ from messaging.api.authentication import ApiKeyAuthentication, HasApiKeyOrOpen, 
 from messaging.api.base import IDEMPOTENCY, ApiView, errors
 from messaging.api.errors import ApiError
 from messaging.channels.access import ChannelRefused, channel_open_publish_check
-from messaging.idempotency import Answer
-from messaging.server_sends import server_channel_publish
+from messaging.core.idempotency import Answer
+from messaging.intake.server_sends import server_channel_publish
 
 OPEN_PUBLISHER = "open"  # a channel history's publisher for the push open app's keyless publishes
 

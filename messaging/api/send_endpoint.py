@@ -9,13 +9,13 @@ read, authenticated, rate limited, checked and answered on the event loop:
 - the key and its app come from the process's caches (messaging.api.authentication,
   apps_registry.selectors); only a key or an app not seen in the last few seconds costs a trip to
   the database pool;
-- the app's rate limit is the same Redis token bucket (messaging.api.throttling), asked with the
+- the app's rate limit is the same Redis token bucket (messaging.intake.throttling), asked with the
   loop's client, once per app for the sends that arrive in one turn of the loop;
-- the body is checked by the same serializer and the same rules (messaging.server_sends) as the DRF
+- the body is checked by the same serializer and the same rules (messaging.intake.server_sends) as the DRF
   view's; a refusal is rendered by the API's exception handler, so it is the same answer;
 - a RELIABLE send goes into the intake with whatever else is waiting (other REST sends, /ws
   senders) and is answered once that batch has committed; its Idempotency-Key is claimed, and its
-  answer stored, in the same transaction as the batch's messages (messaging.intake.KeyedSend). A
+  answer stored, in the same transaction as the batch's messages (messaging.intake.group_commit.KeyedSend). A
   FAST send is pushed from the loop.
 
 What this path does not handle itself goes to Django unchanged, body and all, and is answered there
@@ -49,24 +49,24 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.utils import json as drf_json
 
 from apps_registry.selectors import AppSnapshot, app_snapshot, app_snapshot_known
+from foundation.asyncdb import run_db
 from foundation.http_metrics import REQUEST_LATENCY
 from foundation.metrics import REGISTRY
-from messaging import metrics as messaging_metrics
-from messaging.accept import SendRefused
 from messaging.api import metrics
 from messaging.api.authentication import KEY_TEXT, verified_key, verified_key_remembered
 from messaging.api.base import declared_too_large, fast_answer, reliable_answer
 from messaging.api.errors import api_exception_handler
 from messaging.api.serializers import MessageSendSerializer
-from messaging.api.throttling import Bucket, rate_limit_take_many
-from messaging.asyncdb import run_db
-from messaging.batching import BatcherFull, LoopBatcher
-from messaging.fast import message_fast_send_async
-from messaging.idempotency import HEADER, IdempotencyConflict, idempotency_key_valid, request_fingerprint
-from messaging.intake import KeyedSend, Replayed
-from messaging.protocol import FEATURE_FAST
-from messaging.runtime import runtime
-from messaging.server_sends import server_message_check
+from messaging.core import metrics as messaging_metrics
+from messaging.core.accept import SendRefused
+from messaging.core.delivery.fast import message_fast_send_async
+from messaging.core.idempotency import HEADER, IdempotencyConflict, idempotency_key_valid, request_fingerprint
+from messaging.core.protocol import FEATURE_FAST
+from messaging.gateway.runtime import runtime
+from messaging.intake.batching import BatcherFull, LoopBatcher
+from messaging.intake.group_commit import KeyedSend, Replayed
+from messaging.intake.server_sends import server_message_check
+from messaging.intake.throttling import Bucket, rate_limit_take_many
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Request bodies (checked for shape here; the send rules themselves live in
-messaging.accept and messaging.server_sends) and answer bodies (what the schema documents)."""
+messaging.core.accept and messaging.intake.server_sends) and answer bodies (what the schema documents)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from django.conf import settings
 from drf_spectacular.utils import OpenApiExample, extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
-from messaging.accept import USER_ID_MAX
+from messaging.core.accept import USER_ID_MAX
+from messaging.core.protocol import BIGINT_MAX, FEATURE_FAST, FEATURE_RELIABLE, REFERENCE_MAX
+from messaging.federation.whereabouts import delivery_where
 from messaging.models import DeliveryState, MessageKind
-from messaging.network.whereabouts import delivery_where
-from messaging.protocol import BIGINT_MAX, FEATURE_FAST, FEATURE_RELIABLE, REFERENCE_MAX
 
 RECIPIENTS_MAX = 10_000  # a shape bound only: the app's recipient limit applies after
 IDS_MAX = 1000

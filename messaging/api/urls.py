@@ -3,42 +3,16 @@
 Every view is mounted through `pooled`: on a web node (ASGI) Django runs all sync views on one
 thread, one request at a time, so each send would wait for the previous one's commit (an fsync) and
 a node would do one commit's worth of sends at a time. On the node's database pool
-(messaging.asyncdb) requests run side by side, and Postgres flushes their commits together.
+(foundation.asyncdb) requests run side by side, and Postgres flushes their commits together.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-
-from asgiref.sync import sync_to_async
-from django.core.handlers.asgi import ASGIRequest
-from django.http import HttpRequest, HttpResponse
 from django.urls import path, re_path
 
+from foundation.asyncdb import pooled
 from messaging.api import exchange_views, operator, views
 from messaging.api.errors import not_found
-from messaging.asyncdb import run_db
-
-
-def _rendered(view: Callable[..., HttpResponse], request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
-    response = view(request, *args, **kwargs)
-    if hasattr(response, "render"):
-        response.render()  # JSON rendering too, off the event loop
-    return response
-
-
-def pooled(view: Callable[..., HttpResponse]) -> Callable[..., object]:
-    """`view` (sync) as an async view that runs on the database pool under ASGI. Under WSGI (tests,
-    a WSGI server) the request's own thread is the right one: it runs there."""
-
-    @functools.wraps(view)  # keeps DRF's `cls` (the schema reads it) and `csrf_exempt`
-    async def pooled_view(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
-        if isinstance(request, ASGIRequest):
-            return await run_db(_rendered, view, request, *args, **kwargs)
-        return await sync_to_async(_rendered, thread_sensitive=True)(view, request, *args, **kwargs)
-
-    return pooled_view
 
 
 def _endpoint(route: str, view_class: type[views.ApiView], name: str):

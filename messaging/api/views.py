@@ -40,10 +40,10 @@ from messaging.api.pagination import (
 from messaging.channels.names import user_channel
 from messaging.channels.registry import readers_count
 from messaging.channels.services import channel_history, subscription_add, subscription_remove
-from messaging.delivery.dead_letters import dead_letters_discard, dead_letters_requeue
-from messaging.idempotency import Answer, idempotency_key_valid, request_fingerprint
-from messaging.protocol import FEATURE_FAST, plain_int
-from messaging.selectors import (
+from messaging.core.delivery.dead_letters import dead_letters_discard, dead_letters_requeue
+from messaging.core.idempotency import Answer, idempotency_key_valid, request_fingerprint
+from messaging.core.protocol import FEATURE_FAST, plain_int
+from messaging.core.selectors import (
     connection_counts,
     dead_letters_of,
     message_status,
@@ -51,8 +51,8 @@ from messaging.selectors import (
     subscriptions_of_user,
     user_presence,
 )
-from messaging.server_batch import BatchItem, server_messages_send_batch
-from messaging.server_sends import server_channel_publish, server_message_send
+from messaging.intake.server_batch import BatchItem, server_messages_send_batch
+from messaging.intake.server_sends import server_channel_publish, server_message_send
 from presence.online import app_online_page
 from presence.services import user_disconnect_everywhere_sync
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from apps_registry.selectors import AppSnapshot
-from messaging.accept import SendRefused
 from messaging.channels.names import (
     GrantError,
     channel_grant_claims,
@@ -31,6 +30,7 @@ from messaging.channels.names import (
     channel_of_app,
     channel_user,
 )
+from messaging.core.accept import SendRefused
 
 CHANNEL_NAME_RULE = "a channel name is 1 to 128 of A-Z a-z 0-9 _ . - @"
 

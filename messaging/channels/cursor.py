@@ -27,10 +27,10 @@ from collections.abc import Awaitable, Callable
 
 from django.conf import settings
 
-from messaging import metrics
-from messaging.asyncdb import run_db
+from foundation.asyncdb import run_db
 from messaging.channels.hub import ChannelHub, ChannelReader
 from messaging.channels.services import channel_heads, channel_history
+from messaging.core import metrics
 
 CATCH_UP_BATCH = 500
 Write = Callable[[str, int, str], Awaitable[bool]]

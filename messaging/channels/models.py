@@ -34,7 +34,7 @@ class ChannelMessage(models.Model):
     offset = models.BigIntegerField()
     content = models.TextField()
     publisher = models.CharField(max_length=128, blank=True, default="")
-    # A publish that came from another domain (messaging.network): where it was first published and
+    # A publish that came from another domain (messaging.federation): where it was first published and
     # its offset there. Offsets are each domain's own; channel_publish_forwarded_once stores a
     # publish once per domain however often the flood brings it.
     origin_domain = models.CharField(max_length=64, blank=True, default="", db_default="")

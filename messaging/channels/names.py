@@ -13,7 +13,7 @@ is good for.
 A grant is not a login token, though both are signed with the same secret and a grant may name its
 user in `sub`: grants travel in URLs (stream query strings) and end up in logs and browser
 histories. So a grant carries `"typ": "channel-grant"`, and AUTH_CLIENT's signed-token check
-(messaging.authentication) admits only a login token: `typ` absent or "login", and no `channels`
+(messaging.gateway.authentication) admits only a login token: `typ` absent or "login", and no `channels`
 claim. Grants signed before grants were typed (no `typ`, but a `channels` claim) are refused as
 logins too; as grants they still work.
 """

@@ -70,7 +70,7 @@ def channel_history_expire(*, batch: int = HISTORY_EXPIRE_BATCH) -> int:
     for cuts in _batches(_expired(), batch):
         with connection.cursor() as cur:
             # Served by the (channel, offset) unique index. The flood's rows of those publishes
-            # (messaging.network: waiting on a link, or given up) go with them, in the same statement:
+            # (messaging.federation: waiting on a link, or given up) go with them, in the same statement:
             # the foreign key has no cascade in the database, and the publish is no more to be sent.
             cur.execute(
                 """

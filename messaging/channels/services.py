@@ -8,7 +8,7 @@ reader of the channel listens on (messaging.channels.hub); the answer is how man
 cluster has. Readers deliver in offset order and repair any gap (a publish overtaken by a later
 one, a Redis hiccup) from the history, so a reader misses nothing and sees nothing twice.
 
-Across domains (messaging.network.flood) every domain keeps the whole history of every channel,
+Across domains (messaging.federation.flood) every domain keeps the whole history of every channel,
 each under its own offsets: a publish is queued to this domain's neighbours in the statement that
 stores it, and one flooded here from elsewhere takes this domain's next offset (stored once, however
 many neighbours bring it). A reader reads, and resumes from, the history of the domain it is on.
@@ -23,12 +23,13 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection, transaction
 
+from foundation import handoff
 from foundation.transport import sockets
 from foundation.transport.redis_clients import sync_client
-from messaging import handoff, metrics
 from messaging.channels import registry
 from messaging.channels.models import Subscription
-from messaging.network import links
+from messaging.core import metrics
+from messaging.core.next_hop import neighbours
 from messaging.webhooks.models import WebhookEvent
 from messaging.webhooks.services import WebhookNotice, webhooks_record
 from presence import cache
@@ -41,7 +42,7 @@ class Published:
     subscribers: int  # live readers the publish went out to (cluster-wide, at that moment)
 
 
-# The tail both publishes share: the history row, and (the flood, messaging.network.flood) one queue
+# The tail both publishes share: the history row, and (the flood, messaging.federation.flood) one queue
 # row per neighbour the publish goes on to, in the same statement and so the same transaction.
 _STORE_AND_QUEUE = """
     m AS (
@@ -62,7 +63,7 @@ def channel_publish(*, app_id: int, channel: str, content: str, publisher: str =
     """Append `content` to the channel's history; returns its offset. Fan-out is the caller's
     next step, after commit (channel_fanout). Where this domain has neighbours, the publish is
     queued to each of them in the same statement and their senders are woken once committed."""
-    peers = links.neighbours()
+    peers = neighbours()
     with connection.cursor() as cur:
         cur.execute(
             """

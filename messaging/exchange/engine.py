@@ -46,7 +46,7 @@ def _number(field: bytes) -> int | None:
 
 def line_parse(raw: bytes) -> Event | None:
     """`seq|type|from|to` (fields as the type needs them) -> an Event, or None if malformed: the same
-    rules as the REST intake's (messaging.exchange.intake.event_line_problem)."""
+    rules as the REST intake's (messaging.exchange.event_lines.event_line_problem)."""
     parts = raw.rstrip(b"\r\n").split(b"|")
     if len(parts) < 2:
         return None

@@ -13,7 +13,7 @@ from django.db import connections
 from messaging.exchange import ws_bridge
 from messaging.exchange.adapter import Exchange, servers_start
 from messaging.exchange.engine import Engine
-from messaging.exchange.intake_reader import intake_loop
+from messaging.exchange.event_lines_reader import intake_loop
 from messaging.exchange.store import exchange_batch_commit, exchange_state_load, follow_graph_load
 
 log = logging.getLogger(__name__)

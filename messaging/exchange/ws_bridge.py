@@ -27,8 +27,8 @@ from redis.exceptions import RedisError
 
 from apps_registry.models import ClientApp
 from foundation.transport import sockets
+from messaging.core.protocol import BIGINT_MAX, event_frame, plain_int
 from messaging.exchange.selectors import follow_edges_among
-from messaging.protocol import BIGINT_MAX, event_frame, plain_int
 from presence import cache
 from presence.online import app_online_count_sync, app_online_users_sync
 

@@ -32,9 +32,9 @@ from django.utils import timezone
 from apps_registry.models import ApiKey, AuthMode, ClientApp, Domain, SelftestRun, UserDistribution
 from apps_registry.selectors import app_snapshots_clear, user_id_parse
 from apps_registry.services import api_key_create
-from messaging.authentication import token_sign
 from messaging.channels.models import Channel, Subscription
 from messaging.channels.names import channel_grant_sign
+from messaging.gateway.authentication import token_sign
 from messaging.models import Delivery, IdempotencyKey, Mailbox, Message
 from messaging.webhooks.models import WebhookEndpoint
 from messaging.webhooks.services import webhook_endpoint_create, webhook_endpoint_delete

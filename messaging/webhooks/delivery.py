@@ -1,7 +1,7 @@
 """Where a webhook call is made, retried and dead-lettered.
 
 A delivery is handed out (when recorded, re-queued, or found due by the sweep) under a claim token
-with a lease, through the door of messaging.handoff, and the task
+with a lease, through the door of foundation.handoff, and the task
 `messaging.tasks.webhook_deliver(id, claim)` then runs `WebhookSender` on the outbound skeleton
 (foundation.outbound), one row, no lock (the claim owns the row):
 
@@ -53,7 +53,7 @@ from foundation.outbound import (
 )
 from foundation.outgoing import SYNC_GRACE_SECONDS, Answer, OutgoingError, outgoing_client, outgoing_post, run_outgoing
 from foundation.slots import slot_release, slot_take
-from messaging import metrics
+from messaging.webhooks import metrics
 from messaging.webhooks.models import WEBHOOK_OPEN_STATES, WebhookState, webhook_states_sql
 from messaging.webhooks.signing import DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, signature_header
 

@@ -4,13 +4,13 @@ them.
 Recording is one statement per batch of events: it joins the events with the app's enabled
 endpoints that want them (the database decides who gets what, whatever a process's cache
 believes), writes one WebhookDelivery per event and endpoint with its complete body, and, once
-committed, hands them over (messaging.handoff.webhook_calls_hand_over: one task for the whole batch,
+committed, hands them over (foundation.handoff.webhook_calls_hand_over: one task for the whole batch,
 whose worker gives each call a Celery task of its own) under a claim with a lease
 (messaging.webhooks.delivery): a task lost with its worker is made up for by the sweep when the
 lease runs out.
 
 Recording joins the caller's transaction. A web node records user.connected and user.disconnected
-in the transaction that opens or closes the session (messaging.connection.admission), so a batch of
+in the transaction that opens or closes the session (messaging.gateway.connection.admission), so a batch of
 logins costs one statement and one hand-off, and an event commits with its session or not at all.
 Events that happen in a process that crashes before recording them (a channel's first reader, a
 stale entry the heartbeat drops) are not announced. Once recorded, a call is made until it is
@@ -36,11 +36,11 @@ from django.core.validators import URLValidator
 from django.db import connection, transaction
 from django.utils import timezone
 
+from foundation.asyncdb import run_db
+from foundation.handoff import webhook_calls_hand_over
 from foundation.outbound import claim_token
 from foundation.outgoing import address_refusal, allowed_networks
-from messaging import metrics
-from messaging.asyncdb import run_db
-from messaging.handoff import webhook_calls_hand_over
+from messaging.webhooks import metrics
 from messaging.webhooks.delivery import webhook_lease_seconds
 from messaging.webhooks.models import (
     WEBHOOK_ALL_EVENTS,

@@ -1,5 +1,5 @@
 """The composition root as a Django app: it registers the platform's own system checks and chooses
-how named work is handed to the workers (settings.HANDOFF_DISPATCHER, messaging.handoff)."""
+how named work is handed to the workers (settings.HANDOFF_DISPATCHER, foundation.handoff)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,6 @@ class PlatformConfig(AppConfig):
 
     def ready(self) -> None:
         from config import checks  # noqa: F401  (registering is importing: the switchboard.* system checks)
-        from messaging.handoff import dispatcher_use  # the apps' models are loaded only now
+        from foundation.handoff import dispatcher_use  # the apps' models are loaded only now
 
         dispatcher_use(import_string(settings.HANDOFF_DISPATCHER)())

@@ -21,4 +21,5 @@ app.conf.update(
     broker_transport_options={"visibility_timeout": 300},
     timezone="UTC",
 )
-app.autodiscover_tasks()
+app.autodiscover_tasks()  # each app's `tasks` module (apps_registry, analytics)
+app.autodiscover_tasks(["messaging.routing"])  # messaging's tasks live with its routing (messaging.routing.tasks)

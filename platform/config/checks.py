@@ -118,7 +118,7 @@ def check_node_identity(app_configs, **kwargs):
 
 @register(deploy=False)
 def check_network_door(app_configs, **kwargs):
-    """The bounds of the door between domains (foundation.body_cap, messaging.network): each must let
+    """The bounds of the door between domains (foundation.body_cap, messaging.federation): each must let
     a genuine call through."""
     errors = []
     if settings.NETWORK_LARGE_BODIES_PER_LINK < 1:

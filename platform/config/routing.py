@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from django.urls import path, re_path
 
-from messaging.consumers import ClientConsumer
-from messaging.socketio.consumer import SocketIOConsumer
-from messaging.socketio.endpoint import EngineIO
-from messaging.streams.sse import SseStream
-from messaging.streams.ws import PushStreamConsumer
+from messaging.gateway.consumers import ClientConsumer
+from messaging.gateway.socketio.consumer import SocketIOConsumer
+from messaging.gateway.socketio.endpoint import EngineIO
+from messaging.gateway.streams.sse import SseStream
+from messaging.gateway.streams.ws import PushStreamConsumer
 
 # Socket.IO (Engine.IO's polling and WebSocket transports): one application for both protocols.
 socketio_application = EngineIO(SocketIOConsumer.as_asgi())

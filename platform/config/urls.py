@@ -11,8 +11,8 @@ from config.admin_login import admin_login
 from messaging.api.errors import not_found as api_not_found
 from messaging.api.push_views import PushMessagesView
 from messaging.api.urls import pooled
-from messaging.metrics import metrics_view
-from messaging.views import demo_client
+from messaging.gateway.demo import demo_client
+from messaging.gateway.scrape import metrics_view
 
 admin.site.site_header = "Switchboard"
 admin.site.site_title = "Switchboard console"
@@ -31,8 +31,8 @@ urlpatterns = [
     # The server API: the push seed's publish, /api/v1/, its OpenAPI schema and browsable docs.
     path("messages", pooled(PushMessagesView.as_view()), name="push-messages"),
     path("api/v1/", include("messaging.api.urls")),
-    # Signed calls between domains (messaging.network): forwarding, channel floods, link probes.
-    path("internal/v1/", include("messaging.network.urls")),
+    # Signed calls between domains (messaging.federation): forwarding, channel floods, link probes.
+    path("internal/v1/", include("messaging.federation.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     re_path(r"^api/", api_not_found, name="api-not-found-root"),

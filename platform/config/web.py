@@ -16,7 +16,7 @@ foundation.daphne_adapter was tested with: on others the node stops at once, wit
 which and how to override (DAPHNE_ALLOW_UNTESTED_VERSIONS), instead of failing inside daphne's
 import of config.asgi with a traceback.
 
-SIGTERM (or SIGINT) drains the node before it exits (foundation.drain_server, messaging.drain):
+SIGTERM (or SIGINT) drains the node before it exits (foundation.drain_server, messaging.gateway.drain):
 /readyz 503, no new sockets, clients closed with 1012 spread over DRAIN_SECONDS, everything batched
 flushed, the Node deregistered. A second signal stops it at once.
 """
@@ -53,7 +53,7 @@ def main(argv: list[str]) -> None:
     except UntestedVersions as exc:
         sys.exit(f"web node not started: {exc}")
 
-    from messaging.drain import node_drain  # imports models: only once django.setup() has run
+    from messaging.gateway.drain import node_drain  # imports models: only once django.setup() has run
 
     interface = known.bind.strip("[]").replace(":", r"\:")
     cli = CommandLineInterface()

@@ -49,7 +49,7 @@ COMPOSE_INTERNAL_PORT = 8001  # the calls between domains (_internal_frontend)
 INTERNAL_PREFIX = "/internal/"
 COMPOSE_MAX_WEB_NODES = 10
 COMPOSE_FILE = Path(__file__).resolve().parents[1] / "haproxy.cfg"
-SOCKETIO_SID_HEADER = "x-socketio-sid"  # messaging.socketio.endpoint's handshake answer names its session
+SOCKETIO_SID_HEADER = "x-socketio-sid"  # messaging.gateway.socketio.endpoint's handshake answer names its session
 SOCKETIO_STICK_EXPIRE = "10m"  # a session's requests come every ping interval (25 s) at the most
 
 

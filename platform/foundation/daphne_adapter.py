@@ -68,7 +68,7 @@ SERVER_CODES = {1000, 1001, 1008, 1009, 1011, 1012, 1013}
 OUTGOING_EXTENSION = "switchboard.outgoing"
 FRAME_LIMIT_EXTENSION = "switchboard.frame_limit"
 # HTTP responses whose application wants to know when their bytes have left the node: streams that
-# last for minutes (SSE), and Socket.IO's polls, which carry stored messages (messaging.socketio).
+# last for minutes (SSE), and Socket.IO's polls, which carry stored messages (messaging.gateway.socketio).
 STREAM_PATHS = ("/sse/", "/socket.io/")
 # A client that does not answer our close frame within this many seconds is dropped.
 CLOSE_HANDSHAKE_TIMEOUT = 5

@@ -4,7 +4,7 @@ On the first SIGTERM (or SIGINT: `make run`'s Ctrl-C), in this order:
 1. the process is marked draining (foundation.draining): /readyz answers 503, and a WebSocket or
    stream arriving on a connection accepted before is refused (1012, 503);
 2. every listening port is closed: no new TCP connection is accepted;
-3. the application's drain runs (messaging.drain, given as `drain`): sockets closed with 1012 and
+3. the application's drain runs (messaging.gateway.drain, given as `drain`): sockets closed with 1012 and
    streams told to reconnect, spread over DRAIN_SECONDS, their ends settled, the batchers flushed,
    the Node deregistered;
 4. the node waits for the requests still running (each HTTP or WebSocket application instance)
@@ -42,7 +42,7 @@ Drain = Callable[[float], Awaitable[str]]  # the window in seconds -> one line s
 
 
 class DrainingServer(Server):
-    drain: Drain | None = None  # the application's side (config.web gives messaging.drain's)
+    drain: Drain | None = None  # the application's side (config.web gives messaging.gateway.drain's)
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs["signal_handlers"] = False  # ours, installed when the reactor runs

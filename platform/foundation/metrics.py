@@ -1,6 +1,6 @@
 """The process's Prometheus registry, and the transport-level metrics every layer may count.
 
-Each web node is scraped on its own at /metrics (messaging.metrics adds the messaging figures).
+Each web node is scraped on its own at /metrics (messaging.core.metrics adds the messaging figures).
 """
 
 from __future__ import annotations

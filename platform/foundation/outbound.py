@@ -3,7 +3,7 @@ and its claim tokens.
 
 A sender takes rows it owns from a table and hands them to something outside this process that may
 be slow, down or refusing: a neighbouring domain (the link, flood and receipt senders of
-messaging.network) or a tenant's receiver (messaging.webhooks). Each is a `Sender`, which brings
+messaging.federation) or a tenant's receiver (messaging.webhooks). Each is a `Sender`, which brings
 only its SQL and its payload; `send_batches` runs the steps, the same for all of them:
 
 1. **one at a time** (`one_at_a_time`, where the sender names a key): a second sender of the same key
@@ -23,7 +23,7 @@ only its SQL and its payload; `send_batches` runs the steps, the same for all of
 Then the next batch, until the queue is empty or a call fails. A batch its sender took as the
 whole queue (`Batch.drained`) ends the run once it is settled (unless the settling left items to go
 again at once, `Settled.again`), without a look at an empty queue:
-what is queued after the take has a wake-up of its own (messaging.handoff clears a sender's wake-up
+what is queued after the take has a wake-up of its own (foundation.handoff clears a sender's wake-up
 mark when its run starts, so a row committed after that wakes a run that starts after it). The sender decides where a retry is
 scheduled (its `Backoff`: the link's retry time, or the row's next attempt) and what "dead" means
 for its rows; the skeleton decides when each step happens, so a retry and a give-up are recorded

@@ -12,7 +12,7 @@ It offers the part of asyncio.Queue those users call: `get`, `get_nowait`, `put_
 past `maxsize`), `qsize`, `empty`, and the `_put`/`_get` hooks through which every put and get go
 (foundation.daphne_adapter counts bytes with them). A second concurrent reader is a bug, and is
 refused with RuntimeError rather than left to hang. A writer that must not run ahead of the reader
-(messaging.socketio.engine hands a client's packets over in bounded pieces) waits with
+(messaging.gateway.socketio.engine hands a client's packets over in bounded pieces) waits with
 `below(n)` until fewer than n items wait; `clear()` drops what waits.
 """
 
@@ -31,7 +31,7 @@ class SlimQueue:
         self._waiter: asyncio.Future | None = None
         self._space: asyncio.Future | None = None  # writers waiting in below(): woken by the next get
         # Called after each put: lets one reader wait on several queues with a single future
-        # (messaging.connection.inbox), instead of a task blocked in get() per queue.
+        # (messaging.gateway.connection.inbox), instead of a task blocked in get() per queue.
         self.on_put: Callable[[], None] | None = None
 
     def qsize(self) -> int:

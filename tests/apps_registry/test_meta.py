@@ -211,7 +211,7 @@ def test_the_mirror_removes_what_the_meta_no_longer_lists(fake_meta):
 
 
 def test_the_mirror_keeps_an_app_whose_messages_are_stored_here_and_says_so(fake_meta):
-    from messaging.store import message_send
+    from messaging.core.store import message_send
 
     app = make_app("KEEP", app_id="keep-app", master="KEEP-1", domain=make_domain("domain-02"))
     message_send(app_id=app.pk, sender="KEEP-1", recipients=["KEEP-2"], content="history")

@@ -61,8 +61,8 @@ def _texts(page, selector: str) -> list[str]:
 def test_the_page_reconnects_after_a_node_restart_and_gets_what_it_missed_exactly_once(
         browser, processes, news_app, django_db_blocker, tmp_path):
     from messaging.channels.services import channel_publish_and_fanout
+    from messaging.core.store import message_send
     from messaging.models import Message
-    from messaging.store import message_send
 
     def send_to_reader(content: str) -> None:
         _committed(django_db_blocker, message_send, app_id=news_app.pk, sender="NEWS-2", recipients=[READER],

@@ -10,8 +10,8 @@ from django.utils import timezone
 
 from apps_registry.models import ApiKey
 from apps_registry.services import api_key_create
+from messaging.core.store import message_send
 from messaging.models import Delivery, LinkHealth, WebhookDelivery
-from messaging.store import message_send
 from messaging.webhooks.services import WebhookNotice, webhook_endpoint_create, webhooks_record
 from presence.models import Node, Session
 from tests.factories import make_app

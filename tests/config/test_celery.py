@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from analytics import tasks as analytics_tasks
 from config.celery import app
-from messaging import tasks as messaging_tasks
+from messaging.routing import tasks as messaging_tasks
 
 
 def _limits(task) -> tuple[float | None, float | None]:

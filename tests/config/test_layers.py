@@ -136,9 +136,9 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_an_import_inside_a_function_counts_as_much_as_one_at_the_top(tmp_path):
     module = tmp_path / "probe.py"
-    module.write_text("from messaging import protocol\n\ndef later():\n    from messaging.store import messages_store\n")
-    assert {target for target, _ in _imports("messaging.probe", module)} == {"messaging", "messaging.protocol",
-                                                                             "messaging.store"}
+    module.write_text("from messaging.core import protocol\n\ndef later():\n    from messaging.core.store import messages_store\n")
+    assert {target for target, _ in _imports("messaging.probe", module)} == {"messaging.core", "messaging.core.protocol",
+                                                                             "messaging.core.store"}
 
 
 def test_the_cycle_finder_finds_a_cycle_and_only_a_cycle():
@@ -168,10 +168,80 @@ def test_every_import_inside_a_function_of_the_product_says_why_it_must_be_there
 
 
 def test_the_door_from_stored_to_routed_imports_nothing_else_of_messaging():
-    assert sorted(target for target in GRAPH["messaging.handoff"] if _layer(target) == "messaging") == []
+    assert sorted(target for target in GRAPH["foundation.handoff"] if _layer(target) == "messaging") == []
 
 
 def test_the_tasks_are_reached_by_name_only():
-    """Nothing in the product imports messaging.tasks: work reaches the workers through the door of
-    messaging.handoff, by task name, so storing a message never depends on the code that routes it."""
-    assert sorted(module for module, targets in GRAPH.items() if "messaging.tasks" in targets) == []
+    """Nothing in the product imports messaging.routing.tasks: work reaches the workers through the door of
+    foundation.handoff, by task name, so storing a message never depends on the code that routes it."""
+    assert sorted(module for module, targets in GRAPH.items() if "messaging.routing.tasks" in targets) == []
+
+
+# Inside messaging (docs/architecture.md, "Rooms"): capability packages, bottom to top. A module imports
+# its own room and the rooms below it, never one above. The tables (messaging.models and each room's
+# models, which it registers) are the floor every room stands on; the modules left loose at the top
+# (admin, apps, urls) and the management commands are entry points above them all.
+MESSAGING_ROOMS = [
+    "webhooks",    # the app's server told what happened (recorded with the change, called by the workers)
+    "core",        # a message accepted and stored: protocol, accept, store, idempotency, delivery, receipts
+    "channels",    # channel publishes, history and subscriptions
+    "federation",  # forwarded between domains: the wire, the link senders, order, standby, takeover
+    "intake",      # taken in from servers: the node's group commit, REST sends, batches, the Redis stream
+    "routing",     # routed: the router and the workers' tasks (which run everything below)
+    "gateway",     # comes in: /ws, Socket.IO, SSE and stream sockets, the node runtime, drain, limits
+    "exchange",    # the ordered event exchange (its own door, `manage.py eventsource`)
+    "selftest",    # the platform checking a live deployment
+    "api",         # the REST API
+    "management",  # manage.py commands
+]
+MESSAGING_FLOOR = "models"
+MESSAGING_TOP = {"messaging.admin", "messaging.apps", "messaging.urls"}
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "messaging" or len(parts) < 2:
+        return None
+    if module in MESSAGING_TOP:
+        return "top"
+    if parts[-1] == "models":
+        return MESSAGING_FLOOR
+    return parts[1]
+
+
+def _rank(room: str) -> int:
+    if room == MESSAGING_FLOOR:
+        return -1
+    if room == "top":
+        return len(MESSAGING_ROOMS)
+    return MESSAGING_ROOMS.index(room)
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import inside messaging that points up a room (or out of the floor)."""
+    offenders = []
+    for module, targets in graph.items():
+        room = _room(module)
+        if room is None:
+            continue
+        for target in targets:
+            other = _room(target)
+            if other is not None and other != room and _rank(other) > _rank(room):
+                offenders.append(f"{module} imports {target}")
+    return sorted(offenders)
+
+
+def test_every_module_of_messaging_lives_in_a_room_or_is_one_of_the_few_at_the_top():
+    loose = sorted(m for m in GRAPH if _room(m) not in (None, "top", MESSAGING_FLOOR, *MESSAGING_ROOMS))
+    assert loose == []
+
+
+def test_an_import_that_points_up_a_room_is_found():
+    graph = {"messaging.core.store": {"messaging.federation.links", "messaging.models"},
+             "messaging.gateway.consumers": {"messaging.core.store", "messaging.channels.hub"},
+             "messaging.federation.models": {"messaging.channels.models"}}
+    assert _upward(graph) == ["messaging.core.store imports messaging.federation.links"]
+
+
+def test_inside_messaging_every_import_points_down_a_room():
+    assert _upward(GRAPH) == []

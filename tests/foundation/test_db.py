@@ -9,9 +9,9 @@ from django.db import IntegrityError, connection, transaction
 from django.test import override_settings
 
 from foundation.db import hot_cursor
-from messaging.delivery.delivered import deliveries_mark_delivered
+from messaging.core.delivery.delivered import deliveries_mark_delivered
+from messaging.core.store import OutgoingMessage, messages_store
 from messaging.models import Delivery
-from messaging.store import OutgoingMessage, messages_store
 from tests.factories import make_app
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -9,7 +9,7 @@ import logging
 from channels.testing import WebsocketCommunicator
 
 from foundation.logs import RepeatFilter, loggable
-from messaging.consumers import ClientConsumer
+from messaging.gateway.consumers import ClientConsumer
 
 
 def _record(msg: str, *args, exc: bool = False) -> logging.LogRecord:
@@ -21,7 +21,7 @@ def _record(msg: str, *args, exc: bool = False) -> logging.LogRecord:
             import sys
 
             exc_info = sys.exc_info()
-    return logging.LogRecord("messaging.batching", logging.ERROR, __file__, 1, msg, args, exc_info)
+    return logging.LogRecord("messaging.intake.batching", logging.ERROR, __file__, 1, msg, args, exc_info)
 
 
 def test_repeats_of_one_kind_are_held_back_and_counted(monkeypatch):
@@ -61,9 +61,9 @@ def test_a_refused_user_id_with_a_newline_is_logged_as_one_line(caplog):
         await communicator.disconnect()
         return reply
 
-    with caplog.at_level(logging.INFO, logger="messaging.connection.handlers"):
+    with caplog.at_level(logging.INFO, logger="messaging.gateway.connection.handlers"):
         reply = asyncio.run(refused())
     assert reply["data"]["isAuthenticated"] is False
-    lines = [r.getMessage() for r in caplog.records if r.name == "messaging.connection.handlers"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "messaging.gateway.connection.handlers"]
     assert len(lines) == 1 and "\n" not in lines[0]
     assert lines[0].startswith("refused ANZ-1\\nERROR forged: admin logged in: ")

@@ -6,8 +6,8 @@ import pytest
 from django.utils import timezone
 
 from foundation.transport import sockets
+from messaging.core.store import message_send
 from messaging.models import Delivery
-from messaging.store import message_send
 from presence.models import Node, Session
 from tests.factories import make_app
 

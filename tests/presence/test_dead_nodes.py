@@ -11,10 +11,10 @@ from django.utils import timezone
 
 from foundation.outbound import claim_token
 from foundation.transport.sockets import run_async
-from messaging.delivery.claims import deliveries_claim
-from messaging.delivery.dead_nodes import dead_nodes_settle
+from messaging.core.delivery.claims import deliveries_claim
+from messaging.core.delivery.dead_nodes import dead_nodes_settle
+from messaging.core.store import message_send
 from messaging.models import Delivery
-from messaging.store import message_send
 from presence import cache
 from presence.dead_nodes import node_restart_cleanup, nodes_reap
 from presence.models import Node, Session

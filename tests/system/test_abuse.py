@@ -18,8 +18,8 @@ import pytest
 from django.db.models import Count
 from websockets.exceptions import ConnectionClosed
 
+from messaging.core.store import OutgoingMessage, messages_store
 from messaging.models import Delivery
-from messaging.store import OutgoingMessage, messages_store
 from tests.wsclient import SilentWs, WsClient, wait_for
 
 pytestmark = pytest.mark.system

@@ -13,8 +13,8 @@ from django.utils import timezone
 from apps_registry.models import ApiKey, ClientApp
 from apps_registry.services import api_key_create, api_key_revoke
 from messaging.api.client import ApiError, SwitchboardClient
+from messaging.core.store import OutgoingMessage, messages_store
 from messaging.models import Delivery, Message
-from messaging.store import OutgoingMessage, messages_store
 from tests.wsclient import WsClient, wait_for
 
 pytestmark = pytest.mark.system

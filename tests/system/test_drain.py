@@ -1,4 +1,4 @@
-"""SIGTERM drains a web node (messaging.drain, foundation.drain_server): its clients are closed with
+"""SIGTERM drains a web node (messaging.gateway.drain, foundation.drain_server): its clients are closed with
 1012 spread over DRAIN_SECONDS and reconnect elsewhere, nothing accepted is lost, nothing ACKed
 comes again, /readyz says 503 meanwhile, nothing new is admitted, and the node leaves the cluster."""
 

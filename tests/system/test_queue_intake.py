@@ -11,12 +11,12 @@ import redis
 
 from apps_registry.models import ClientApp
 from foundation.transport.redis_clients import sync_client
-from messaging.api.throttling import KEY
+from messaging.intake.stream.credentials import queue_credential_create
+from messaging.intake.stream.models import QueueCredential
+from messaging.intake.stream.names import GROUP, acl_user_prefix, intake_key, queue_client
+from messaging.intake.throttling import KEY
 from messaging.models import Delivery, Message
-from messaging.queue_intake.credentials import queue_credential_create
-from messaging.queue_intake.models import QueueCredential
-from messaging.queue_intake.names import GROUP, acl_user_prefix, intake_key, queue_client
-from tests.messaging.queue_intake.conftest import writer_for
+from tests.messaging.intake.stream.conftest import writer_for
 from tests.wsclient import WsClient
 
 pytestmark = pytest.mark.system

@@ -19,8 +19,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+from messaging.core.store import OutgoingMessage, messages_store
 from messaging.models import Delivery, DeliveryState
-from messaging.store import OutgoingMessage, messages_store
 from presence.models import Session
 from tests.sioclients import SioUser
 from tests.system.test_hostile_bytes import metric

@@ -1,20 +1,20 @@
 """`manage.py queuecredential create|rotate|revoke APPNAME | list`: an app's queue intake credential
-(messaging.queue_intake.credentials). The password is printed once, as the last line."""
+(messaging.intake.stream.credentials). The password is printed once, as the last line."""
 
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
 from apps_registry.models import ClientApp
-from messaging.queue_intake.credentials import (
+from messaging.intake.stream.credentials import (
     CredentialExists,
     NoCredential,
     queue_credential_create,
     queue_credential_revoke,
     queue_credential_rotate,
 )
-from messaging.queue_intake.models import QueueCredential
-from messaging.queue_intake.names import acl_user, intake_key
+from messaging.intake.stream.models import QueueCredential
+from messaging.intake.stream.names import acl_user, intake_key
 
 
 class Command(BaseCommand):

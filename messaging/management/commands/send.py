@@ -9,9 +9,9 @@ import sys
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from apps_registry.selectors import app_snapshot
-from messaging.accept import SendRefused
-from messaging.protocol import FEATURE_FAST, FEATURE_RELIABLE
-from messaging.server_sends import server_channel_publish, server_message_send
+from messaging.core.accept import SendRefused
+from messaging.core.protocol import FEATURE_FAST, FEATURE_RELIABLE
+from messaging.intake.server_sends import server_channel_publish, server_message_send
 
 
 class Command(BaseCommand):

@@ -275,7 +275,7 @@ WS_MAX_QUEUED_FRAMES = env_int("WS_MAX_QUEUED_FRAMES", 500)
 WS_MAX_QUEUED_BYTES = env_int("WS_MAX_QUEUED_BYTES", 4 * 1024 * 1024)  # the same, in bytes received (close 4003)
 WS_ACK_WINDOW = env_int("WS_ACK_WINDOW", 1000)
 WS_MAX_CHANNELS = env_int("WS_MAX_CHANNELS", 100)  # channels one connection may read
-# SIGTERM drains a web node (messaging.drain): /readyz 503, no new sockets, each closed (1012) at a
+# SIGTERM drains a web node (messaging.gateway.drain): /readyz 503, no new sockets, each closed (1012) at a
 # random moment within DRAIN_SECONDS; whatever is left DRAIN_GRACE_SECONDS after that is cut.
 DRAIN_SECONDS = env_float("DRAIN_SECONDS", 10.0)
 DRAIN_GRACE_SECONDS = env_float("DRAIN_GRACE_SECONDS", 5.0)
@@ -388,9 +388,9 @@ CELERY_DB_REUSE_MAX = env_int("CELERY_DB_REUSE_MAX", 1000)
 CELERY_WORKER_POOL = env_str("WORKER_POOL", "threads")
 CELERY_WORKER_CONCURRENCY = env_int("WORKER_CONCURRENCY", 4)
 # Webhook calls wait on tenants' receivers: their own queue, served by their own worker (`-Q webhooks`),
-# never by the routing worker (`-Q celery,routing`). The names are messaging.handoff's.
+# never by the routing worker (`-Q celery,routing`). The names are foundation.handoff's.
 CELERY_TASK_ROUTES = {"messaging.tasks.route_deliveries": {"queue": "routing"}, "messaging.tasks.webhook_deliver": {"queue": "webhooks"}, "messaging.tasks.webhook_hand_out": {"queue": "webhooks"}, **NETWORK_TASK_ROUTES, **QUEUE_TASK_ROUTES}  # noqa: F405,E501
-HANDOFF_DISPATCHER = "messaging.handoff.CeleryDispatcher"  # how named work reaches the workers: the broker
+HANDOFF_DISPATCHER = "foundation.handoff.CeleryDispatcher"  # how named work reaches the workers: the broker
 # Every task's time limit (soft: SoftTimeLimitExceeded inside the task; hard: the pool kills it). Only
 # the prefork pool enforces them: the threads pool (the default) ignores both, so a webhook call is
 # bounded by its own deadline (WEBHOOK_TIMEOUT_SECONDS), not by these. analytics.tasks set longer ones.

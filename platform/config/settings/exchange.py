@@ -27,7 +27,7 @@ EXCHANGE_SOURCE_SECRET = env_str("EXCHANGE_SOURCE_SECRET", "")
 # Bytes a TCP client may have waiting in its socket buffer before it is disconnected as too slow.
 EXCHANGE_CLIENT_BUFFER_BYTES = env_int("EXCHANGE_CLIENT_BUFFER_BYTES", 16 * 1024 * 1024)
 
-# --- the REST intake and the /ws bridge (messaging.exchange.intake, messaging.exchange.ws_bridge) --
+# --- the REST intake and the /ws bridge (messaging.exchange.event_lines, messaging.exchange.ws_bridge) --
 # Event lines per POST /api/v1/events call.
 EXCHANGE_INTAKE_MAX_EVENTS = env_int("EXCHANGE_INTAKE_MAX_EVENTS", 10_000)
 # An app's intake stream may hold this many bytes (Redis's own count of its memory) while its

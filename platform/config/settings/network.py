@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .env import env_float, env_int, env_str
 
-# --- forwarding between domains (messaging.network) ---------------------------------------------
+# --- forwarding between domains (messaging.federation) ---------------------------------------------
 # A forwarding call (the next hop stores before it answers) must answer within this many seconds,
 # for the whole exchange: a neighbour that answers one byte a second is cut off at this deadline.
 FORWARD_TIMEOUT_SECONDS = env_float("FORWARD_TIMEOUT_SECONDS", 5.0)
@@ -35,13 +35,13 @@ LINK_DOWN_AFTER_SECONDS = env_float("LINK_DOWN_AFTER_SECONDS", 15.0)
 # is passed over for that domain this long where another path exists; then it is tried again.
 ROUTE_BLOCK_SECONDS = env_float("ROUTE_BLOCK_SECONDS", 30.0)
 # A message that reaches its recipient's home before an earlier one from the same origin waits for it
-# (messaging.network.order) at most this long; then the earlier one is taken for lost on the way, and
+# (messaging.federation.order) at most this long; then the earlier one is taken for lost on the way, and
 # goes into the mailbox late if it ever comes. Longer than a domain on the way is usually away.
 NETWORK_ORDER_WAIT_SECONDS = env_float("NETWORK_ORDER_WAIT_SECONDS", 60.0)
-# Beat: the senders of the live copy to standby domains are woken this often (messaging.network.standby):
+# Beat: the senders of the live copy to standby domains are woken this often (messaging.federation.standby):
 # the copy's lag under normal load is about this long plus one call.
 STANDBY_COPY_SECONDS = env_float("STANDBY_COPY_SECONDS", 1.0)
-# A standby takes its home's users over (messaging.network.takeover) once the home has been silent
+# A standby takes its home's users over (messaging.federation.takeover) once the home has been silent
 # and its link down this long, and a third domain agrees; beat looks every TAKEOVER_WATCH_SECONDS.
 FAILOVER_SECONDS = env_float("FAILOVER_SECONDS", 30.0)
 TAKEOVER_WATCH_SECONDS = env_float("TAKEOVER_WATCH_SECONDS", 2.0)
@@ -73,20 +73,20 @@ META_PULL_SECONDS = env_float("META_PULL_SECONDS", 30.0)
 LINK_SECRET_OVERLAP_SECONDS = env_float("LINK_SECRET_OVERLAP_SECONDS", 900.0)
 
 NETWORK_BEAT_SCHEDULE: dict[str, dict] = {
-    # Every neighbour pinged: each link's state is live without traffic (messaging.network.probes).
+    # Every neighbour pinged: each link's state is live without traffic (messaging.federation.probes).
     "probe-links": {"task": "messaging.tasks.probe_links", "schedule": LINK_PROBE_SECONDS},
     # Links with channel publishes waiting and their retry due get their sender woken (the flood).
     "flood-sweep": {"task": "messaging.tasks.flood_sweep", "schedule": FORWARD_SWEEP_SECONDS},
     # Links whose retry is due are sent again, a lost sender task is made up for, and the queues of
-    # links that are down move to another path where one exists (messaging.network.queue).
+    # links that are down move to another path where one exists (messaging.federation.queue).
     "forward-sweep": {"task": "messaging.tasks.forward_sweep", "schedule": FORWARD_SWEEP_SECONDS},
-    # The live copy of the mailboxes of users with a standby domain, sent (messaging.network.standby).
+    # The live copy of the mailboxes of users with a standby domain, sent (messaging.federation.standby).
     "standby-sweep": {"task": "messaging.tasks.standby_sweep", "schedule": STANDBY_COPY_SECONDS,
                       "options": {"expires": STANDBY_COPY_SECONDS}},
     # Homes this domain stands by for, taken over when lost and handed back when they answer again.
     "takeover-watch": {"task": "messaging.tasks.takeover_watch", "schedule": TAKEOVER_WATCH_SECONDS,
                        "options": {"expires": TAKEOVER_WATCH_SECONDS}},
-    # Who is online, told to the neighbours (messaging.network.presence_gossip); a late round is worthless.
+    # Who is online, told to the neighbours (messaging.federation.presence_gossip); a late round is worthless.
     "gossip-presence": {"task": "messaging.tasks.gossip_presence", "schedule": PRESENCE_GOSSIP_SECONDS,
                         "options": {"expires": PRESENCE_GOSSIP_SECONDS}},
 }
@@ -95,7 +95,7 @@ if META_URL:
     NETWORK_BEAT_SCHEDULE["meta-pull"] = {"task": "apps_registry.tasks.meta_pull", "schedule": META_PULL_SECONDS,
                                           "options": {"expires": META_PULL_SECONDS}}
 # Merged into CELERY_TASK_ROUTES (base.py). Everything that waits on a neighbour (the link senders,
-# FAST hops, probes, the meta pull) is on queue "forwarding" (messaging.handoff.FORWARDING_QUEUE),
+# FAST hops, probes, the meta pull) is on queue "forwarding" (foundation.handoff.FORWARDING_QUEUE),
 # served by the outbound worker (`-Q webhooks,forwarding`), never by the routing worker's threads.
 NETWORK_TASK_ROUTES: dict[str, dict] = {
     "messaging.tasks.flood_link": {"queue": "forwarding"},

@@ -1,4 +1,4 @@
-"""Settings of the queue intake (issue 29: messaging.queue_intake): each app's Redis stream
+"""Settings of the queue intake (issue 29: messaging.intake.stream): each app's Redis stream
 `sbq:<APPNAME>:in`, written by the app's backend with its own Redis ACL user, read by the workers.
 
 Read from the environment here and only here; network.py star-imports this module (as it does
@@ -13,11 +13,11 @@ from .env import env_bool, env_float, env_int, env_str
 # shares. Point it at a Redis of its own with `maxmemory` set (policy noeviction) for a hard bound:
 # a writer that outruns the gate below can then fill only that server (docs/security.md).
 QUEUE_REDIS_URL = env_str("QUEUE_REDIS_URL", "")
-# Routing workers (`-Q celery,routing`) run a consumer thread each (messaging.queue_intake.runner).
+# Routing workers (`-Q celery,routing`) run a consumer thread each (messaging.intake.stream.runner).
 QUEUE_INTAKE_CONSUMER = env_bool("QUEUE_INTAKE_CONSUMER", True)
 # An app's stream may hold this many bytes (Redis's MEMORY USAGE of the key) while a consumer is alive,
 # and this many while none is; past them its ACL user loses +xadd (its XADD answers NOPERM) until the
-# stream is back under half of the cap (messaging.queue_intake.gate).
+# stream is back under half of the cap (messaging.intake.stream.gate).
 QUEUE_INTAKE_MAX_BYTES = env_int("QUEUE_INTAKE_MAX_BYTES", 16 * 1024 * 1024)
 QUEUE_INTAKE_UNREAD_BYTES = env_int("QUEUE_INTAKE_UNREAD_BYTES", 1024 * 1024)
 # How often each consuming worker measures every stream and opens or closes the gates (a thread of its
@@ -35,7 +35,7 @@ QUEUE_CONSUMER_TIMEOUT_SECONDS = env_float("QUEUE_CONSUMER_TIMEOUT_SECONDS", 5.0
 # the consumer keeps a copy of its first QUEUE_DEAD_LETTER_BYTES and dead-letters it (request_too_large).
 QUEUE_INTAKE_ENTRY_MAX_BYTES = env_int("QUEUE_INTAKE_ENTRY_MAX_BYTES", 1024 * 1024)
 # An app's dead-letter stream `sbq:<APPNAME>:dead` holds at most this many bytes: the oldest dead
-# letters are trimmed (messaging.queue_intake.dead_letters); and a dead letter keeps at most this much
+# letters are trimmed (messaging.intake.stream.dead_letters); and a dead letter keeps at most this much
 # of its entry's fields (a copy of the first ones, with `truncated` saying what was left out).
 QUEUE_DEAD_MAX_BYTES = env_int("QUEUE_DEAD_MAX_BYTES", 4 * 1024 * 1024)
 QUEUE_DEAD_LETTER_BYTES = env_int("QUEUE_DEAD_LETTER_BYTES", 4096)

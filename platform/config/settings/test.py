@@ -28,7 +28,7 @@ globals().update(service_settings(DATABASE_URL, _with_db(REDIS_URL, TEST_REDIS_D
 DEBUG = False
 # Work handed to the workers is recorded and run in the test process when a test pumps it (the
 # `handoff` fixture); a test that starts real workers hands over to them instead (tests/processes.py).
-HANDOFF_DISPATCHER = "messaging.handoff.InlineDispatcher"
+HANDOFF_DISPATCHER = "foundation.handoff.InlineDispatcher"
 WEBHOOKS_ALLOW_HTTP = True  # the tests' webhook receivers are plain-HTTP servers on 127.0.0.1
 OUTGOING_ALLOWED_NETWORKS = ["127.0.0.0/8", "::1/128"]  # ... and auth services: loopback only, explicitly
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed; never outside tests

@@ -10,7 +10,7 @@ from .env import env_float, env_int
 
 # The largest HTTP request body a web node reads, in bytes, before the application sees it
 # (foundation.body_cap; past it: 413 and the connection closed), and larger caps where a path prefix
-# documents one: the calls between domains carry up to NETWORK_MAX_BODY_BYTES (messaging.network).
+# documents one: the calls between domains carry up to NETWORK_MAX_BODY_BYTES (messaging.federation).
 HTTP_MAX_BODY_BYTES = env_int("HTTP_MAX_BODY_BYTES", 2_621_440)  # Django's DATA_UPLOAD_MAX_MEMORY_SIZE
 DATA_UPLOAD_MAX_MEMORY_SIZE = HTTP_MAX_BODY_BYTES
 NETWORK_MAX_BODY_BYTES = env_int("NETWORK_MAX_BODY_BYTES", 32 * 1024 * 1024)
@@ -20,21 +20,21 @@ HTTP_MAX_BODY_BYTES_BY_PREFIX = {"/internal/": NETWORK_MAX_BODY_BYTES}
 HTTP_BODY_TIMEOUT_SECONDS = env_float("HTTP_BODY_TIMEOUT_SECONDS", 30.0)
 # Path prefixes whose requests are checked from their headers before any of their body is read: the
 # calls between domains must come from a neighbour, signed, fresh and with a nonce not yet used
-# (messaging.network.transport.peer_headers_gate), or they are refused and their connection closed.
-HTTP_HEADER_GATES = {"/internal/": "messaging.network.transport.peer_headers_gate"}
+# (messaging.federation.transport.peer_headers_gate), or they are refused and their connection closed.
+HTTP_HEADER_GATES = {"/internal/": "messaging.federation.transport.peer_headers_gate"}
 # Of the bodies a neighbour's calls may carry past the public cap (over NETWORK_LARGE_BODY_BYTES, up to
 # NETWORK_MAX_BODY_BYTES), at most this many per link are read at once on a web node; one more is
 # answered 503 (its caller retries with its backoff). Memory held by such bodies on a node is at most
 # links x this x NETWORK_MAX_BODY_BYTES.
 NETWORK_LARGE_BODY_BYTES = env_int("NETWORK_LARGE_BODY_BYTES", HTTP_MAX_BODY_BYTES)
 NETWORK_LARGE_BODIES_PER_LINK = env_int("NETWORK_LARGE_BODIES_PER_LINK", 2)
-# Socket.IO at /socket.io/ (messaging.socketio): Engine.IO's heartbeat (the server pings every
+# Socket.IO at /socket.io/ (messaging.gateway.socketio): Engine.IO's heartbeat (the server pings every
 # interval; a session whose pong does not come within the timeout is closed) and the largest
 # payload a client may send in one poll or WebSocket frame, in bytes (told to clients at the handshake).
 SOCKETIO_PING_INTERVAL = env_float("SOCKETIO_PING_INTERVAL", 25.0)
 SOCKETIO_PING_TIMEOUT = env_float("SOCKETIO_PING_TIMEOUT", 20.0)
 SOCKETIO_MAX_PAYLOAD = env_int("SOCKETIO_MAX_PAYLOAD", 1_000_000)
-# Bounds of an Engine.IO session (messaging.socketio.engine; docs/security.md, "Socket.IO"). Packets
+# Bounds of an Engine.IO session (messaging.gateway.socketio.engine; docs/security.md, "Socket.IO"). Packets
 # one poll's payload may carry (past it: 400 and the session ended), and, until its client has
 # logged in, the payload's bytes and packets (a CONNECT and a PONG are all a session needs then).
 SOCKETIO_MAX_PACKETS = env_int("SOCKETIO_MAX_PACKETS", 1000)
@@ -52,5 +52,5 @@ SOCKETIO_MAX_OUTBOX_BYTES = env_int("SOCKETIO_MAX_OUTBOX_BYTES", 8 * 1024 * 1024
 # whose answer has come may wait for the event loop's thread (config.web).
 WEB_GIL_SWITCH_SECONDS = env_float("WEB_GIL_SWITCH_SECONDS", 0.0005)
 # A pooled database connection idle this long is checked (SELECT 1) before the intake's next batch
-# runs on it (messaging.intake): one dropped by a Postgres restart no longer fails that batch.
+# runs on it (messaging.intake.group_commit): one dropped by a Postgres restart no longer fails that batch.
 INTAKE_IDLE_CHECK_SECONDS = env_float("INTAKE_IDLE_CHECK_SECONDS", 1.0)

@@ -7,7 +7,7 @@ messages, so processes on this layer and on channels-redis's own talk to each ot
 
 A consumer may also read its channel's queue directly (`channel_queue`, `channel_discard`): the
 /ws consumer waits on its three queues with one future instead of three tasks
-(messaging.connection.inbox).
+(messaging.gateway.connection.inbox).
 """
 
 from __future__ import annotations

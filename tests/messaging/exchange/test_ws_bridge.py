@@ -9,7 +9,7 @@ import pytest
 
 from messaging.exchange.models import Follow
 from messaging.exchange.ws_bridge import events_to_ws, ws_listeners, ws_listeners_forget
-from tests.messaging.api_fixtures import live_connection, received  # noqa: F401  (fixtures)
+from tests.messaging.api.fixtures import live_connection, received  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.django_db
 

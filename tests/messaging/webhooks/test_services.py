@@ -12,11 +12,11 @@ from django.test.utils import CaptureQueriesContext
 
 from foundation.outbound import claim_token
 from messaging.channels.services import channel_occupancy_record
-from messaging.delivery.claims import deliveries_claim
-from messaging.delivery.dead_nodes import dead_nodes_settle
-from messaging.delivery.retry import deliveries_fail, deliveries_sweep
+from messaging.core.delivery.claims import deliveries_claim
+from messaging.core.delivery.dead_nodes import dead_nodes_settle
+from messaging.core.delivery.retry import deliveries_fail, deliveries_sweep
+from messaging.core.store import message_send
 from messaging.models import WebhookDelivery, WebhookEndpoint
-from messaging.store import message_send
 from messaging.webhooks.selectors import webhook_endpoint_get, webhook_endpoint_list, webhook_events_forget
 from messaging.webhooks.services import (
     WebhookNotice,

@@ -1,0 +1,183 @@
+"""The rows of the users a takeover moves, in SQL (messaging.federation.takeover): the deliveries of a
+home's users standing by at a holder, what waited on a link for them, the holder's re-seed of its
+copy at the hand-back, and the home's copy-again after it. Each statement names the users by the
+ranges homed at %(home)s whose standby is %(standby)s (domain ids)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import transaction
+
+from apps_registry.models import Domain
+from foundation import handoff
+from foundation.db import hot_cursor
+from foundation.outbound import one_at_a_time
+from messaging.core.delivery.sql import DELIVERED, FORWARDED, FORWARDING, PENDING, in_mailbox_sql
+from messaging.federation.outbox import link_lock_key
+
+
+def in_ranges(table: str, user: str) -> str:
+    """SQL: `table`'s rows whose `user` is in a range homed at %(home)s with standby %(standby)s."""
+    return f"""JOIN apps_registry_userdistribution ud ON ud.app_id = {table}.app_id AND ud.domain_id = %(home)s
+                                            AND ud.standby_id = %(standby)s
+             AND messaging_user_number({table}.{user}) >= ud.range_from
+             AND (ud.range_to IS NULL OR messaging_user_number({table}.{user}) <= ud.range_to)"""
+
+
+def _ranges_of(home: str, standby: str) -> dict[str, int]:
+    """The parameters that name the users of the ranges homed at `home` with standby `standby`."""
+    ids = dict(Domain.objects.filter(name__in=[home, standby]).values_list("name", "pk"))
+    return {"home": ids[home], "standby": ids[standby]}
+
+
+# What waited here on a link for the home's users (it was on its way there): their messages now,
+# put at the end of their mailboxes here (after the copy, which the home had first), in the order
+# they waited, and fed to the home as new (it does not have them) for the hand-back (the standby feed's
+# trigger feeds a record made a mailbox row as new, migration messaging 0023).
+_QUEUED_SQL = f"""
+WITH q AS (
+    SELECT d.id, d.app_id, d.recipient, row_number() OVER (PARTITION BY d.app_id, d.recipient ORDER BY d.seq) AS n
+      FROM messaging_delivery d {in_ranges("d", "recipient")}
+     WHERE d.state = {FORWARDING} AND d.forward_to = %(peer)s
+), had AS (  -- the home had it after all (the call went through, its answer was lost): in the copy
+    DELETE FROM messaging_delivery d USING q
+     WHERE d.id = q.id AND {in_mailbox_sql("d")}
+    RETURNING d.id
+), counts AS (
+    SELECT app_id, recipient, count(*) AS c FROM q GROUP BY app_id, recipient  -- (a gap where one was had)
+), mb AS (
+    UPDATE messaging_mailbox m SET last_seq = m.last_seq + counts.c
+      FROM counts WHERE m.app_id = counts.app_id AND m.user_id = counts.recipient
+    RETURNING m.app_id, m.user_id, m.last_seq, counts.c
+), moved AS (
+    UPDATE messaging_delivery d
+       SET state = {PENDING}, forward_to = '', seq = mb.last_seq - mb.c + q.n, next_attempt_at = now(),
+           last_error = ''
+      FROM q JOIN mb ON mb.app_id = q.app_id AND mb.user_id = q.recipient
+     WHERE d.id = q.id AND d.id NOT IN (SELECT id FROM had)
+    RETURNING d.id, d.seq
+)
+SELECT id FROM moved ORDER BY seq
+"""
+
+
+def queued_into_mailboxes(home: str, *, back: bool = False) -> list[int] | None:
+    """The rows waiting on the link to `home` for its users held here, into their mailboxes here
+    (under the link's sender lock, as the sweep moves a queue; None when a sender holds it now: the
+    next watch does it). `back`: at a home given its users back, the rows it was forwarding to their
+    holder (`home` then names the holder), the same way."""
+    here = settings.DOMAIN_NAME
+    params = {"peer": home, **(_ranges_of(here, home) if back else _ranges_of(home, here))}
+    with one_at_a_time(link_lock_key(home)) as held:
+        if not held:
+            return None
+        with hot_cursor() as cur:
+            cur.execute(_QUEUED_SQL, params)
+            return [row[0] for row in cur.fetchall()]
+
+
+# At a home given its users back: its records of messages it forwarded to them while they were held
+# (towards the holder) whose message has no row in their mailboxes here. The holder had the
+# message from this home's own copy as well, and merged it (a merge feeds nothing back), so the
+# forward found it there and the call counted as a duplicate; the holder has now cleared its rows,
+# and the record is all that is left of the message. It becomes the mailbox row, at its place.
+_RECORDS_BACK_SQL = f"""
+UPDATE messaging_delivery SET state = {PENDING}, forward_to = '', next_attempt_at = now(), claim = NULL, last_error = ''
+ WHERE id IN (SELECT d.id FROM messaging_delivery d {in_ranges("d", "recipient")}
+               WHERE d.state = {FORWARDED} AND d.forward_to <> '' AND d.created_at >= %(since)s
+                 AND NOT {in_mailbox_sql("d")})
+RETURNING id
+"""
+
+
+def records_back_into_mailboxes(holder: str, since) -> list[int]:
+    """At a home given its users back by `holder`: _RECORDS_BACK_SQL for the records made since
+    `since`; the ids of the rows it put back (to route)."""
+    with hot_cursor() as cur:
+        cur.execute(_RECORDS_BACK_SQL, {"since": since, **_ranges_of(settings.DOMAIN_NAME, holder)})
+        return [row[0] for row in cur.fetchall()]
+
+
+HELD_HERE = f"""
+  FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id {in_ranges("d", "recipient")}
+ WHERE d.forward_to = ''"""  # mailbox rows: not its own records of messages it forwarded (to the home)
+
+RESEED_SQL = f"""
+INSERT INTO messaging_standbycopy (home, home_delivery_id, app_id, recipient, seq, origin_seq, sender, kind, content,
+                                   reference, confirmation_requested, client_message_id, origin_domain,
+                                   origin_message_id, state, attempts, created_at, delivered_at, dead_at,
+                                   expired_at, copied_at)
+SELECT DISTINCT ON (d.app_id, d.recipient, m.origin_domain, coalesce(m.origin_message_id, m.id))
+       %(home_name)s, d.id, d.app_id, d.recipient, d.seq, d.origin_seq, m.sender, m.kind, m.content, m.reference,
+       m.confirmation_requested, NULL, CASE WHEN m.origin_domain = '' THEN %(here_name)s ELSE m.origin_domain END,
+       coalesce(m.origin_message_id, m.id), d.state, d.attempts, d.created_at, d.delivered_at, d.dead_at,
+       d.expired_at, now()
+{HELD_HERE}
+ ORDER BY d.app_id, d.recipient, m.origin_domain, coalesce(m.origin_message_id, m.id),
+          d.state = {DELIVERED} DESC, d.id  -- one per message, should two rows hold it: the delivered one
+ON CONFLICT (app_id, recipient, origin_domain, origin_message_id) DO UPDATE SET
+    state = EXCLUDED.state, delivered_at = EXCLUDED.delivered_at, dead_at = EXCLUDED.dead_at,
+    expired_at = EXCLUDED.expired_at, copied_at = now()
+"""
+
+
+# Every mailbox row of the users given back, copied to their standby again as the home has it: the
+# holder re-seeded its copy from what it held, numbered its own way and without what the home stored
+# that never reached it (the tail before the loss, what came while the home did not know it was held).
+_COPY_AGAIN_SQL = f"""
+INSERT INTO messaging_standbyfeed (standby, delivery_id, new, created_at, attempts, last_error)
+SELECT %(peer)s, d.id, true, now(), 0, '' {HELD_HERE}
+ ORDER BY d.app_id, d.recipient, d.seq
+"""
+
+
+def copy_again(holder: str) -> int:
+    """At a home given its users back: their whole mailboxes to the standby's copy (which takes each
+    row's place and state from it), after everything it had queued for it."""
+    with hot_cursor() as cur:
+        cur.execute(_COPY_AGAIN_SQL, {"peer": holder, **_ranges_of(settings.DOMAIN_NAME, holder)})
+        copied = cur.rowcount
+    transaction.on_commit(lambda: handoff.standby_senders_kick([holder]))
+    return copied
+
+
+# At a home given its users back: each origin's messages to each of those users in the origin's
+# order (messaging.federation.order's origin_seq), over the places in the mailbox that origin's rows
+# hold since the takeover began (%(since)s). What the holder stored and copied back was appended
+# after what had come here meanwhile (a link's queue delivered when the home returned), though the
+# origin sent it first. Other origins' rows keep their places.
+_REORDER_SQL = f"""
+WITH w AS (
+    SELECT d.id, d.app_id, d.recipient, m.origin_domain, d.seq,
+           row_number() OVER (PARTITION BY d.app_id, d.recipient, m.origin_domain ORDER BY d.seq) AS place,
+           row_number() OVER (PARTITION BY d.app_id, d.recipient, m.origin_domain
+                              ORDER BY d.origin_seq, d.seq) AS rank
+      FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id {in_ranges("d", "recipient")}
+     WHERE d.forward_to = '' AND d.origin_seq IS NOT NULL AND m.origin_domain <> ''
+       AND d.created_at >= %(since)s
+)
+SELECT a.id, s.seq FROM w a JOIN w s ON s.app_id = a.app_id AND s.recipient = a.recipient
+                                    AND s.origin_domain = a.origin_domain AND s.place = a.rank
+ WHERE s.seq <> a.seq
+"""
+
+
+def mailboxes_reorder(holder: str, since, *, copy: bool = True) -> int:
+    """Put each origin's messages back in its order in the mailboxes of the users `holder` gave back
+    (their rows stored since `since`), and (`copy`) copy the rows moved to the standby (`holder`)
+    with their new places; returns how many rows moved."""
+    with hot_cursor() as cur:
+        cur.execute(_REORDER_SQL, {"since": since, **_ranges_of(settings.DOMAIN_NAME, holder)})
+        moves = cur.fetchall()
+        if not moves:
+            return 0
+        ids = [i for i, _ in moves]
+        # In two steps: (app, recipient, seq) is unique at every row, not only at the end.
+        cur.execute("UPDATE messaging_delivery SET seq = -seq WHERE id = ANY(%s)", [ids])
+        cur.execute("UPDATE messaging_delivery d SET seq = t.seq FROM unnest(%s::bigint[], %s::bigint[])"
+                    " AS t(id, seq) WHERE d.id = t.id", [ids, [q for _, q in moves]])
+        if copy:
+            cur.execute("INSERT INTO messaging_standbyfeed (standby, delivery_id, new, created_at, attempts,"
+                        " last_error) SELECT %s, id, true, now(), 0, '' FROM unnest(%s::bigint[]) AS t(id)",
+                        [holder, ids])
+    return len(moves)

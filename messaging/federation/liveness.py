@@ -1,0 +1,84 @@
+"""How long each domain has been silent, as this domain heard it, and the witness a standby asks
+before it takes a home over (messaging.federation.takeover).
+
+Every domain tells its neighbours, with each gossip round, its own clock and every other domain's
+last clock it heard (messaging.federation.takeover_records.network_gossip). A domain records, by its own clock,
+when each newer clock of each domain reached it (DomainHeard): "silent for" is how long no newer
+word of a domain came, by whatever path, so no two clocks are ever compared.
+"""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+from django.utils import timezone
+
+from foundation.db import hot_cursor
+from messaging.core.next_hop import neighbours
+from messaging.federation.models import DomainHeard
+from messaging.federation.transport import WITNESS_PATH, PeerError, PeerRefused, peer_call_prepare, peer_calls_send
+
+# --- liveness ------------------------------------------------------------------------------------
+
+
+def heard_versions() -> dict[str, int]:
+    """Every domain's last clock heard here, and this domain's own now."""
+    heard = dict(DomainHeard.objects.values_list("domain", "version"))
+    heard[settings.DOMAIN_NAME] = time.time_ns()
+    return heard
+
+
+def heard_apply(heard: dict[str, int]) -> None:
+    """Record, by this domain's clock, each domain whose clock in `heard` is newer than the last heard."""
+    items = [(d, v) for d, v in heard.items() if d != settings.DOMAIN_NAME]
+    if not items:
+        return
+    with hot_cursor() as cur:
+        cur.execute("""
+            INSERT INTO messaging_domainheard AS h (domain, version, heard_at)
+            SELECT d, v, now() FROM unnest(%s::text[], %s::bigint[]) AS t(d, v) ORDER BY d
+            ON CONFLICT (domain) DO UPDATE SET version = EXCLUDED.version, heard_at = now()
+             WHERE h.version < EXCLUDED.version""", [[d for d, _ in items], [v for _, v in items]])
+
+
+def silent_seconds(domain: str) -> float | None:
+    """How long no newer word of `domain` has reached this domain (None: never heard of)."""
+    heard = DomainHeard.objects.filter(domain=domain).values_list("heard_at", flat=True).first()
+    return None if heard is None else max(0.0, (timezone.now() - heard).total_seconds())
+
+
+# --- the witness --------------------------------------------------------------------------------
+
+
+def witness_answer(*, sender: str, payload: dict) -> dict:
+    """POST /internal/v1/witness {"home": name}: how long this domain has heard nothing of it."""
+    home = payload.get("home")
+    if set(payload) != {"home"} or not isinstance(home, str) or not 0 < len(home) <= 64:
+        raise PeerRefused(400, "the payload is {\"home\": <domain name>}")
+    return {"home": home, "silent_seconds": silent_seconds(home)}
+
+
+def witnesses_agree(home: str) -> tuple[bool, str]:
+    """Whether a third domain agrees that `home` has been silent for FAILOVER_SECONDS (and none heard it)."""
+    threshold = settings.FAILOVER_SECONDS
+    calls = []
+    for peer in (p for p in neighbours() if p != home):
+        try:
+            calls.append(peer_call_prepare(peer=peer, path=WITNESS_PATH, payload={"home": home}))
+        except PeerError:
+            continue
+    agree, heard = [], []
+    for call, answer in zip(calls, peer_calls_send(calls, timeout=settings.LINK_PROBE_TIMEOUT_SECONDS), strict=True):
+        if isinstance(answer, PeerError):
+            continue
+        silent = answer.get("silent_seconds")
+        if silent is None or (isinstance(silent, (int, float)) and silent >= threshold):
+            agree.append(call.peer)
+        else:
+            heard.append(call.peer)
+    if heard:
+        return False, f"{', '.join(heard)} heard {home} within {threshold:g} s"
+    if not agree:
+        return False, f"no third domain answered about {home}"
+    return True, f"{home} silent for {threshold:g} s here and at {', '.join(agree)}"

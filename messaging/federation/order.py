@@ -1,0 +1,266 @@
+"""The home domain puts each origin's messages to a recipient into its mailbox in the origin's order.
+
+Hop by hop, a domain keeps a recipient's order on each of its links (messaging.federation.queue), but
+no single domain sees the whole path: around a fault further on, a later message can take a short
+way while earlier ones wait on a long one, or are handed back. So the order is also kept end to
+end. Every message a domain forwards carries, for each recipient, its place among the messages to
+that recipient stored first at its origin (`seqs` in the payload, docs/protocol.md "Between
+domains"; Mailbox.origin_last_seq there, gap-free and increasing per recipient, messaging.core.store:
+the messages the origin only passes on take no number from it), carried unchanged by every domain
+on the way (Delivery.origin_seq). The recipient's home appends an arrival to the mailbox only when it is the
+next one expected from its origin (OrderMark); one that comes early waits, stored (HeldInOrder),
+until the gap before it is filled, and then goes in with it, in order.
+
+A gap can also never be filled: the earlier message died on the way (out of its attempts), expired,
+or went to the recipient's former home. So an arrival waits at most
+NETWORK_ORDER_WAIT_SECONDS: then the sweep (`held_release_overdue`, from the forward sweep) takes
+the gap for lost and puts everything held for that recipient from that origin into the mailbox, in
+order. An earlier message that arrives after all (a re-queued dead letter, a domain back after a
+longer outage) goes in late, at once. The first arrival ever from an origin for a recipient is
+expected to be its first (sequence 1): a recipient who moved here from another home waits once,
+for that long. Rows stored before this order existed carry no sequence and go in at once.
+
+A message stored here first, or one whose recipient is not homed here, or one from a domain that
+sends no `seqs`, is appended at once, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+
+from foundation.db import hot_cursor
+from foundation.handoff import routing_enqueue
+from messaging.core.delivery.sql import FORWARDED, in_mailbox_sql
+from messaging.core.store import deliveries_append_sql
+
+log = logging.getLogger(__name__)
+
+Key = tuple[int, str, str]  # (app id, recipient, origin domain)
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One (message, recipient) come from another domain for a recipient homed here."""
+
+    message_id: int
+    app_id: int
+    recipient: str
+    origin: str
+    origin_seq: int
+
+    @property
+    def key(self) -> Key:
+        return (self.app_id, self.recipient, self.origin)
+
+
+@dataclass(frozen=True)
+class Placed:
+    delivery_ids: list[int]  # appended to mailboxes now (routed once the transaction commits)
+    held: int  # arrivals held for an earlier one
+
+
+@dataclass(frozen=True)
+class _Held:
+    held_id: int
+    message_id: int
+    origin_seq: int
+
+
+_APPEND_SQL = f"""
+WITH fan AS MATERIALIZED (
+    SELECT * FROM unnest(%(ord)s::int[], %(mid)s::bigint[], %(app)s::bigint[], %(user)s::text[], %(oseq)s::bigint[])
+           AS t(ord, message_id, app_id, recipient, origin_seq)
+     -- (not one already in the mailbox: a held arrival whose message a merge put there meanwhile,
+     -- messaging.federation.mailbox_merge, is let go without a second row)
+     WHERE NOT {in_mailbox_sql("t")}
+), {deliveries_append_sql("fan", origin_seq=True)}
+SELECT ARRAY(SELECT id FROM new_deliveries ORDER BY id)
+"""
+
+
+def _append(in_order: list[tuple[int, int, str, int | None]]) -> list[int]:
+    """(message id, app id, recipient, origin seq) appended to the mailboxes in list order: the new
+    delivery ids."""
+    if not in_order:
+        return []
+    with hot_cursor() as cur:
+        cur.execute(_APPEND_SQL, {"ord": list(range(len(in_order))), "mid": [m for m, _, _, _ in in_order],
+                                  "app": [a for _, a, _, _ in in_order], "user": [r for _, _, r, _ in in_order],
+                                  "oseq": [s for _, _, _, s in in_order]})
+        return list(cur.fetchone()[0])
+
+
+def _columns(keys: list[Key]) -> list[list]:
+    """Keys as the three arrays the statements unnest: app ids, recipients, origins."""
+    return [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]]
+
+
+def _marks_lock(keys: list[Key]) -> dict[Key, tuple[int, int]]:
+    """Each key's mark (last seq, rows held), created at 0 where there is none, locked until commit
+    (in key order: two calls for overlapping recipients queue up rather than deadlock)."""
+    with hot_cursor() as cur:
+        cur.execute(
+            """
+            INSERT INTO messaging_ordermark (app_id, recipient, origin_domain, last_seq, held)
+            SELECT app_id, recipient, origin, 0, 0
+              FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS k(app_id, recipient, origin)
+             ORDER BY app_id, recipient, origin
+            ON CONFLICT (app_id, recipient, origin_domain) DO UPDATE SET last_seq = messaging_ordermark.last_seq
+            RETURNING app_id, recipient, origin_domain, last_seq, held
+            """,
+            _columns(keys),
+        )
+        return {(a, r, o): (last, held) for a, r, o, last, held in cur.fetchall()}
+
+
+def _held_of(keys: list[Key]) -> dict[Key, list[_Held]]:
+    if not keys:
+        return {}
+    with hot_cursor() as cur:
+        cur.execute(
+            """
+            SELECT h.app_id, h.recipient, h.origin_domain, h.id, h.message_id, h.origin_seq
+              FROM messaging_heldinorder h
+              JOIN unnest(%s::bigint[], %s::text[], %s::text[]) AS k(app_id, recipient, origin)
+                ON h.app_id = k.app_id AND h.recipient = k.recipient AND h.origin_domain = k.origin
+             ORDER BY h.origin_seq
+            """,
+            _columns(keys),
+        )
+        out: dict[Key, list[_Held]] = defaultdict(list)
+        for a, r, o, held_id, message_id, seq in cur.fetchall():
+            out[a, r, o].append(_Held(held_id, message_id, seq))
+        return out
+
+
+def _marks_write(marks: dict[Key, tuple[int, int]]) -> None:
+    with hot_cursor() as cur:
+        cur.execute(
+            """
+            UPDATE messaging_ordermark m SET last_seq = k.last_seq, held = k.held
+              FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::int[])
+                   AS k(app_id, recipient, origin, last_seq, held)
+             WHERE m.app_id = k.app_id AND m.recipient = k.recipient AND m.origin_domain = k.origin
+            """,
+            [*_columns(list(marks)), [v[0] for v in marks.values()], [v[1] for v in marks.values()]],
+        )
+
+
+def _not_here_yet(arrivals: list[Arrival]) -> list[Arrival]:
+    """The arrivals with neither a delivery nor a held row here (a repeated call brings the others).
+    This domain's record of a message it passed on does not count: the message came back to a
+    recipient served here now (round a fault, or from its holder), and goes into the mailbox."""
+    with hot_cursor() as cur:
+        cur.execute(
+            f"""
+            SELECT t.ord FROM unnest(%s::int[], %s::bigint[], %s::text[]) AS t(ord, message_id, recipient)
+             WHERE NOT EXISTS (SELECT 1 FROM messaging_delivery d
+                                WHERE d.message_id = t.message_id AND d.recipient = t.recipient
+                                  AND (d.forward_to = '' OR d.state <> {FORWARDED}))
+               AND NOT EXISTS (SELECT 1 FROM messaging_heldinorder h
+                                WHERE h.message_id = t.message_id AND h.recipient = t.recipient)
+            """,
+            [list(range(len(arrivals))), [a.message_id for a in arrivals], [a.recipient for a in arrivals]],
+        )
+        return [arrivals[ord_] for (ord_,) in sorted(cur.fetchall())]
+
+
+def arrivals_put_in_order(arrivals: list[Arrival], *, maybe_here: set[int] = frozenset()) -> Placed:
+    """Inside the intake's transaction: append each arrival to its recipient's mailbox when it is
+    the next one from its origin (with those held behind it that it lets go), hold it otherwise.
+    `maybe_here`: ids of messages that were here before this call (their arrivals may be repeats,
+    which add nothing)."""
+    repeats = [a for a in arrivals if a.message_id in maybe_here]
+    if repeats:
+        fresh = {id(a) for a in _not_here_yet(repeats)}
+        arrivals = [a for a in arrivals if a.message_id not in maybe_here or id(a) in fresh]
+    if not arrivals:
+        return Placed([], 0)
+    incoming: dict[Key, list[Arrival]] = defaultdict(list)
+    for a in arrivals:
+        incoming[a.key].append(a)
+    marks = _marks_lock(sorted(incoming))
+    held = _held_of([k for k, (_, n) in marks.items() if n])
+    in_order: list[tuple[int, int, str, int | None]] = []
+    to_hold: list[Arrival] = []
+    released: list[int] = []
+    for key in sorted(incoming):
+        last, n_held = marks[key]
+        app_id, recipient, _ = key
+        waiting = sorted([(h.origin_seq, 0, h) for h in held.get(key, [])]
+                         + [(a.origin_seq, 1, a) for a in incoming[key]], key=lambda t: t[:2])
+        for seq, is_new, item in waiting:
+            if seq <= last or seq == last + 1:  # late (its gap was given up on), or the next one
+                in_order.append((item.message_id, app_id, recipient, seq))
+                last = max(last, seq)
+                if not is_new:
+                    released.append(item.held_id)
+                    n_held -= 1
+            elif is_new:
+                to_hold.append(item)
+                n_held += 1
+        marks[key] = (last, n_held)
+    delivery_ids = _append(in_order)
+    _held_write(to_hold, released)
+    _marks_write(marks)
+    if to_hold:
+        log.info("%d message(s) held for earlier ones from their origin still on their way", len(to_hold))
+    return Placed(delivery_ids, len(to_hold))
+
+
+def _held_write(to_hold: list[Arrival], released: list[int]) -> None:
+    with hot_cursor() as cur:
+        if to_hold:
+            cur.execute(
+                """
+                INSERT INTO messaging_heldinorder (message_id, app_id, recipient, origin_domain, origin_seq, held_at)
+                SELECT *, now() FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::bigint[])
+                ON CONFLICT DO NOTHING
+                """,
+                [[a.message_id for a in to_hold], [a.app_id for a in to_hold], [a.recipient for a in to_hold],
+                 [a.origin for a in to_hold], [a.origin_seq for a in to_hold]],
+            )
+        if released:
+            cur.execute("DELETE FROM messaging_heldinorder WHERE id = ANY(%s::bigint[])", [released])
+
+
+def held_release_overdue() -> int:
+    """Beat (from the forward sweep): for every recipient and origin whose oldest held message has
+    waited NETWORK_ORDER_WAIT_SECONDS, the gap before it is taken for lost and everything held for
+    them goes into the mailbox, in the origin's order. Returns the messages let go."""
+    with hot_cursor() as cur:
+        cur.execute(
+            """
+            SELECT DISTINCT app_id, recipient, origin_domain FROM messaging_heldinorder
+             WHERE held_at <= now() - make_interval(secs => %s)
+            """,
+            [float(settings.NETWORK_ORDER_WAIT_SECONDS)],
+        )
+        keys = sorted(cur.fetchall())
+    released = 0
+    for start in range(0, len(keys), 200):
+        with transaction.atomic():
+            marks = _marks_lock(keys[start:start + 200])
+            held = _held_of(sorted(marks))
+            in_order, ids = [], []
+            for key, rows in held.items():
+                last = marks[key][0]
+                for h in rows:
+                    in_order.append((h.message_id, key[0], key[1], h.origin_seq))
+                    ids.append(h.held_id)
+                    last = max(last, h.origin_seq)
+                marks[key] = (last, 0)
+            delivery_ids = _append(in_order)
+            _held_write([], ids)
+            _marks_write(marks)
+            if delivery_ids:
+                transaction.on_commit(lambda d=delivery_ids: routing_enqueue(d))
+        released += len(in_order)
+    if released:
+        log.warning("gave up waiting for earlier messages: %d held message(s) put in their mailboxes", released)
+    return released

@@ -1,0 +1,294 @@
+"""A standby domain takes its home's users over when the home is lost, and hands them back (issue 27).
+
+Who serves a home's users is the registry's Takeover row (apps_registry.takeover): while `held`, the
+app snapshots name the holder where the users live, so every domain redirects their logins there and
+routes their messages there.
+
+Liveness. Every domain tells its neighbours, with each presence gossip round (every
+PRESENCE_GOSSIP_SECONDS), its own clock and every other domain's last clock it heard, and the
+Takeover rows it holds (messaging.federation.takeover_records). A domain records when it first heard each newer clock of
+each domain (DomainHeard, by its own clock): "silent for" is how long no newer word of a domain came,
+by whatever path (messaging.federation.liveness). The Takeover row with the higher epoch wins wherever it arrives,
+if the neighbour that tells it may (`takeover_records.record_refusal`: its holder is the home's standby and not the
+receiver, its epoch not ahead of the receiver's clock); a record refused is named in the answer.
+
+Takeover (`takeover_watch`, beat every TAKEOVER_WATCH_SECONDS, at every domain that is a standby):
+the home has been silent here for FAILOVER_SECONDS and its link from here is down for as long, and a
+third domain (a neighbour of this one, asked at POST /internal/v1/witness) agrees it has been silent
+there too, while none says it heard the home since. With only the home-standby link broken the home
+is still heard through the others, so the standby never takes over. The holder then, in one
+transaction, records the takeover and merges the copies it holds (StandbyCopy, StandbySubscription)
+into its own mailboxes (messaging.federation.mailbox_merge), and tells its neighbours at once.
+
+While it holds them, the changes it makes to their mailboxes are fed back to the home (the standby
+feed's triggers, migration messaging 0022) and wait there while the home is away.
+
+Hand-back: when the home is heard again and the link to it is up (or an operator asks), the holder
+first stops admitting the users (Takeover.returning_since; messaging.federation.fence) and closes their
+connections with 1012, for HAND_BACK_GRACE_SECONDS: an ACK read in the moment it gives their
+mailboxes up would never reach the home, which would push that message again. Then, with the
+feed's table locked (none is added in between), it makes sure the home has every change: what is
+left of its feed goes in that same call when one call takes it, else it waits for its sender; and,
+in the same transaction, re-seeds its copy (StandbyCopy) from the mailboxes it
+held, clears those mailboxes and subscriptions, and records the hand-back; the users' next login is
+redirected home. If the home falls silent again meanwhile, the holder admits them again. A home that learns it is held
+closes its own users' connections the same way (a planned takeover).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from apps_registry.models import Domain, Takeover, UserDistribution
+from apps_registry.selectors import takeover_records
+from foundation import handoff
+from foundation.db import hot_cursor
+from foundation.transport.frames import CLOSE_RESTART
+from messaging.federation.fence import cut_off, fence_forget, fence_seconds
+from messaging.federation.held_rows import (
+    HELD_HERE,
+    RESEED_SQL,
+    copy_again,
+    in_ranges,
+    mailboxes_reorder,
+    queued_into_mailboxes,
+    records_back_into_mailboxes,
+)
+from messaging.federation.liveness import silent_seconds, witnesses_agree
+from messaging.federation.mailbox_merge import Copied, mailbox_merge, subscriptions_merge
+from messaging.federation.models import LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
+from messaging.federation.outgoing_copy import outgoing_take
+from messaging.federation.standby import ANY_STANDBY, feed_send_last, standby_ranges
+from messaging.federation.takeover_records import changed_here, epoch_of, retry_now
+from presence.services import users_close_sync
+
+log = logging.getLogger(__name__)
+
+# Rows stored this long before a takeover began may stand after what the holder copies back.
+REORDER_MARGIN_SECONDS = 60
+REORDER_AFTER_SECONDS = 120  # and late arrivals are put in order for this long after a hand-back
+
+
+
+def given_back(holder: str) -> dict:
+    """At a home given its users back: what it was forwarding them meanwhile into their mailboxes
+    (and what it forwarded them whose only mailbox row was the holder's), each origin's messages in
+    its order, and their mailboxes to the standby again."""
+    taken = Takeover.objects.filter(home__name=settings.DOMAIN_NAME).values_list("taken_at", flat=True).first()
+    with transaction.atomic():
+        queued = queued_into_mailboxes(holder, back=True)
+        if queued is None:  # the link's sender is sending now: again in a moment
+            transaction.on_commit(lambda: handoff.given_back_enqueue(holder, countdown=1.0))
+            return {"queued": None}
+        if taken:
+            queued += records_back_into_mailboxes(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS))
+        if queued:
+            transaction.on_commit(lambda: handoff.routing_enqueue(queued))
+        moved = (mailboxes_reorder(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS), copy=False)
+                 if taken else 0)  # (copy_again copies every row next)
+        copied = copy_again(holder)
+    return {"queued": len(queued), "reordered": moved, "copied": copied}
+
+
+# --- takeover and hand-back -----------------------------------------------------------------------
+
+
+def _down_for(peer: str) -> float:
+    row = LinkHealth.objects.filter(peer=peer).values_list("up", "down_since").first()
+    if row is None or row[0] or row[1] is None:
+        return 0.0
+    return (timezone.now() - row[1]).total_seconds()
+
+
+def takeover_watch() -> dict[str, str]:
+    """One look at every home this domain stands by for: take it over, or hand it back, when due."""
+    here = settings.DOMAIN_NAME
+    out: dict[str, str] = {}
+    if (moved := _late_reorder()) is not None:
+        out[here] = f"{moved} rows of its users given back put in their origin's order"
+    if (closed := _fence_close()) is not None:
+        out[here] = f"cut off from the network: {closed} connections of users with a standby closed"
+    homes = sorted(set(UserDistribution.objects.filter(standby__name=here).values_list("domain__name", flat=True)))
+    for home in homes:
+        current = Takeover.objects.select_related("holder").filter(home__name=home).first()
+        if current is not None and current.held:
+            if current.holder.name == here and (queued := queued_into_mailboxes(home)):
+                handoff.routing_enqueue(queued)  # rows that joined the link to the home since the takeover
+            # (a hand-back asked for by hand and begun goes on here too, or is given up the same way)
+            if current.holder.name == here and (not current.manual or current.returning_since is not None):
+                silent = silent_seconds(home)
+                if silent is not None and silent < settings.LINK_DOWN_AFTER_SECONDS:  # it speaks again
+                    retry_now(home)
+                    out[home] = hand_back(home)["state"]
+                elif current.returning_since is not None:
+                    # Begun: it goes on between two of the home's gossip rounds, and is given up
+                    # only when the home is silent for as long as it would fence itself off.
+                    if silent is None or silent >= fence_seconds():
+                        _returning_abandon(home)
+                    else:
+                        out[home] = hand_back(home)["state"]
+            continue
+        silent = silent_seconds(home)
+        if (silent is not None and silent < settings.FAILOVER_SECONDS) or _down_for(home) < settings.FAILOVER_SECONDS:
+            continue
+        agreed, why = witnesses_agree(home)
+        out[home] = take_over(home, reason=why)["state"] if agreed else f"not taken: {why}"
+    return out
+
+
+def _late_reorder() -> int | None:
+    """For REORDER_AFTER_SECONDS after this domain got its users back: what still comes late (a
+    neighbour's link queue held back while it was away) into its origin's order, each look (None:
+    not given back lately)."""
+    lately = timezone.now() - timedelta(seconds=REORDER_AFTER_SECONDS)
+    row = (Takeover.objects.filter(home__name=settings.DOMAIN_NAME, held=False, returned_at__gt=lately)
+           .values_list("holder__name", "taken_at").first())
+    if row is None:
+        return None
+    with transaction.atomic():
+        moved = mailboxes_reorder(row[0], row[1] - timedelta(seconds=REORDER_MARGIN_SECONDS))
+    if moved:
+        handoff.standby_senders_kick([row[0]])
+    return moved
+
+
+def _fence_close() -> int | None:
+    """Cut off from the network (messaging.federation.fence): close the connections of this domain's
+    users that have a standby, which may take them over soon (None: not cut off, or none such)."""
+    fence_forget()
+    ranges = standby_ranges(settings.DOMAIN_NAME, ANY_STANDBY)
+    if not ranges or not cut_off():
+        return None
+    return users_close_sync(ranges=ranges, code=CLOSE_RESTART,
+                            reason=f"{settings.DOMAIN_NAME} is cut off from the network; reconnect")
+
+
+def _epoch_next(current: Takeover | None) -> int:
+    """After `current`'s epoch and at least this domain's clock in microseconds (a row with an epoch
+    past `epoch_ceiling` counts as none: its next would not fit a bigint, or beat honest records)."""
+    return max(epoch_of(current), time.time_ns() // 1000) + 1
+
+
+def take_over(home: str, *, manual: bool = False, reason: str = "") -> dict:
+    """Serve `home`'s users here (this domain must be their standby): record it and merge the copy."""
+    here = settings.DOMAIN_NAME
+    ranges = standby_ranges(home)
+    if not ranges:
+        raise ValueError(f"{here} is not the standby of any range homed at {home}")
+    with transaction.atomic():
+        current = Takeover.objects.select_for_update().filter(home__name=home).first()
+        if current is not None and current.held:
+            return {"state": "held" if current.holder.name == here else f"held by {current.holder.name}"}
+        Takeover.objects.update_or_create(home=Domain.objects.get(name=home), defaults={
+            "holder": Domain.objects.get(name=here), "held": True, "epoch": _epoch_next(current),
+            "taken_at": timezone.now(), "returned_at": None, "manual": manual, "reason": reason[:300],
+            "learned_at": timezone.now()})
+        copies = [Copied(app_id=c.app_id, recipient=c.recipient, origin_domain=c.origin_domain,
+                         origin_message_id=c.origin_message_id, state=c.state, delivered_at=c.delivered_at,
+                         dead_at=c.dead_at, expired_at=c.expired_at, origin_seq=c.origin_seq,
+                         message={"sender": c.sender, "kind": c.kind, "content": c.content, "reference": c.reference,
+                                  "confirmation_requested": c.confirmation_requested})
+                  for c in StandbyCopy.objects.filter(home=home).order_by("app_id", "recipient", "seq").iterator()]
+        merged = mailbox_merge(copies)
+        sent_on = outgoing_take(home)  # what the home's users sent that waited on its links: before what they send here
+        queued = queued_into_mailboxes(home) or []
+        subscriptions_merge([{"app_id": app, "subscriber": sub, "channel": ch, "subscribed": True} for app, sub, ch
+                             in StandbySubscription.objects.filter(home=home).values_list("app_id", "subscriber",
+                                                                                          "channel")])
+    log.warning("%s took over %s's users (%s): %d deliveries merged, %d waiting here for %s put in their mailboxes,"
+                " %d of their messages that waited there sent on", here, home, reason or "by hand", merged.appended,
+                len(queued), home, sent_on)
+    if queued:
+        transaction.on_commit(lambda: handoff.routing_enqueue(queued))
+    changed_here(home, here, True)
+    _tell_now()
+    return {"state": "taken", "merged": merged.appended, "queued": len(queued)}
+
+
+def hand_back(home: str, *, manual: bool = False) -> dict:
+    """Give `home` its users back once it has taken every change made here: first stop admitting
+    them and close their connections ({"state": "closing"} for HAND_BACK_GRACE_SECONDS), then wait
+    until the home has every change ({"state": "waiting"}), then hand back."""
+    here = settings.DOMAIN_NAME
+    since = _returning_start(home)
+    if since is None:
+        return {"state": "not held here"}
+    if (left := settings.HAND_BACK_GRACE_SECONDS - (timezone.now() - since).total_seconds()) > 0:
+        _users_close(home, f"{here} is handing your users back to {home}; reconnect")  # also those admitted since
+        return {"state": "closing", "seconds_left": round(left, 1)}
+    with transaction.atomic(), hot_cursor() as cur:
+        current = Takeover.objects.select_for_update().select_related("holder").filter(home__name=home).first()
+        if current is None or not current.held or current.holder.name != here:
+            return {"state": "not held here"}
+        # No change can join the feed between this look and the commit: whoever stores one waits.
+        # What is left goes to the home now, in this call, when one call takes it: the users'
+        # messages keep coming while they are handed back, so the feed is seldom empty at a look
+        # (waiting for an empty one took up to two minutes under load).
+        cur.execute("LOCK TABLE messaging_standbyfeed IN SHARE ROW EXCLUSIVE MODE")
+        if not feed_send_last(standby=home):
+            waiting = StandbyFeed.objects.filter(standby=home).count()
+            transaction.on_commit(lambda: _kick(home))
+            return {"state": "waiting", "changes_waiting": waiting}
+        cur.execute("SELECT set_config('switchboard.no_copy', 'on', true)")
+        params = {"home": current.home_id, "standby": current.holder_id, "home_name": home, "here_name": here}
+        cur.execute(RESEED_SQL, params)
+        cur.execute(f"DELETE FROM messaging_delivery WHERE id IN (SELECT d.id {HELD_HERE})", params)
+        cleared = cur.rowcount
+        cur.execute(f"DELETE FROM messaging_subscription WHERE id IN (SELECT s.id FROM messaging_subscription s"
+                    f" {in_ranges('s', 'subscriber')})", params)
+        cur.execute("SELECT set_config('switchboard.no_copy', '', true)")
+        current.held, current.returned_at, current.epoch = False, timezone.now(), _epoch_next(current)
+        current.manual, current.learned_at, current.returning_since = manual or current.manual, timezone.now(), None
+        current.save(update_fields=["held", "returned_at", "epoch", "manual", "learned_at", "returning_since"])
+    log.warning("%s handed %s's users back (%d deliveries it held)", here, home, cleared)
+    changed_here(home, here, False)
+    _tell_now()
+    return {"state": "handed back", "deliveries": cleared}
+
+
+def _returning_start(home: str):
+    """Since when this domain is handing `home`'s users back (from now, if it was not yet: their
+    connections close, and no web node here admits them from its next look at the fence); None
+    when it does not hold them."""
+    with transaction.atomic():
+        current = Takeover.objects.select_for_update().select_related("holder").filter(home__name=home).first()
+        if current is None or not current.held or current.holder.name != settings.DOMAIN_NAME:
+            return None
+        if current.returning_since is None:
+            current.returning_since = timezone.now()
+            current.save(update_fields=["returning_since"])
+            fence_forget()
+        return current.returning_since
+
+
+def _returning_abandon(home: str) -> None:
+    """The home fell silent again while it was being handed back: admit its users here again."""
+    if Takeover.objects.filter(home__name=home, holder__name=settings.DOMAIN_NAME, held=True,
+                               returning_since__isnull=False).update(returning_since=None):
+        fence_forget()
+        log.warning("%s: %s is silent again; not handing its users back yet", settings.DOMAIN_NAME, home)
+
+
+def _users_close(home: str, reason: str) -> int:
+    return users_close_sync(ranges=standby_ranges(home, settings.DOMAIN_NAME), code=CLOSE_RESTART, reason=reason)
+
+
+def _kick(home: str) -> None:
+    handoff.standby_senders_kick([home])
+
+
+def _tell_now() -> None:
+    """Tell the neighbours now, not at the next gossip round (each passes it on with its own)."""
+    transaction.on_commit(handoff.gossip_now)
+
+
+def takeovers_shown() -> list[dict]:
+    """Per home this domain knows of: who holds its users, since when, and the last hand-back."""
+    return takeover_records()
+

@@ -1,0 +1,365 @@
+"""What each client frame on /ws does (docs/protocol.md). The consumer (messaging.gateway.consumers) parses
+a frame, checks its budget and calls the handler named for its type in `HANDLERS`; a handler checks
+what the frame asks for, calls one service, and writes the answer. A refusal is a FrameError (the
+client gets INVALID_MESSAGE, and the connection keeps working).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from django.conf import settings
+
+from apps_registry.selectors import AppSnapshot, user_id_parse
+from foundation.asyncdb import run_db
+from foundation.logs import loggable
+from foundation.outbound import claim_token
+from foundation.transport.frames import CLOSE_TRY_AGAIN, encode
+from messaging.channels.access import ChannelRefused, Grant, channel_name_require, channel_read_check
+from messaging.channels.cursor import ChannelCursor
+from messaging.core import metrics
+from messaging.core.accept import USER_ID_MAX, SendRefused, content_require, recipients_require, user_require
+from messaging.core.delivery.delivered import deliveries_mark_delivered
+from messaging.core.delivery.fast import message_fast_send_async
+from messaging.core.delivery.fetch import missing_fetch
+from messaging.core.presence_notices import master_announce
+from messaging.core.protocol import (
+    CLIENT_MESSAGE_ID_MAX,
+    FEATURE_FAST,
+    FETCH_MAX,
+    QUEUE_CLIENT_MESSAGE_ID_PREFIX,
+    Frame,
+    FrameError,
+    accepted_frame,
+    message_ids,
+    require_dict,
+    require_str,
+)
+from messaging.core.store import OutgoingMessage
+from messaging.gateway.connection.admission import FirstReadsFor
+from messaging.gateway.connection.ledger import DeliveryLedger
+from messaging.gateway.connection.life import ConnectionLife, Refusal
+from messaging.intake.batching import BatcherFull
+from messaging.models import MessageKind
+from presence.master_view import MasterView
+from presence.services import master_snapshot, user_disconnect_everywhere
+
+log = logging.getLogger(__name__)
+
+
+class Connection(Protocol):
+    """What a handler acts on: the consumer of one /ws connection."""
+
+    scope: dict
+    life: ConnectionLife
+    ledger: DeliveryLedger | None  # set once authenticated, as are the two below
+    channels: ChannelCursor | None
+    durable: set[str]  # channels of the user's server-managed subscriptions
+
+    async def write(self, text: str) -> bool: ...  # False when the socket took nothing
+    async def close_with(self, code: int, reason: str = "") -> None: ...
+    def write_position(self) -> int | None: ...  # bytes queued on the socket so far (None: not counted)
+    def admitted(self) -> None: ...  # authenticated: the ledger and the channel cursor exist from now
+    def master_watch(self, view: MasterView) -> None: ...  # the app's master: what it was told, kept right
+
+    @property
+    def answers_sends(self) -> bool: ...  # every stored send is answered (MESSAGE_ACCEPTED), ACK mode or not
+
+
+Handler = Callable[[Connection, Frame], Awaitable[None]]
+
+
+def retry_after_ms(seconds: float) -> int:
+    return 60_000 if seconds == float("inf") else max(1, int(seconds * 1000 + 0.999))
+
+
+# --- authentication ------------------------------------------------------------------------------
+
+
+async def on_auth_client(conn: Connection, frame: Frame) -> None:
+    data = require_dict(frame)
+    app_id, user_id = require_str(data, "appId"), require_str(data, "userId", max_len=USER_ID_MAX)
+    token = data.get("token") if isinstance(data.get("token"), str) else ""
+    headers = dict(conn.scope.get("headers") or [])
+    client = conn.scope.get("client") or ("", 0)
+    life = conn.life
+    admitted = await life.admit(
+        app_id=app_id, user_id=user_id, token=token, acks=data.get("acks") is True,
+        origin=headers.get(b"origin", b"").decode("latin-1") or None, remote_addr=str(client[0] or ""),
+        user_agent=headers.get(b"user-agent", b"").decode(errors="replace"))
+    if isinstance(admitted, Refusal):
+        # The linker reply (strict clients compare it); the reason travels in the close frame. A user
+        # homed in another domain also gets that domain's WebSocket URL (the extension `redirect`).
+        metrics.AUTH.labels("refused").inc()
+        log.info("refused %s: %s", loggable(user_id), loggable(admitted.reason))  # client input: one line
+        reply = {"appId": app_id, "userId": user_id, "isAuthenticated": False}
+        if admitted.redirect:
+            reply["redirect"] = admitted.redirect
+        await conn.write(encode("AUTH_CLIENT_REPLY", reply))
+        await conn.close_with(admitted.code, admitted.reason)
+        return
+    conn.admitted()
+    metrics.AUTH.labels("admitted").inc()
+    await conn.write(encode("AUTH_CLIENT_REPLY", {"appId": app_id, "userId": user_id, "isAuthenticated": True}))
+    app, node = life.app, life.node
+    if user_id == app.master_user_id and not await _master_catch_up(conn, app):
+        return
+    if admitted:  # the user's first connection: its user.connected webhook was committed with its session
+        await master_announce(app=app, user_id=user_id, connected=True, lookup=node.master_lookups.submit)
+    # Read for a whole batch of connections at once (messaging.gateway.connection.admission).
+    reads = await node.first_reads.submit(FirstReadsFor(app_id=app.pk, user_id=user_id, acks=life.acks))
+    # ACK mode: left behind by a connection that could not give them back (its node crashed): they
+    # come again, with the same ids.
+    node.routing.add(reads.unacked)
+    # The user's server-managed subscriptions: read live from now (SUBSCRIBE with `since` replays
+    # what was missed).
+    conn.durable.update(reads.channels)
+    for name in sorted(conn.durable):
+        await conn.channels.join(name)
+
+
+async def _master_catch_up(conn: Connection, app: AppSnapshot) -> bool:
+    """The master user's snapshot of who is online, written before any announcement.
+
+    admit registered this connection in presence, so every USER_CONNECTED / USER_DISCONNECTED made
+    from then on is queued for it on the channel layer; the snapshot is read after that, and the
+    consumer handles one event at a time (messaging.gateway.connection.inbox: its one loop dispatches a
+    channel-layer event only once this frame's handler returns), so the snapshot
+    frames go out before any of them. An announcement made before the read that arrives after it
+    agrees with the snapshot: the client applies the snapshot, then the events in order. Without
+    a snapshot the master's view could not be trusted: the connection closes with 1013 instead.
+    """
+    try:
+        users, frames = await master_snapshot(app_name=app.app_name, master_user_id=app.master_user_id)
+    except Exception:
+        log.exception("reading the online users of %s for its master failed", app.app_name)
+        await conn.close_with(CLOSE_TRY_AGAIN, "presence unavailable; reconnect later")
+        return False
+    for frame in frames:
+        await conn.write(frame)
+    conn.master_watch(MasterView(set(users)))
+    return True
+
+
+async def on_reauth(conn: Connection, frame: Frame) -> None:
+    raise FrameError("already authenticated; open a new connection to change user", frame.data)
+
+
+# --- sending -------------------------------------------------------------------------------------
+
+# How /ws words a refusal of messaging.core.accept's rules (its clients know these reasons).
+_REASONS = {
+    "not_text": "missing or invalid recipient in 'to' (a user id string)",
+    "not_user_id": "recipient '{subject}' is not a user id (<appName>-<digits>, no leading zero)",
+    "other_app": "recipient '{subject}' belongs to another app",
+    "not_distributed": "unknown recipient '{subject}' (no user distribution covers it)",
+    "no_recipients": "'to' must be a non-empty list of user ids",
+    "too_many_recipients": "at most {limit} recipients per group message",
+    "content_not_text": "missing or invalid 'content' (a string)",
+}
+# Answered without the frame's data: it is large, or holds what no socket can carry back.
+_NO_ECHO = {"too_many_recipients", "content_too_large", "content_unsafe"}
+
+
+def _refused(exc: SendRefused, data: Any) -> FrameError:
+    template = _REASONS.get(exc.problem)
+    subject = exc.subject[:USER_ID_MAX] if isinstance(exc.subject, str) else exc.subject
+    reason = template.format(subject=subject, **exc.extra) if template else exc.detail
+    return FrameError(reason, None if exc.problem in _NO_ECHO else data, **exc.extra)
+
+
+def _charge(conn: Connection, deliveries: int, data: Any) -> None:
+    """Each delivery a send creates draws on the user's budget on this node."""
+    wait = conn.life.user_bucket.take(deliveries)
+    if wait:
+        metrics.LIMITED.labels("deliveries").inc()
+        raise FrameError("delivery rate limit exceeded", data, limit=conn.life.app.deliveries_per_second,
+                         retryAfterMs=retry_after_ms(wait))
+
+
+def _client_message_id(data: dict) -> str | None:
+    value = data.get("clientMessageId")
+    if value is not None and (not isinstance(value, str) or not value or len(value) > CLIENT_MESSAGE_ID_MAX):
+        raise FrameError(f"clientMessageId must be a string of 1 to {CLIENT_MESSAGE_ID_MAX} characters", data)
+    if value is not None and value.startswith(QUEUE_CLIENT_MESSAGE_ID_PREFIX):
+        raise FrameError(f"clientMessageId must not start with {QUEUE_CLIENT_MESSAGE_ID_PREFIX!r}: reserved for the "
+                         "app's sends from its queue", data)
+    return value
+
+
+async def on_message(conn: Connection, frame: Frame) -> None:
+    app = await conn.life.current_app()
+    data = require_dict(frame)
+    try:
+        to = user_require(app, data.get("to"), role="recipient")
+        content = content_require(app, data.get("content"))
+    except SendRefused as exc:
+        raise _refused(exc, data) from None
+    client_message_id = _client_message_id(data)
+    _charge(conn, 1, data)
+    if frame.feature == FEATURE_FAST:
+        await message_fast_send_async(app=app, sender=conn.life.user_id, recipients=[to], content=content,
+                                      reference=frame.reference)
+        return
+    await _store(conn, frame, data, OutgoingMessage(
+        app_id=app.pk, sender=conn.life.user_id, recipients=(to,), content=content, reference=frame.reference or "",
+        client_message_id=client_message_id, confirmation_requested=bool(frame.reference) and frame.confirmation_enabled,
+    ))
+
+
+async def on_group_message(conn: Connection, frame: Frame) -> None:
+    app = await conn.life.current_app()
+    data = require_dict(frame)
+    to = data.get("to")
+    try:
+        recipients = recipients_require(app, to if isinstance(to, list) else ())
+        content = content_require(app, data.get("content"))
+    except SendRefused as exc:
+        raise _refused(exc, data) from None
+    client_message_id = _client_message_id(data)
+    _charge(conn, len(recipients), data)
+    if frame.feature == FEATURE_FAST:
+        await message_fast_send_async(app=app, sender=conn.life.user_id, recipients=recipients, content=content,
+                                      reference=frame.reference)
+        return
+    # One message row with a delivery per recipient: its clientMessageId is held to the same
+    # (app, sender, clientMessageId) constraint as MESSAGE's, so a resend stores and routes nothing.
+    await _store(conn, frame, data, OutgoingMessage(
+        app_id=app.pk, sender=conn.life.user_id, recipients=tuple(recipients), content=content,
+        kind=MessageKind.GROUP, reference=frame.reference or "", client_message_id=client_message_id,
+    ))
+
+
+async def _store(conn: Connection, frame: Frame, data: dict, message: OutgoingMessage) -> None:
+    """RELIABLE: through the node's intake (group commit); answered once committed."""
+    try:
+        result = await conn.life.node.intake.submit(message)
+    except BatcherFull as exc:
+        metrics.INTAKE_REFUSED.inc()
+        raise FrameError("server busy: the message was not stored; send it again later", data,
+                         retryAfterMs=retry_after_ms(exc.retry_after)) from None
+    if conn.life.acks or conn.answers_sends:
+        await conn.write(accepted_frame(message_id=result.message_id, client_message_id=message.client_message_id,
+                                        reference=frame.reference, duplicate=result.duplicate,
+                                        recipients=len(message.recipients)))
+
+
+# --- the mailbox ---------------------------------------------------------------------------------
+
+
+async def on_fetch(conn: Connection, frame: Frame) -> None:
+    data = require_dict(frame)
+    count = data.get("count")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise FrameError("'count' must be a positive integer", data)
+    life, ledger = conn.life, conn.ledger
+    claim = claim_token() if life.acks else None  # ACK mode: what is fetched waits for its ACK
+    result = await run_db(missing_fetch, app_id=life.app.pk, user_id=life.user_id,
+                          count=ledger.fetch_room(min(count, FETCH_MAX)), skip_ids=ledger.skip_ids(), claim=claim)
+    written = 0  # (a twin of a message the connection holds is not written, and counts as handed over)
+    for item in result.items:
+        if not ledger.twin(item.delivery_id, item.message_id, claim):
+            if not await conn.write(item.frame):
+                break
+            ledger.wrote(item.delivery_id, item.message_id, claim)
+        written += 1
+    for item in result.items[written:]:
+        ledger.not_written(item.delivery_id, claim)
+    life.settle(ledger.batch_end(conn.write_position()))
+    await conn.write(encode("FETCH_MISSING_MESSAGES_COMPLETE",
+                            {"leftMissingCount": result.left + len(result.items) - written}))
+
+
+async def on_ack(conn: Connection, frame: Frame) -> None:
+    data = require_dict(frame)
+    delivered, strays = conn.ledger.acked(message_ids(data.get("ids"), data))
+    life = conn.life
+    if delivered:
+        life.node.delivered.add(delivered)
+    if strays:
+        # Not in flight here (an ACK after a reconnect, say): looked up in the database, so it
+        # costs work like a send.
+        _charge(conn, 1, data)
+        await run_db(deliveries_mark_delivered, message_ids=strays, recipient=life.user_id, route=life.node.route)
+
+
+# --- the master user, and keeping the connection alive --------------------------------------------
+
+
+async def on_close_connection(conn: Connection, frame: Frame) -> None:
+    app = conn.life.app
+    if conn.life.user_id != app.master_user_id:
+        raise FrameError("only the app's master user may close connections", frame.data)
+    data = require_dict(frame)
+    target = require_str(data, "userId", max_len=USER_ID_MAX)
+    parsed = user_id_parse(target)
+    if parsed is None or parsed.app_name != app.app_name:
+        raise FrameError(f"'{target}' is not a user of this app", data)
+    await user_disconnect_everywhere(user_id=target, reason="closed by the master user")
+
+
+async def on_ping(conn: Connection, frame: Frame) -> None:
+    await conn.write(encode("PONG", {}))
+
+
+async def on_pong(conn: Connection, frame: Frame) -> None:
+    return None
+
+
+# --- channels --------------------------------------------------------------------------------------
+
+_CHANNEL_NAME = "'channel' must be a channel name of this app (A-Z a-z 0-9 _ . - @, at most 128)"
+
+
+def _channel_name(app: AppSnapshot, data: dict) -> str:
+    try:
+        return channel_name_require(app, data.get("channel"))
+    except SendRefused:
+        raise FrameError(_CHANNEL_NAME, data) from None
+
+
+async def on_subscribe(conn: Connection, frame: Frame) -> None:
+    app = await conn.life.current_app()
+    data = require_dict(frame)
+    name = _channel_name(app, data)
+    since = data.get("since")
+    if since is not None and (isinstance(since, bool) or not isinstance(since, int) or since < 0):
+        raise FrameError("'since' must be an offset (an integer, 0 or more)", data)
+    durable = name in conn.durable  # the app's server subscribed this user
+    if not durable and not app.client_subscriptions_allowed:
+        raise FrameError("client subscriptions are not allowed for this app", data)
+    token = data.get("token")
+    grant = Grant(app, token) if isinstance(token, str) and token else None
+    try:
+        channel_read_check(app, name, user_id=conn.life.user_id, grant=grant, durable=durable)
+    except ChannelRefused as exc:
+        raise FrameError(exc.detail, data) from None
+    channels = conn.channels
+    if name not in channels and len(channels) >= settings.WS_MAX_CHANNELS:
+        raise FrameError(f"at most {settings.WS_MAX_CHANNELS} channels per connection", data,
+                         limit=settings.WS_MAX_CHANNELS)
+    offset = await channels.join(name, since=since)
+    await conn.write(encode("SUBSCRIBED", {"channel": name, "offset": offset}))
+
+
+async def on_unsubscribe(conn: Connection, frame: Frame) -> None:
+    data = require_dict(frame)
+    name = _channel_name(conn.life.app, data)
+    await conn.channels.leave(name)
+    await conn.write(encode("UNSUBSCRIBED", {"channel": name}))
+
+
+HANDLERS: dict[str, Handler] = {
+    "MESSAGE": on_message,
+    "GROUP_MESSAGE": on_group_message,
+    "FETCH_MISSING_MESSAGES_REQUEST": on_fetch,
+    "ACK": on_ack,
+    "CLOSE_CONNECTION": on_close_connection,
+    "PING": on_ping,
+    "PONG": on_pong,
+    "SUBSCRIBE": on_subscribe,
+    "UNSUBSCRIBE": on_unsubscribe,
+    "AUTH_CLIENT": on_reauth,
+}

@@ -1,0 +1,66 @@
+"""A home's outgoing queue on its standby (messaging.federation.outgoing_copy): what a home's user sent
+to a user homed elsewhere, while it waits on the home's links, is copied to the standby; a standby
+that takes the home over sends it on before the user's next messages. On the one-database ring:
+
+    domain-01 ── domain-02
+        │            │
+    domain-04 ── domain-03      CAROL is homed on 03, standing by on 04; ALICE on 01
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from foundation.handoff import FORWARD_LINK_TASK
+from messaging.federation.models import StandbyOutgoing
+from messaging.federation.queue import forward_sweep
+from messaging.federation.takeover import take_over
+from messaging.models import Delivery
+from messaging.routing.tasks import standby_sweep
+from tests.messaging.federation.test_takeover import ALICE, CAROL, copy_now, lost
+
+pytestmark = pytest.mark.django_db
+
+
+def alices_mailbox(net) -> list[str]:
+    with net.at("domain-01"):
+        return list(Delivery.objects.filter(recipient=ALICE, forward_to="").order_by("seq")
+                    .values_list("message__content", flat=True))
+
+
+def waiting_at_the_standby(net) -> list[tuple[str, str]]:
+    with net.at("domain-04"):
+        return list(StandbyOutgoing.objects.values_list("recipient", "content"))
+
+
+def test_a_message_waiting_on_a_lost_homes_link_is_sent_on_by_the_standby_before_the_users_next_one(standby_ring):
+    net = standby_ring
+    net.send(CAROL, ALICE, "sent at home", at="domain-03")
+    net.pump(skip=FORWARD_LINK_TASK)  # queued on domain-03's link, and the home is lost before it goes
+    with net.at("domain-03"):
+        standby_sweep()
+    net.pump(skip=FORWARD_LINK_TASK)
+    assert waiting_at_the_standby(net) == [(ALICE, "sent at home")]
+    lost(net)
+    with net.at("domain-04"):
+        assert take_over("domain-03")["state"] == "taken"
+    assert waiting_at_the_standby(net) == []
+    net.send(CAROL, ALICE, "sent at the standby", at="domain-04")
+    net.pump()
+    assert alices_mailbox(net) == ["sent at home", "sent at the standby"]
+    # The home returns and sends its queue: ALICE's home takes that message once.
+    net.down.clear()
+    net.cut.clear()
+    with net.at("domain-03"):
+        forward_sweep()
+    net.pump()
+    assert alices_mailbox(net) == ["sent at home", "sent at the standby"]
+
+
+def test_a_message_the_home_sent_on_leaves_the_standbys_copy_of_its_queue(standby_ring):
+    net = standby_ring
+    net.send(CAROL, ALICE, "on its way", at="domain-03")
+    net.pump()  # forwarded: queued on the link, then gone from it
+    copy_now(net)
+    assert alices_mailbox(net) == ["on its way"]
+    assert waiting_at_the_standby(net) == []
