@@ -43,7 +43,6 @@ sessions is messaging.gateway.socketio.endpoint.
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import logging
 import secrets
@@ -56,6 +55,8 @@ from foundation.daphne_adapter import FRAME_LIMIT_EXTENSION, OUTGOING_EXTENSION,
 from foundation.slim_queue import SlimQueue
 from foundation.transport.frames import CLOSE_SLOW_READER
 from messaging.core import metrics
+from messaging.gateway.socketio.departures import Departures, FrameLimitLift, Outgoing
+from messaging.gateway.socketio.preauth import Preauth, client_address
 
 log = logging.getLogger(__name__)
 
@@ -74,139 +75,6 @@ HANDOFF_PACKETS = 64
 BY_SERVER, BY_CLIENT, BY_TIMEOUT, BY_TRANSPORT = "server", "client", "timeout", "transport"
 
 SESSIONS: dict[str, EngineSession] = {}  # this node's open sessions, by id
-
-
-class Preauth:
-    """The node's sessions whose client has not logged in yet, counted per client address."""
-
-    by_address: collections.Counter[str] = collections.Counter()
-    total = 0
-
-    @classmethod
-    def refusal(cls, address: str) -> str | None:
-        """Why one more session from `address` is refused, or None."""
-        if cls.total >= settings.SOCKETIO_PREAUTH_SESSIONS_PER_NODE:
-            return "too many sessions waiting for their login on this node"
-        if cls.by_address[address] >= settings.SOCKETIO_PREAUTH_SESSIONS_PER_ADDRESS:
-            return "too many sessions waiting for their login from this address"
-        return None
-
-    @classmethod
-    def add(cls, address: str) -> None:
-        cls.by_address[address] += 1
-        cls.total += 1
-
-    @classmethod
-    def remove(cls, address: str) -> None:
-        left = cls.by_address[address] - 1
-        if left > 0:
-            cls.by_address[address] = left
-        else:
-            del cls.by_address[address]
-        cls.total -= 1
-
-
-def client_address(scope: dict) -> str:
-    client = scope.get("client")
-    return str(client[0]) if client else "unknown"
-
-
-class Outgoing:
-    """What the application above has written, and how much of it has left the node: the same
-    report daphne's transport gives the /ws consumer (foundation.daphne_adapter.OutgoingBuffer,
-    offered under the same scope extension), counted in messages. The consumer counts a message
-    delivered only once it has left, and gives back to the mailbox what a session that ends had not
-    sent out."""
-
-    __slots__ = ("queued", "closed", "on_flush", "_flushed")
-
-    def __init__(self) -> None:
-        self.queued = 0
-        self.closed = False
-        self.on_flush: Callable[[], None] | None = None
-        self._flushed = 0
-
-    def flushed(self) -> int:
-        return self._flushed
-
-    def sent(self, position: int) -> None:
-        if position > self._flushed:
-            self._flushed = position
-            if self.on_flush is not None:
-                try:
-                    self.on_flush()
-                except Exception:
-                    log.exception("flush callback failed")
-
-
-class Departures:
-    """Messages (Outgoing positions) handed to a transport, waiting for the bytes that carry them to
-    leave the node: a poll's answer or a socket's frames, on daphne's report of the socket's buffer
-    (OutgoingBuffer). Without such a report (another server) a message has left once handed over."""
-
-    __slots__ = ("outgoing", "waiting", "buffers")
-
-    def __init__(self, outgoing: Outgoing) -> None:
-        self.outgoing = outgoing
-        # (made when first needed: a session that never carries a stored message costs none of it)
-        self.waiting: collections.deque[tuple[OutgoingBuffer, int, int]] | None = None
-        self.buffers: list[OutgoingBuffer] | None = None  # the buffers whose flushes this watches
-
-    def track(self, buffer: OutgoingBuffer | None, position: int) -> None:
-        """Messages up to `position` went into `buffer` (the bytes queued in it so far carry them)."""
-        if buffer is None or (not self.waiting and buffer.flushed() >= buffer.queued):
-            self.outgoing.sent(position)
-            return
-        if self.waiting is None:
-            self.waiting, self.buffers = collections.deque(), []
-        self.waiting.append((buffer, buffer.queued, position))
-        if buffer.on_flush != self.check:
-            buffer.on_flush = self.check
-            self.buffers.append(buffer)
-
-    def check(self) -> None:
-        position = 0
-        while self.waiting:  # (None or empty: nothing waits)
-            buffer, target, at = self.waiting[0]
-            if buffer.flushed() < target:
-                break
-            self.waiting.popleft()
-            position = at
-        if position:
-            self.outgoing.sent(position)
-
-    def stop(self) -> None:
-        for buffer in self.buffers or ():
-            if buffer.on_flush == self.check:
-                buffer.on_flush = None
-        self.buffers = None
-
-
-class FrameLimitLift:
-    """The application's `lift()` of the WebSocket frame limit (foundation.daphne_adapter.FrameLimit,
-    under the same scope extension): a session's socket takes frames up to WS_PREAUTH_MAX_FRAME_BYTES
-    until its client has logged in, as /ws does, whether the socket comes before the login or after
-    it (an upgrade). The consumer lifts it when it admits its client: the session's login."""
-
-    __slots__ = ("lifted", "socket_limit", "on_lift")
-
-    def __init__(self, on_lift: Callable[[], None]) -> None:
-        self.lifted = False
-        self.socket_limit = None  # the session's WebSocket's FrameLimit, once it has one
-        self.on_lift = on_lift
-
-    def attach(self, scope: dict) -> None:
-        self.socket_limit = (scope.get("extensions") or {}).get(FRAME_LIMIT_EXTENSION)
-        if self.lifted and self.socket_limit is not None:
-            self.socket_limit.lift()
-
-    def lift(self) -> None:
-        if self.lifted:
-            return
-        self.lifted = True
-        if self.socket_limit is not None:
-            self.socket_limit.lift()
-        self.on_lift()
 
 
 class EngineSession:
