@@ -125,7 +125,7 @@ def check_network_transport(app_configs, **kwargs):
 @register(Tags.database, deploy=True)
 def check_standbys_reachable(app_configs, **kwargs):
     """The live copy of a range's mailboxes goes to its standby over the link between the two
-    (messaging.federation.standby): a standby that is not an enabled neighbour of its home never gets
+    (messaging.federation.standby.copy): a standby that is not an enabled neighbour of its home never gets
     it, and the copy waits at the home, growing."""
     here = settings.DOMAIN_NAME
     try:

@@ -75,7 +75,7 @@ def _refused(reason: str) -> JsonResponse:
 
 
 async def config_export_gate(head: RequestHead) -> Refusal | Admission:
-    """The export's check before any body is read (messaging.federation.transport.peer_headers_gate
+    """The export's check before any body is read (messaging.federation.wire.transport.peer_headers_gate
     hands it the export's path): it takes no body, and a pull that is not signed, not fresh or
     whose nonce was used is refused as the view refuses it, without reading anything more."""
     if head.length != 0:

@@ -90,7 +90,7 @@ def domain_ws_url(urls: list | None) -> str | None:
 
 
 def domain_call_url(urls: list | None) -> str | None:
-    """Where a domain's internal endpoints are (its neighbours' calls, messaging.federation.transport):
+    """Where a domain's internal endpoints are (its neighbours' calls, messaging.federation.wire.transport):
     its first http(s) URL, else its first ws(s) URL's origin (ws://host:8002/ws -> http://host:8002)."""
     urls = [u for u in urls or () if isinstance(u, str)]
     for url in urls:
@@ -307,7 +307,7 @@ MAX_TAKEOVERS = 1000
 
 
 def takeover_records(*, changed_within: float | None = None) -> list[dict]:
-    """The takeover records as the network's gossip tells them (messaging.federation.takeover), by home;
+    """The takeover records as the network's gossip tells them (messaging.federation.takeover.take), by home;
     `changed_within`: only those this domain wrote or learned in the last so many seconds."""
     rows = Takeover.objects.select_related("home", "holder").order_by("home__name")
     if changed_within is not None:

@@ -1,4 +1,4 @@
-"""Who serves a domain's users: the registry's record of a takeover (messaging.federation.takeover).
+"""Who serves a domain's users: the registry's record of a takeover (messaging.federation.takeover.take).
 
 One row per home domain that has ever been taken over, kept after the hand-back (the console shows
 the last takeover and hand-back with their times). While `held`, the users of every range homed at

@@ -206,13 +206,13 @@ class Delivery(models.Model):
             models.Index(fields=["forward_to", "app", "recipient", "seq"], name="delivery_link_queue",
                          condition=Q(state=DeliveryState.FORWARDING.value)),
             # What waits on any link, each recipient's oldest first: a new row queues behind its
-            # recipient's waiting rows (messaging.federation.queue) and an intermediate domain takes a
+            # recipient's waiting rows (messaging.federation.senders.queue) and an intermediate domain takes a
             # message behind them (selectors.WaitingHere). Without it that probe walked the
             # recipient's whole mailbox history (delivery_seq_unique_in_mailbox, filtered by state).
             models.Index(fields=["app", "recipient", "seq"], name="delivery_waiting",
                          condition=Q(state=DeliveryState.FORWARDING.value)),
             # What is in flight further on, each recipient's newest first: the way its next message
-            # follows so as not to overtake it (messaging.federation.queue.detours_of). Partial: a
+            # follows so as not to overtake it (messaging.federation.senders.queue.detours_of). Partial: a
             # recipient with a long history of delivered rows costs one probe, not a scan.
             models.Index(fields=["app", "recipient", "-seq"], name="delivery_in_flight",
                          condition=Q(state=DeliveryState.FORWARDED.value)),

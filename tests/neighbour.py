@@ -1,6 +1,6 @@
 """A stand-in for a neighbouring domain's HTTP endpoint on 127.0.0.1, answering as a test tells it:
 a JSON answer after a delay, or an answer that drips one byte at a time (a neighbour that is slow
-rather than down). For tests of the real HTTP wire (messaging.federation.transport.HttpWire)."""
+rather than down). For tests of the real HTTP wire (messaging.federation.wire.transport.HttpWire)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ search_path), and everything the product does runs through its real doors:
 - the hand-off (foundation.handoff) is an inline dispatcher that records which domain handed each
   task over; `net.pump()` runs the tasks, as that domain, through the task functions the workers
   run, until none is left;
-- calls to a neighbour (messaging.federation.transport) go over a wire that hands the signed request
+- calls to a neighbour (messaging.federation.wire.transport) go over a wire that hands the signed request
   to the neighbour's view in-process (signature, nonce, body checks and all), as that domain; a
   domain in `net.down` refuses the connection;
 - work a domain commits is handed over when its `at` block ends (its on-commit callbacks run
@@ -46,9 +46,9 @@ from foundation.transport.redis_clients import sync_client
 from messaging.core.delivery.delivered import deliveries_mark_delivered
 from messaging.core.store import OutgoingMessage, messages_store
 from messaging.federation import links
-from messaging.federation.fence import fence_forget
 from messaging.federation.models import LinkHealth
-from messaging.federation.transport import PeerCall, wire_use
+from messaging.federation.takeover.fence import fence_forget
+from messaging.federation.wire.transport import PeerCall, wire_use
 from messaging.models import Delivery, Message
 from tests.factories import make_app
 

@@ -201,7 +201,7 @@ def next_hop(target: str, *, visited: Iterable[str] = (), back: bool = True) -> 
 def way_on(target: str, *, visited: Iterable[str] = ()) -> str | None:
     """The neighbour an item for `target` that came through `visited` can go on to now: over a link
     that is up, to a neighbour not blocked towards `target`, never back (None: it has no way on from
-    here now; an intermediate domain refuses it, or hands it back: messaging.federation.queue)."""
+    here now; an intermediate domain refuses it, or hands it back: messaging.federation.senders.queue)."""
     return _first_hop(_routes(target, visited)[:1], target)
 
 

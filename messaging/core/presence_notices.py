@@ -7,7 +7,7 @@ webhook notice travels with the session row, recorded in the transaction that op
 session (messaging.gateway.connection.admission: one statement and one hand-off per batch of connections,
 not a transaction and a hand-off per connection), and the master is told by `master_announce`. The
 node heartbeat (users a stale entry kept online) tells both at once (`user_presence_announce`). A
-dead node's users are announced by presence's reaper to the master and by `dead_nodes_settle` to
+dead node's users are announced by presence's reaper to the master and by `lost_nodes_settle` to
 the webhooks (presence may not call up into messaging).
 """
 

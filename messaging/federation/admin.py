@@ -21,10 +21,10 @@ from apps_registry.models import DomainLink, Takeover
 from foundation.admin_readonly import ACT, ReadOnlyAdminMixin
 from messaging.federation.links import link_health_rows_ensure
 from messaging.federation.models import ChannelForward, HeldInOrder, LinkHealth, ReceiptForward
-from messaging.federation.probes import links_probe
 from messaging.federation.selectors import configured_links, link_state_text
-from messaging.federation.standby import copy_lag
-from messaging.federation.takeover import hand_back
+from messaging.federation.standby.copy import copy_lag
+from messaging.federation.takeover.take import hand_back
+from messaging.federation.wire.probes import links_probe
 
 
 def _count(model=ChannelForward, **filters) -> Coalesce:
@@ -134,7 +134,7 @@ class HeldInOrderAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 @admin.register(Takeover)
 class TakeoverAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    """Who serves whose users (messaging.federation.takeover): each home taken over at least once, who
+    """Who serves whose users (messaging.federation.takeover.take): each home taken over at least once, who
     holds its users now or held them last, the last takeover and hand-back with their times. The same
     on every domain (the network's gossip carries it). `manage.py takeover` on the standby takes a
     home over or hands it back by hand; the action here hands back a home held by this domain."""

@@ -2,7 +2,7 @@
 
 A publish is stored on the domain where it is made and queued, in the same transaction, to each
 neighbour over an enabled link (messaging.channels.services.channel_publish). Each link's sender
-(messaging.federation.flood_sender) passes the queue on in order. A domain that receives a publish
+(messaging.federation.senders.flood_sender) passes the queue on in order. A domain that receives a publish
 stores it in its own history under its own next offset (once: channel_publish_forwarded_once on
 (channel, origin domain, origin offset)), fans it out to the readers connected to it, and, if it
 was new here, queues it on to every neighbour except the one it came from and the domains it has
@@ -14,7 +14,7 @@ on, which holds every publish of the channel, local or flooded, in the order it 
 Publishes of one origin keep their order everywhere (each link sends in queue order, one call at a
 time, and a domain queues on what it stored in the order it stored it).
 
-The call (`POST /internal/v1/publishes`, signed, messaging.federation.transport):
+The call (`POST /internal/v1/publishes`, signed, messaging.federation.wire.transport):
 
     {"publishes": [{"app": "ANZ", "channel": "news", "content": "...", "publisher": "ANZ-1",
                     "origin_domain": "domain-01", "origin_offset": 42,
@@ -44,7 +44,7 @@ from messaging.channels.services import channel_fanout, channel_publish_forwarde
 from messaging.core.accept import SendRefused, content_require
 from messaging.core.next_hop import neighbours
 from messaging.federation.links import link_received
-from messaging.federation.transport import PeerRefused
+from messaging.federation.wire.transport import PeerRefused
 
 log = logging.getLogger(__name__)
 

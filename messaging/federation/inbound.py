@@ -1,15 +1,15 @@
 """What a domain does with the deliveries, confirmations and receipts a neighbour forwards
-(POST /internal/v1/forward, after messaging.federation.transport has checked the call).
+(POST /internal/v1/forward, after messaging.federation.wire.transport has checked the call).
 
 The payload is {"messages": [...], "receipts": [...]} (docs/protocol.md, "Between domains"), read
-by messaging.federation.forward_payload. It is validated strictly (anything malformed is refused with 400 and nothing of the call is stored); a
+by messaging.federation.wire.forward_payload. It is validated strictly (anything malformed is refused with 400 and nothing of the call is stored); a
 message this domain cannot take for a reason of its own (its app unknown here, over the hop limit)
 is refused alone, in the answer's `refused` list by its index in the payload, and the rest of the
 call is stored. Every message taken is stored in one transaction before the answer: the neighbour
 marks its rows `forwarded` on our 2xx, so an answer must mean "stored here" for all but the
 refused.
 
-FAST items (`fast`) are never stored: messaging.federation.fast_forward pushes them to the
+FAST items (`fast`) are never stored: messaging.federation.senders.fast_forward pushes them to the
 recipients homed here and carries the others on.
 
 A message is stored once per domain, keyed by (origin domain, id there) (message_forwarded_once):
@@ -30,13 +30,13 @@ from foundation.handoff import routing_enqueue
 from messaging.core.delivery.sql import DEAD, FORWARDED, PENDING, in_mailbox_sql
 from messaging.core.next_hop import destination
 from messaging.core.store import deliveries_append_sql, messages_insert_sql
-from messaging.federation import receipts
-from messaging.federation.fast_forward import fast_accept
-from messaging.federation.forward_payload import Incoming, payload_parse
 from messaging.federation.links import link_received, route_blocked, route_holding
 from messaging.federation.order import Arrival, arrivals_put_in_order
 from messaging.federation.presence_gossip import presence_accept
-from messaging.federation.takeover_records import network_accept
+from messaging.federation.senders import receipts
+from messaging.federation.senders.fast_forward import fast_accept
+from messaging.federation.takeover.records import network_accept
+from messaging.federation.wire.forward_payload import Incoming, payload_parse
 
 _LOCK_SQL = """
 SELECT k.ord, m.id FROM messaging_message m

@@ -21,7 +21,7 @@ from foundation.db import hot_cursor
 from foundation.outbound import Backoff, Batch, Limits
 from messaging.core.next_hop import link_state_forget, link_state_known, marks_live, routes_cache_clear
 from messaging.federation.models import LinkHealth
-from messaging.federation.transport import link_cache_clear
+from messaging.federation.wire.transport import link_cache_clear
 
 
 def graph_cache_clear() -> None:

@@ -74,7 +74,7 @@ class ChannelForward(models.Model):
 
 
 class ReceiptForward(models.Model):
-    """A receipt on its way back to its message's origin domain (messaging.federation.receipts),
+    """A receipt on its way back to its message's origin domain (messaging.federation.senders.receipts),
     waiting on the link to `peer`, its next hop: written in the transaction that made the delivery
     delivered or dead here (or that took the receipt in, passing through), gone once the neighbour
     has applied it or taken it on. A receipt never dies of attempts: while its link fails it waits,
@@ -160,7 +160,7 @@ class HeldInOrder(models.Model):
 
 class StandbyFeed(models.Model):
     """A change to a delivery of a user homed here who has a standby domain (UserDistribution.standby),
-    to be copied there (messaging.federation.standby): written by the database itself, in the
+    to be copied there (messaging.federation.standby.copy): written by the database itself, in the
     transaction that made the change (the triggers of migration 0021, so no code path that stores a
     message or moves a delivery's state can forget it), gone once the standby has it. `new`: the
     delivery was appended (its message goes too); otherwise its state changed. A row without a
@@ -191,7 +191,7 @@ class StandbyFeed(models.Model):
 
 class StandbyCopy(models.Model):
     """A standby's copy of one delivery of a user homed at another domain (`home`), as that domain
-    last sent it (messaging.federation.standby): the message and its state. Inert: nothing routes,
+    last sent it (messaging.federation.standby.copy): the message and its state. Inert: nothing routes,
     delivers or expires it here; it is what the standby's mailbox for that user starts from when it
     takes the user over."""
 
@@ -233,7 +233,7 @@ class StandbyCopy(models.Model):
 
 class StandbySubscription(models.Model):
     """A standby's copy of a durable subscription of a user homed at another domain (`home`)
-    (messaging.federation.standby). Inert, like StandbyCopy."""
+    (messaging.federation.standby.copy). Inert, like StandbyCopy."""
 
     home = models.CharField(max_length=64)
     app = models.ForeignKey("apps_registry.ClientApp", on_delete=models.CASCADE, related_name="+", db_index=False)
@@ -250,7 +250,7 @@ class StandbySubscription(models.Model):
 
 class DomainHeard(models.Model):
     """When this domain last heard that `domain` was alive: a newer `version` (that domain's own
-    clock, told in the network's gossip, messaging.federation.takeover) arrived at `heard_at` (this
+    clock, told in the network's gossip, messaging.federation.takeover.take) arrived at `heard_at` (this
     domain's clock, so no two clocks are compared). What a standby and its witnesses judge a home's
     loss by, whatever path the gossip took."""
 
@@ -264,7 +264,7 @@ class DomainHeard(models.Model):
 
 class StandbyOutgoing(models.Model):
     """A standby's copy of a message a user homed at `home` sent to a user homed elsewhere, while it
-    waits on one of the home's links (messaging.federation.outgoing_copy): gone once the home sent it
+    waits on one of the home's links (messaging.federation.standby.outgoing_copy): gone once the home sent it
     on. Inert until a takeover: then the standby sends on, as the home would have, what the lost home
     had not sent yet, before the user's own next messages from here (one sender's messages to one
     recipient stay in order)."""

@@ -1,6 +1,6 @@
 """The home domain puts each origin's messages to a recipient into its mailbox in the origin's order.
 
-Hop by hop, a domain keeps a recipient's order on each of its links (messaging.federation.queue), but
+Hop by hop, a domain keeps a recipient's order on each of its links (messaging.federation.senders.queue), but
 no single domain sees the whole path: around a fault further on, a later message can take a short
 way while earlier ones wait on a long one, or are handed back. So the order is also kept end to
 end. Every message a domain forwards carries, for each recipient, its place among the messages to
@@ -76,7 +76,7 @@ WITH fan AS MATERIALIZED (
     SELECT * FROM unnest(%(ord)s::int[], %(mid)s::bigint[], %(app)s::bigint[], %(user)s::text[], %(oseq)s::bigint[])
            AS t(ord, message_id, app_id, recipient, origin_seq)
      -- (not one already in the mailbox: a held arrival whose message a merge put there meanwhile,
-     -- messaging.federation.mailbox_merge, is let go without a second row)
+     -- messaging.federation.standby.mailbox_merge, is let go without a second row)
      WHERE NOT {in_mailbox_sql("t")}
 ), {deliveries_append_sql("fan", origin_seq=True)}
 SELECT ARRAY(SELECT id FROM new_deliveries ORDER BY id)

@@ -25,8 +25,8 @@ from django.conf import settings
 from apps_registry.models import ClientApp
 from foundation.logs import loggable
 from messaging.core.next_hop import neighbours
-from messaging.federation.takeover_records import network_gossip
-from messaging.federation.transport import FORWARD_PATH, PeerError, peer_call_prepare, peer_calls_send
+from messaging.federation.takeover.records import network_gossip
+from messaging.federation.wire.transport import FORWARD_PATH, PeerError, peer_call_prepare, peer_calls_send
 from presence import remote
 from presence.online import app_online_users_sync
 from presence.services import master_notify_many_sync
@@ -38,7 +38,7 @@ MAX_USERS = 100_000  # per list in one call
 
 def presence_gossip() -> dict[str, str]:
     """One round: every neighbour told what this domain knows (and, with it, the network's clocks and
-    takeovers: messaging.federation.takeover). Returns {peer: "ok" or the error}."""
+    takeovers: messaging.federation.takeover.take). Returns {peer: "ok" or the error}."""
     here = settings.DOMAIN_NAME
     peers = neighbours()
     if not peers:
@@ -61,7 +61,7 @@ def presence_gossip() -> dict[str, str]:
     for call, answer in zip(calls, peer_calls_send(calls, timeout=settings.LINK_PROBE_TIMEOUT_SECONDS), strict=True):
         out[call.peer] = answer.reason if isinstance(answer, PeerError) else "ok"
         if isinstance(answer, dict) and answer.get("takeovers_refused"):
-            # (messaging.federation.takeover.record_refusal: this domain holds records its neighbour will not take)
+            # (messaging.federation.takeover.take.record_refusal: this domain holds records its neighbour will not take)
             log.warning("%s refused takeover records %s told it: %s", call.peer, here,
                         loggable(answer["takeovers_refused"], 1000))
     return out

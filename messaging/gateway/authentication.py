@@ -35,7 +35,7 @@ from foundation.asyncdb import run_db
 from foundation.loop_local import loop_local
 from foundation.outgoing import OutgoingError, outgoing_client, outgoing_post
 from messaging.channels.names import token_is_login
-from messaging.federation.fence import Fence, fence, fence_known
+from messaging.federation.takeover.fence import Fence, fence, fence_known
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ DRAIN_SECONDS + DRAIN_GRACE_SECONDS):
   read (autobahn reads while closing) and handled before its disconnect, one frame at a time; their
   marks, like everything else the node batched, are flushed and committed (NodeRuntime.batchers);
 - the node has left: no heartbeat, its Node row stopped, its Redis keys gone
-  (presence.dead_nodes.node_deregister). A session whose end failed is closed there, and what was
+  (presence.lost_nodes.node_deregister). A session whose end failed is closed there, and what was
   in flight to its user re-queued, as for a node that died.
 """
 
@@ -25,9 +25,9 @@ import logging
 import random
 
 from foundation.asyncdb import run_db
-from messaging.core.delivery.dead_nodes import dead_nodes_settle
+from messaging.core.delivery.lost_nodes import lost_nodes_settle
 from messaging.gateway.runtime import NodeRuntime, runtime
-from presence.dead_nodes import node_deregister
+from presence.lost_nodes import node_deregister
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.05
@@ -47,7 +47,7 @@ async def node_drain(window: float) -> str:
     node.heartbeat_stop()
     leftover = await run_db(node_deregister, node_id=node.node_id)
     if leftover is not None and leftover.users:
-        await run_db(dead_nodes_settle, reaped=[leftover])
+        await run_db(lost_nodes_settle, reaped=[leftover])
     await node.batchers_flushed()
     left = leftover.sessions if leftover is not None else 0
     return f"drain: batchers flushed, node {node.node_id} deregistered ({left} sessions left to close)"

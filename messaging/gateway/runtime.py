@@ -35,8 +35,8 @@ from messaging.channels.hub import ChannelHub
 from messaging.channels.services import channel_occupancy_record
 from messaging.core import metrics
 from messaging.core.delivery.claims import deliveries_release
-from messaging.core.delivery.dead_nodes import dead_nodes_settle
 from messaging.core.delivery.delivered import deliveries_mark_delivered
+from messaging.core.delivery.lost_nodes import lost_nodes_settle
 from messaging.core.presence_notices import user_presence_announce
 from messaging.gateway.connection.admission import (
     connections_lookup_batch,
@@ -50,7 +50,7 @@ from messaging.gateway.limits import UserWorkLimits
 from messaging.intake.batching import Batcher, LoopBatcher
 from messaging.intake.group_commit import Intake
 from presence import cache
-from presence.dead_nodes import node_restart_cleanup
+from presence.lost_nodes import node_restart_cleanup
 from presence.services import node_heartbeat_record, node_register
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class NodeRuntime:
     def _restart_cleanup(self) -> None:
         reaped = node_restart_cleanup(node_id=self.node_id)
         if reaped is not None:
-            dead_nodes_settle(reaped=[reaped], route=self.route)
+            lost_nodes_settle(reaped=[reaped], route=self.route)
 
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()

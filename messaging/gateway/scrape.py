@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from apps_registry.models import Takeover
 from foundation.metrics import REGISTRY
 from messaging.federation.selectors import LinkState, link_states
-from messaging.federation.standby import copy_lag
+from messaging.federation.standby.copy import copy_lag
 from messaging.intake.stream.metrics import QUEUE_STATS
 from messaging.models import DeliveryState, states_sql
 from messaging.webhooks.selectors import webhook_backlog

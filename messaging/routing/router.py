@@ -17,9 +17,9 @@ the row stays `sent`, and the sweep counts a failed attempt if no confirmation c
 Where a claimed delivery goes is decided in one place, `destination`: this domain (pushed here) or
 the recipient's home domain elsewhere. A user homed elsewhere is never connected here
 (authentication sends it home), so its delivery is queued on the link to the next hop towards its
-home (messaging.federation.queue), or, where no enabled link leads there, counts a failed attempt
+home (messaging.federation.senders.queue), or, where no enabled link leads there, counts a failed attempt
 ("no route to domain-05"). While a user's standby serves it (a takeover,
-messaging.federation.takeover), its home keeps the rows it had stored before it learned so parked (the
+messaging.federation.takeover.take), its home keeps the rows it had stored before it learned so parked (the
 standby copy carried them there) and forwards the later ones. Such a recipient's earlier rows that are still waiting to be routed (their
 routing task was lost with a worker, or is behind this one) are claimed and routed with the task's
 own, first: the next domain stores a recipient's messages in the order they arrive.
@@ -45,7 +45,7 @@ from messaging.core.delivery.claims import (
 from messaging.core.delivery.retry import deliveries_fail
 from messaging.core.next_hop import destination, frozen_here
 from messaging.core.protocol import delivery_frame
-from messaging.federation.queue import deliveries_queue_on_links, earlier_unrouted
+from messaging.federation.senders.queue import deliveries_queue_on_links, earlier_unrouted
 from presence import cache
 
 log = logging.getLogger(__name__)

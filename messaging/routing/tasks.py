@@ -27,27 +27,27 @@ from foundation.handoff import (
 )
 from foundation.outbound import Backoff
 from messaging.channels.retention import channel_history_expire
-from messaging.core.delivery.dead_nodes import dead_nodes_settle
 from messaging.core.delivery.expiry import deliveries_expire
+from messaging.core.delivery.lost_nodes import lost_nodes_settle
 from messaging.core.delivery.retry import deliveries_sweep
 from messaging.core.idempotency import idempotency_keys_expire
-from messaging.federation import takeover
-from messaging.federation.fast_forward import fast_forward
-from messaging.federation.flood_sender import flood_link_send, flood_links_due
 from messaging.federation.links import links_held_back
-from messaging.federation.outbox import link_forward
 from messaging.federation.presence_gossip import presence_gossip
-from messaging.federation.probes import links_probe
-from messaging.federation.queue import forward_sweep as network_forward_sweep
-from messaging.federation.receipts import receipts_link_send
-from messaging.federation.standby import standby_send, standbys_waiting
+from messaging.federation.senders.fast_forward import fast_forward
+from messaging.federation.senders.flood_sender import flood_link_send, flood_links_due
+from messaging.federation.senders.outbox import link_forward
+from messaging.federation.senders.queue import forward_sweep as network_forward_sweep
+from messaging.federation.senders.receipts import receipts_link_send
+from messaging.federation.standby.copy import standby_send, standbys_waiting
+from messaging.federation.takeover import take as takeover
+from messaging.federation.wire.probes import links_probe
 from messaging.intake.stream.credentials import credential_app_names, queue_acl_sync
 from messaging.intake.stream.gate import queue_gates_enforce
 from messaging.intake.stream.names import queue_client
 from messaging.intake.stream.runner import queue_consumer_start, queue_consumer_stop
 from messaging.routing.router import deliveries_route
 from messaging.webhooks.delivery import webhook_attempt, webhook_deliveries_purge, webhooks_sweep
-from presence.dead_nodes import nodes_reap
+from presence.lost_nodes import nodes_reap
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +100,10 @@ def retry_sweep() -> dict:
 
 @shared_task(acks_late=True)
 def reap_dead_nodes() -> dict:
-    """Beat: presence declares silent web nodes dead (presence.dead_nodes); messaging re-queues what
+    """Beat: presence declares silent web nodes dead (presence.lost_nodes); messaging re-queues what
     was in flight to their users."""
     reaped = nodes_reap()
-    requeued = dead_nodes_settle(reaped=reaped)
+    requeued = lost_nodes_settle(reaped=reaped)
     return {"nodes": [r.node_id for r in reaped], "sessions": sum(r.sessions for r in reaped), "requeued": requeued}
 
 
@@ -195,7 +195,7 @@ def flood_sweep() -> list[str]:
 
 @shared_task(acks_late=True)
 def forward_link(peer: str) -> dict:
-    """Send what waits on the link to `peer` (messaging.federation.outbox). Safe twice: one sender per
+    """Send what waits on the link to `peer` (messaging.federation.senders.outbox). Safe twice: one sender per
     link at a time (an advisory lock); a second run returns at once. Its retry policy is the
     link's own backoff (LinkHealth.retry_at) and the rows' attempts, not Celery's: the beat's
     forward_sweep wakes the link again when its retry is due, and makes up for a lost task."""
@@ -205,20 +205,20 @@ def forward_link(peer: str) -> dict:
 @shared_task(acks_late=True)
 def forward_sweep() -> dict:
     """Beat: move the queues of links that are down to other paths, and wake every link whose
-    retry is due (messaging.federation.queue)."""
+    retry is due (messaging.federation.senders.queue)."""
     return network_forward_sweep()
 
 
 @shared_task
 def forward_fast(item: dict) -> dict:
-    """Carry a FAST item one hop towards its recipients' homes (messaging.federation.fast_forward):
+    """Carry a FAST item one hop towards its recipients' homes (messaging.federation.senders.fast_forward):
     once, within FORWARD_TIMEOUT_SECONDS per hop; never retried (FAST)."""
     return fast_forward(item)
 
 
 @shared_task(acks_late=True)
 def standby_copy(standby: str) -> dict:
-    """Send the live copy waiting for `standby` (messaging.federation.standby). Safe twice: one sender
+    """Send the live copy waiting for `standby` (messaging.federation.standby.copy). Safe twice: one sender
     per standby at a time; its retry policy is the link's backoff (the feed waits in its table)."""
     return link_sender_run(STANDBY_TASK, standby, lambda: standby_send(standby=standby))
 
@@ -249,21 +249,21 @@ def standby_sweep() -> list[str]:
 @shared_task
 def takeover_watch() -> dict[str, str]:
     """Beat: take over a lost home this domain stands by for, or hand one back that answers again
-    (messaging.federation.takeover). Each look decides afresh: a lost run is made up by the next."""
+    (messaging.federation.takeover.take). Each look decides afresh: a lost run is made up by the next."""
     return takeover.takeover_watch()
 
 
 @shared_task(acks_late=True)
 def takeover_given_back(holder: str) -> dict:
     """This domain got its users back from `holder`: what it was forwarding them there into their
-    mailboxes, and their mailboxes to the standby again (messaging.federation.takeover). Safe twice:
+    mailboxes, and their mailboxes to the standby again (messaging.federation.takeover.take). Safe twice:
     the second finds nothing forwarding, and the standby takes a copy sent twice the same."""
     return takeover.given_back(holder)
 
 
 @shared_task(acks_late=True)
 def forward_receipts(peer: str) -> dict:
-    """Send the receipts waiting on the link to `peer` (messaging.federation.receipts). Safe twice:
+    """Send the receipts waiting on the link to `peer` (messaging.federation.senders.receipts). Safe twice:
     one sender per link at a time. Its retry policy is the link's backoff: the receipts wait in
     their table, and the beat's forward_sweep wakes the link again when its retry is due."""
     return link_sender_run(FORWARD_RECEIPTS_TASK, peer, lambda: receipts_link_send(peer=peer).as_dict())

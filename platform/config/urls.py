@@ -32,7 +32,7 @@ urlpatterns = [
     path("messages", pooled(PushMessagesView.as_view()), name="push-messages"),
     path("api/v1/", include("messaging.api.urls")),
     # Signed calls between domains (messaging.federation): forwarding, channel floods, link probes.
-    path("internal/v1/", include("messaging.federation.urls")),
+    path("internal/v1/", include("messaging.federation.wire.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     re_path(r"^api/", api_not_found, name="api-not-found-root"),

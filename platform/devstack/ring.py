@@ -254,7 +254,7 @@ class Ring:
 
     def _wait_ready(self, numbers: list[int], timeout: float) -> None:
         """Each web node answers /readyz, and each domain has heard from the network since it started
-        (until then it is cut off and serves no user with a standby: messaging.federation.fence)."""
+        (until then it is cut off and serves no user with a standby: messaging.federation.takeover.fence)."""
         began = datetime.now(UTC)
         deadline = time.monotonic() + timeout
         for n in numbers:  # started together: waiting one after the other costs nothing

@@ -23,7 +23,7 @@ its connection, and what it had sent, for ever. A body not complete HTTP_BODY_TI
 its headers is answered `408 {"error": "request_timeout", …}` and its connection closed.
 
 **The gate.** A path prefix may have a gate (HTTP_HEADER_GATES: prefix -> dotted path of an async
-function; the calls between domains have messaging.federation.transport.peer_headers_gate), which
+function; the calls between domains have messaging.federation.wire.transport.peer_headers_gate), which
 decides from the request's line and headers alone whether its body is worth reading. While it
 decides, the request's socket is paused (`transport.pauseProducing()`), so at most what arrived
 with the headers (one read, 64 KiB) is held, and the request is not handed to daphne even if that

@@ -242,7 +242,7 @@ def link_recovered_enqueue(peer: str) -> None:
 
 def forward_links_kick(peers: Sequence[str], *, again: bool = False) -> None:
     """Wake the sender of each link, unless a wake-up is already on its way (a sender already
-    running makes an extra task a no-op, messaging.federation.outbox). `again`: forward_sweep, making
+    running makes an extra task a no-op, messaging.federation.senders.outbox). `again`: forward_sweep, making
     up for a wake-up lost with a worker."""
     for peer in sorted(set(peers)):
         _dispatcher.wake(FORWARD_LINK_TASK, peer, FORWARDING_QUEUE, again=again)
@@ -255,7 +255,7 @@ def standby_senders_kick(standbys: Sequence[str]) -> None:
 
 
 def given_back_enqueue(holder: str, *, countdown: float = 0.0) -> None:
-    """This domain got its users back from `holder`: settle their rows (messaging.federation.takeover)."""
+    """This domain got its users back from `holder`: settle their rows (messaging.federation.takeover.take)."""
     _dispatcher.dispatch(GIVEN_BACK_TASK, [holder], FORWARDING_QUEUE, countdown=countdown)
 
 
@@ -265,7 +265,7 @@ def gossip_now() -> None:
 
 
 def receipt_links_kick(peers: Sequence[str], *, again: bool = False) -> None:
-    """Wake the receipt sender of each link (messaging.federation.receipts) RECEIPT_LINGER_SECONDS
+    """Wake the receipt sender of each link (messaging.federation.senders.receipts) RECEIPT_LINGER_SECONDS
     from now, unless a wake-up is already on its way (`again`: the sweep, at once)."""
     for peer in sorted(set(peers)):
         _dispatcher.wake(FORWARD_RECEIPTS_TASK, peer, FORWARDING_QUEUE,
@@ -288,5 +288,5 @@ def link_sender_run(task: str, peer: str, send: Callable[[], dict]) -> dict:
 
 
 def fast_forward_enqueue(item: dict) -> None:
-    """Carry a FAST item towards its recipients' home domains (messaging.federation.fast_forward)."""
+    """Carry a FAST item towards its recipients' home domains (messaging.federation.senders.fast_forward)."""
     _dispatcher.dispatch(FAST_FORWARD_TASK, [item], FORWARDING_QUEUE)

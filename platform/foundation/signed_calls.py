@@ -78,7 +78,7 @@ def signature_parse(header: str | None) -> Signature | None:
 def header_refusal(*, header: str | None, max_skew: int, now: float | None = None) -> tuple[str | None, Signature | None]:
     """What the signature header alone refuses (None: well formed and fresh), and the parsed
     signature: the part of `signature_refusal` that needs no body, so a receiver can refuse a call
-    before reading it (messaging.federation.transport's header check)."""
+    before reading it (messaging.federation.wire.transport's header check)."""
     signature = signature_parse(header)
     if signature is None:
         return "missing or malformed signature", None

@@ -39,7 +39,7 @@ from foundation.handoff import (
     webhook_calls_enqueue,
     webhook_calls_hand_over,
 )
-from messaging.federation.outbox import link_lock_key
+from messaging.federation.senders.outbox import link_lock_key
 from messaging.routing import tasks
 from tests.network import held_by_another_worker
 

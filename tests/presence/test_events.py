@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from presence.dead_nodes import node_restart_cleanup
+from presence.lost_nodes import node_restart_cleanup
 from presence.models import Node, PresenceEvent, Session
 from presence.services import node_register, session_close, session_open
 from tests.factories import make_app

@@ -17,7 +17,7 @@ import pytest
 
 from apps_registry.models import Domain, DomainLink
 from foundation import signed_calls
-from messaging.federation.transport import FORWARD_PATH, NOT_A_NEIGHBOUR, PING_PATH
+from messaging.federation.wire.transport import FORWARD_PATH, NOT_A_NEIGHBOUR, PING_PATH
 from tests.processes import ModuleRequest, ProcessFactory
 
 pytestmark = pytest.mark.system

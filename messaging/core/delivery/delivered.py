@@ -70,6 +70,6 @@ def deliveries_mark_delivered(*, delivery_ids: list[int] | None = None, message_
             ids = list(confirmation_ids)
             transaction.on_commit(lambda: route(ids))
         if forwarded_ids:
-            # Messages that came from another domain: their origin learns (messaging.federation.receipts).
+            # Messages that came from another domain: their origin learns (messaging.federation.senders.receipts).
             receipts_queue(delivery_ids=forwarded_ids)
     return int(changed)

@@ -2,7 +2,7 @@
 never retried. A recipient who is offline (or whose node is gone) simply does not get it. From a
 client on /ws (`message_fast_send_async`, on the node's event loop) or from sync code (the REST
 API, `manage.py send`). A recipient homed in another domain gets it there, if connected there: the
-item is handed to a worker that carries it over the domain network (messaging.federation.fast_forward),
+item is handed to a worker that carries it over the domain network (messaging.federation.senders.fast_forward),
 with the same promise."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Receipts queued on the links towards their origin domains (messaging.federation.receipts says what a
+"""Receipts queued on the links towards their origin domains (messaging.federation.senders.receipts says what a
 receipt is and what the origin does with it).
 
 `receipts_queue(delivery_ids=)` is called where a delivery becomes delivered or dead, inside the

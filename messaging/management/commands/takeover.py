@@ -1,4 +1,4 @@
-"""`python manage.py takeover`: see and steer standby takeovers (messaging.federation.takeover), on the
+"""`python manage.py takeover`: see and steer standby takeovers (messaging.federation.takeover.take), on the
 standby domain: the planned maintenance of a home is `takeover take domain-03` before it stops and
 `takeover hand-back domain-03` after it is back."""
 
@@ -9,8 +9,8 @@ import time
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from messaging.federation.standby import copy_lag
-from messaging.federation.takeover import hand_back, take_over, takeovers_shown
+from messaging.federation.standby.copy import copy_lag
+from messaging.federation.takeover.take import hand_back, take_over, takeovers_shown
 
 
 class Command(BaseCommand):

@@ -87,7 +87,7 @@ def database_options_set(options: dict, *, prepared: bool, domain: str) -> None:
         # which cost a one-row delivered mark 0.71 ms of backend CPU instead of 0.24. Only prepared
         # statements are affected; the ORM's are planned per execution as before.
         options["options"] = f"{options.get('options', '')} -c plan_cache_mode=force_generic_plan".strip()
-    # The domain this database serves, for its triggers (the standby feed: messaging.federation.standby).
+    # The domain this database serves, for its triggers (the standby feed: messaging.federation.standby.copy).
     domain = domain.replace("\\", "\\\\").replace(" ", "\\ ")
     options["options"] = f"{options.get('options', '')} -c switchboard.domain={domain}".strip()
 

@@ -38,10 +38,10 @@ ROUTE_BLOCK_SECONDS = env_float("ROUTE_BLOCK_SECONDS", 30.0)
 # (messaging.federation.order) at most this long; then the earlier one is taken for lost on the way, and
 # goes into the mailbox late if it ever comes. Longer than a domain on the way is usually away.
 NETWORK_ORDER_WAIT_SECONDS = env_float("NETWORK_ORDER_WAIT_SECONDS", 60.0)
-# Beat: the senders of the live copy to standby domains are woken this often (messaging.federation.standby):
+# Beat: the senders of the live copy to standby domains are woken this often (messaging.federation.standby.copy):
 # the copy's lag under normal load is about this long plus one call.
 STANDBY_COPY_SECONDS = env_float("STANDBY_COPY_SECONDS", 1.0)
-# A standby takes its home's users over (messaging.federation.takeover) once the home has been silent
+# A standby takes its home's users over (messaging.federation.takeover.take) once the home has been silent
 # and its link down this long, and a third domain agrees; beat looks every TAKEOVER_WATCH_SECONDS.
 FAILOVER_SECONDS = env_float("FAILOVER_SECONDS", 30.0)
 TAKEOVER_WATCH_SECONDS = env_float("TAKEOVER_WATCH_SECONDS", 2.0)
@@ -73,14 +73,14 @@ META_PULL_SECONDS = env_float("META_PULL_SECONDS", 30.0)
 LINK_SECRET_OVERLAP_SECONDS = env_float("LINK_SECRET_OVERLAP_SECONDS", 900.0)
 
 NETWORK_BEAT_SCHEDULE: dict[str, dict] = {
-    # Every neighbour pinged: each link's state is live without traffic (messaging.federation.probes).
+    # Every neighbour pinged: each link's state is live without traffic (messaging.federation.wire.probes).
     "probe-links": {"task": "messaging.tasks.probe_links", "schedule": LINK_PROBE_SECONDS},
     # Links with channel publishes waiting and their retry due get their sender woken (the flood).
     "flood-sweep": {"task": "messaging.tasks.flood_sweep", "schedule": FORWARD_SWEEP_SECONDS},
     # Links whose retry is due are sent again, a lost sender task is made up for, and the queues of
-    # links that are down move to another path where one exists (messaging.federation.queue).
+    # links that are down move to another path where one exists (messaging.federation.senders.queue).
     "forward-sweep": {"task": "messaging.tasks.forward_sweep", "schedule": FORWARD_SWEEP_SECONDS},
-    # The live copy of the mailboxes of users with a standby domain, sent (messaging.federation.standby).
+    # The live copy of the mailboxes of users with a standby domain, sent (messaging.federation.standby.copy).
     "standby-sweep": {"task": "messaging.tasks.standby_sweep", "schedule": STANDBY_COPY_SECONDS,
                       "options": {"expires": STANDBY_COPY_SECONDS}},
     # Homes this domain stands by for, taken over when lost and handed back when they answer again.

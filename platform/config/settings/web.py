@@ -20,8 +20,8 @@ HTTP_MAX_BODY_BYTES_BY_PREFIX = {"/internal/": NETWORK_MAX_BODY_BYTES}
 HTTP_BODY_TIMEOUT_SECONDS = env_float("HTTP_BODY_TIMEOUT_SECONDS", 30.0)
 # Path prefixes whose requests are checked from their headers before any of their body is read: the
 # calls between domains must come from a neighbour, signed, fresh and with a nonce not yet used
-# (messaging.federation.transport.peer_headers_gate), or they are refused and their connection closed.
-HTTP_HEADER_GATES = {"/internal/": "messaging.federation.transport.peer_headers_gate"}
+# (messaging.federation.wire.transport.peer_headers_gate), or they are refused and their connection closed.
+HTTP_HEADER_GATES = {"/internal/": "messaging.federation.wire.transport.peer_headers_gate"}
 # Of the bodies a neighbour's calls may carry past the public cap (over NETWORK_LARGE_BODY_BYTES, up to
 # NETWORK_MAX_BODY_BYTES), at most this many per link are read at once on a web node; one more is
 # answered 503 (its caller retries with its backoff). Memory held by such bodies on a node is at most

@@ -376,7 +376,7 @@ def test_a_client_cannot_suppress_someone_elses_confirmation_with_a_forged_clien
 def test_state_names_appear_in_sql_only_through_the_models_constants():
     literal = re.compile(r"'(" + "|".join(DeliveryState.values) + r")'")
     offenders = []
-    for path in Path(__file__).resolve().parents[2].joinpath("messaging").rglob("*.py"):
+    for path in Path(__file__).resolve().parents[3].joinpath("messaging").rglob("*.py"):
         if "migrations" in path.parts or path.name == "models.py":
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):

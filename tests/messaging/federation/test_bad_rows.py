@@ -1,12 +1,12 @@
 """One row a neighbour cannot take never holds a link's queue: it goes to the dead letters with the
 neighbour's reason and the rest of the queue goes on; and a message stored from a standby copy is
-forwarded like any other (messaging.federation.outbox)."""
+forwarded like any other (messaging.federation.senders.outbox)."""
 
 from __future__ import annotations
 
 import pytest
 
-from messaging.federation.mailbox_merge import Copied, mailbox_merge
+from messaging.federation.standby.mailbox_merge import Copied, mailbox_merge
 from messaging.models import Delivery, Message
 from messaging.routing.router import deliveries_route
 

@@ -14,8 +14,9 @@ from django.utils import timezone
 
 from foundation import signed_calls
 from messaging.channels.models import ChannelMessage
-from messaging.federation import flood, transport
-from messaging.federation.transport import PING_PATH, PUBLISH_PATH
+from messaging.federation import flood
+from messaging.federation.wire import transport
+from messaging.federation.wire.transport import PING_PATH, PUBLISH_PATH
 
 pytestmark = pytest.mark.django_db
 

@@ -14,9 +14,9 @@ from messaging.channels.models import ChannelMessage
 from messaging.channels.services import channel_history, channel_publish
 from messaging.federation import flood
 from messaging.federation.flood import publishes_accept
-from messaging.federation.flood_sender import flood_link_send, flood_links_due, flood_lock_key
 from messaging.federation.models import ChannelForward, LinkHealth
-from messaging.federation.transport import PeerRefused, wire_use
+from messaging.federation.senders.flood_sender import flood_link_send, flood_links_due, flood_lock_key
+from messaging.federation.wire.transport import PeerRefused, wire_use
 from messaging.intake.server_sends import server_channel_publish
 from tests.network import held_by_another_worker
 

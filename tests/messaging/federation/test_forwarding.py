@@ -23,9 +23,9 @@ from messaging.core.protocol import delivery_frame
 from messaging.federation.inbound import forward_accept
 from messaging.federation.links import link_succeeded
 from messaging.federation.models import LinkHealth
-from messaging.federation.outbox import link_forward, payload_build, queue_peek
-from messaging.federation.queue import forward_sweep
-from messaging.federation.transport import PeerRefused, wire_use
+from messaging.federation.senders.outbox import link_forward, payload_build, queue_peek
+from messaging.federation.senders.queue import forward_sweep
+from messaging.federation.wire.transport import PeerRefused, wire_use
 from messaging.models import Delivery, Message
 from messaging.routing.tasks import forward_link
 from tests.network import OneByOneWire

@@ -14,10 +14,10 @@ from apps_registry.models import Domain
 from foundation.handoff import FLOOD_TASK, FORWARD_LINK_TASK, FORWARD_RECEIPTS_TASK, STANDBY_TASK
 from foundation.outgoing import Answer, OutgoingError
 from messaging.core.next_hop import links_down, next_hop
-from messaging.federation import probes
 from messaging.federation.links import link_failed, link_held_back, link_received, link_succeeded
 from messaging.federation.models import LinkHealth
-from messaging.federation.transport import HttpWire, wire_use
+from messaging.federation.wire import probes
+from messaging.federation.wire.transport import HttpWire, wire_use
 from tests.neighbour import FakeNeighbour
 from tests.network import OneByOneWire
 

@@ -14,7 +14,7 @@ from django.test import override_settings
 
 from messaging.federation.inbound import forward_accept
 from messaging.federation.models import HeldInOrder, LinkHealth, OrderMark
-from messaging.federation.queue import forward_sweep
+from messaging.federation.senders.queue import forward_sweep
 
 pytestmark = pytest.mark.django_db
 
@@ -117,7 +117,7 @@ def test_messages_stored_in_one_call_wait_behind_a_gap_and_all_go_in_when_it_is_
 
 
 def test_a_malformed_sequence_refuses_the_call(net_ring):
-    from messaging.federation.transport import PeerRefused
+    from messaging.federation.wire.transport import PeerRefused
 
     payload = {"messages": [{"app": "ANZ", "sender": ALICE, "kind": "direct", "content": "x", "reference": "",
                              "confirmation_requested": False, "client_message_id": None,

@@ -1,4 +1,4 @@
-"""A home's outgoing queue on its standby (messaging.federation.outgoing_copy): what a home's user sent
+"""A home's outgoing queue on its standby (messaging.federation.standby.outgoing_copy): what a home's user sent
 to a user homed elsewhere, while it waits on the home's links, is copied to the standby; a standby
 that takes the home over sends it on before the user's next messages. On the one-database ring:
 
@@ -13,8 +13,8 @@ import pytest
 
 from foundation.handoff import FORWARD_LINK_TASK
 from messaging.federation.models import StandbyOutgoing
-from messaging.federation.queue import forward_sweep
-from messaging.federation.takeover import take_over
+from messaging.federation.senders.queue import forward_sweep
+from messaging.federation.takeover.take import take_over
 from messaging.models import Delivery
 from messaging.routing.tasks import standby_sweep
 from tests.messaging.federation.test_takeover import ALICE, CAROL, copy_now, lost

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from messaging.federation.forward_payload import payload_parse
 from messaging.federation.presence_gossip import presence_gossip
-from messaging.federation.transport import PeerRefused
+from messaging.federation.wire.forward_payload import payload_parse
+from messaging.federation.wire.transport import PeerRefused
 from presence.remote import remote_apply, remote_lists
 
 pytestmark = pytest.mark.django_db

@@ -11,8 +11,8 @@ from django.utils import timezone
 from messaging.core.delivery.receipt_queue import receipts_queue_items
 from messaging.federation.links import link_failed
 from messaging.federation.models import LinkHealth, ReceiptForward
-from messaging.federation.queue import forward_sweep
-from messaging.federation.transport import FORWARD_PATH
+from messaging.federation.senders.queue import forward_sweep
+from messaging.federation.wire.transport import FORWARD_PATH
 
 pytestmark = pytest.mark.django_db
 

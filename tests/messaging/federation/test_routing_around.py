@@ -14,7 +14,7 @@ import pytest
 
 from messaging.core.next_hop import next_hop
 from messaging.federation.models import LinkHealth
-from messaging.federation.queue import forward_sweep
+from messaging.federation.senders.queue import forward_sweep
 from messaging.models import Delivery, Message
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,4 @@
-"""A neighbour that is slow rather than down, over real HTTP (messaging.federation.transport.HttpWire):
+"""A neighbour that is slow rather than down, over real HTTP (messaging.federation.wire.transport.HttpWire):
 every call to it ends at its deadline, whatever it sends, and the link's sender lets go of the link."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from apps_registry.models import Domain
 from foundation.handoff import ROUTE_TASK
 from foundation.outbound import lock_held_elsewhere
 from messaging.federation.models import LinkHealth
-from messaging.federation.outbox import link_forward, link_lock_key
-from messaging.federation.transport import MAX_ANSWER_BYTES, HttpWire, wire_use
+from messaging.federation.senders.outbox import link_forward, link_lock_key
+from messaging.federation.wire.transport import MAX_ANSWER_BYTES, HttpWire, wire_use
 from messaging.models import Delivery
 from tests.neighbour import FakeNeighbour, wait_until
 

@@ -14,7 +14,7 @@ import pytest
 from apps_registry.models import Domain, UserDistribution
 from messaging.channels.services import subscription_add, subscription_remove
 from messaging.federation.models import LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
-from messaging.federation.standby import copies_accept, copy_lag
+from messaging.federation.standby.copy import copies_accept, copy_lag
 from messaging.models import Delivery
 from messaging.routing.tasks import standby_sweep
 

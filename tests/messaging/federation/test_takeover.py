@@ -1,5 +1,5 @@
 """A standby domain takes its home's users over when the home is lost, and hands them back when it
-returns (messaging.federation.takeover), on the one-database ring: domain-03's users stand by on
+returns (messaging.federation.takeover.take), on the one-database ring: domain-03's users stand by on
 domain-04; domain-01 and domain-02 are the third domains that may witness.
 
     domain-01 ── domain-02
@@ -20,14 +20,14 @@ from foundation.handoff import GOSSIP_TASK
 from foundation.transport.sockets import run_async
 from messaging.channels.models import Subscription
 from messaging.channels.services import subscription_add
-from messaging.federation.fence import cut_off, fence, fence_forget
-from messaging.federation.mailbox_merge import Copied, mailbox_merge
 from messaging.federation.models import DomainHeard, LinkHealth, StandbyCopy, StandbyFeed
 from messaging.federation.order import Arrival, arrivals_put_in_order
 from messaging.federation.presence_gossip import presence_gossip
-from messaging.federation.queue import forward_sweep
-from messaging.federation.takeover import given_back, hand_back, take_over, takeover_watch
-from messaging.federation.takeover_records import network_accept, network_gossip
+from messaging.federation.senders.queue import forward_sweep
+from messaging.federation.standby.mailbox_merge import Copied, mailbox_merge
+from messaging.federation.takeover.fence import cut_off, fence, fence_forget
+from messaging.federation.takeover.records import network_accept, network_gossip
+from messaging.federation.takeover.take import given_back, hand_back, take_over, takeover_watch
 from messaging.gateway.authentication import client_authenticate
 from messaging.models import Delivery, Message
 from messaging.routing.router import deliveries_route

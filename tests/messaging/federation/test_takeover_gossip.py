@@ -1,4 +1,4 @@
-"""Who may tell a domain that a home's users are served elsewhere (messaging.federation.takeover_records,
+"""Who may tell a domain that a home's users are served elsewhere (messaging.federation.takeover.records,
 `record_refusal`), on the one-database ring: domain-03's users stand by on domain-04.
 
     domain-01 ── domain-02
@@ -21,9 +21,9 @@ from apps_registry.models import Domain, Takeover
 from apps_registry.selectors import app_snapshot, app_snapshots_clear
 from foundation import signed_calls
 from messaging.federation.presence_gossip import presence_gossip
-from messaging.federation.takeover import hand_back, take_over
-from messaging.federation.takeover_records import network_accept, network_gossip
-from messaging.federation.transport import FORWARD_PATH
+from messaging.federation.takeover.records import network_accept, network_gossip
+from messaging.federation.takeover.take import hand_back, take_over
+from messaging.federation.wire.transport import FORWARD_PATH
 from tests.messaging.federation.test_takeover import CAROL, held_by, lost
 
 pytestmark = pytest.mark.django_db

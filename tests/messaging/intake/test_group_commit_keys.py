@@ -90,7 +90,7 @@ def test_a_batch_on_a_connection_postgres_dropped_while_it_was_idle_is_stored(an
     failing every sender in the batch."""
     from django.db import connection
 
-    from messaging.intake.group_commit import group_commit as intake_module
+    from messaging.intake import group_commit as intake_module
 
     intake._store([_message(anz, "before")])
     backend = connection.connection.info.backend_pid

@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from foundation.outbound import claim_token
 from messaging.channels.services import channel_occupancy_record
 from messaging.core.delivery.claims import deliveries_claim
-from messaging.core.delivery.dead_nodes import dead_nodes_settle
+from messaging.core.delivery.lost_nodes import lost_nodes_settle
 from messaging.core.delivery.retry import deliveries_fail, deliveries_sweep
 from messaging.core.store import message_send
 from messaging.models import WebhookDelivery, WebhookEndpoint
@@ -24,7 +24,7 @@ from messaging.webhooks.services import (
     webhook_endpoint_delete,
     webhooks_record,
 )
-from presence.dead_nodes import ReapedNode
+from presence.lost_nodes import ReapedNode
 from tests.factories import make_app
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -248,6 +248,6 @@ def test_users_whose_last_connection_died_with_a_node_are_announced_as_disconnec
     webhook_endpoint_create(app_id=anz.pk, url="https://users.example.com", events=["user.disconnected"])
     reaped = ReapedNode(node_id="web-dead", sessions=3, users=[(anz.pk, "ANZ-5"), (anz.pk, "ANZ-6"), (bnz.pk, "BNZ-5")],
                         offline=[(anz.pk, "ANZ-5"), (bnz.pk, "BNZ-5")])
-    dead_nodes_settle(reaped=[reaped])
+    lost_nodes_settle(reaped=[reaped])
     assert [(r.event, r.payload["data"]) for r in WebhookDelivery.objects.all()] == [
         ("user.disconnected", {"userId": "ANZ-5", "domain": "domain-01"})]

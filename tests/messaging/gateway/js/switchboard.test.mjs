@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { afterEach, test } from "node:test";
 
-import { reconnectDelay, Switchboard } from "../../../messaging/static/switchboard/switchboard.js";
+import { reconnectDelay, Switchboard } from "../../../../messaging/static/switchboard/switchboard.js";
 
 class FakeSocket {
   static all = [];

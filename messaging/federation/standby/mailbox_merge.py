@@ -1,7 +1,7 @@
 """Merging copied deliveries into this domain's own mailboxes: what a standby does when it takes a
 home's users over (their StandbyCopy rows become messages and deliveries here), what it does with a
 copy the home sends while it holds the home's users, and what the home does with the holder's copies
-when it gets its users back (messaging.federation.takeover).
+when it gets its users back (messaging.federation.takeover.take).
 
 A message is one message everywhere by where it was stored first and its id there (`origin_domain`,
 `origin_message_id`; here, a message stored first here is ('', NULL) and its own id). So a merge is

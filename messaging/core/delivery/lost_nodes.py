@@ -14,7 +14,7 @@ from foundation.handoff import Route, routing_enqueue
 from messaging.core.delivery.sql import RETRYING, SENT
 from messaging.core.presence_notices import user_presence_notice
 from messaging.webhooks.services import webhooks_record
-from presence.dead_nodes import ReapedNode
+from presence.lost_nodes import ReapedNode
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def deliveries_requeue_for_users(*, users: list[tuple[int, str]]) -> list[int]:
         return sorted(row[0] for row in cur.fetchall())
 
 
-def dead_nodes_settle(*, reaped: list[ReapedNode], route: Route = routing_enqueue) -> int:
+def lost_nodes_settle(*, reaped: list[ReapedNode], route: Route = routing_enqueue) -> int:
     """Re-queue the in-flight deliveries of the reaped nodes' users; returns how many."""
     offline = [user_presence_notice(app_id=app_id, user_id=user_id, connected=False)
                for node in reaped for app_id, user_id in node.offline]

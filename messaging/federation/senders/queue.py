@@ -4,7 +4,7 @@ The router (messaging.routing.router) decides "here or elsewhere" in one place, 
 claimed for elsewhere comes here (`deliveries_queue_on_links`): moved, in one statement naming the
 claim, to `forwarding` on the link to `next_hop(home, visited=<the message's path>)`, with no timer
 (the retry sweep leaves them alone: the link's sender and its own backoff own them from here), and
-the link's sender is woken (messaging.federation.outbox). A recipient whose home no enabled link
+the link's sender is woken (messaging.federation.senders.outbox). A recipient whose home no enabled link
 reaches counts a failed attempt ("no route to domain-05"): retried with the app's backoff by the
 ordinary retry sweep, dead after the app's max attempts.
 
@@ -41,8 +41,8 @@ from messaging.core.next_hop import (
 from messaging.federation.links import links_held_back
 from messaging.federation.models import ReceiptForward
 from messaging.federation.order import held_release_overdue
-from messaging.federation.outbox import link_lock_key
-from messaging.federation.receipts import receipt_lock_key
+from messaging.federation.senders.outbox import link_lock_key
+from messaging.federation.senders.receipts import receipt_lock_key
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ def _hand_back_to(home: str, paths: list[str], *, down: str) -> str | None:
     """Where a recipient's rows waiting on the down link to `down` go when no other way on is left
     from here: back to the domain they came from (one for all of them, so their order holds), unless
     that domain is out of reach too or has said it has no way to `home` either. It routes them round
-    (the call says this domain has no way on to `home`: messaging.federation.outbox). None: they wait."""
+    (the call says this domain has no way on to `home`: messaging.federation.senders.outbox). None: they wait."""
     if len(paths) != 1 or not path_of(paths[0]):
         return None  # stored here first (the origin keeps its own), or come by different ways
     back = path_of(paths[0])[-1]

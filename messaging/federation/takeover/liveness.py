@@ -1,8 +1,8 @@
 """How long each domain has been silent, as this domain heard it, and the witness a standby asks
-before it takes a home over (messaging.federation.takeover).
+before it takes a home over (messaging.federation.takeover.take).
 
 Every domain tells its neighbours, with each gossip round, its own clock and every other domain's
-last clock it heard (messaging.federation.takeover_records.network_gossip). A domain records, by its own clock,
+last clock it heard (messaging.federation.takeover.records.network_gossip). A domain records, by its own clock,
 when each newer clock of each domain reached it (DomainHeard): "silent for" is how long no newer
 word of a domain came, by whatever path, so no two clocks are ever compared.
 """
@@ -17,7 +17,7 @@ from django.utils import timezone
 from foundation.db import hot_cursor
 from messaging.core.next_hop import neighbours
 from messaging.federation.models import DomainHeard
-from messaging.federation.transport import WITNESS_PATH, PeerError, PeerRefused, peer_call_prepare, peer_calls_send
+from messaging.federation.wire.transport import WITNESS_PATH, PeerError, PeerRefused, peer_call_prepare, peer_calls_send
 
 # --- liveness ------------------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 network stops serving its users that have a standby, before that standby may take them over.
 
 A domain is cut off when no newer word of any other domain has reached it (DomainHeard, the
-network's gossip: messaging.federation.takeover) for FENCE_SECONDS: half the failover threshold, and
+network's gossip: messaging.federation.takeover.take) for FENCE_SECONDS: half the failover threshold, and
 never less than three gossip rounds. A standby takes over only after FAILOVER_SECONDS of silence,
 so by then its home has stopped admitting those users (AUTH_CLIENT refused, no redirect: the client
 retries) and closed their connections (takeover_watch, 1012). A domain that has just started is cut
@@ -11,7 +11,7 @@ away before it has heard so. A domain in no network (no neighbour), or in a netw
 domain could witness a takeover), is never cut off.
 
 The holder's side, for the moment of a hand-back: while it hands a home's users back
-(Takeover.returning_since, messaging.federation.takeover.hand_back), and for a snapshot's lifetime
+(Takeover.returning_since, messaging.federation.takeover.take.hand_back), and for a snapshot's lifetime
 after (a web node may still think them served here), it admits none of them either.
 
 Read at most every FENCE_CACHE_SECONDS per process (two queries), so a login costs no query.

@@ -12,11 +12,11 @@ from django.utils import timezone
 from foundation.outbound import claim_token
 from foundation.transport.sockets import run_async
 from messaging.core.delivery.claims import deliveries_claim
-from messaging.core.delivery.dead_nodes import dead_nodes_settle
+from messaging.core.delivery.lost_nodes import lost_nodes_settle
 from messaging.core.store import message_send
 from messaging.models import Delivery
 from presence import cache
-from presence.dead_nodes import node_restart_cleanup, nodes_reap
+from presence.lost_nodes import node_restart_cleanup, nodes_reap
 from presence.models import Node, Session
 from tests.factories import make_app
 
@@ -83,7 +83,7 @@ def test_messaging_requeues_what_was_in_flight_to_the_users_of_a_dead_node():
     waiting = message_send(app_id=app.pk, sender="ANZ-1", recipients=["ANZ-5"], content="never routed")
     deliveries_claim(delivery_ids=list(sent.delivery_ids), token=claim_token())
 
-    assert dead_nodes_settle(reaped=nodes_reap()) == 1
+    assert lost_nodes_settle(reaped=nodes_reap()) == 1
 
     row = Delivery.objects.get(pk=sent.delivery_ids[0])
     assert (row.state, row.attempts, row.claim) == ("retrying", 0, None)

@@ -6,9 +6,9 @@ routes their messages there.
 
 Liveness. Every domain tells its neighbours, with each presence gossip round (every
 PRESENCE_GOSSIP_SECONDS), its own clock and every other domain's last clock it heard, and the
-Takeover rows it holds (messaging.federation.takeover_records). A domain records when it first heard each newer clock of
+Takeover rows it holds (messaging.federation.takeover.records). A domain records when it first heard each newer clock of
 each domain (DomainHeard, by its own clock): "silent for" is how long no newer word of a domain came,
-by whatever path (messaging.federation.liveness). The Takeover row with the higher epoch wins wherever it arrives,
+by whatever path (messaging.federation.takeover.liveness). The Takeover row with the higher epoch wins wherever it arrives,
 if the neighbour that tells it may (`takeover_records.record_refusal`: its holder is the home's standby and not the
 receiver, its epoch not ahead of the receiver's clock); a record refused is named in the answer.
 
@@ -18,13 +18,13 @@ third domain (a neighbour of this one, asked at POST /internal/v1/witness) agree
 there too, while none says it heard the home since. With only the home-standby link broken the home
 is still heard through the others, so the standby never takes over. The holder then, in one
 transaction, records the takeover and merges the copies it holds (StandbyCopy, StandbySubscription)
-into its own mailboxes (messaging.federation.mailbox_merge), and tells its neighbours at once.
+into its own mailboxes (messaging.federation.standby.mailbox_merge), and tells its neighbours at once.
 
 While it holds them, the changes it makes to their mailboxes are fed back to the home (the standby
 feed's triggers, migration messaging 0022) and wait there while the home is away.
 
 Hand-back: when the home is heard again and the link to it is up (or an operator asks), the holder
-first stops admitting the users (Takeover.returning_since; messaging.federation.fence) and closes their
+first stops admitting the users (Takeover.returning_since; messaging.federation.takeover.fence) and closes their
 connections with 1012, for HAND_BACK_GRACE_SECONDS: an ACK read in the moment it gives their
 mailboxes up would never reach the home, which would push that message again. Then, with the
 feed's table locked (none is added in between), it makes sure the home has every change: what is
@@ -50,8 +50,12 @@ from apps_registry.selectors import takeover_records
 from foundation import handoff
 from foundation.db import hot_cursor
 from foundation.transport.frames import CLOSE_RESTART
-from messaging.federation.fence import cut_off, fence_forget, fence_seconds
-from messaging.federation.held_rows import (
+from messaging.federation.models import LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
+from messaging.federation.standby.copy import ANY_STANDBY, feed_send_last, standby_ranges
+from messaging.federation.standby.mailbox_merge import Copied, mailbox_merge, subscriptions_merge
+from messaging.federation.standby.outgoing_copy import outgoing_take
+from messaging.federation.takeover.fence import cut_off, fence_forget, fence_seconds
+from messaging.federation.takeover.held_rows import (
     HELD_HERE,
     RESEED_SQL,
     copy_again,
@@ -60,12 +64,8 @@ from messaging.federation.held_rows import (
     queued_into_mailboxes,
     records_back_into_mailboxes,
 )
-from messaging.federation.liveness import silent_seconds, witnesses_agree
-from messaging.federation.mailbox_merge import Copied, mailbox_merge, subscriptions_merge
-from messaging.federation.models import LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
-from messaging.federation.outgoing_copy import outgoing_take
-from messaging.federation.standby import ANY_STANDBY, feed_send_last, standby_ranges
-from messaging.federation.takeover_records import changed_here, epoch_of, retry_now
+from messaging.federation.takeover.liveness import silent_seconds, witnesses_agree
+from messaging.federation.takeover.records import changed_here, epoch_of, retry_now
 from presence.services import users_close_sync
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ def _late_reorder() -> int | None:
 
 
 def _fence_close() -> int | None:
-    """Cut off from the network (messaging.federation.fence): close the connections of this domain's
+    """Cut off from the network (messaging.federation.takeover.fence): close the connections of this domain's
     users that have a standby, which may take them over soon (None: not cut off, or none such)."""
     fence_forget()
     ranges = standby_ranges(settings.DOMAIN_NAME, ANY_STANDBY)

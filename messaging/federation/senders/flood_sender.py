@@ -43,7 +43,7 @@ from messaging.core.next_hop import neighbours
 from messaging.federation.flood import path_parse
 from messaging.federation.links import LinkQueueSender, link_failed, link_succeeded, links_held_back
 from messaging.federation.models import ChannelForward
-from messaging.federation.transport import PUBLISH_PATH, peer_call
+from messaging.federation.wire.transport import PUBLISH_PATH, peer_call
 
 ROW_OVERHEAD_BYTES = 300  # what a publish counts towards FORWARD_BATCH_BYTES beyond its content
 

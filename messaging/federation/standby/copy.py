@@ -14,8 +14,8 @@ a column of the console's Link health.
 At the standby: `copies_accept` writes each copy to StandbyCopy, keyed by the message (where it was
 stored first, its id there) and recipient, and each subscription to StandbySubscription: a copy sent
 twice is written twice, the same. Inert: nothing routes or delivers a copy; it is what the standby
-takes its users over from (messaging.federation.takeover). The same call merges into the receiver's own
-mailboxes (messaging.federation.mailbox_merge) the copies of users it holds (taken over from the
+takes its users over from (messaging.federation.takeover.take). The same call merges into the receiver's own
+mailboxes (messaging.federation.standby.mailbox_merge) the copies of users it holds (taken over from the
 caller) and the changes a holder made to this domain's own users (the hand-back).
 
 The standby must be a neighbour of the home (a link between them): the copy is signed with that
@@ -37,10 +37,10 @@ from apps_registry.selectors import user_id_parse
 from foundation.db import hot_cursor
 from foundation.outbound import Batch, CallFailed, Failed, Limits, Settled, head_sql, send_batches
 from messaging.federation.links import LinkQueueSender, link_failed, link_succeeded
-from messaging.federation.mailbox_merge import Copied, mailbox_merge, subscriptions_merge
 from messaging.federation.models import StandbyFeed
-from messaging.federation.outgoing_copy import outgoing_accept, outgoing_item
-from messaging.federation.transport import STANDBY_PATH, PeerRefused, peer_call
+from messaging.federation.standby.mailbox_merge import Copied, mailbox_merge, subscriptions_merge
+from messaging.federation.standby.outgoing_copy import outgoing_accept, outgoing_item
+from messaging.federation.wire.transport import STANDBY_PATH, PeerRefused, peer_call
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class FeedRow:
     feed_id: int
     item: dict | None  # the copy as sent; None: the delivery is gone here (nothing to copy)
     subscription: dict | None = None  # a durable subscription made or ended
-    outgoing: dict | None = None  # a message waiting on a link here, or gone from it (messaging.federation.outgoing_copy)
+    outgoing: dict | None = None  # a message waiting on a link here, or gone from it (messaging.federation.standby.outgoing_copy)
 
 
 # The head of a standby's feed in order, each row as its delivery is now (content only for new ones).
@@ -274,7 +274,7 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
     with transaction.atomic():
         # Held here (taken over from `sender`): its copies go into the mailboxes here. This domain's
         # own users whose standby is `sender`: it held them (a standby copies nothing else back), and
-        # this is the hand-back (messaging.federation.takeover), which may come before the gossip that
+        # this is the hand-back (messaging.federation.takeover.take), which may come before the gossip that
         # says so.
         held = _held_here_locked(sender)
         merging = [held or _covered(c["recipient"], c["app"], back) for c in copies]

@@ -17,7 +17,7 @@ of the state change: messaging.core.delivery.receipt_queue) and leaves through `
 receipt sender on the outbound skeleton (foundation.outbound): one sender per link, held back by the
 link's backoff, batches bounded by rows and bytes. A receipt is never dropped after some number of
 retries: while its link fails it waits (the console lists it), and the sweep moves it to another
-path when its link is down for long (messaging.federation.queue). A receipt carries its `path` (the
+path when its link is down for long (messaging.federation.senders.queue). A receipt carries its `path` (the
 domains it passed through) and never goes back to one of them: where the only way on is back, it
 waits where it is until a way forward opens, so receipts whose origin is away wait rather than
 circulate; past FORWARD_HOP_LIMIT it is applied but not passed on. Domains on the message's path
@@ -40,7 +40,7 @@ from messaging.core.delivery.receipt_queue import receipts_queue_items
 from messaging.core.delivery.sql import DEAD, DELIVERED, MOVED_COLUMNS, lock_sql, states_sql
 from messaging.federation.links import LinkQueueSender, link_failed, link_succeeded
 from messaging.federation.models import ReceiptForward
-from messaging.federation.transport import FORWARD_PATH, PeerRefused, peer_call
+from messaging.federation.wire.transport import FORWARD_PATH, PeerRefused, peer_call
 from messaging.models import DeliveryState
 
 log = logging.getLogger(__name__)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.urls import path
 
 from foundation.asyncdb import pooled
-from messaging.federation import views
+from messaging.federation.wire import views
 
 urlpatterns = [
     path("forward", pooled(views.forward), name="network-forward"),

@@ -18,7 +18,7 @@ from foundation import handoff
 from messaging.core.next_hop import neighbours
 from messaging.federation.links import link_failed, link_ping_answered
 from messaging.federation.models import LinkHealth
-from messaging.federation.transport import PING_PATH, PeerCall, PeerError, peer_call_prepare, peer_calls_send
+from messaging.federation.wire.transport import PING_PATH, PeerCall, PeerError, peer_call_prepare, peer_calls_send
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Takeover records, told around (issue 27; messaging.federation.takeover takes and hands back).
+"""Takeover records, told around (issue 27; messaging.federation.takeover.take takes and hands back).
 
 Every domain tells its neighbours, with each presence gossip round, the Takeover rows it holds and
 the clocks it heard (`network_gossip`); a forwarding call carries the records changed lately too.
@@ -25,10 +25,10 @@ from apps_registry.models import Domain, Takeover, UserDistribution
 from apps_registry.selectors import MAX_TAKEOVERS, app_snapshots_clear, takeover_records
 from foundation import handoff
 from foundation.transport.frames import CLOSE_RESTART
-from messaging.federation.liveness import heard_apply, heard_versions
 from messaging.federation.models import LinkHealth
-from messaging.federation.standby import standby_ranges
-from messaging.federation.transport import PeerRefused
+from messaging.federation.standby.copy import standby_ranges
+from messaging.federation.takeover.liveness import heard_apply, heard_versions
+from messaging.federation.wire.transport import PeerRefused
 from presence.services import users_close_sync
 
 log = logging.getLogger(__name__)

@@ -7,12 +7,12 @@ batches bounded by rows and bytes). What is its own: the queue's SQL (the oldest
 recipient, seq): the partial index delivery_link_queue) and the payload, in which a message with
 several recipients on this link goes once with its recipients. The neighbour stores everything
 before it answers, so on success the rows are `forwarded` (it has them; the home domain's receipt
-later makes them delivered or dead, messaging.federation.receipts), except those of a message it
+later makes them delivered or dead, messaging.federation.senders.receipts), except those of a message it
 refused alone (its app unknown there): dead at once with its reason. On failure the link is marked
 down with backoff (links.link_failed) and each row of the batch whose own retry time has come
 counts a failed attempt (so its attempts go at its app's pace, not at the pace of the link's
 retries); those out of the app's attempts are dead with the reason, the others wait on the link, in
-order, until its retry is due (the sweep, messaging.federation.queue, wakes the link then, or moves
+order, until its retry is due (the sweep, messaging.federation.senders.queue, wakes the link then, or moves
 the queue to another path).
 A row that already made FORWARD_HOP_LIMIT hops is dead before any call.
 """
@@ -36,7 +36,7 @@ from messaging.core.delivery.retry import retry_backoff
 from messaging.core.delivery.sql import DEAD, FORWARDED, FORWARDING, MOVED_COLUMNS, RETRYING, lock_sql
 from messaging.core.next_hop import destination, link_state, must_hold, route_around_to
 from messaging.federation.links import LinkQueueSender, link_failed, link_succeeded, route_blocked
-from messaging.federation.transport import FORWARD_PATH, peer_call
+from messaging.federation.wire.transport import FORWARD_PATH, peer_call
 from messaging.models import DeliveryState
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ def _rows_move(*, peer: str, ids: list[int], to: str) -> int:
         return cur.rowcount
 
 
-_MALFORMED_ITEM = re.compile(r"\bmessages\[(\d+)\]")  # the item a 400 names (messaging.federation.forward_payload)
+_MALFORMED_ITEM = re.compile(r"\bmessages\[(\d+)\]")  # the item a 400 names (messaging.federation.wire.forward_payload)
 
 
 def failure_reason(peer: str, reason: str) -> str:
@@ -259,7 +259,7 @@ class LinkSender(LinkQueueSender):
     def send(self, batch: Batch[Queued]) -> tuple[list[int], dict]:
         """The call; returns the payload's message ids in payload order (what the answer's refusals
         point at by index) with the neighbour's answer. Rows going back to a domain they came
-        through are handed back (this domain has no way on for them, messaging.federation.queue): the
+        through are handed back (this domain has no way on for them, messaging.federation.senders.queue): the
         call says which domains it has no way on to (`blocked`), so the neighbour routes around."""
         payload = _payload(batch.items)
         # Only a neighbour that said it has no way on somewhere can need a `hold`: the common call

@@ -12,12 +12,12 @@ from django.conf import settings
 
 from apps_registry.models import ClientApp
 from messaging.core.next_hop import destination, way_on
-from messaging.federation import receipts
-from messaging.federation.fast_forward import fast_parse
 from messaging.federation.presence_gossip import PresenceRefused, presence_parse
 from messaging.federation.selectors import WaitingHere
-from messaging.federation.takeover_records import network_parse
-from messaging.federation.transport import PeerRefused
+from messaging.federation.senders import receipts
+from messaging.federation.senders.fast_forward import fast_parse
+from messaging.federation.takeover.records import network_parse
+from messaging.federation.wire.transport import PeerRefused
 from messaging.models import MessageKind
 
 KINDS = tuple(k.value for k in MessageKind)
@@ -159,7 +159,7 @@ class Parsed:
     fast: list[dict]  # FAST items: pushed here, or carried on (never stored)
     blocked: list[str]  # the domains the caller has no way on to now (it hands back their items)
     presence: list[dict]  # domains' lists of online users (messaging.federation.presence_gossip)
-    network: dict | None = None  # clocks heard and takeovers (messaging.federation.takeover)
+    network: dict | None = None  # clocks heard and takeovers (messaging.federation.takeover.take)
 
 
 def payload_parse(*, sender: str, payload: dict) -> Parsed:

@@ -6,7 +6,7 @@ on other domains, would wait there until it returned, and the same users' next m
 from the standby that took them over, would arrive first. So the home feeds the standby each such
 message when its delivery row is queued on a link, and again when it leaves the link (sent on,
 dead, or routed again): the trigger of migration messaging 0024, through the standby feed
-(messaging.federation.standby). The standby keeps what is waiting in StandbyOutgoing. When it takes
+(messaging.federation.standby.copy). The standby keeps what is waiting in StandbyOutgoing. When it takes
 the home's users over, it stores those messages as the home's (the same origin and id, so every
 domain on the way, and the recipient's home, takes each once, should the home send it too when it
 returns) and sends them on, each with its place among the home's messages to its recipient
@@ -20,7 +20,7 @@ from django.db import transaction
 from foundation.db import hot_cursor
 from foundation.handoff import routing_enqueue
 from messaging.core.store import deliveries_append_sql
-from messaging.federation.transport import PeerRefused
+from messaging.federation.wire.transport import PeerRefused
 from messaging.models import DeliveryState
 
 WAITING = DeliveryState.FORWARDING.value

@@ -23,7 +23,7 @@ from prometheus_client import Counter
 from apps_registry.selectors import app_snapshot
 from messaging.core.delivery.fast import fast_item, message_fast_send
 from messaging.core.next_hop import next_hop
-from messaging.federation.transport import FORWARD_PATH, PeerError, PeerRefused, peer_call
+from messaging.federation.wire.transport import FORWARD_PATH, PeerError, PeerRefused, peer_call
 
 log = logging.getLogger(__name__)
 

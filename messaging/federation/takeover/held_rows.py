@@ -1,4 +1,4 @@
-"""The rows of the users a takeover moves, in SQL (messaging.federation.takeover): the deliveries of a
+"""The rows of the users a takeover moves, in SQL (messaging.federation.takeover.take): the deliveries of a
 home's users standing by at a holder, what waited on a link for them, the holder's re-seed of its
 copy at the hand-back, and the home's copy-again after it. Each statement names the users by the
 ranges homed at %(home)s whose standby is %(standby)s (domain ids)."""
@@ -13,7 +13,7 @@ from foundation import handoff
 from foundation.db import hot_cursor
 from foundation.outbound import one_at_a_time
 from messaging.core.delivery.sql import DELIVERED, FORWARDED, FORWARDING, PENDING, in_mailbox_sql
-from messaging.federation.outbox import link_lock_key
+from messaging.federation.senders.outbox import link_lock_key
 
 
 def in_ranges(table: str, user: str) -> str:

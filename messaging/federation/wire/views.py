@@ -1,4 +1,4 @@
-"""The internal endpoints neighbours call (signed, messaging.federation.transport). Thin: check the
+"""The internal endpoints neighbours call (signed, messaging.federation.wire.transport). Thin: check the
 call, hand the payload to one service, answer JSON. Refusals are 4xx with `{"error": reason}`; a
 failure here is a JSON 500 too, never an HTML page (the calling domain logs and shows the reason)."""
 
@@ -11,9 +11,11 @@ from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from messaging.federation import flood, liveness, standby
+from messaging.federation import flood
 from messaging.federation import inbound as intake
-from messaging.federation.transport import PeerRefused, peer_request_check
+from messaging.federation.standby import copy as standby
+from messaging.federation.takeover import liveness
+from messaging.federation.wire.transport import PeerRefused, peer_request_check
 
 log = logging.getLogger(__name__)
 
