@@ -36,12 +36,19 @@ def test_without_a_routing_worker_reliable_messages_never_arrive_and_the_run_fai
     assert not SelftestRun.objects.exists()
 
 
+def _as_from_a_terminal() -> None:
+    """Ctrl-C as a shell's child gets it: SIGINT neither ignored nor blocked, whatever the test process
+    that starts it inherited or was left with by an earlier test."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+
+
 @pytest.mark.django_db
 def test_ctrl_c_in_the_middle_of_a_check_still_cleans_up(processes, operator_key):
     web = processes.web("lonely", **SELFTEST_ENV)  # a RELIABLE message waits out the long timeout
     env = processes.env(SWITCHBOARD_OPERATOR_KEY=operator_key)
     proc = subprocess.Popen([sys.executable, "manage.py", "selftest", web.url, "--timeout", "60"], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_as_from_a_terminal)
     seen = []
     for line in proc.stdout:
         seen.append(line)
