@@ -41,7 +41,9 @@ def _module(filename: str) -> str | None:
 
 
 class PathTracer:
-    """Records module entries on every thread while `active`, until the first Celery send_task."""
+    """Records module entries on every thread while `active`, until work is first handed to the
+    workers: the hand-off's dispatcher (whichever the settings name: Celery's, or the test process's
+    inline one) is called."""
 
     def __init__(self) -> None:
         self.active = False
@@ -54,7 +56,7 @@ class PathTracer:
         if event != "call" or not self.active:
             return
         code = frame.f_code
-        if code.co_name == "send_task" and code.co_filename.endswith("celery/app/base.py"):
+        if code.co_name == "dispatch" and code.co_filename.endswith("handoff.py"):
             self.active = False
             self.done.set()
             return
