@@ -230,3 +230,10 @@ def route_around_to(target: str, *, visited: Iterable[str] = ()) -> str | None:
     if hop is None:
         hop = next_hop(target, visited=visited)
     return None if hop in link_state().down else hop
+
+
+def receipt_next_hop(origin: str, path: list[str]) -> str:
+    """Where a receipt that passed through `path` goes next towards `origin`: the next hop that
+    never leads back through a domain it passed ("" when there is none now: it waits here, and the
+    sweep looks again; a down link on the way forward is waited on rather than turned back from)."""
+    return next_hop(origin, visited=path, back=False) or ""

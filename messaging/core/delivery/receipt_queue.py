@@ -23,17 +23,10 @@ from django.utils.dateparse import parse_datetime
 from foundation.db import hot_cursor
 from foundation.handoff import receipt_links_kick
 from messaging.core.delivery.sql import DEAD, DELIVERED
-from messaging.core.next_hop import next_hop
+from messaging.core.next_hop import receipt_next_hop
 from messaging.models import DeliveryState
 
 log = logging.getLogger(__name__)
-
-
-def receipt_next_hop(origin: str, path: list[str]) -> str:
-    """Where a receipt that passed through `path` goes next towards `origin`: the next hop that
-    never leads back through a domain it passed ("" when there is none now: it waits here, and the
-    sweep looks again; a down link on the way forward is waited on rather than turned back from)."""
-    return next_hop(origin, visited=path, back=False) or ""
 
 
 def receipts_of(delivery_ids: Iterable[int]) -> list[dict]:

@@ -26,7 +26,6 @@ from django.db import transaction
 from foundation.db import hot_cursor
 from foundation.handoff import ROUTING_TASK_MAX_IDS, forward_links_kick, receipt_links_kick
 from foundation.outbound import one_at_a_time
-from messaging.core.delivery.receipt_queue import receipt_next_hop
 from messaging.core.delivery.retry import deliveries_fail
 from messaging.core.delivery.sql import FORWARDED, FORWARDING, PENDING, RETRYING, SENT
 from messaging.core.next_hop import (
@@ -37,6 +36,7 @@ from messaging.core.next_hop import (
     neighbours,
     next_hop,
     path_of,
+    receipt_next_hop,
 )
 from messaging.federation.links import links_held_back
 from messaging.federation.models import ReceiptForward
@@ -153,7 +153,7 @@ def _keep_on_the_detour(chosen: dict[int, str | None], rows: dict[int, tuple], h
     is back) or wait here on a link that is down and overtake them once it is back. The way
     followed must be a link that is up and not lead back through the message's path; a neighbour
     that has said it has no way on is followed only where the way chosen is down (it holds them:
-    links.must_hold), else the shorter way is taken. Rows queued behind their recipient's rows
+    messaging.core.next_hop.must_hold), else the shorter way is taken. Rows queued behind their recipient's rows
     waiting on a link (`behind`) stay there unless that link is down: the sweep moves them together."""
     down = links_down()
     following = [i for i, hop in chosen.items()

@@ -43,7 +43,7 @@ class Incoming:
     hold: bool = False  # the sender has no other way: taken even where this domain has no way on now
     seqs: dict[str, int] = field(default_factory=dict)  # recipient -> its mailbox seq at the origin
     served_here: list[str] = field(default_factory=list)  # recipients whose mailbox is here now
-    in_order: list[str] = field(default_factory=list)  # of those, the ones put in order (network.order)
+    in_order: list[str] = field(default_factory=list)  # of those, the ones put in order (messaging.federation.order)
 
 
 def _refuse(reason: str, status: int = 400) -> PeerRefused:

@@ -1,6 +1,6 @@
 """The console's page of queue credentials (Messaging › Queue credentials): add one for an app
 (its password is shown once, on the page that follows), rotate or revoke the selected ones. Every
-change goes through queue_intake.credentials; the page shows what the app's backend needs."""
+change goes through intake.stream.credentials; the page shows what the app's backend needs."""
 
 from __future__ import annotations
 

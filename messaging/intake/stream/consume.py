@@ -5,15 +5,15 @@ others dead-lettered with their reason, then all acknowledged and deleted from t
 An entry's fields: `to` (a user id, or a JSON list of user ids: a group message), `content`, and
 optionally `feature` (RELIABLE, the default, or FAST), `reference`, `sender` (a user of the app;
 its master user by default). Any other field, text that is not UTF-8, an entry larger than
-QUEUE_INTAKE_ENTRY_MAX_BYTES (never read whole: queue_intake.reader) or anything a REST send would
+QUEUE_INTAKE_ENTRY_MAX_BYTES (never read whole: intake.stream.reader) or anything a REST send would
 refuse sends it to the dead-letter stream `sbq:<APPNAME>:dead` with `entry` (its id), `reason`
 ("<error code>: <detail>", the REST API's answer) and a bounded copy of its fields
-(queue_intake.dead_letters).
+(intake.stream.dead_letters).
 
 The app's API rate limit applies as to the REST API, on the same bucket (messaging.intake.throttling):
 a token per entry. Entries beyond the tokens there are are not refused: they are left unacknowledged,
 as they were read (`Consumed.waiting`), and the consumer reads them again once there are tokens
-(`Consumed.retry_after`; queue_intake.runner). Nothing is lost and nothing is dead-lettered for it;
+(`Consumed.retry_after`; intake.stream.runner). Nothing is lost and nothing is dead-lettered for it;
 the backlog waits in the stream, where the gate bounds it, and the writer is refused (NOPERM) once
 it is full, as when the workers fall behind.
 

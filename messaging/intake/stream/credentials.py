@@ -9,7 +9,7 @@ password stops working at once; revoking deletes the user (which disconnects it 
 
 Redis keeps ACL users in memory only (no ACL file here), so Postgres is the record:
 `queue_acl_sync` applies every row's user (and removes this database's users that have no row),
-at a consumer's start and reconnect and by beat, with the gate's decision (queue_intake.gate)
+at a consumer's start and reconnect and by beat, with the gate's decision (intake.stream.gate)
 for +xadd.
 """
 

@@ -36,7 +36,7 @@ RESERVED = (b"entry", b"reason", b"truncated")  # the letter's own fields: an en
 
 @dataclass(frozen=True)
 class Oversized:
-    """An entry too large to read whole (queue_intake.reader): the copy of its first fields a dead
+    """An entry too large to read whole (intake.stream.reader): the copy of its first fields a dead
     letter keeps (fields_copy), and what it held: `size` bytes (entry_size) in `count` fields."""
 
     kept: dict[bytes, bytes]

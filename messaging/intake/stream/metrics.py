@@ -1,5 +1,5 @@
 """The queue intake's figures on /metrics (messaging.core.metrics registers QUEUE_STATS): read at scrape
-time from Redis, where the workers count them (queue_intake.stats), so any web node reports the same."""
+time from Redis, where the workers count them (intake.stream.stats), so any web node reports the same."""
 
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ def queue_client() -> redis.Redis:
         client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
         # XAUTOCLAIM … JUSTID as Redis answers it: redis-py's parser fails on an entry deleted while
         # pending. Entries themselves are never read through this client (redis-py holds a whole
-        # reply, however large an entry is) but through queue_intake.reader.
+        # reply, however large an entry is) but through intake.stream.reader.
         client.set_response_callback("XAUTOCLAIM", lambda answer, **_: answer)
         _client = (os.getpid(), url, client)
     return _client[2]

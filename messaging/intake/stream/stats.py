@@ -1,5 +1,5 @@
 """What the queue intake did, counted where it happened (the workers, which are not scraped) in a
-Redis hash per app, and read by any web node's /metrics (queue_intake.metrics):
+Redis hash per app, and read by any web node's /metrics (intake.stream.metrics):
 entries consumed (stored or pushed), dead-lettered, repeats of an entry already stored, and the
 times the app's writer was refused (its gate closed: full, or full of unread entries while no
 consumer was alive). A refused XADD is answered by Redis itself and is not counted one by one."""
