@@ -102,6 +102,8 @@ class CeleryDispatcher:
 
     def wake(self, task: str, peer: str, queue: str, *, countdown: float = 0.0, again: bool = False) -> None:
         key = WAKE_KEY.format(here=settings.DOMAIN_NAME, task=task, peer=peer)
+        # SET NX as a dedupe mark, not a lock (those are foundation.locks'): it holds nothing back but
+        # a second wake-up; the sender it wakes takes its own lock, and a lost mark costs one task.
         if sync_client().set(key, b"1", nx=not again, ex=WAKE_SECONDS + int(countdown)):
             self.dispatch(task, [peer], queue, countdown=countdown)
 
