@@ -184,7 +184,7 @@ class Outcome:
     failed: int = 0  # in a call that failed: an attempt counted
     dead: int = 0  # of those, out of attempts
     calls: int = 0
-    skipped: str = ""  # why nothing (more) was tried: "busy", "held back", "not now", "budget"
+    skipped: str = ""  # why nothing (more) was tried: "busy", "held back", "not now", "budget", "more than one call"
     error: str = ""
 
     def as_dict(self) -> dict:
@@ -197,11 +197,14 @@ def _no_lock() -> Iterator[bool]:
     yield True
 
 
-def send_batches(sender: Sender, *, max_batches: int | None = None, budget_seconds: float | None = None) -> Outcome:
+def send_batches(sender: Sender, *, max_batches: int | None = None, budget_seconds: float | None = None,
+                 whole: bool = False) -> Outcome:
     """Run `sender` through the skeleton's steps (the module docstring) until its queue is empty,
     a call fails, it is held back, `max_batches` calls were made, or `budget_seconds` have passed
     (`skipped` "budget": more may wait; the caller hands the rest to a new run, so a long queue never
-    holds one worker thread for longer than that and a call's deadline)."""
+    holds one worker thread for longer than that and a call's deadline). `whole`: a batch goes only
+    if it is the whole queue (`Batch.drained`); a take that is not ends the run before any call
+    (`skipped` "more than one call": a hand-back's last call, which must leave nothing behind)."""
     outcome = Outcome(sender.name, sender.lock_key)
     limits = sender.limits()
     started = time.monotonic()
@@ -220,6 +223,9 @@ def send_batches(sender: Sender, *, max_batches: int | None = None, budget_secon
                     outcome.skipped = "held back"
                     return outcome
             batch = sender.take(limits)
+            if whole and batch.items and not batch.drained:
+                outcome.skipped = "more than one call"
+                return outcome
             if batch.refused:
                 given_up = sender.give_up(batch.refused)
                 outcome.refused += given_up
