@@ -14,7 +14,7 @@ from apps_registry.selectors import app_snapshots_clear
 from messaging.api.client import ApiError
 from messaging.models import Message
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_client_imports_without_django():
