@@ -14,11 +14,16 @@ from analytics.selectors import report_default_range
 from analytics.services import ExportBusy, ReportBusy, lake_export
 from analytics.services import report_run as report_run_service
 from analytics.services.retention import rows_past_retention_delete
+from foundation.backoff import Backoff
 
 log = logging.getLogger(__name__)
 # Exports and Spark reports run far longer than the default task limit (CELERY_TASK_*_TIME_LIMIT).
 SPARK_TIME_LIMITS = {"soft_time_limit": settings.ANALYTICS_TASK_SOFT_TIME_LIMIT,
                      "time_limit": settings.ANALYTICS_TASK_TIME_LIMIT}
+# A run requested while another of its kind is running waits for it, the same while at a time (the
+# running one takes minutes, not a growing while): a backoff whose cap is its base.
+EXPORT_BUSY_RETRY = Backoff(base=15.0, cap=15.0, jitter=0.0)
+REPORT_BUSY_RETRY = Backoff(base=30.0, cap=30.0, jitter=0.0)
 
 
 @shared_task(bind=True, acks_late=True, max_retries=40, **SPARK_TIME_LIMITS)
@@ -29,7 +34,7 @@ def export_run(self, job_run_id: int | None = None) -> dict:
     except ExportBusy:
         if job_run_id is None:
             return {"skipped": "another export is running"}  # the next beat tick takes over
-        raise self.retry(countdown=15) from None
+        raise self.retry(countdown=EXPORT_BUSY_RETRY.seconds(self.request.retries + 1)) from None
     return {"run": result.run_id, "rows": result.rows, "files": result.files}
 
 
@@ -47,7 +52,7 @@ def report_run(self, job_run_id: int | None = None, kind: str | None = None) -> 
         report = report_run_service(kind=JobKind(kind), since=since, until=until, job_run_id=job_run_id,
                                     requested_by="" if job_run_id else "beat")
     except ReportBusy:
-        raise self.retry(countdown=30) from None
+        raise self.retry(countdown=REPORT_BUSY_RETRY.seconds(self.request.retries + 1)) from None
     return {"report": report.pk if report else None}
 
 

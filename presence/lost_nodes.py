@@ -1,8 +1,8 @@
 """Where a node is declared dead, and what presence does then.
 
 A web node heartbeats every PRESENCE_HEARTBEAT_SECONDS (a Redis key with a TTL and its Node row).
-The reaper (a beat task, under a cluster-wide Redis lock so exactly one worker does it) takes every
-node silent for PRESENCE_NODE_TIMEOUT whose Redis key is gone and:
+The reaper (a beat task, under a cluster-wide Redis lease, foundation.locks, so exactly one worker
+does it) takes every node silent for PRESENCE_NODE_TIMEOUT whose Redis key is gone and:
 
 1. tombstones it in Redis and drops every connection it held from the presence cache (one
    script), announcing USER_DISCONNECTED to the master user where that was a user's last one;
@@ -34,7 +34,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps_registry.selectors import AppSnapshot, app_snapshot, user_id_parse
-from foundation.transport.redis_clients import lock_acquire
+from foundation.locks import lease
 
 from . import cache
 from .events import presence_event_record
@@ -55,22 +55,16 @@ class ReapedNode:
 
 
 def nodes_reap() -> list[ReapedNode]:
-    """Declare every silent node dead; [] when another worker holds the reaper's lock."""
-    lock = lock_acquire("node-reaper", ttl=60)
-    if lock is None:
-        return []
-    try:
+    """Declare every silent node dead; [] when another worker holds the reaper's lease."""
+    with lease("node-reaper", ttl=60) as held:
+        if not held:
+            return []
         reaped = []
         for node in nodes_silent_for(settings.PRESENCE_NODE_TIMEOUT):
             if cache.node_is_alive(node.node_id):
                 continue  # Postgres lagged behind Redis; the node is fine
             reaped.append(node_reap(node=node, reason="node died"))
         return reaped
-    finally:
-        try:
-            lock.release()
-        except Exception:  # the lock expired under a very slow run; nothing to undo
-            log.warning("reaper lock had expired before release")
 
 
 def node_restart_cleanup(*, node_id: str) -> ReapedNode | None:

@@ -228,7 +228,7 @@ def _pool_connections_closed_at_the_end(django_db_setup):
     can only be dropped once they are closed."""
     yield
     from foundation.asyncdb import pool_connections_close
-    from foundation.outbound import lock_connections_close
+    from foundation.locks import lock_connections_close
 
     pool_connections_close()
     lock_connections_close()

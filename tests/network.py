@@ -40,7 +40,7 @@ from apps_registry.models import ClientApp, Domain, DomainLink
 from apps_registry.selectors import app_snapshots_clear
 from apps_registry.services import distribution_create
 from foundation.handoff import WAKE_KEY, Handed, InlineDispatcher, dispatcher_use, task_run
-from foundation.outbound import one_at_a_time
+from foundation.locks import one_at_a_time
 from foundation.outgoing import Answer, OutgoingError
 from foundation.transport.redis_clients import sync_client
 from messaging.core.delivery.delivered import deliveries_mark_delivered

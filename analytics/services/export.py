@@ -55,7 +55,7 @@ from django.utils import timezone
 
 from analytics.jobs import datasets as ds
 from analytics.models import ExportTable, ExportWatermark, JobKind, JobRun, JobState
-from foundation.outbound import one_at_a_time
+from foundation.locks import one_at_a_time
 from messaging.models import UNDELIVERED_STATES, DeliveryState
 from presence.models import PresenceEventKind, Transport
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from celery import current_app
 from django.db import transaction
 from django.utils import timezone
 
 from analytics.models import JobKind, JobRun, JobState
+from foundation import handoff
 
 # Task names, not imports: tasks call services, so services name tasks without importing them.
 TASK_OF_KIND = {JobKind.EXPORT: "analytics.tasks.export_run", JobKind.PRESENCE: "analytics.tasks.report_run",
@@ -17,9 +17,10 @@ TASK_OF_KIND = {JobKind.EXPORT: "analytics.tasks.export_run", JobKind.PRESENCE: 
 
 def job_request(*, kind: JobKind, requested_by: str, since: datetime | None = None,
                 until: datetime | None = None) -> JobRun:
-    """Queue a run on a worker (after commit); the returned row shows its progress."""
+    """Queue a run on a worker (after commit), through the door of foundation.handoff (Celery's default
+    queue); the returned row shows its progress."""
     run = JobRun.objects.create(kind=kind, requested_by=requested_by, since=since, until=until)
-    transaction.on_commit(lambda: current_app.send_task(TASK_OF_KIND[JobKind(kind)], kwargs={"job_run_id": run.pk}))
+    transaction.on_commit(lambda: handoff.task_enqueue(TASK_OF_KIND[JobKind(kind)], [run.pk]))
     return run
 
 

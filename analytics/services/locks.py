@@ -1,4 +1,4 @@
-"""The names of analytics' cluster-wide "one at a time" runs, for foundation.outbound.one_at_a_time
+"""The names of analytics' cluster-wide "one at a time" runs, for foundation.locks.one_at_a_time
 (transaction-scoped, on a connection of its own: a process that dies releases it, and a pooler in
 transaction mode cannot strand it)."""
 

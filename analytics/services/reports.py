@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from analytics.jobs import datasets as ds
 from analytics.models import REPORT_KINDS, JobKind, JobRun, Report, ReportRow
-from foundation.outbound import one_at_a_time
+from foundation.locks import one_at_a_time
 
 from .jobs import job_finish, job_start
 from .lake import Lake

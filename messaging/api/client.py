@@ -1,4 +1,5 @@
-"""A small typed Python client of Switchboard's server REST API (httpx only; no Django needed).
+"""A small typed Python client of Switchboard's server REST API (httpx and a pure foundation.backoff;
+no Django needed).
 
     from messaging.api.client import SwitchboardClient
 
@@ -22,9 +23,13 @@ from urllib.parse import quote
 
 import httpx
 
+from foundation.backoff import Backoff  # (pure Python: the client still needs no Django)
+
 Feature = Literal["RELIABLE", "FAST"]
 RETRY_STATUSES = {429, 503}
 RETRY_AFTER_MAX = 30.0
+# The wait before trying again after a dropped connection: 0.4 s, doubling, at most RETRY_AFTER_MAX.
+CONNECTION_RETRY = Backoff(base=0.4, cap=RETRY_AFTER_MAX, jitter=0.0)
 
 
 class ApiError(Exception):
@@ -126,7 +131,7 @@ class SwitchboardClient:
                 if attempt >= self.retries:
                     raise
                 attempt += 1
-                time.sleep(min(RETRY_AFTER_MAX, 0.2 * 2**attempt))
+                time.sleep(CONNECTION_RETRY.seconds(attempt))
                 continue
             if response.status_code < 400:
                 return response.json() if response.content else None

@@ -23,11 +23,15 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from foundation.backoff import Backoff
 from foundation.transport.redis_clients import async_client, pubsub_namespace
 from messaging.channels import registry
 
 log = logging.getLogger(__name__)
 ChannelKey = tuple[int, str]  # (app id, channel name)
+# The wait before each try to subscribe again after the hub's Redis connection broke: 0.2 s, doubling
+# with each failed try, at most 5 s.
+RECONNECT_BACKOFF = Backoff(base=0.2, cap=5.0, jitter=0.0)
 
 
 class ChannelReader(Protocol):
@@ -136,9 +140,10 @@ class ChannelHub:
             reader.channel_event(key, offset, content)
 
     async def _reconnect(self) -> None:
-        delay = 0.2
+        tries = 0
         while True:
-            await asyncio.sleep(delay)
+            tries += 1
+            await asyncio.sleep(RECONNECT_BACKOFF.seconds(tries))
             try:
                 try:
                     await self._pubsub.aclose()
@@ -156,7 +161,6 @@ class ChannelHub:
                 break
             except Exception as exc:
                 log.warning("channel hub reconnect failed (%r)", exc)
-                delay = min(delay * 2, 5.0)
         for key, readers in list(self.readers.items()):
             self._mark(key)
             for reader in list(readers):

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
+from foundation.backoff import Backoff
 from messaging.exchange import metrics
 from messaging.exchange.engine import Batch, Engine, line_parse
 
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 CommitFn = Callable[..., None]  # store.exchange_batch_commit's signature
 COMMIT_RETRY_SECONDS = 0.25  # the wait after a failed commit, doubling with each failure in a row...
 COMMIT_RETRY_MAX_SECONDS = 5.0  # ...up to this
+COMMIT_RETRY = Backoff(COMMIT_RETRY_SECONDS, COMMIT_RETRY_MAX_SECONDS, jitter=0.0)  # one adapter per process
 WsFn = Callable[[int, list], None]  # called in the database thread after a commit with the batch's events
 
 
@@ -156,7 +158,7 @@ class Exchange:
         except Exception:
             self.commit_failures += 1
             metrics.COMMIT_FAILURES.labels(self.label).inc()
-            wait = min(COMMIT_RETRY_MAX_SECONDS, COMMIT_RETRY_SECONDS * 2 ** (self.commit_failures - 1))
+            wait = COMMIT_RETRY.seconds(self.commit_failures)
             log.exception("exchange %s: committing a batch failed (%s in a row); its events wait and are "
                           "committed again in %.1fs", self.label, self.commit_failures, wait)
             await asyncio.sleep(wait)

@@ -17,8 +17,9 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from foundation.backoff import Backoff
 from foundation.db import hot_cursor
-from foundation.outbound import Backoff, Batch, Limits
+from foundation.outbound import Batch, Limits
 from messaging.core.next_hop import link_state_forget, link_state_known, marks_live, routes_cache_clear
 from messaging.federation.models import LinkHealth
 from messaging.federation.wire.transport import link_cache_clear

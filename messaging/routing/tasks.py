@@ -13,6 +13,7 @@ from celery.signals import worker_ready, worker_shutting_down
 from django.db import DatabaseError, close_old_connections
 from redis import RedisError
 
+from foundation.backoff import Backoff
 from foundation.handoff import (
     FLOOD_TASK,
     FORWARD_LINK_TASK,
@@ -25,7 +26,6 @@ from foundation.handoff import (
     standby_senders_kick,
     webhook_calls_enqueue,
 )
-from foundation.outbound import Backoff
 from messaging.channels.retention import channel_history_expire
 from messaging.core.delivery.expiry import deliveries_expire
 from messaging.core.delivery.lost_nodes import lost_nodes_settle

@@ -32,6 +32,7 @@ from django.utils import timezone
 from apps_registry.models import ApiKey, AuthMode, ClientApp, Domain, SelftestRun, UserDistribution
 from apps_registry.selectors import app_snapshots_clear, user_id_parse
 from apps_registry.services import api_key_create
+from foundation.backoff import Backoff
 from messaging.channels.models import Channel, Subscription
 from messaging.channels.names import channel_grant_sign
 from messaging.gateway.authentication import token_sign
@@ -44,6 +45,7 @@ THROWAWAY_USERS = 3
 TOKEN_SECONDS = 3600
 WEBHOOK_EVENTS = ["user.connected", "user.disconnected"]
 END_ATTEMPTS = 3
+END_RETRY = Backoff(base=0.2, cap=0.4, jitter=0.0)  # between a delete that lost the race and the next: 0.2 s, 0.4 s
 log = logging.getLogger(__name__)
 
 
@@ -202,7 +204,7 @@ def selftest_end(*, name: str) -> bool:
             if attempt == END_ATTEMPTS:
                 raise
             log.info("selftest run %s: a row recorded during its cleanup; removing again", name)
-            time.sleep(0.2 * attempt)
+            time.sleep(END_RETRY.seconds(attempt))
     return False
 
 

@@ -17,7 +17,7 @@ with a lease, through the door of foundation.handoff, and the task
    status and ERROR_BODY_BYTES of the answer are read;
 4. records the outcome under its own claim: a 2xx answer is delivered; anything else (another
    status, a redirect, the deadline, a refused address or connection) is a failed attempt: retrying
-   after `webhook_backoff()` (the outbound Backoff), or dead once WEBHOOK_MAX_ATTEMPTS have failed.
+   after `webhook_backoff()` (foundation.backoff's Backoff), or dead once WEBHOOK_MAX_ATTEMPTS have failed.
 
 The hand-out's lease (webhook_lease_seconds) is well past one call's deadline, so the sweep never
 hands a row to a second worker while the first still calls. The call's own deadline is what bounds
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection
 
+from foundation.backoff import Backoff
 from foundation.outbound import (
-    Backoff,
     Batch,
     CallFailed,
     Failed,

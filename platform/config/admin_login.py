@@ -25,7 +25,7 @@ from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from foundation.outbound import Backoff
+from foundation.backoff import Backoff
 
 
 def _now() -> float:
@@ -55,7 +55,7 @@ def _counters(request: HttpRequest) -> tuple[Counter, Counter]:
 
 def login_backoff_seconds(failures: int, free_failures: int) -> float:
     """How long to wait after the `failures`-th failure: nothing for the free ones, then doubling
-    (foundation.outbound's Backoff, without jitter: Retry-After says exactly when)."""
+    (foundation.backoff's Backoff, without jitter: Retry-After says exactly when)."""
     over = failures - free_failures
     if over <= 0:
         return 0.0

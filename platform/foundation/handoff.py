@@ -3,7 +3,8 @@ dispatcher object chosen once by the composition root.
 
 Whatever commits deliveries (a send, a confirmation, a re-queue, a dead node's settlement) hands
 their ids through here, once committed; the network's senders (a link's queue, its channel
-publishes, its receipts) and webhook calls are woken the same way. Tasks are named, not imported:
+publishes, its receipts) and webhook calls are woken the same way, and an app's own named tasks
+(analytics' jobs) are handed over here too (`task_enqueue`). Tasks are named, not imported:
 this module imports nothing of messaging, so nothing that stores a message depends on the code that
 routes it (messaging.tasks, run by the workers), and no import cycle can run through the hand-off.
 
@@ -61,6 +62,9 @@ GIVEN_BACK_TASK = "messaging.tasks.takeover_given_back"  # a home given its user
 FORWARDING_QUEUE = "forwarding"
 FLOOD_TASK = "messaging.tasks.flood_link"  # a link's queue of channel publishes
 FAST_FORWARD_TASK = "messaging.tasks.forward_fast"  # a FAST item for users homed elsewhere
+# Celery's own default queue, served by the routing worker (`-Q celery,routing`): tasks with no queue
+# of their own (analytics' jobs) go there, as a task handed over without a queue always did.
+DEFAULT_QUEUE = "celery"
 # A link's senders are woken once: while a wake-up of one is on its way (handed over, its task not
 # yet started), what is queued for it meanwhile needs no wake-up of its own (the sender takes the
 # whole queue). The mark expires, so a wake-up lost with a worker (or a "forwarding" queue nobody
@@ -102,6 +106,8 @@ class CeleryDispatcher:
 
     def wake(self, task: str, peer: str, queue: str, *, countdown: float = 0.0, again: bool = False) -> None:
         key = WAKE_KEY.format(here=settings.DOMAIN_NAME, task=task, peer=peer)
+        # SET NX as a dedupe mark, not a lock (those are foundation.locks'): it holds nothing back but
+        # a second wake-up; the sender it wakes takes its own lock, and a lost mark costs one task.
         if sync_client().set(key, b"1", nx=not again, ex=WAKE_SECONDS + int(countdown)):
             self.dispatch(task, [peer], queue, countdown=countdown)
 
@@ -285,6 +291,12 @@ def link_sender_run(task: str, peer: str, send: Callable[[], dict]) -> dict:
     elif outcome["skipped"] == "busy":
         _dispatcher.wake(task, peer, FORWARDING_QUEUE, countdown=BUSY_LOOK_AGAIN_SECONDS)
     return outcome
+
+
+def task_enqueue(task: str, args: Sequence = (), *, queue: str = DEFAULT_QUEUE, countdown: float = 0.0) -> None:
+    """Any other named task (an app's own: analytics' jobs) with `args`, on `queue`'s workers, not
+    before `countdown` seconds: what has no door of its own above still goes through this one."""
+    _dispatcher.dispatch(task, list(args), queue, countdown=countdown)
 
 
 def fast_forward_enqueue(item: dict) -> None:

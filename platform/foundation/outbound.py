@@ -1,13 +1,13 @@
-"""Sending work out: the one skeleton every sender of the platform runs on, its lock, its backoff
-and its claim tokens.
+"""Sending work out: the one skeleton every sender of the platform runs on, its give-up rule and its
+claim tokens (its lock is foundation.locks', its backoff foundation.backoff's).
 
 A sender takes rows it owns from a table and hands them to something outside this process that may
 be slow, down or refusing: a neighbouring domain (the link, flood and receipt senders of
 messaging.federation) or a tenant's receiver (messaging.webhooks). Each is a `Sender`, which brings
 only its SQL and its payload; `send_batches` runs the steps, the same for all of them:
 
-1. **one at a time** (`one_at_a_time`, where the sender names a key): a second sender of the same key
-   returns at once (`busy`). A link's queue must leave in order: two senders posting overlapping
+1. **one at a time** (foundation.locks' `one_at_a_time`, where the sender names a key): a second
+   sender of the same key returns at once (`busy`). A link's queue must leave in order: two senders posting overlapping
    batches could let the neighbour store a recipient's later messages before its earlier ones;
 2. **held back?** the sender's own backoff says "not yet" (a link that failed is retried at its
    `retry_at`): nothing is taken (`held back`). Asked once per run: a run stops at its first
@@ -24,18 +24,13 @@ Then the next batch, until the queue is empty or a call fails. A batch its sende
 whole queue (`Batch.drained`) ends the run once it is settled (unless the settling left items to go
 again at once, `Settled.again`), without a look at an empty queue:
 what is queued after the take has a wake-up of its own (foundation.handoff clears a sender's wake-up
-mark when its run starts, so a row committed after that wakes a run that starts after it). The sender decides where a retry is
-scheduled (its `Backoff`: the link's retry time, or the row's next attempt) and what "dead" means
-for its rows; the skeleton decides when each step happens, so a retry and a give-up are recorded
-the same way everywhere.
+mark when its run starts, so a row committed after that wakes a run that starts after it). The sender
+decides where a retry is scheduled (its `Backoff`, foundation.backoff: the link's retry time, or the
+row's next attempt) and what "dead" means for its rows; the skeleton decides when each step happens,
+so a retry and a give-up are recorded the same way everywhere.
 
-**The lock** is a transaction-level advisory lock (`pg_try_advisory_xact_lock`) taken in a
-transaction of a connection kept for locks (one per thread), and ended (rolled back) when the work
-it guards ends. A transaction is one server session also behind a pooler in transaction mode, so
-lock and unlock can never land on different sessions; and it can never outlive its work: the block
-ends it, and a dead worker's connection ends it. The work itself runs on the thread's ordinary
-(Django) connection, committing as it goes. The transaction reads nothing and writes nothing: it
-holds no snapshot (READ COMMITTED), so it never holds back vacuum.
+**The lock** is foundation.locks' `one_at_a_time` (a transaction-level advisory lock on a
+connection kept for locks, so it never outlives its work), free between batches.
 
 This module imports no app: foundation is below every layer.
 """
@@ -43,19 +38,16 @@ This module imports no app: foundation is below every layer.
 from __future__ import annotations
 
 import logging
-import random
 import secrets
-import threading
 import time
-import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from django.db import connection
 from prometheus_client import Counter
 
+from foundation.locks import one_at_a_time
 from foundation.metrics import REGISTRY
 
 log = logging.getLogger(__name__)
@@ -77,118 +69,13 @@ def claim_token() -> int:
     return secrets.randbits(63)
 
 
-# --- backoff --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """The wait before the next try after `failures` failures in a row: base x 2^(failures-1),
-    at most `cap`, times a random factor in [1 - jitter, 1] so that what failed together (a
-    recipient's backlog, a neighbour's queue) does not come back all at once. jitter 0: exact."""
-
-    base: float
-    cap: float
-    jitter: float = 0.5
-
-    def seconds(self, failures: int) -> float:
-        wait = min(self.cap, self.base * 2 ** min(max(failures - 1, 0), 62))
-        return wait * (1 - self.jitter * random.random())
-
-    def sql(self, failures: str) -> str:
-        """The same wait as an SQL interval, for statements that schedule the retry themselves;
-        `failures` is an SQL expression (`d.attempts + 1`)."""
-        base, cap, jitter = float(self.base), float(self.cap), float(self.jitter)
-        return (f"make_interval(secs => least({cap!r}::float8, {base!r}::float8"
-                f" * power(2::float8, least(greatest(({failures}) - 1, 0), 62)))"
-                f" * (1 - {jitter!r}::float8 * random()))")
+# --- give-up -------------------------------------------------------------------------------------
 
 
 def out_of_attempts(attempts: str, max_attempts: str) -> str:
     """SQL: true when an item whose failed attempts now number `attempts` is to be dead-lettered
     (the one give-up rule: every sender's failure statement uses it)."""
     return f"(({attempts}) >= ({max_attempts}))"
-
-
-# --- one sender per key ---------------------------------------------------------------------------
-
-_locks = threading.local()
-_lock_connections: weakref.WeakSet = weakref.WeakSet()
-_lock_connections_guard = threading.Lock()
-
-
-def _lock_connection():
-    conn = getattr(_locks, "conn", None)
-    if conn is None or conn.closed or getattr(_locks, "dsn_name", None) != connection.settings_dict.get("NAME"):
-        params = connection.get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("prepare_threshold", None)
-        conn = connection.get_new_connection(params)
-        conn.autocommit = False
-        _locks.conn = conn
-        _locks.dsn_name = connection.settings_dict.get("NAME")
-        with _lock_connections_guard:
-            _lock_connections.add(conn)
-    return conn
-
-
-def lock_connections_close() -> None:
-    """Close every lock connection of this process (a test session, before its database is dropped)."""
-    with _lock_connections_guard:
-        conns = list(_lock_connections)
-        _lock_connections.clear()
-    for conn in conns:
-        try:
-            conn.close()
-        except Exception:  # noqa: BLE001  (closing what may already be broken)
-            pass
-    _locks.conn = None
-
-
-@contextmanager
-def one_at_a_time(key: str) -> Iterator[bool]:
-    """Yields whether this thread holds `key` now (never waits): one holder per key across every
-    process on the database, until the block ends (see the module docstring). Not re-entrant
-    within a thread: nest only different keys."""
-    depth = getattr(_locks, "depth", 0)
-    if depth:
-        raise RuntimeError(f"one_at_a_time({key!r}) inside another one_at_a_time of this thread")
-    conn = _lock_connection()
-    try:
-        row = conn.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", [key]).fetchone()
-    except Exception:
-        _lock_connection_drop(conn)
-        raise
-    held = bool(row[0])
-    _locks.depth = 1
-    try:
-        yield held
-    finally:
-        _locks.depth = 0
-        try:
-            conn.rollback()  # ends the transaction: the lock goes with it
-        except Exception:  # noqa: BLE001  (a broken connection released the lock already)
-            _lock_connection_drop(conn)
-
-
-def _lock_connection_drop(conn) -> None:
-    try:
-        conn.close()
-    except Exception:  # noqa: BLE001
-        pass
-    _locks.conn = None
-
-
-def lock_held_elsewhere(key: str) -> bool:
-    """Whether some session holds `key` now in this database (the console; tests). A bigint
-    advisory key shows in pg_locks as its high and low 32 bits (classid, objid), with objsubid 1;
-    advisory locks belong to a database (another database's holder of the same key is not one)."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "WITH k AS (SELECT hashtextextended(%s, 0) AS h)"
-            " SELECT EXISTS (SELECT 1 FROM pg_locks, k WHERE locktype = 'advisory' AND granted AND objsubid = 1"
-            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-            " AND classid = ((h >> 32) & 4294967295)::oid AND objid = (h & 4294967295)::oid)", [key])
-        return bool(cur.fetchone()[0])
 
 
 # --- the skeleton ---------------------------------------------------------------------------------
@@ -297,7 +184,7 @@ class Outcome:
     failed: int = 0  # in a call that failed: an attempt counted
     dead: int = 0  # of those, out of attempts
     calls: int = 0
-    skipped: str = ""  # why nothing (more) was tried: "busy", "held back", "not now", "budget"
+    skipped: str = ""  # why nothing (more) was tried: "busy", "held back", "not now", "budget", "more than one call"
     error: str = ""
 
     def as_dict(self) -> dict:
@@ -310,11 +197,14 @@ def _no_lock() -> Iterator[bool]:
     yield True
 
 
-def send_batches(sender: Sender, *, max_batches: int | None = None, budget_seconds: float | None = None) -> Outcome:
+def send_batches(sender: Sender, *, max_batches: int | None = None, budget_seconds: float | None = None,
+                 whole: bool = False) -> Outcome:
     """Run `sender` through the skeleton's steps (the module docstring) until its queue is empty,
     a call fails, it is held back, `max_batches` calls were made, or `budget_seconds` have passed
     (`skipped` "budget": more may wait; the caller hands the rest to a new run, so a long queue never
-    holds one worker thread for longer than that and a call's deadline)."""
+    holds one worker thread for longer than that and a call's deadline). `whole`: a batch goes only
+    if it is the whole queue (`Batch.drained`); a take that is not ends the run before any call
+    (`skipped` "more than one call": a hand-back's last call, which must leave nothing behind)."""
     outcome = Outcome(sender.name, sender.lock_key)
     limits = sender.limits()
     started = time.monotonic()
@@ -333,6 +223,9 @@ def send_batches(sender: Sender, *, max_batches: int | None = None, budget_secon
                     outcome.skipped = "held back"
                     return outcome
             batch = sender.take(limits)
+            if whole and batch.items and not batch.drained:
+                outcome.skipped = "more than one call"
+                return outcome
             if batch.refused:
                 given_up = sender.give_up(batch.refused)
                 outcome.refused += given_up

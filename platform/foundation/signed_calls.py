@@ -108,4 +108,6 @@ def signature_refusal(*, secret: str | Sequence[str], header: str | None, method
 
 def nonce_first_use(*, redis, sender: str, nonce: str, ttl: int) -> bool:
     """True the first time `sender` uses `nonce` within `ttl` seconds (SET NX): a replayed call is False."""
+    # SET NX as a dedupe mark, not a lock (those are foundation.locks'): nothing is held or released,
+    # the key only remembers a nonce for as long as a replay of it could pass the clock check.
     return bool(redis.set(NONCE_KEY.format(sender=sender, nonce=nonce), b"1", nx=True, ex=max(1, ttl)))

@@ -13,7 +13,7 @@ from django.urls import reverse
 from analytics import tasks
 from analytics.jobs import datasets as ds
 from analytics.models import JobRun, Report, ReportRow
-from analytics.services import jobs as job_services
+from foundation.handoff import DEFAULT_QUEUE
 
 pytestmark = pytest.mark.django_db
 
@@ -102,38 +102,38 @@ def test_a_report_downloads_as_csv(operator, backlog_report):
     assert len(rows) == 1 + backlog_report.rows.count()
 
 
-def test_the_export_button_queues_the_job_and_its_page_shows_the_state(operator, monkeypatch, lake,
+def test_the_export_button_queues_the_job_and_its_page_shows_the_state(operator, handoff, lake,
                                                                        django_capture_on_commit_callbacks):
-    sent = []
-    monkeypatch.setattr(job_services.current_app, "send_task", lambda name, kwargs: sent.append((name, kwargs)))
-
     with django_capture_on_commit_callbacks(execute=True):
         response = operator.post(reverse("admin:analytics_jobrun_request"), {"kind": "export"})
 
     run = JobRun.objects.get()
     assert response.url == reverse("admin:analytics_jobrun_change", args=[run.pk])
-    assert sent == [("analytics.tasks.export_run", {"job_run_id": run.pk})]
+    # handed to the workers through the door of foundation.handoff (this test's InlineDispatcher records it)
+    assert [(h.task, h.args, h.queue) for h in handoff.tasks()] == [("analytics.tasks.export_run", [run.pk],
+                                                                     DEFAULT_QUEUE)]
     page = operator.get(response.url).content.decode()
     assert "is <strong class=\"state-queued\">queued</strong>" in page and 'http-equiv="refresh"' in page
 
 
-def test_a_report_button_queues_yesterdays_report_with_its_range(operator, monkeypatch):
-    monkeypatch.setattr(job_services.current_app, "send_task", lambda name, kwargs: None)
-
-    operator.post(reverse("admin:analytics_jobrun_request"), {"kind": "backlog", "span": "yesterday"})
+def test_a_report_button_queues_yesterdays_report_with_its_range(operator, handoff,
+                                                                  django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        operator.post(reverse("admin:analytics_jobrun_request"), {"kind": "backlog", "span": "yesterday"})
 
     run = JobRun.objects.get()
     assert (run.kind, run.state, run.requested_by) == ("backlog", "queued", "operator")
     assert run.until - run.since == timedelta(days=1) and run.until.hour == 0
+    assert [(h.task, h.args) for h in handoff.tasks()] == [("analytics.tasks.report_run", [run.pk])]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_queued_export_run_by_its_task_succeeds_and_running_it_again_does_nothing(operator, monkeypatch, lake):
-    monkeypatch.setattr(job_services.current_app, "send_task", lambda name, kwargs: None)
+def test_a_queued_export_run_by_its_task_succeeds_and_running_it_again_does_nothing(operator, handoff, lake):
     operator.post(reverse("admin:analytics_jobrun_request"), {"kind": "export"})
     run = JobRun.objects.get()
+    (queued,) = handoff.tasks()
 
-    first = tasks.export_run(job_run_id=run.pk)
+    first = tasks.export_run(*queued.args)  # what the worker runs
     again = tasks.export_run(job_run_id=run.pk)
 
     run.refresh_from_db()

@@ -16,6 +16,7 @@ from django.conf import settings
 
 from config.celery import app
 from foundation.handoff import (
+    DEFAULT_QUEUE,
     FLOOD_TASK,
     FORWARD_LINK_TASK,
     FORWARD_RECEIPTS_TASK,
@@ -36,6 +37,7 @@ from foundation.handoff import (
     forward_links_kick,
     receipt_links_kick,
     routing_enqueue,
+    task_enqueue,
     webhook_calls_enqueue,
     webhook_calls_hand_over,
 )
@@ -71,6 +73,16 @@ def test_nothing_is_queued_for_no_deliveries(redis_client, broker):
     redis_client.delete(ROUTING_QUEUE)
     routing_enqueue([])
     assert _queued(redis_client, ROUTING_QUEUE) == []
+
+
+def test_an_apps_own_named_task_goes_through_the_door_on_celerys_default_queue(redis_client, broker, settings):
+    """analytics' jobs (analytics.services.jobs): no route of their own, so Celery's default queue, as
+    a task sent without a queue always went; the routing worker serves it (`-Q celery,routing`)."""
+    redis_client.delete(DEFAULT_QUEUE)
+    task_enqueue("analytics.tasks.export_run", [7])
+    assert _queued(redis_client, DEFAULT_QUEUE) == [("analytics.tasks.export_run", [7])]
+    assert "analytics.tasks.export_run" not in settings.CELERY_TASK_ROUTES
+    assert app.conf.task_default_queue == DEFAULT_QUEUE
 
 
 ROOT = Path(__file__).resolve().parents[2]

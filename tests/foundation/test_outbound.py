@@ -1,5 +1,5 @@
-"""The outbound core (foundation.outbound): one lock that cannot outlive its work, one backoff in
-Python and SQL, one give-up rule, and the skeleton every sender runs on."""
+"""The outbound core (foundation.outbound): one give-up rule, claim tokens, and the skeleton every
+sender runs on (its lock: tests/foundation/test_locks.py; its backoff: test_backoff.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import threading
 from dataclasses import dataclass, field
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 
+from foundation.locks import one_at_a_time
 from foundation.outbound import (
-    Backoff,
     Batch,
     CallFailed,
     Failed,
@@ -18,8 +18,6 @@ from foundation.outbound import (
     NotNow,
     Settled,
     claim_token,
-    lock_held_elsewhere,
-    one_at_a_time,
     out_of_attempts,
     send_batches,
 )
@@ -27,98 +25,7 @@ from foundation.outbound import (
 pytestmark = pytest.mark.django_db
 
 
-def taken_elsewhere(key: str) -> bool:
-    """Whether another session could take `key` now (asked from a session of its own)."""
-    result: list[bool] = []
-
-    def ask() -> None:
-        with one_at_a_time(key) as held:
-            result.append(held)
-
-    thread = threading.Thread(target=ask)
-    thread.start()
-    thread.join(10)
-    return not result[0]
-
-
-# --- the lock ---------------------------------------------------------------------------------------
-
-
-def test_a_key_has_one_holder_at_a_time_and_is_free_once_the_work_ends():
-    with one_at_a_time("test:link:domain-02") as held:
-        assert held
-        assert taken_elsewhere("test:link:domain-02")
-        assert lock_held_elsewhere("test:link:domain-02")
-        assert not taken_elsewhere("test:link:domain-04")  # another key is another sender
-    assert not taken_elsewhere("test:link:domain-02")
-    assert not lock_held_elsewhere("test:link:domain-02")
-
-
-def test_the_lock_is_released_when_the_work_fails():
-    with pytest.raises(RuntimeError), one_at_a_time("test:failing") as held:
-        assert held
-        raise RuntimeError("the neighbour's answer made no sense")
-    assert not taken_elsewhere("test:failing")
-
-
-@pytest.mark.django_db(transaction=True)  # a test transaction would not let the work's connection go
-def test_the_lock_is_transaction_scoped_so_no_session_keeps_it_after_the_work():
-    """Behind a pooler in transaction mode a session-level lock could stay on a pooled server
-    session after its work: this one is a transaction's, which a pooler never splits and which
-    ends with the block, whatever becomes of the connection the work itself used."""
-    from foundation import outbound
-
-    keys = ["test:pooled", "test:pooled-2", "link:domain-02", "flood:domain-04"]  # hashes of either sign
-    for key in keys:
-        with one_at_a_time(key) as held:
-            assert held and lock_held_elsewhere(key)
-            with connection.cursor() as cur:  # held by a session inside a transaction, never by a session alone
-                cur.execute("SELECT a.state, a.xact_start IS NOT NULL FROM pg_locks l JOIN pg_stat_activity a"
-                            " ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted AND l.pid = %s",
-                            [outbound._locks.conn.info.backend_pid])
-                assert cur.fetchall() == [("idle in transaction", True)]
-            # The work's own connection is handed back and another taken (what a pooler does between
-            # transactions): the lock is unaffected, and still ends with the block.
-            connection.close()
-            connections.create_connection("default").close()
-        assert not lock_held_elsewhere(key)
-
-
-def test_a_lock_connection_that_broke_frees_the_lock_and_the_next_take_reconnects():
-    from foundation import outbound
-
-    with one_at_a_time("test:broken") as held:
-        assert held
-        outbound._locks.conn.close()  # the server session is gone (a restart, a pooler reset)
-        assert not taken_elsewhere("test:broken")
-    with one_at_a_time("test:broken") as held:
-        assert held
-
-
-def test_locks_do_not_nest_within_a_thread():
-    with one_at_a_time("test:outer"), pytest.raises(RuntimeError), one_at_a_time("test:inner"):
-        pass
-
-
-# --- backoff, give-up, claims ---------------------------------------------------------------------
-
-
-def test_the_backoff_doubles_from_its_base_up_to_its_cap_less_its_jitter():
-    backoff = Backoff(base=2, cap=60, jitter=0.5)
-    for failures, full in [(1, 2), (2, 4), (3, 8), (5, 32), (6, 60), (40, 60), (10_000, 60)]:
-        samples = [backoff.seconds(failures) for _ in range(200)]
-        assert full * 0.5 <= min(samples) and max(samples) <= full
-        assert max(samples) - min(samples) > full * 0.2
-    assert [Backoff(2, 900, jitter=0).seconds(n) for n in (1, 2, 3, 12)] == [2, 4, 8, 900]
-
-
-def test_the_backoff_in_sql_waits_as_long_as_in_python():
-    backoff = Backoff(base=2, cap=60, jitter=0.5)
-    with connection.cursor() as cur:
-        for failures, full in [(1, 2), (3, 8), (6, 60), (100_000, 60)]:
-            cur.execute(f"SELECT extract(epoch FROM {backoff.sql('%s')}) FROM generate_series(1, 200)", [failures])
-            waits = [float(w) for (w,) in cur.fetchall()]
-            assert full * 0.5 <= min(waits) and max(waits) <= full and max(waits) - min(waits) > full * 0.2
+# --- give-up, claims ----------------------------------------------------------------------------
 
 
 def test_an_item_is_given_up_once_its_failed_attempts_reach_the_maximum():

@@ -2,7 +2,7 @@
 
 An attempt fails when a push was made and failed (`deliveries_fail`, from the router) or when a
 push was never confirmed, written or ACKed, within DELIVERY_ACK_TIMEOUT (`deliveries_sweep`). The
-delivery is then `retrying`, due after `retry_backoff()` (foundation.outbound's Backoff: base x
+delivery is then `retrying`, due after `retry_backoff()` (foundation.backoff's Backoff: base x
 2^(attempts-1) seconds from RETRY_BASE_SECONDS, capped at RETRY_MAX_SECONDS, less up to half, so a
 recipient's backlog does not come back all at once); or, once the app's max attempts are used,
 dead (messaging.core.delivery.dead_letters). The beat's sweep hands every retry that is due back to routing.
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
+from foundation.backoff import Backoff
 from foundation.db import hot_cursor
-from foundation.outbound import Backoff
 from messaging.core.delivery.claims import claimed_update
 from messaging.core.delivery.dead_letters import DIES_AT, dead_letters_announce
 from messaging.core.delivery.sql import DEAD, MOVED_COLUMNS, RETRYING, SENT, UNDELIVERED

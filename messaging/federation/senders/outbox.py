@@ -48,7 +48,7 @@ ROW_OVERHEAD_BYTES = 300
 
 
 def link_lock_key(peer: str) -> str:
-    """The link's sender lock (foundation.outbound.one_at_a_time): the sender, and the sweep that
+    """The link's sender lock (foundation.locks.one_at_a_time): the sender, and the sweep that
     moves the link's queue elsewhere, never act on the link's rows at once."""
     return LinkSender(peer).lock_key
 

@@ -25,7 +25,7 @@ from django.db import transaction
 
 from foundation.db import hot_cursor
 from foundation.handoff import ROUTING_TASK_MAX_IDS, forward_links_kick, receipt_links_kick
-from foundation.outbound import one_at_a_time
+from foundation.locks import one_at_a_time
 from messaging.core.delivery.retry import deliveries_fail
 from messaging.core.delivery.sql import FORWARDED, FORWARDING, PENDING, RETRYING, SENT
 from messaging.core.next_hop import (

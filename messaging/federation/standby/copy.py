@@ -144,23 +144,28 @@ class StandbySender(LinkQueueSender):
         return Failed(failed=failed, retry_at=health.retry_at)
 
 
+class LastCallSender(StandbySender):
+    """The hand-back's last call (feed_send_last): asked for by a hand-back, whose home answers again
+    (its gossip is heard), so the link's backoff does not hold it back, as it never did."""
+
+    def held_back(self) -> bool:
+        return False
+
+
 def feed_send_last(*, standby: str) -> bool:
     """Inside the caller's transaction (a hand-back, with the feed's table locked): send what is left
-    of the feed to `standby` in one call, if one call takes it all, and delete it. Returns whether
-    nothing is left (False: more than one call's worth, or the call failed; the feed is untouched)."""
-    sender = StandbySender(standby)
-    rows, drained = feed_peek(standby=standby, limits=sender.limits())
-    if not rows:
-        return True
-    if not drained:
-        return False
+    of the feed to `standby` in one call, if one call takes it all, and delete it: the skeleton's run
+    of the standby's sender, under its lock, with `whole`. Returns whether nothing is left (False:
+    more than one call's worth, its sender busy, or the call failed, recorded on the rows and the
+    link as the sender records a failure; the rows stay, and the hand-back waits)."""
     try:
-        sender.send(Batch(items=rows, drained=True))
+        outcome = send_batches(LastCallSender(standby), max_batches=1, whole=True)
     except Exception as exc:  # the hand-back waits; the sender goes on as ever
         log.warning("the last changes for %s could not be sent with the hand-back: %s", standby, exc)
         return False
-    StandbyFeed.objects.filter(pk__in=[r.feed_id for r in rows]).delete()
-    return True
+    if outcome.error:
+        log.warning("the last changes for %s could not be sent with the hand-back: %s", standby, outcome.error)
+    return not (outcome.skipped or outcome.error)
 
 
 def standby_send(*, standby: str) -> dict:

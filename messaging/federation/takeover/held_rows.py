@@ -11,7 +11,7 @@ from django.db import transaction
 from apps_registry.models import Domain
 from foundation import handoff
 from foundation.db import hot_cursor
-from foundation.outbound import one_at_a_time
+from foundation.locks import one_at_a_time
 from messaging.core.delivery.sql import DELIVERED, FORWARDED, FORWARDING, PENDING, in_mailbox_sql
 from messaging.federation.senders.outbox import link_lock_key
 

@@ -27,7 +27,7 @@ import redis
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
-from foundation.outbound import Backoff
+from foundation.backoff import Backoff
 from messaging.intake.stream.consume import queue_entries_consume
 from messaging.intake.stream.credentials import credential_app_names, queue_acl_sync
 from messaging.intake.stream.gate import consumer_alive_say, consumer_gone_say, queue_gates_enforce

@@ -1,4 +1,4 @@
-"""The process's Redis clients (presence cache, rate counters, locks, pub/sub publishes).
+"""The process's Redis clients (presence cache, rate counters, leases, pub/sub publishes).
 
 One async client per event loop (web nodes) and one sync client per process (workers, beat, the
 admin). Pools are sized for hundreds of concurrent consumers: redis-py's asyncio pool raises
@@ -35,12 +35,6 @@ def sync_client() -> redis.Redis:
                                       retry_on_timeout=True, health_check_interval=30)
         _sync_client = (os.getpid(), client)
     return _sync_client[1]
-
-
-def lock_acquire(name: str, ttl: int) -> redis.lock.Lock | None:
-    """A cluster-wide lock (non-blocking): None when someone else holds it."""
-    lock = sync_client().lock(f"sb:lock:{name}", timeout=ttl, blocking=False)
-    return lock if lock.acquire() else None
 
 
 def pubsub_namespace() -> str:

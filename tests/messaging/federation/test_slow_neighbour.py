@@ -11,7 +11,7 @@ from django.db import connection
 
 from apps_registry.models import Domain
 from foundation.handoff import ROUTE_TASK
-from foundation.outbound import lock_held_elsewhere
+from foundation.locks import lock_held_elsewhere
 from messaging.federation.models import LinkHealth
 from messaging.federation.senders.outbox import link_forward, link_lock_key
 from messaging.federation.wire.transport import MAX_ANSWER_BYTES, HttpWire, wire_use

@@ -14,9 +14,10 @@ import pytest
 from apps_registry.models import Domain, UserDistribution
 from messaging.channels.services import subscription_add, subscription_remove
 from messaging.federation.models import LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
-from messaging.federation.standby.copy import copies_accept, copy_lag
+from messaging.federation.standby.copy import StandbySender, copies_accept, copy_lag, feed_send_last
 from messaging.models import Delivery
 from messaging.routing.tasks import standby_sweep
+from tests.network import held_by_another_worker
 
 pytestmark = pytest.mark.django_db
 
@@ -138,3 +139,42 @@ def test_the_console_and_metrics_show_the_copy_lag(standby_ring, operator, clien
         metrics = client.get("/metrics", REMOTE_ADDR="127.0.0.1").content.decode()
     assert "1 waiting" in page
     assert 'switchboard_standby_copy_waiting{standby="domain-04"} 1.0' in metrics
+
+
+def test_a_hand_backs_last_call_takes_the_whole_feed_in_one_call_or_sends_nothing(standby_ring, settings):
+    for i in range(3):
+        standby_ring.send(ALICE, CAROL, f"m{i}")
+    standby_ring.pump()
+    settings.FORWARD_BATCH_SIZE = 2  # more than one call's worth: nothing goes
+    with standby_ring.at("domain-03"):
+        assert feed_send_last(standby="domain-04") is False
+        assert StandbyFeed.objects.count() == 3
+    assert copies(standby_ring) == []
+    settings.FORWARD_BATCH_SIZE = 500
+    with standby_ring.at("domain-03"):
+        assert feed_send_last(standby="domain-04") is True
+        assert not StandbyFeed.objects.exists()
+        assert feed_send_last(standby="domain-04") is True  # nothing left: nothing to send
+    assert copies(standby_ring) == home_mailbox(standby_ring)
+
+
+def test_a_hand_backs_last_call_waits_while_the_standbys_sender_is_at_work_on_the_feed(standby_ring):
+    standby_ring.send(ALICE, CAROL, "m")
+    standby_ring.pump()
+    with held_by_another_worker(StandbySender("domain-04").lock_key), standby_ring.at("domain-03"):
+        assert feed_send_last(standby="domain-04") is False  # the sender's own run, under its lock
+        assert StandbyFeed.objects.count() == 1
+    with standby_ring.at("domain-03"):
+        assert feed_send_last(standby="domain-04") is True
+
+
+def test_a_hand_backs_last_call_that_fails_is_counted_as_the_senders_are_and_the_feed_waits(standby_ring):
+    standby_ring.send(ALICE, CAROL, "m")
+    standby_ring.pump()
+    standby_ring.down.add("domain-04")
+    with standby_ring.at("domain-03"):
+        assert feed_send_last(standby="domain-04") is False
+        assert list(StandbyFeed.objects.values_list("attempts", flat=True)) == [1]
+        assert LinkHealth.objects.get(peer="domain-04").failures == 1
+        assert feed_send_last(standby="domain-04") is False  # the link's backoff does not hold it back: tried again
+        assert list(StandbyFeed.objects.values_list("attempts", flat=True)) == [2]
