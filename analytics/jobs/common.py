@@ -1,5 +1,6 @@
 """What both jobs share: reading the lake with partition pruning, the live snapshots, the result
-rows, and the spark-submit command line. PySpark only (no Django)."""
+rows, and the spark-submit command line. PySpark only (no Django); the lake's file system through
+Spark's JVM (analytics.jobs.patches)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from . import datasets as ds
+from .patches import hadoop_path, jvm
 
 _SPARK_TYPES = {"int64": T.LongType(), "string": T.StringType(), "bool": T.BooleanType(),
                 "timestamp": T.TimestampType(), "double": T.DoubleType()}
@@ -26,12 +28,6 @@ def spark_schema(columns: tuple[tuple[str, str], ...], partitioned: bool = False
     return T.StructType(fields)
 
 
-def _hadoop(spark: SparkSession, path: str):
-    jvm = spark.sparkContext._jvm
-    jpath = jvm.org.apache.hadoop.fs.Path(path)
-    return jpath, jpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-
-
 def _empty(spark: SparkSession, schema: T.StructType) -> DataFrame:
     return spark.createDataFrame([], schema)
 
@@ -40,7 +36,7 @@ def read_days(spark: SparkSession, lake: str, dataset: ds.Dataset, first: date, 
     """A day-partitioned dataset, only the partitions from `first` to `last` (inclusive) listed and read."""
     schema = spark_schema(dataset.columns, partitioned=True)
     path = f"{lake}/{dataset.name}"
-    jpath, fs = _hadoop(spark, path)
+    jpath, fs = hadoop_path(spark, path)
     if not fs.exists(jpath):
         return _empty(spark, schema)
     df = spark.read.schema(schema).parquet(path).where(F.col(ds.DAY) >= F.lit(first))
@@ -50,16 +46,16 @@ def read_days(spark: SparkSession, lake: str, dataset: ds.Dataset, first: date, 
 def read_live(spark: SparkSession, lake: str, dataset: ds.Dataset) -> tuple[DataFrame, datetime | None, int | None]:
     """The newest complete live snapshot of `dataset`, its time and its run (None, None if none yet)."""
     schema = spark_schema(dataset.columns)
-    base, fs = _hadoop(spark, f"{lake}/{dataset.name}")
+    base, fs = hadoop_path(spark, f"{lake}/{dataset.name}")
     runs = sorted((s.getPath().getName() for s in fs.listStatus(base) if s.isDirectory()), reverse=True) \
         if fs.exists(base) else []
-    jvm = spark.sparkContext._jvm
+    java = jvm(spark)
     for name in runs:
-        marker = jvm.org.apache.hadoop.fs.Path(f"{lake}/{dataset.name}/{name}/{ds.SUCCESS}")
+        marker = java.org.apache.hadoop.fs.Path(f"{lake}/{dataset.name}/{name}/{ds.SUCCESS}")
         if fs.exists(marker):
             stream = fs.open(marker)
             try:
-                as_of = datetime.fromisoformat(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8").strip())
+                as_of = datetime.fromisoformat(java.org.apache.commons.io.IOUtils.toString(stream, "UTF-8").strip())
             finally:
                 stream.close()
             run = int(name.removeprefix(ds.LIVE_RUN_PREFIX))

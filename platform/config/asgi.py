@@ -15,10 +15,10 @@ from django.urls import re_path  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
-from foundation import daphne_adapter  # noqa: E402
 from foundation.lean_http import lean_asgi_application  # noqa: E402
+from foundation.patches import daphne as daphne_patches  # noqa: E402
 
-daphne_adapter.install()
+daphne_patches.install()
 
 from config.routing import stream_urlpatterns, websocket_urlpatterns  # noqa: E402  (needs the app registry)
 from messaging.api.send_endpoint import SendEndpoint  # noqa: E402

@@ -88,7 +88,7 @@ def check_services(app_configs, **kwargs):
             ))
     layer = settings.CHANNEL_LAYERS.get("default", {}).get("BACKEND", "")
     # channels_redis's layers, or foundation's slimmer subclass of its pub/sub layer.
-    if not layer.startswith(("channels_redis.", "foundation.transport.pubsub_layer.")):
+    if not layer.startswith(("channels_redis.", "foundation.patches.channels_redis.")):
         errors.append(Error(
             f"The channel layer is {layer!r}; web nodes can only reach each other's sockets through Redis.",
             hint="Use channels_redis (the default settings do).",

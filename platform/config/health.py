@@ -16,6 +16,7 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
 from foundation.draining import draining
+from foundation.patches.django import response_logged
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def _redis_answers() -> bool:
 def readyz(request: HttpRequest) -> JsonResponse:
     if draining():  # SIGTERM: a load balancer must stop sending new connections here at once
         response = JsonResponse({"status": "draining", "failing": [DRAINING], "node": settings.NODE_ID}, status=503)
-        response._has_been_logged = True  # expected while draining: not Django's "Service Unavailable" error line
+        response_logged(response)  # expected while draining: not Django's "Service Unavailable" error line
         return response
     failing = [name for name, answers in ((DATABASE, _database_answers), (REDIS, _redis_answers)) if not answers()]
     if failing:

@@ -3,18 +3,18 @@
     python -m config.web [--bind 0.0.0.0] [--port 8000] [extra daphne options]
 
 Daphne's message-size ceiling is WS_MAX_FRAME_BYTES itself: a larger frame is refused by autobahn
-with a clean close 1009 before it is read into memory (foundation.daphne_adapter turns autobahn's
+with a clean close 1009 before it is read into memory (foundation.patches.daphne turns autobahn's
 default, dropping the TCP connection, into a close frame). Proxy headers are parsed, but believed
 only from TRUSTED_PROXIES, the client being the rightmost X-Forwarded-For hop that is not a trusted
-proxy (foundation.forwarded, applied by foundation.daphne_adapter to both HTTP and WebSocket).
+proxy (foundation.forwarded, applied by foundation.patches.daphne to both HTTP and WebSocket).
 The socket listens with a backlog of WEB_LISTEN_BACKLOG, and a WebSocket handshake may take
 WS_HANDSHAKE_TIMEOUT seconds: a reconnect storm's handshakes wait in the kernel's queue and the
 node's, not in TCP retransmits or in another reconnect (issue 17).
 
-Before daphne starts, the installed daphne, Twisted and autobahn are checked against the versions
-foundation.daphne_adapter was tested with: on others the node stops at once, with a message saying
-which and how to override (DAPHNE_ALLOW_UNTESTED_VERSIONS), instead of failing inside daphne's
-import of config.asgi with a traceback.
+Before daphne starts, the installed daphne, Twisted and autobahn, Django, Channels, channels-redis
+and httpx are checked against the versions foundation.patches was tested with: on others the node
+stops at once, with a message saying which and how to override (DAPHNE_ALLOW_UNTESTED_VERSIONS,
+ALLOW_UNTESTED_VERSIONS), instead of failing inside daphne's import of config.asgi with a traceback.
 
 SIGTERM (or SIGINT) drains the node before it exits (foundation.drain_server, messaging.gateway.drain):
 /readyz 503, no new sockets, clients closed with 1012 spread over DRAIN_SECONDS, everything batched
@@ -31,8 +31,9 @@ import django
 from daphne.cli import CommandLineInterface
 from django.conf import settings
 
-from foundation.daphne_adapter import UntestedVersions, check_versions
 from foundation.drain_server import DrainingServer
+from foundation.patches import versions_check
+from foundation.patches.versions import UntestedVersions
 
 
 def main(argv: list[str]) -> None:
@@ -43,15 +44,15 @@ def main(argv: list[str]) -> None:
     known, extra = parser.parse_known_args(argv)
     frame_limit = str(int(os.environ.get("WS_MAX_FRAME_BYTES", 1024 * 1024)))
 
-    django.setup()  # the check reads a setting and may log a warning; config.asgi sets up again (idempotent)
+    try:
+        django.setup()  # the check reads settings and may log a warning; config.asgi sets up again (idempotent)
+        versions_check()
+    except UntestedVersions as exc:
+        sys.exit(f"web node not started: {exc}")
     # The node's database threads wait on Postgres with the GIL released; when the answer comes,
     # each waits for the event loop's thread to hand the GIL back, up to the switch interval (5 ms
     # by default) per statement. A shorter interval shortens every group commit under load.
     sys.setswitchinterval(settings.WEB_GIL_SWITCH_SECONDS)
-    try:
-        check_versions()
-    except UntestedVersions as exc:
-        sys.exit(f"web node not started: {exc}")
 
     from messaging.gateway.drain import node_drain  # imports models: only once django.setup() has run
 

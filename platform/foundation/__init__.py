@@ -5,7 +5,10 @@
 - `names`: name rules settings, checks and the registry share;
 - `metrics`, `http_metrics`: the process's Prometheus registry and the HTTP latency middleware;
 - `logs`: the logging filter that keeps a repeating failure readable;
-- `daphne_adapter`: what daphne needs to be a safe WebSocket server (checked against the versions
-  it was written for at start-up);
+- `patches/`: every patch of a third party's internals, one module per library, each refusing to
+  start on versions it was not tested with (`patches.daphne`: what daphne needs to be a safe
+  WebSocket server);
+- `daphne_adapter`: what daphne's patched server offers the application (how much of a socket's
+  output has left the node, its frame limit);
 - `admin_readonly`: the console's read-only mixin.
 """

@@ -7,9 +7,9 @@ SELECT 1 per frame); a call that fails drops its connection if it is broken, so 
 Postgres costs one failed call (GENERAL_ERROR to the client), not a dead thread. A call that
 returns with a transaction still open on its thread's connection (an atomic block entered and never
 left, or autocommit left off by a failure on the way out of one) is logged as the error it is, and
-that connection is closed, so the server rolls the transaction back: a pooled thread never carries
-one call's transaction, and its row locks, into the next call, where it would stay open for the
-life of the process.
+that connection is closed, so the server rolls the transaction back (Django's connection read and
+reset by foundation.patches.django): a pooled thread never carries one call's transaction, and its
+row locks, into the next call, where it would stay open for the life of the process.
 """
 
 from __future__ import annotations
@@ -22,12 +22,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import psycopg
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.db import close_old_connections, connection
 from django.http import HttpRequest, HttpResponse
+
+from foundation.patches.django import connection_discard, transaction_left_open
 
 log = logging.getLogger(__name__)
 
@@ -53,28 +54,6 @@ def _call(fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
             log.error("%s returned inside a transaction it never ended: rolled back, its connection replaced",
                       getattr(fn, "__qualname__", fn))
             connection_discard(connection)
-
-
-def transaction_left_open(conn) -> bool:
-    """Whether a connection of this thread is still in a transaction (three flags read, no query): an
-    atomic block entered and never left, or autocommit left off, which happens when leaving the
-    outermost block fails to turn it back on (its COMMIT is done, but every later block on the
-    connection then runs as a savepoint of one transaction that is never committed)."""
-    if conn.in_atomic_block:
-        return True
-    raw = conn.connection
-    return raw is not None and not raw.closed and (
-        not conn.autocommit or raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE)
-
-
-def connection_discard(conn) -> None:
-    """Close a connection of this thread that was left in a transaction (the server rolls it back),
-    and reset what connect() resets, so the next use connects afresh instead of being refused as "in
-    an atomic block" (the block's owner is gone and will never leave it)."""
-    conn.close()
-    conn.connection = None
-    conn.in_atomic_block = conn.closed_in_transaction = conn.needs_rollback = False
-    conn.atomic_blocks, conn.savepoint_ids = [], []
 
 
 async def run_db(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

@@ -7,7 +7,7 @@ clients in a reconnect storm, that was about an eighth of the node's CPU (issue 
 log line only when the line is emitted, so wrapping those arguments in objects that do the work in
 `__str__` (`Deferred`) gives the same text when debug logging is on, and nothing to do when it is off.
 
-Installed by foundation.daphne_adapter.install(), on the autobahn version it pins.
+Swapped into autobahn by foundation.patches.daphne, on the autobahn version it was tested with.
 """
 
 from __future__ import annotations
@@ -40,18 +40,3 @@ def deferring(fn: Callable[..., Any]) -> Callable[..., Deferred]:
 
     defer.__wrapped__ = fn  # type: ignore[attr-defined]
     return defer
-
-
-def install() -> None:
-    """Swap the formatting helpers autobahn's WebSocket modules call for deferring ones (once)."""
-    # Here, not at the top: autobahn's Twisted module is imported only where daphne is patched.
-    from autobahn.twisted import websocket as twisted_websocket
-    from autobahn.websocket import protocol  # likewise
-
-    for module in (protocol, twisted_websocket):
-        for name in ("pformat", "hltype", "hlval"):
-            fn = getattr(module, name, None)
-            if fn is not None and not hasattr(fn, "__wrapped__"):
-                setattr(module, name, deferring(fn))
-    # The one use that is not a log argument: Timings.__str__ returns pformat's text.
-    protocol.Timings.__str__ = lambda self: str(protocol.pformat(self._timings))

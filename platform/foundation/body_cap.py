@@ -1,5 +1,5 @@
-"""HTTP request bodies capped, timed and gated before they are buffered (installed by
-foundation.daphne_adapter).
+"""HTTP request bodies capped, timed and gated before they are buffered (installed in daphne's
+request class by foundation.patches.daphne).
 
 Twisted reads a request's whole body before daphne hands the request to the application: into
 memory when the declared length is under 100 kB, otherwise (or when no length is declared: a
@@ -208,7 +208,7 @@ def _slot_release(request) -> None:
         del _large_bodies[key]
 
 
-# --- the patch ---------------------------------------------------------------------------------------
+# --- the request's methods ---------------------------------------------------------------------------
 
 
 def _head(request, path: str, length: int | None) -> RequestHead:
@@ -222,8 +222,9 @@ def _head(request, path: str, length: int | None) -> RequestHead:
                        length=length)
 
 
-def install(request_class) -> None:
-    """Patch daphne's request class (a twisted.web.http.Request): its body is capped, timed and gated."""
+def request_methods(request_class) -> tuple[Callable, Callable, Callable]:
+    """`gotLength`, `handleContentChunk` and `process` for daphne's request class (a
+    twisted.web.http.Request), around its own: its body is capped, timed and gated."""
     original_got_length = request_class.gotLength
     original_chunk = request_class.handleContentChunk
     original_process = request_class.process
@@ -301,6 +302,4 @@ def install(request_class) -> None:
             return None
         return original_process(self)
 
-    request_class.gotLength = got_length
-    request_class.handleContentChunk = handle_content_chunk
-    request_class.process = process
+    return got_length, handle_content_chunk, process

@@ -12,7 +12,8 @@ prepares only on a connection whose `prepare_threshold` is set: `service_setting
 It is Django's own connection of this thread, so the statements take part in the caller's
 transaction (`transaction.atomic`, `on_commit`), and a database error comes out as Django's
 (`django.db.DataError`, `IntegrityError`, ...) with the connection marked for replacement, exactly
-as through `connection.cursor()`.
+as through `connection.cursor()` (the cursor is opened as Django opens its own:
+foundation.patches.django).
 
 `DB_PREPARED_STATEMENTS=false` turns it off, for a connection pooler in transaction mode that does
 not keep prepared statements (PgBouncer before 1.21, or without `max_prepared_statements`).
@@ -27,6 +28,8 @@ from typing import Any
 import psycopg
 from django.conf import settings
 from django.db import connection
+
+from foundation.patches.django import cursor_open
 
 
 class _PreparingCursor(psycopg.Cursor):
@@ -44,7 +47,5 @@ def hot_cursor() -> Iterator[Any]:
         with connection.cursor() as cur:
             yield cur
         return
-    connection.ensure_connection()
-    connection.validate_no_broken_transaction()
-    with connection.wrap_database_errors, _PreparingCursor(connection.connection) as cur:
+    with cursor_open(_PreparingCursor) as cur:
         yield cur

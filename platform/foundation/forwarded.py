@@ -11,7 +11,7 @@ the left of that came from further out, and a client can write anything there. S
 - when every hop is a trusted proxy, the leftmost one is the client.
 
 `X-Forwarded-Proto` (http or https) is believed from a trusted peer only, like the address; when a
-proxy appended to a client's value the rightmost value is the proxy's. foundation.daphne_adapter
+proxy appended to a client's value the rightmost value is the proxy's. foundation.patches.daphne
 applies this to every HTTP request and WebSocket before the application sees it, so `scope["client"]`
 (Django's REMOTE_ADDR) and `scope["scheme"]` (request.is_secure()) are what the admin login throttle,
 the metrics allow-list, the stream caps and the rate limits all read.

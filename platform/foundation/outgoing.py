@@ -17,9 +17,9 @@ Three guarantees, whatever the other side does:
    refuses the host. Loopback, link-local, cloud metadata, unspecified, private and every other
    non-public address is refused unless it lies in OUTGOING_ALLOWED_NETWORKS (metadata addresses
    only when listed on their own). The connection is made to a checked address (the network
-   backend below does the resolving), so DNS rebinding between check and connect is impossible;
-   the URL's host name still goes into the Host header and TLS SNI, and the certificate is
-   verified against it.
+   backend below does the resolving, put under httpx's transport by foundation.patches.httpx), so
+   DNS rebinding between check and connect is impossible; the URL's host name still goes into the
+   Host header and TLS SNI, and the certificate is verified against it.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import httpx
 from django.conf import settings
 
 from foundation.loop_local import loop_local
+from foundation.patches.httpx import BackendTransport
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -142,18 +143,6 @@ class _CheckedBackend(httpcore.AsyncNetworkBackend):
         await self._inner.sleep(seconds)
 
 
-class _CheckedTransport(httpx.AsyncHTTPTransport):
-    def __init__(self, limits: httpx.Limits) -> None:
-        ssl_context = httpx.create_ssl_context()  # once: it loads the CA bundle (tens of ms)
-        super().__init__(verify=ssl_context, limits=limits, trust_env=False)
-        # httpx 0.28 takes no network backend (encode/httpx#3749), so the pool it built is replaced by
-        # the same pool on ours; tests/foundation/test_outgoing.py proves the filter holds.
-        self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl_context, max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections, keepalive_expiry=limits.keepalive_expiry,
-            network_backend=_CheckedBackend())
-
-
 def outgoing_client(name: str, *, max_connections: int, max_keepalive: int, checked: bool = True) -> httpx.AsyncClient:
     """One client (and connection pool) per event loop and purpose: building one loads the CA
     bundle, far too slow to do per call. Never follows redirects, ignores proxy variables (a proxy
@@ -164,7 +153,7 @@ def outgoing_client(name: str, *, max_connections: int, max_keepalive: int, chec
     the answer cap hold all the same."""
     def make() -> httpx.AsyncClient:
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_keepalive)
-        transport = (_CheckedTransport(limits) if checked else
+        transport = (BackendTransport(limits, _CheckedBackend()) if checked else
                      httpx.AsyncHTTPTransport(verify=httpx.create_ssl_context(), limits=limits, trust_env=False))
         return httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False)
 

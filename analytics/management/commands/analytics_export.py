@@ -6,6 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
 from analytics.services import ExportBusy, lake_export, lake_reset
+from foundation.patches.django import command_stream
 
 
 class Command(BaseCommand):
@@ -20,8 +21,8 @@ class Command(BaseCommand):
 
         def progress(dataset: str, rows: int, estimate: int | None) -> None:
             if dataset not in bars:
-                bars[dataset] = tqdm(desc=f"{dataset:>16}", total=estimate, unit=" rows", file=self.stderr._out,
-                                     disable=options["verbosity"] == 0)
+                bars[dataset] = tqdm(desc=f"{dataset:>16}", total=estimate, unit=" rows",
+                                     file=command_stream(self.stderr), disable=options["verbosity"] == 0)
             bars[dataset].update(rows)
 
         try:

@@ -11,6 +11,7 @@ from analytics.jobs.common import parse_time
 from analytics.models import REPORT_KINDS
 from analytics.selectors import report_default_range
 from analytics.services import ReportBusy, report_load, report_run
+from foundation.patches.django import command_stream
 
 
 class Command(BaseCommand):
@@ -34,7 +35,8 @@ class Command(BaseCommand):
         if load:
             report = report_load(kind=kind, since=since, until=until, results=load)
         else:
-            bar = tqdm(desc=f"{kind} report", unit=" tasks", file=self.stderr._out, disable=options["verbosity"] == 0)
+            bar = tqdm(desc=f"{kind} report", unit=" tasks", file=command_stream(self.stderr),
+                       disable=options["verbosity"] == 0)
 
             def progress(done: int, known: int) -> None:
                 bar.total = known

@@ -6,11 +6,12 @@ needs a third, the node-local inbox the hub hands publishes to, so a fan-out to 
 on a node costs no Redis round trip per reader. A reader whose inbox is full does not block the
 hub: it marks the channel and repairs it from the history once it catches up.
 
-The three sources are three SlimQueues read by one loop that waits on a single future (`_serve`),
-wherever the consumer runs: on daphne with foundation's pub/sub layer (the default) the client's
-queue is daphne's input queue and the channel's is the layer's own, read directly; under another
-server or transport (an in-process test's communicator, Channels' core layer) a feeder task moves
-what arrives into a SlimQueue, and the same loop serves it.
+The three sources are three SlimQueues read by one loop that waits on a single future (`_serve`,
+run by a `__call__` that replaces Channels' own: foundation.patches.channels), wherever the consumer
+runs: on daphne with foundation's pub/sub layer (the default) the client's queue is daphne's input
+queue and the channel's is the layer's own, read directly; under another server or transport (an
+in-process test's communicator, Channels' core layer) a feeder task moves what arrives into a
+SlimQueue, and the same loop serves it.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from collections.abc import Awaitable, Callable
 
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
-from channels.layers import get_channel_layer
 
+from foundation.patches.channels import consumer_attach
 from foundation.slim_queue import SlimQueue
 from messaging.channels.cursor import ChannelCursor
 from messaging.channels.hub import ChannelKey
@@ -50,12 +51,9 @@ class ChannelReaderConsumer(AsyncWebsocketConsumer):
         direct = False
         feeders: list[asyncio.Task] = []
         self.inbox = SlimQueue(maxsize=INBOX_SIZE)  # one reader: the dispatch loop
-        self.scope = scope
-        self.base_send = send
         try:
-            self.channel_layer = get_channel_layer(self.channel_layer_alias)
-            self.channel_name = await self.channel_layer.new_channel()
-            client = getattr(receive, "__self__", None)  # daphne's input queue (foundation.daphne_adapter)
+            await consumer_attach(self, scope, send)  # what Channels' own __call__ sets up
+            client = getattr(receive, "__self__", None)  # daphne's input queue (foundation.patches.daphne)
             if not isinstance(client, SlimQueue):
                 client = SlimQueue()
                 feeders.append(asyncio.ensure_future(_feed(receive, client)))

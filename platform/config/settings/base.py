@@ -25,12 +25,12 @@ DEBUG = env_bool("DEBUG", False)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 # Proxies (addresses or networks) whose X-Forwarded-For / -Proto headers are believed; from anyone
 # else those headers are ignored. The client is the rightmost X-Forwarded-For hop not in this list
-# (foundation.forwarded, applied by foundation.daphne_adapter).
+# (foundation.forwarded, applied by foundation.patches.daphne).
 TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", [])
-# foundation.daphne_adapter patches daphne and autobahn and reads Twisted's private write buffer, so a web
-# node refuses to start on versions it was not tested with; on, it starts anyway (with a warning): for an
-# operator who has checked the adapter against the installed versions.
+# foundation.patches reaches into libraries' internals, so a process refuses to start on versions they were not
+# tested with; on, it starts anyway, with a warning (DAPHNE_: daphne, autobahn, Twisted; the other: the rest).
 DAPHNE_ALLOW_UNTESTED_VERSIONS = env_bool("DAPHNE_ALLOW_UNTESTED_VERSIONS", False)
+ALLOW_UNTESTED_VERSIONS = env_bool("ALLOW_UNTESTED_VERSIONS", False)  # the variable analytics.jobs.patches reads
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
 # --- this node ---------------------------------------------------------------------------------
@@ -202,7 +202,7 @@ def channel_layer_settings(redis_url: str) -> dict:
         return {"BACKEND": "channels_redis.core.RedisChannelLayer",
                 "CONFIG": {"hosts": [host], "prefix": "sb-asgi", "capacity": 5000, "expiry": 30}}
     host["socket_timeout"] = None  # the subscriber connection blocks while nothing is published
-    return {"BACKEND": "foundation.transport.pubsub_layer.SlimPubSubChannelLayer",  # channels-redis pub/sub, slimmer
+    return {"BACKEND": "foundation.patches.channels_redis.SlimPubSubChannelLayer",  # channels-redis pub/sub, slimmer
             "CONFIG": {"hosts": [host], "prefix": "sb-asgi"}}
 
 

@@ -10,9 +10,9 @@ Web nodes call the async functions from their event loop; Celery workers (sync c
 With the pub/sub channel layer (the default) a send is a Redis PUBLISH on the channel's name of
 the layer's serialized event. channels-redis serialises every publish of a process behind one
 lock, one round trip at a time; this door instead pipelines all the publishes of a batch in one
-round trip, and PUBLISH's answer (how many subscribers got it) tells at once whether anyone
-holds that connection any more: zero means nobody does (the recipient went offline, or its node
-died). With the core layer it falls back to `layer.send`, on one long-lived loop thread per worker
+round trip (writing what the layer would: foundation.patches.channels_redis), and PUBLISH's answer
+(how many subscribers got it) tells at once whether anyone holds that connection any more: zero
+means nobody does (the recipient went offline, or its node died). With the core layer it falls back to `layer.send`, on one long-lived loop thread per worker
 process.
 """
 
@@ -28,6 +28,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 from channels.layers import get_channel_layer
 from channels_redis.pubsub import RedisPubSubChannelLayer
 
+from foundation.patches.channels_redis import publishes_queue
 from foundation.transport.redis_clients import async_client, sync_client
 
 log = logging.getLogger(__name__)
@@ -152,11 +153,6 @@ def _outcomes(sends: list[tuple[str, Event]], counts: list) -> list[tuple[str, E
     return failures
 
 
-def _queue_publishes(pipe, layer, sends: list[tuple[str, Event]]) -> None:
-    for channel, event in sends:
-        pipe.publish(channel, layer.serialize(event))
-
-
 def _all_failed(sends: list[tuple[str, Event]], exc: Exception) -> list[tuple[str, Exception]]:
     # Redis away: every send failed; the caller retries them (stored ones come back via the sweep).
     log.warning("publishing %d events failed: %r", len(sends), exc)
@@ -171,7 +167,7 @@ async def send_many(sends: Iterable[tuple[str, Event]]) -> list[tuple[str, Excep
     layer = _pubsub_layer()
     if layer is not None:
         pipe = async_client().pipeline(transaction=False)
-        _queue_publishes(pipe, layer, sends)
+        publishes_queue(pipe, layer, sends)
         try:
             return _outcomes(sends, await pipe.execute(raise_on_error=False))
         except Exception as exc:
@@ -220,7 +216,7 @@ def send_many_sync(sends: Iterable[tuple[str, Event]], timeout: float = 10) -> l
     layer = _pubsub_layer()
     if layer is not None:
         pipe = sync_client().pipeline(transaction=False)
-        _queue_publishes(pipe, layer, sends)
+        publishes_queue(pipe, layer, sends)
         try:
             return _outcomes(sends, pipe.execute(raise_on_error=False))
         except Exception as exc:

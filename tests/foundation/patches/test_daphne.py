@@ -1,4 +1,4 @@
-"""The daphne adapter runs only on the daphne, Twisted and autobahn it was tested with, unless an
+"""daphne's patches run only on the daphne, Twisted and autobahn they were tested with, unless an
 operator explicitly allows others."""
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 from packaging.utils import canonicalize_name
 
-from foundation import daphne_adapter
-from foundation.daphne_adapter import TESTED_VERSIONS, UntestedVersions
+from foundation.patches import daphne as daphne_patches
+from foundation.patches import versions
+from foundation.patches.daphne import TESTED_VERSIONS
+from foundation.patches.versions import UntestedVersions
 from tests.processes import ROOT, ProcessFactory, free_port, wait_http
 
 UNTESTED = "4.0.0"
@@ -53,12 +55,12 @@ def test_the_tested_versions_are_the_ones_the_lock_pins():
     lock = (ROOT / "requirements.lock").read_text()
     locked = {canonicalize_name(name): version for name, version in re.findall(r"^(\S+)==(\S+)", lock, re.MULTILINE)}
     assert {name: locked.get(canonicalize_name(name)) for name in TESTED_VERSIONS} == TESTED_VERSIONS, (
-        "requirements.lock pins other versions than foundation.daphne_adapter was tested with: check its patches "
+        "requirements.lock pins other versions than foundation.patches.daphne was tested with: check its patches "
         "against the locked versions, then update TESTED_VERSIONS")
 
 
 def test_the_installed_versions_are_the_tested_ones():
-    assert daphne_adapter.untested_versions() == []
+    assert versions.untested_versions(TESTED_VERSIONS) == []
 
 
 def test_an_untested_daphne_is_refused_naming_the_version_found_and_the_one_expected(untested_daphne, monkeypatch,
@@ -66,7 +68,7 @@ def test_an_untested_daphne_is_refused_naming_the_version_found_and_the_one_expe
     monkeypatch.syspath_prepend(str(untested_daphne))
     settings.DAPHNE_ALLOW_UNTESTED_VERSIONS = False
     with pytest.raises(UntestedVersions) as refused:
-        daphne_adapter.check_versions.__wrapped__()  # uncached: this process already passed the check
+        daphne_patches.check_versions.__wrapped__()  # uncached: this process already passed the check
     assert REPORTED in str(refused.value)
     assert "DAPHNE_ALLOW_UNTESTED_VERSIONS=true" in str(refused.value)
     assert "Twisted 26" not in str(refused.value)  # only the package that differs is named
@@ -76,8 +78,8 @@ def test_an_operator_who_allows_untested_versions_gets_a_warning_naming_them(unt
                                                                             caplog):
     monkeypatch.syspath_prepend(str(untested_daphne))
     settings.DAPHNE_ALLOW_UNTESTED_VERSIONS = True
-    with caplog.at_level(logging.WARNING, logger=daphne_adapter.__name__):
-        daphne_adapter.check_versions.__wrapped__()
+    with caplog.at_level(logging.WARNING, logger=versions.__name__):
+        daphne_patches.check_versions.__wrapped__()
     assert REPORTED in caplog.text
 
 
@@ -106,7 +108,7 @@ def test_a_web_node_on_an_untested_daphne_serves_when_the_operator_allows_it(web
 def test_a_frame_sent_as_its_client_goes_away_is_dropped_instead_of_crashing_the_consumer():
     from daphne.ws_protocol import WebSocketProtocol
 
-    daphne_adapter.install()
+    daphne_patches.install()
     protocol = WebSocketProtocol()
     protocol.client_addr = ["127.0.0.1", 50000]
     protocol.state = WebSocketProtocol.STATE_CLOSED  # the client closed while the frame was being made
