@@ -35,6 +35,7 @@ from contextlib import contextmanager
 
 from django.db import connection
 
+from foundation.patches.django import connection_new
 from foundation.transport.redis_clients import sync_client
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,7 @@ _lock_connections_guard = threading.Lock()
 def _lock_connection():
     conn = getattr(_locks, "conn", None)
     if conn is None or conn.closed or getattr(_locks, "dsn_name", None) != connection.settings_dict.get("NAME"):
-        params = connection.get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("prepare_threshold", None)
-        conn = connection.get_new_connection(params)
+        conn = connection_new()
         conn.autocommit = False
         _locks.conn = conn
         _locks.dsn_name = connection.settings_dict.get("NAME")

@@ -10,8 +10,8 @@ serves (the body cap's rules, the slow-reader limits, the address filter) stays 
 - `channels`: a consumer that runs its own dispatch loop, set up as AsyncConsumer.__call__ sets one up;
 - `daphne`: daphne, autobahn and Twisted made a safe WebSocket server (checked when installed, by
   config.asgi, and by config.web before daphne starts);
-- `django`: the lean ASGI handler's middleware, a pool thread's connection reset, the hot cursor,
-  a response marked logged, a command's raw output stream;
+- `django`: the lean ASGI handler's middleware, a pool thread's connection reset, the hot cursor, a
+  lock connection, a response marked logged, a command's raw output stream;
 - `httpx`: an HTTP transport on a network backend of ours (the outgoing address filter).
 
 PySpark's (the lake's Hadoop file system) is analytics.jobs.patches: the jobs run under spark-submit,

@@ -16,6 +16,10 @@
 5. **A command's raw output stream** (`command_stream`): a progress bar writes carriage returns to
    the stream under a command's OutputWrapper (its private `_out`), whose `write` would end every
    update with a new line.
+6. **A connection of our own, made as Django makes its own** (`connection_new`): the advisory locks
+   are held on a connection apart from the thread's (foundation.locks), opened with what the psycopg
+   backend's `get_connection_params` and `get_new_connection` (backend internals) build, less its
+   cursor class and prepare threshold.
 """
 
 from __future__ import annotations
@@ -91,3 +95,12 @@ def response_logged(response: HttpResponse) -> None:
 # 5.
 def command_stream(output: OutputWrapper) -> TextIO:
     return output._out
+
+
+# 6.
+def connection_new() -> psycopg.Connection:
+    """A psycopg connection of its own to this thread's database, outside Django's transaction handling."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("prepare_threshold", None)
+    return connection.get_new_connection(params)
