@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 from bench.chart import Point, Series, render_chart, render_cpu_chart
 from bench.cpu import CpuProbe, cmdline, platform_roots
 from bench.loadtest import WindowHooks, add_load_arguments, config_from_args, run_loadtest
+from bench.loop_lag import LagProbe
 from bench.report import (
     MARKER_END,
     MARKER_START,
@@ -179,6 +180,8 @@ def summary_line(row: Row) -> str:
         f"rate {row.rate:g}/s {row.label:<18} sent {r.sent} received {r.received} lost {r.lost} "
         f"errors {r.error_count} | p50 {_ms(r.p50_ms)} p95 {_ms(r.p95_ms)} p99 {_ms(r.p99_ms)} "
         f"max {_ms(r.max_ms)} ms | achieved {r.achieved_rate:.0f}/s, send lag p99 {_ms(r.send_lag_p99_ms)} ms"
+        + (f" | loop lag p99 {row.loop_lag.text().replace(' / ', ' ms, max ')} ms, {row.loop_lag.late} of "
+           f"{row.loop_lag.ticks} ticks over 10 ms" if row.loop_lag else "")
     )
 
 
@@ -252,7 +255,17 @@ def sweep(args: argparse.Namespace, targets: list[Target], groups: Mapping[str, 
                 user_base=args.user_base + run_index * args.connections,
             )
             probe = CpuProbe(groups)
-            result = run_loadtest(config, WindowHooks(at_start=probe.start, after_drain=probe.stop))
+            lag = LagProbe(None if target.is_relay else target.url)
+
+            def window_start(probe=probe, lag=lag) -> None:
+                probe.start()
+                lag.start()
+
+            def window_end(probe=probe, lag=lag) -> None:
+                probe.stop()
+                lag.stop()
+
+            result = run_loadtest(config, WindowHooks(at_start=window_start, after_drain=window_end))
             row = Row(
                 rate=rate,
                 target=target.name,
@@ -260,6 +273,7 @@ def sweep(args: argparse.Namespace, targets: list[Target], groups: Mapping[str, 
                 result=result,
                 cpu=probe.window,
                 server_groups=target.server_groups,
+                loop_lag=lag.window,
             )
             runs.add(row)
             run_index += 1

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cpu import CpuWindow
+from bench.loop_lag import LoopLag
 from bench.model import LoadResult
 
 MARKER_START = "<!-- bench:compare:start -->"
@@ -40,6 +41,7 @@ class Row:
     result: LoadResult
     cpu: CpuWindow | None = None  # None: the run never started sending, or an old JSON file
     server_groups: Mapping[str, str] = field(default_factory=dict)  # role -> measured group name
+    loop_lag: LoopLag | None = None  # the web node's event-loop lag over the window (platform targets)
 
     @property
     def label(self) -> str:
@@ -128,15 +130,17 @@ def split_text(row: Row) -> str:
 def results_table(rows: list[Row], budget_ms: float) -> str:
     roles = " | ".join(ROLE_HEADERS[r] for r in ROLES)
     lines = [
-        "| rate/s | target | sent | received | lost | p50 ms | p95 ms | p99 ms | max ms | achieved/s | errors "
+        "| rate/s | target | sent | received | lost | p50 ms | p95 ms | p99 ms | max ms | loop lag p99 / max ms "
+        "| achieved/s | errors "
         f"| server CPU ms/msg | {roles} | load gen cores | machine CPU | other cores | ok |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(ROLES) + "---:|---:|---:|:-:|",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(ROLES) + "---:|---:|---:|:-:|",
     ]
     for row in rows:
         r = row.result
         lines.append(
             f"| {row.rate:g} | {row.label} | {r.sent} | {r.received} | {r.lost} | {_ms(r.p50_ms)} "
-            f"| {_ms(r.p95_ms)} | {_ms(r.p99_ms)} | {_ms(r.max_ms)} | {r.achieved_rate:.0f} | {r.error_count} "
+            f"| {_ms(r.p95_ms)} | {_ms(r.p99_ms)} | {_ms(r.max_ms)} "
+            f"| {row.loop_lag.text() if row.loop_lag else '-'} | {r.achieved_rate:.0f} | {r.error_count} "
             f"| {server_cpu_text(row)} | {' | '.join(split_cells(row))} | {r.client_cpu_cores:.2f} "
             f"| {_percent(r.machine_cpu_busy)} | {_cpu(row.other_cores())} | {'yes' if passes(row, budget_ms) else 'no'} |"
         )
@@ -401,6 +405,7 @@ def row_to_json(row: Row) -> dict[str, Any]:
             "split_ms_per_message": {role: rounded(v) for role, v in row.split_ms().items()},
         },
         "cpu": None if row.cpu is None else row.cpu.to_json(),
+        "loop_lag": None if row.loop_lag is None else row.loop_lag.to_json(),
     }
 
 
@@ -414,6 +419,7 @@ def row_from_json(data: Mapping[str, Any]) -> Row:
         result=LoadResult(**data["result"]),
         cpu=None if cpu is None else CpuWindow.from_json(cpu),
         server_groups=dict(server.get("groups", {})),
+        loop_lag=LoopLag.from_json(data.get("loop_lag")),
     )
 
 

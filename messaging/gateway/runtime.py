@@ -30,6 +30,8 @@ from django.conf import settings
 from apps_registry.selectors import app_snapshot, user_id_parse
 from foundation.asyncdb import run_db
 from foundation.handoff import Route, routing_enqueue
+from foundation.heap import heap_freeze
+from foundation.loop_watch import loop_watch_start
 from foundation.transport.frames import CLOSE_RESTART
 from messaging.channels.hub import ChannelHub
 from messaging.channels.services import channel_occupancy_record
@@ -114,11 +116,14 @@ class NodeRuntime:
 
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
+        loop_watch_start()
         for batcher in self.batchers:
             batcher.bind(loop)
         await run_db(self._restart_cleanup)
         await self.join()
         await self.hub.start()
+        if settings.WEB_HEAP_FREEZE:
+            heap_freeze()  # (once: what a node holds for its life, out of every full collection's walk)
         self._heartbeat = asyncio.ensure_future(self._beat())
         log.info("node %s joined domain %s", self.node_id, settings.DOMAIN_NAME)
 

@@ -176,3 +176,17 @@ def test_a_lone_marker_is_refused_rather_than_guessed():
 def test_the_cpu_chart_leaves_out_runs_without_a_figure():
     svg = render_cpu_chart([Series("platform RELIABLE", [Point(300, 5.8, 0), Point(400, None, 0)])], "t")
     assert svg.startswith("<svg") and svg.count('r="4"') == 2  # one point, one legend dot
+
+
+def test_the_web_nodes_loop_lag_over_a_window_is_read_from_its_histogram_and_shown_beside_the_latencies():
+    from dataclasses import replace
+
+    from bench.loop_lag import lag_window
+
+    before = {0.001: 90.0, 0.005: 98.0, 0.01: 99.0, 0.05: 100.0, 0.25: 100.0, float("inf"): 100.0}
+    after = {0.001: 1070.0, 0.005: 1095.0, 0.01: 1097.0, 0.05: 1099.0, 0.25: 1100.0, float("inf"): 1100.0}
+    lag = lag_window(before, after)
+    assert (lag.ticks, lag.late, lag.p99_le_ms, lag.max_le_ms) == (1000, 2, 5.0, 250.0)
+    row = replace(platform_row(), loop_lag=lag)
+    assert "| ≤ 5 / ≤ 250 |" in results_table([row, pubsub_row()], 250)
+    assert row_from_json(json.loads(json.dumps(row_to_json(row)))).loop_lag == lag

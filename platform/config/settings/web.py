@@ -6,7 +6,7 @@ Read from the environment here and only here; base.py star-imports this module.
 
 from __future__ import annotations
 
-from .env import env_float, env_int
+from .env import env_bool, env_float, env_int
 
 # The largest HTTP request body a web node reads, in bytes, before the application sees it
 # (foundation.body_cap; past it: 413 and the connection closed), and larger caps where a path prefix
@@ -48,6 +48,16 @@ SOCKETIO_PREAUTH_SESSIONS_PER_ADDRESS = env_int("SOCKETIO_PREAUTH_SESSIONS_PER_A
 # cut off as a slow reader (as /ws past WS_MAX_OUTGOING_BYTES) and what it held goes back to the mailbox.
 SOCKETIO_MAX_OUTBOX_PACKETS = env_int("SOCKETIO_MAX_OUTBOX_PACKETS", 10_000)
 SOCKETIO_MAX_OUTBOX_BYTES = env_int("SOCKETIO_MAX_OUTBOX_BYTES", 8 * 1024 * 1024)
+# The event loop watched (foundation.loop_watch): a timer every LOOP_LAG_INTERVAL_SECONDS measures how
+# late the loop runs what is due (switchboard_event_loop_lag_seconds); a stall longer than
+# LOOP_STALL_LOG_SECONDS (0: not logged) is logged with the loop thread's stack, sampled every
+# LOOP_STALL_SAMPLE_SECONDS while it lasts, and the garbage collections that ran in it.
+LOOP_LAG_INTERVAL_SECONDS = env_float("LOOP_LAG_INTERVAL_SECONDS", 0.01)
+LOOP_STALL_LOG_SECONDS = env_float("LOOP_STALL_LOG_SECONDS", 0.05)
+LOOP_STALL_SAMPLE_SECONDS = env_float("LOOP_STALL_SAMPLE_SECONDS", 0.005)
+# Once the node's runtime has started, what it holds is frozen out of the garbage collector's full
+# passes (foundation.heap), which otherwise walk it all on the event loop's thread.
+WEB_HEAP_FREEZE = env_bool("WEB_HEAP_FREEZE", True)
 # The web node's GIL switch interval (sys.setswitchinterval), in seconds: how long a database thread
 # whose answer has come may wait for the event loop's thread (config.web).
 WEB_GIL_SWITCH_SECONDS = env_float("WEB_GIL_SWITCH_SECONDS", 0.0005)
