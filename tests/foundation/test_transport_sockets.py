@@ -35,3 +35,41 @@ def test_worker_code_sends_from_sync_code_on_one_long_lived_loop():
     assert sockets.send_many_sync([(channel, sockets.message_fast_event("x"))]) == []
     received = sockets.run_async(get_channel_layer().receive(channel))
     assert received == sockets.message_fast_event("x")
+
+
+def _publishes() -> int:
+    from foundation.transport.redis_clients import sync_client
+
+    return int(sync_client().info("commandstats").get("cmdstat_publish", {}).get("calls", 0))
+
+
+def test_a_send_to_a_channel_read_in_this_process_reaches_it_without_a_trip_through_redis():
+    event = sockets.message_fast_event('{"type":"MESSAGE","data":{"content":"here"}}')
+
+    async def local_send():
+        layer = get_channel_layer()
+        channel = await layer.new_channel()
+        before = _publishes()
+        assert await sockets.send_many([(channel, event)]) == []
+        published = _publishes() - before
+        return published, await asyncio.wait_for(layer.receive(channel), 5)
+
+    published, received = sockets.run_async(local_send())
+    assert (published, received) == (0, event)
+
+
+def test_a_send_to_a_channel_of_another_process_is_published_and_one_nobody_reads_is_reported():
+    async def channel_elsewhere():
+        return await get_channel_layer().new_channel()
+
+    channel = sockets.run_async(channel_elsewhere())  # read on the worker-side loop, not this test's
+
+    async def send_from_another_loop():
+        before = _publishes()
+        failures = await sockets.send_many([(channel, sockets.message_fast_event("x")),
+                                            ("specific.nobody!here", sockets.message_fast_event("y"))])
+        return _publishes() - before, [c for c, _ in failures]
+
+    published, failed = asyncio.run(send_from_another_loop())
+    assert (published, failed) == (2, ["specific.nobody!here"])
+    assert sockets.run_async(get_channel_layer().receive(channel)) == sockets.message_fast_event("x")

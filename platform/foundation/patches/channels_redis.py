@@ -15,6 +15,11 @@
    sends in one Redis round trip instead of the layer's one locked PUBLISH at a time, so it writes
    what the layer's `send` writes: its serialization of the event, on the Redis channel named as the
    channel (`publishes_queue`).
+4. **A send to a channel of this process kept out of Redis.** What the socket door sends to a channel
+   a consumer of this process reads on the running loop (a FAST message between two users of one
+   node, a presence notice) is put in that channel's queue as the layer's reader would put it, from
+   Redis: serialized, so the consumer reads it exactly as before (`local_queue`). It saves the
+   publish and the reader's round of it (issue 47).
 """
 
 from __future__ import annotations
@@ -68,3 +73,9 @@ class SlimPubSubChannelLayer(RedisPubSubChannelLayer):
 def publishes_queue(pipe: Any, layer: RedisPubSubChannelLayer, sends: Iterable[tuple[str, Any]]) -> None:
     for channel, event in sends:
         pipe.publish(channel, layer.serialize(event))
+
+
+# 4. the queue of a channel this process reads on the running loop, where the layer's reader puts what Redis delivers
+def local_queue(layer: RedisPubSubChannelLayer, channel: str) -> SlimQueue | None:
+    loop_layer = layer._layers.get(asyncio.get_running_loop())
+    return None if loop_layer is None else loop_layer.channels.get(channel)

@@ -28,7 +28,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 from channels.layers import get_channel_layer
 from channels_redis.pubsub import RedisPubSubChannelLayer
 
-from foundation.patches.channels_redis import publishes_queue
+from foundation.patches.channels_redis import local_queue, publishes_queue
 from foundation.transport.redis_clients import async_client, sync_client
 
 log = logging.getLogger(__name__)
@@ -166,12 +166,20 @@ async def send_many(sends: Iterable[tuple[str, Event]]) -> list[tuple[str, Excep
         return []
     layer = _pubsub_layer()
     if layer is not None:
+        remote = []
+        for channel, event in sends:
+            if (queue := local_queue(layer, channel)) is not None:
+                queue.put_nowait(layer.serialize(event))  # read here: as Redis would hand it back, without Redis
+            else:
+                remote.append((channel, event))
+        if not remote:
+            return []
         pipe = async_client().pipeline(transaction=False)
-        publishes_queue(pipe, layer, sends)
+        publishes_queue(pipe, layer, remote)
         try:
-            return _outcomes(sends, await pipe.execute(raise_on_error=False))
+            return _outcomes(remote, await pipe.execute(raise_on_error=False))
         except Exception as exc:
-            return _all_failed(sends, exc)
+            return _all_failed(remote, exc)
     layer = get_channel_layer()
     results = await asyncio.gather(*(layer.send(channel, event) for channel, event in sends), return_exceptions=True)
     failures = []
