@@ -29,6 +29,10 @@ DEBUG = False
 # Work handed to the workers is recorded and run in the test process when a test pumps it (the
 # `handoff` fixture); a test that starts real workers hands over to them instead (tests/processes.py).
 HANDOFF_DISPATCHER = "foundation.handoff.InlineDispatcher"
+# The test process runs consumers in-process (their runtime starts with the first): it keeps its heap
+# collectable, as a test suite that creates and drops thousands of objects must. The web nodes the
+# tests start (config.settings.local) freeze theirs as in production.
+WEB_HEAP_FREEZE = False
 WEBHOOKS_ALLOW_HTTP = True  # the tests' webhook receivers are plain-HTTP servers on 127.0.0.1
 OUTGOING_ALLOWED_NETWORKS = ["127.0.0.0/8", "::1/128"]  # ... and auth services: loopback only, explicitly
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # speed; never outside tests
