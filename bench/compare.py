@@ -180,8 +180,7 @@ def summary_line(row: Row) -> str:
         f"rate {row.rate:g}/s {row.label:<18} sent {r.sent} received {r.received} lost {r.lost} "
         f"errors {r.error_count} | p50 {_ms(r.p50_ms)} p95 {_ms(r.p95_ms)} p99 {_ms(r.p99_ms)} "
         f"max {_ms(r.max_ms)} ms | achieved {r.achieved_rate:.0f}/s, send lag p99 {_ms(r.send_lag_p99_ms)} ms"
-        + (f" | loop lag p99 {row.loop_lag.text().replace(' / ', ' ms, max ')} ms, {row.loop_lag.late} of "
-           f"{row.loop_lag.ticks} ticks over 10 ms" if row.loop_lag else "")
+        + (f" | {row.loop_lag.summary()}" if row.loop_lag else "")
     )
 
 

@@ -40,6 +40,11 @@ class LoopLag:
 
         return f"{bound(self.p99_le_ms)} / {bound(self.max_le_ms)}"
 
+    def summary(self) -> str:
+        """For a run's line: `loop lag p99 ≤ 5 ms, max ≤ 25 ms, 1 of 1936 ticks over 10 ms`."""
+        p99, worst = self.text().split(" / ")
+        return f"loop lag p99 {p99} ms, max {worst} ms, {self.late} of {self.ticks} ticks over 10 ms"
+
 
 def metrics_url(ws_url: str) -> str:
     parts = urlsplit(ws_url)

@@ -18,7 +18,7 @@
 4. **A send to a channel of this process kept out of Redis.** What the socket door sends to a channel
    a consumer of this process reads on the running loop (a FAST message between two users of one
    node, a presence notice) is put in that channel's queue as the layer's reader would put it, from
-   Redis: serialized, so the consumer reads it exactly as before (`local_queue`). It saves the
+   Redis: serialized, so the consumer reads it exactly as before (`local_queues`). It saves the
    publish and the reader's round of it (issue 47).
 """
 
@@ -75,7 +75,8 @@ def publishes_queue(pipe: Any, layer: RedisPubSubChannelLayer, sends: Iterable[t
         pipe.publish(channel, layer.serialize(event))
 
 
-# 4. the queue of a channel this process reads on the running loop, where the layer's reader puts what Redis delivers
-def local_queue(layer: RedisPubSubChannelLayer, channel: str) -> SlimQueue | None:
+# 4. the queues of the channels this process reads on the running loop (channel -> queue), where the
+# layer's reader puts what Redis delivers
+def local_queues(layer: RedisPubSubChannelLayer) -> dict[str, SlimQueue]:
     loop_layer = layer._layers.get(asyncio.get_running_loop())
-    return None if loop_layer is None else loop_layer.channels.get(channel)
+    return {} if loop_layer is None else loop_layer.channels

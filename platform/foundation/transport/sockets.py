@@ -28,7 +28,7 @@ from typing import Any, Literal, NotRequired, TypedDict
 from channels.layers import get_channel_layer
 from channels_redis.pubsub import RedisPubSubChannelLayer
 
-from foundation.patches.channels_redis import local_queue, publishes_queue
+from foundation.patches.channels_redis import local_queues, publishes_queue
 from foundation.transport.redis_clients import async_client, sync_client
 
 log = logging.getLogger(__name__)
@@ -166,9 +166,9 @@ async def send_many(sends: Iterable[tuple[str, Event]]) -> list[tuple[str, Excep
         return []
     layer = _pubsub_layer()
     if layer is not None:
-        remote = []
+        remote, local = [], local_queues(layer)
         for channel, event in sends:
-            if (queue := local_queue(layer, channel)) is not None:
+            if (queue := local.get(channel)) is not None:
                 queue.put_nowait(layer.serialize(event))  # read here: as Redis would hand it back, without Redis
             else:
                 remote.append((channel, event))
