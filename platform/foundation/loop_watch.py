@@ -102,9 +102,12 @@ class LoopWatch:
         sample_every = settings.LOOP_STALL_SAMPLE_SECONDS
         stall_started: float | None = None
         stacks: collections.Counter[str] = collections.Counter()
-        while not self._stopped.wait(sample_every):
+        wait = sample_every
+        while not self._stopped.wait(wait):
             now = time.perf_counter()
             late = now - self.ticked - self.interval
+            # On time: look again only when the loop could first be late enough to log; in a stall, sample.
+            wait = sample_every if late > self.stall_after else max(sample_every, self.stall_after - late)
             if late > self.stall_after:
                 if stall_started is None:
                     stall_started = self.ticked + self.interval
