@@ -254,11 +254,14 @@ def test_thousands_of_sessions_waiting_for_their_login_cost_the_node_little_and_
             client.get(f"{web.url}/socket.io/", params={"EIO": "4", "transport": "polling"})
         before = process.memory_info().rss
         statuses = [client.get(f"{web.url}/socket.io/", params={"EIO": "4", "transport": "polling"}).status_code
-                    for _ in range(2900)]
-        grown = process.memory_info().rss - before
+                    for _ in range(2800)]
+        grown = process.memory_info().rss - before  # (before any refusal: its first one builds code paths)
+        statuses += [client.get(f"{web.url}/socket.io/", params={"EIO": "4", "transport": "polling"}).status_code
+                     for _ in range(100)]
     assert statuses.count(200) == 2800 and statuses[-100:] == [403] * 100  # 3,000 on the node at most
-    # (4-7 KB of the node's resident memory each here, as measured from outside, allocator noise and
-    # all; 11 KB when each started its connection at once)
+    # (4.8-7.6 KB of the node's resident memory each here, as measured from outside, allocator noise
+    # and all, of which 1.6 KB is Python's heap; 7.2-8.4 KB while a session kept the whole request that
+    # opened it, and 11 KB when each started its connection at once)
     assert grown / 2800 < 8 * 1024, f"{grown / 2800:.0f} bytes a session"
 
 

@@ -77,6 +77,19 @@ BY_SERVER, BY_CLIENT, BY_TIMEOUT, BY_TRANSPORT = "server", "client", "timeout", 
 SESSIONS: dict[str, EngineSession] = {}  # this node's open sessions, by id
 
 
+# What a session keeps of the request that opened it, for the connection above: not the request's
+# own extensions (they hold daphne's request, which would live as long as the session) and only the
+# headers the connection reads (thousands of sessions wait for their login on a node).
+KEPT_SCOPE = ("path", "root_path", "query_string", "client", "server", "scheme")
+KEPT_HEADERS = frozenset({b"origin", b"user-agent"})
+
+
+def _kept(scope: dict) -> dict:
+    kept = {key: scope[key] for key in KEPT_SCOPE if key in scope}
+    kept["headers"] = [(name, value) for name, value in scope.get("headers") or () if name in KEPT_HEADERS]
+    return kept
+
+
 class EngineSession:
     """One client's Engine.IO session on this node, with the Socket.IO consumer above it."""
 
@@ -110,7 +123,7 @@ class EngineSession:
         self.timer = asyncio.get_running_loop().call_later(
             min(settings.WS_AUTH_TIMEOUT, settings.SOCKETIO_PING_INTERVAL), self._first_look)
         self.inner = SlimQueue()
-        self.scope = scope  # (the application's, made from it when it starts)
+        self.scope = _kept(scope)  # (the application's, made from it when it starts)
         self.app = app
         self.app_task: asyncio.Task | None = None  # started by the client's first packet
         SESSIONS[self.sid] = self
