@@ -14,6 +14,7 @@ from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils.html import escape, format_html
 
+from .admin_endpoints import RequestEndpointInline, endpoint_secrets_show
 from .admin_guards import HomesKeptAdmin, MetaManagedAdmin
 from .meta import meta_state_line
 from .models import (
@@ -24,6 +25,7 @@ from .models import (
     Domain,
     DomainLink,
     OperatorKey,
+    RequestEndpoint,
     UserDistribution,
     UserRange,
 )
@@ -140,7 +142,7 @@ class ClientAppAdmin(MetaManagedAdmin):
     list_display = ["app_name", "app_id", "master_user_id", "auth_mode", "retention_days", "max_delivery_attempts"]
     search_fields = ["app_name", "app_id", "master_user_id"]
     list_filter = ["auth_mode", "push_open"]
-    inlines = [UserDistributionInline, ApiKeyInline]
+    inlines = [UserDistributionInline, RequestEndpointInline, ApiKeyInline]
     fieldsets = [
         (None, {"fields": ["app_name", "app_id", "master_user_id", "confirmation_enabled"]}),
         ("Authentication", {"fields": ["auth_mode", "auth_url", "auth_enabled", "auth_timeout_ms", "token_secret"]}),
@@ -158,6 +160,9 @@ class ClientAppAdmin(MetaManagedAdmin):
         return form
 
     def save_formset(self, request, form, formset, change):
+        if formset.model is RequestEndpoint:
+            super().save_formset(request, form, formset, change)
+            return endpoint_secrets_show(self, request, formset)
         if formset.model is not UserDistribution:
             return super().save_formset(request, form, formset, change)
         # Rows removed go first: a neighbour widened over a removed row in the same save would

@@ -48,7 +48,9 @@ from django.db.models import Q
 
 from foundation.names import domain_name_valid
 
+from .config_endpoints import EndpointsImported, endpoints_export, endpoints_import
 from .config_entries import ConfigError, entry_int, entry_required, validation_text
+from .config_settings import settings_export, settings_import
 from .models import (
     APP_NAME_RE,
     AuthMode,
@@ -62,72 +64,22 @@ from .models import (
 from .selectors import user_id_parse
 from .services import coverage_gap, distribution_validate, homeless_message
 
-# The file's name of each app setting that protects its users (`settings:` of an app entry).
-APP_SETTINGS = {
-    "allowedOrigins": "allowed_origins",
-    "maxTokenLifetimeSeconds": "max_token_lifetime_seconds",
-    "authTimeoutMs": "auth_timeout_ms",
-    "confirmationEnabled": "confirmation_enabled",
-    "maxContentBytes": "max_content_bytes",
-    "maxGroupRecipients": "max_group_recipients",
-    "rateLimitPerSecond": "rate_limit_per_second",
-    "rateLimitBurst": "rate_limit_burst",
-    "deliveriesPerSecond": "deliveries_per_second",
-    "deliveriesBurst": "deliveries_burst",
-    "maxConnectionsPerUser": "max_connections_per_user",
-    "apiRateLimitPerSecond": "api_rate_limit_per_second",
-    "apiRateLimitBurst": "api_rate_limit_burst",
-    "retentionDays": "retention_days",
-    "maxDeliveryAttempts": "max_delivery_attempts",
-}
-
-
-def _setting_default(field_name: str) -> Any:
-    return ClientApp._meta.get_field(field_name).get_default()
-
-
-def _settings_import(entry: dict, where: str, *, mirror: bool) -> dict[str, Any]:
-    """The model fields an entry's `settings` sets (checked by the fields' own validation); with
-    `mirror`, every setting the entry leaves out is its default."""
-    given = entry.get("settings") or {}
-    if not isinstance(given, dict):
-        raise ConfigError(f"{where}: settings must be a mapping")
-    unknown = sorted(set(given) - set(APP_SETTINGS))
-    if unknown:
-        raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)} (known: {', '.join(APP_SETTINGS)})")
-    fields: dict[str, Any] = {}
-    for key, name in APP_SETTINGS.items():
-        if key not in given:
-            if mirror:
-                fields[name] = _setting_default(name)
-            continue
-        value = given[key]
-        field = ClientApp._meta.get_field(name)
-        if name == "allowed_origins":
-            if not isinstance(value, list) or not all(isinstance(o, str) and o for o in value):
-                raise ConfigError(f"{where}: settings.allowedOrigins must be a list of origins")
-        elif field.get_internal_type() == "BooleanField" and not isinstance(value, bool):
-            raise ConfigError(f"{where}: settings.{key} must be true or false")
-        elif field.get_internal_type() != "BooleanField" and isinstance(value, bool):
-            raise ConfigError(f"{where}: settings.{key} must be a number")
-        try:
-            fields[name] = field.clean(value, None)
-        except ValidationError as exc:
-            raise ConfigError(f"{where}: settings.{key}: {' '.join(exc.messages)}") from None
-    return fields
-
-
-def _settings_export(app: ClientApp) -> dict[str, Any]:
-    return {key: getattr(app, name) for key, name in APP_SETTINGS.items()
-            if getattr(app, name) != _setting_default(name)}
-
 
 @dataclass
 class ImportSummary:
-    created: dict[str, int] = field(default_factory=lambda: {"domains": 0, "links": 0, "apps": 0, "distributions": 0})
-    updated: dict[str, int] = field(default_factory=lambda: {"domains": 0, "links": 0, "apps": 0, "distributions": 0})
+    created: dict[str, int] = field(default_factory=lambda: {"domains": 0, "links": 0, "apps": 0, "distributions": 0,
+                                                             "endpoints": 0})
+    updated: dict[str, int] = field(default_factory=lambda: {"domains": 0, "links": 0, "apps": 0, "distributions": 0,
+                                                             "endpoints": 0})
+    # The webhook secrets of request endpoints created by this import, shown once: (app, endpoint, secret).
+    endpoint_secrets: list[tuple[str, str, str]] = field(default_factory=list)
     open_apps: list[str] = field(default_factory=list)  # imported with auth mode none: anyone may log in
     push_open_app: str | None = None  # imported with push open mode: the push seed's bare requests are its
+
+    def count(self, endpoints: EndpointsImported) -> None:
+        self.created["endpoints"] += endpoints.created
+        self.updated["endpoints"] += endpoints.updated
+        self.endpoint_secrets.extend(endpoints.secrets)
 
     def __str__(self) -> str:
         parts = [f"{kind}: {self.created[kind]} created, {self.updated[kind]} updated" for kind in self.created]
@@ -283,7 +235,7 @@ def _import_apps(entries: list, summary: ImportSummary, default_auth_mode: str |
         where = f"clientApps[{i}]"
         fields = _app_fields(entry, where, default_auth_mode)
         where = f"clientApps[{i}] ({fields['app_name']})"
-        fields.update(_settings_import(entry, where, mirror=mirror))
+        fields.update(settings_import(entry, where, mirror=mirror))
         if fields["app_id"] in seen_ids:
             raise ConfigError(f"{where}: appId '{fields['app_id']}' is also used by {seen_ids[fields['app_id']]}")
         seen_ids[fields["app_id"]] = fields["app_name"]
@@ -304,6 +256,8 @@ def _import_apps(entries: list, summary: ImportSummary, default_auth_mode: str |
         if app.push_open:
             summary.push_open_app = app.app_name
         _import_distributions(app, entry.get("userDistributions") or [], where, summary, mirror)
+        if "endpoints" in entry:  # (absent: the app's endpoints are left as they are)
+            summary.count(endpoints_import(app, entry.get("endpoints") or [], where))
 
 
 def _import_distributions(app: ClientApp, entries: list, where: str, summary: ImportSummary, mirror: bool) -> None:
@@ -365,7 +319,8 @@ def config_export(*, include_secrets: bool = False) -> str:
         if include_secrets:
             item["sharedSecret"] = link.shared_secret
         doc["domainLinks"].append(item)
-    apps = ClientApp.objects.prefetch_related("distributions__domain", "distributions__standby").order_by("app_name")
+    apps = ClientApp.objects.prefetch_related("distributions__domain", "distributions__standby",
+                                              "request_endpoints").order_by("app_name")
     for app in apps:
         item = {"appName": app.app_name, "appId": app.app_id, "masterUserId": app.master_user_id}
         if app.auth_url:
@@ -382,7 +337,7 @@ def config_export(*, include_secrets: bool = False) -> str:
             item["clientSubscriptions"] = True
         if app.push_open:
             item["pushOpen"] = True
-        if app_settings := _settings_export(app):
+        if app_settings := settings_export(app):
             item["settings"] = app_settings
         dists = []
         for d in sorted(app.distributions.all(), key=lambda d: d.range_from):
@@ -394,5 +349,7 @@ def config_export(*, include_secrets: bool = False) -> str:
             dists.append(entry)
         if dists:
             item["userDistributions"] = dists
+        if endpoints := endpoints_export(app):
+            item["endpoints"] = endpoints
         doc["clientApps"].append(item)
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)

@@ -393,3 +393,6 @@ class MetaState(models.Model):
 
     def __str__(self) -> str:
         return f"pulled from {self.meta_url or '-'}"
+
+
+from apps_registry.endpoints import RequestEndpoint  # noqa: E402, F401  (a model of this app, in its own module)

@@ -14,7 +14,7 @@ from django.db.models import Case, F, Max, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from .models import USER_ID_RE, AuthMode, ClientApp, Domain, Takeover, UserDistribution, UserRange
+from .models import USER_ID_RE, AuthMode, ClientApp, Domain, RequestEndpoint, Takeover, UserDistribution, UserRange
 
 
 @dataclass(frozen=True)
@@ -126,6 +126,19 @@ SNAPSHOT_CACHE_SIZE = 1024
 
 
 @dataclass(frozen=True)
+class EndpointSpec:
+    """A request endpoint of an app (RequestEndpoint), as the request path needs it."""
+
+    pk: int
+    name: str
+    webhook: bool
+    stream: bool
+    timeout_ms: int
+    max_timeout_ms: int
+    max_in_flight_per_user: int
+
+
+@dataclass(frozen=True)
 class AppSnapshot:
     pk: int
     app_name: str
@@ -158,6 +171,10 @@ class AppSnapshot:
     domain_ws_urls: tuple[tuple[str, str], ...] = ()
     # The ranges with a standby domain: (range, home, standby) as configured, whoever serves them now.
     with_standby: tuple[tuple[UserRange, str, str], ...] = ()
+    endpoints: tuple[EndpointSpec, ...] = ()  # the enabled request endpoints
+
+    def endpoint(self, name: str) -> EndpointSpec | None:
+        return next((e for e in self.endpoints if e.name == name), None)
 
     def home_domain(self, number: int) -> str | None:
         for user_range, domain in self.distributions:
@@ -294,6 +311,10 @@ def _snapshot_load(app: ClientApp | None) -> AppSnapshot | None:
             domain_ws_urls=tuple((domain, url) for domain, url in ws_urls.items() if url),
             with_standby=tuple((UserRange(low, high), home, standby) for low, high, _, _, standby, home in rows
                                if standby is not None),
+            endpoints=tuple(EndpointSpec(pk=e.pk, name=e.name, webhook=bool(e.webhook_url), stream=e.stream,
+                                         timeout_ms=e.timeout_ms, max_timeout_ms=e.max_timeout_ms,
+                                         max_in_flight_per_user=e.max_in_flight_per_user)
+                            for e in RequestEndpoint.objects.filter(app=app, enabled=True).order_by("name")),
         )
     return snapshot
 

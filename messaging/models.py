@@ -46,6 +46,11 @@ class MessageKind(models.TextChoices):
     DIRECT = "direct", "MESSAGE"
     GROUP = "group", "GROUP_MESSAGE"
     CONFIRMATION = "confirmation", "MESSAGE_CONFIRMATION"
+    # A request's outcome (messaging.requests), to the client that asked, and a server's request to
+    # a client. `reference` holds their request's ids as JSON (messaging.requests.outcome.meta).
+    RESOLVE = "resolve", "RESOLVE"
+    REJECT = "reject", "REJECT"
+    SERVER_REQUEST = "server_request", "SERVER_REQUEST"
 
 
 class DeliveryState(models.TextChoices):
@@ -277,6 +282,7 @@ from messaging.federation.models import (  # noqa: E402
     StandbySubscription,
 )
 from messaging.intake.stream.models import QueueCredential  # noqa: E402
+from messaging.requests.models import Request  # noqa: E402
 from messaging.webhooks.models import (  # noqa: E402
     WEBHOOK_ALL_EVENTS,
     WEBHOOK_OPEN_STATES,
@@ -294,7 +300,7 @@ __all__ = [
     "CLAIMABLE_STATES", "DELIVERABLE_STATES", "EXPIRABLE_STATES", "UNDELIVERED_STATES", "WEBHOOK_ALL_EVENTS",
     "WEBHOOK_OPEN_STATES", "WEBHOOK_SUBSCRIBABLE_EVENTS", "Channel", "ChannelForward", "ChannelMessage", "DeadLetter", "Delivery",
     "DeliveryState", "ExchangeState", "Follow", "HeldInOrder", "IdempotencyKey", "LinkHealth", "Mailbox", "Message",
-    "MessageKind", "OrderMark", "QueueCredential", "ReceiptForward", "StandbyCopy", "StandbyFeed", "StandbySubscription",
+    "MessageKind", "OrderMark", "QueueCredential", "ReceiptForward", "Request", "StandbyCopy", "StandbyFeed", "StandbySubscription",
     "Subscription", "WebhookDelivery",
     "WebhookEndpoint", "WebhookEvent", "WebhookState", "states_sql", "webhook_events_all", "webhook_secret_new",
     "webhook_states_sql",

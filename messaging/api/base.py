@@ -33,7 +33,7 @@ ERRORS = {code: OpenApiResponse(s.ErrorSerializer, description=text) for code, t
     401: "no key, or a wrong or revoked one",
     403: "without a key (the push open app's publish): a channel that is not public, or a user's own",
     404: "not found, or not your app's",
-    409: "the Idempotency-Key was used for another request",
+    409: "the Idempotency-Key was used for another request; or (`request_closed`) the request takes no other answer",
     413: "content over the app's limit, or a body over the server's",
     421: "the user lives in another domain (`homed_elsewhere`): `domain` names it; send this there",
     429: "the app's rate limit: retry after `Retry-After` seconds",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.urls import path, re_path
 
 from foundation.asyncdb import pooled
-from messaging.api import exchange_views, operator, views
+from messaging.api import exchange_views, operator, request_views, views
 from messaging.api.errors import not_found
 
 
@@ -36,6 +36,9 @@ urlpatterns = [
     _endpoint("dead-letters", views.DeadLettersView, "api-dead-letters"),
     _endpoint("dead-letters/requeue", views.DeadLettersRequeueView, "api-dead-letters-requeue"),
     _endpoint("dead-letters/discard", views.DeadLettersDiscardView, "api-dead-letters-discard"),
+    _endpoint("requests/<str:request_id>", request_views.RequestDetailView, "api-request"),
+    _endpoint("requests/<str:request_id>/resolve", request_views.RequestResolveView, "api-request-resolve"),
+    _endpoint("requests/<str:request_id>/reject", request_views.RequestRejectView, "api-request-reject"),
     _endpoint("events", exchange_views.EventsView, "api-events"),
     _endpoint("exchange/users/<str:n>/followers", exchange_views.FollowersView, "api-exchange-followers"),
     _endpoint("exchange/users/<str:n>/followees", exchange_views.FolloweesView, "api-exchange-followees"),

@@ -32,7 +32,7 @@ QUEUE_CLIENT_MESSAGE_ID_PREFIX = "sbq:"
 
 CLIENT_TYPES = {
     "AUTH_CLIENT", "MESSAGE", "GROUP_MESSAGE", "FETCH_MISSING_MESSAGES_REQUEST", "CLOSE_CONNECTION",
-    "ACK", "PING", "PONG", "SUBSCRIBE", "UNSUBSCRIBE",
+    "ACK", "PING", "PONG", "SUBSCRIBE", "UNSUBSCRIBE", "REQUEST",
 }
 
 
@@ -177,10 +177,38 @@ def invalid(reason: str, data: Any = None, **extra: Any) -> str:
     return encode("INVALID_MESSAGE", payload)
 
 
+# The stored frames of requests (messaging.requests): their request's ids ride in the message's
+# `reference`, as JSON with these keys, so the frame can be built wherever the message is (a fetch,
+# a push, another domain it was forwarded to).
+REQUEST_FRAME_TYPES = {"resolve": "RESOLVE", "reject": "REJECT", "server_request": "SERVER_REQUEST"}
+REQUEST_META_KEYS = ("requestId", "clientMessageId", "reason")
+
+
+def request_meta(*, request_id: int, client_message_id: str | None = None, reason: str = "") -> str:
+    """A request frame's ids, as kept in its message's `reference` (at most 256 characters: a
+    clientMessageId is at most CLIENT_MESSAGE_ID_MAX)."""
+    meta: dict[str, str] = {"requestId": str(request_id)}
+    if client_message_id is not None:
+        meta["clientMessageId"] = client_message_id
+    if reason:
+        meta["reason"] = reason
+    return json.dumps(meta, separators=(",", ":"), ensure_ascii=False)
+
+
 def delivery_frame(*, kind: str, sender: str, content: str, reference: str, message_id: int, seq: int) -> str:
-    """The frame a recipient gets for a stored message (MESSAGE or MESSAGE_CONFIRMATION)."""
+    """The frame a recipient gets for a stored message (MESSAGE, MESSAGE_CONFIRMATION, or a request's
+    RESOLVE, REJECT or SERVER_REQUEST)."""
     if kind == "confirmation":
         return encode("MESSAGE_CONFIRMATION", {"reference": reference, "id": str(message_id), "seq": seq})
+    if kind in REQUEST_FRAME_TYPES:
+        try:
+            meta = json.loads(reference) if reference else {}
+        except ValueError:
+            meta = {}
+        data: dict[str, Any] = {"id": str(message_id)}
+        data.update((key, meta[key]) for key in REQUEST_META_KEYS if isinstance(meta, dict) and key in meta)
+        data.update(content=content, seq=seq)
+        return encode(REQUEST_FRAME_TYPES[kind], data)
     return encode("MESSAGE", {"from": sender, "content": content, "id": str(message_id), "seq": seq}, reference or None)
 
 

@@ -24,6 +24,7 @@ from messaging.federation.selectors import LinkState, link_states
 from messaging.federation.standby.copy import copy_lag
 from messaging.intake.stream.metrics import QUEUE_STATS
 from messaging.models import DeliveryState, states_sql
+from messaging.requests.metrics import REQUESTS_COLLECTOR
 from messaging.webhooks.selectors import webhook_backlog
 
 DEAD_LETTERS = Gauge("switchboard_dead_letters", "Deliveries in the dead-letter queue (cluster-wide)",
@@ -84,6 +85,7 @@ class _LinkCollector:
 
 LINKS = _LinkCollector()
 REGISTRY.register(LINKS)
+REGISTRY.register(REQUESTS_COLLECTOR)  # requests waiting, their outcomes and latency, read from Postgres
 REGISTRY.register(QUEUE_STATS)  # the queue intake's counts and gates, read from Redis at scrape time
 
 

@@ -26,6 +26,7 @@ from foundation.handoff import (
     standby_senders_kick,
     webhook_calls_enqueue,
 )
+from foundation.transport.queue_names import queue_client
 from messaging.channels.retention import channel_history_expire
 from messaging.core.delivery.expiry import deliveries_expire
 from messaging.core.delivery.lost_nodes import lost_nodes_settle
@@ -43,8 +44,10 @@ from messaging.federation.takeover import take as takeover
 from messaging.federation.wire.probes import links_probe
 from messaging.intake.stream.credentials import credential_app_names, queue_acl_sync
 from messaging.intake.stream.gate import queue_gates_enforce
-from messaging.intake.stream.names import queue_client
 from messaging.intake.stream.runner import queue_consumer_start, queue_consumer_stop
+from messaging.requests.retention import requests_purge as requests_purge_service
+from messaging.requests.services import requests_time_out as requests_time_out_service
+from messaging.requests.webhook import READERS as REQUEST_READERS
 from messaging.routing.router import deliveries_route
 from messaging.webhooks.delivery import webhook_attempt, webhook_deliveries_purge, webhooks_sweep
 from presence.lost_nodes import nodes_reap
@@ -121,7 +124,20 @@ def webhook_deliver(delivery_id: str, claim: int) -> str:
     up for by the sweep once the hand-out's lease runs out. Routed to the webhooks queue
     (foundation.handoff); bounded by the call's own deadline, WEBHOOK_TIMEOUT_SECONDS (the threads
     pool does not enforce Celery's time limits)."""
-    return webhook_attempt(delivery_id=delivery_id, claim=claim)
+    return webhook_attempt(delivery_id=delivery_id, claim=claim, readers=REQUEST_READERS)
+
+
+@shared_task(acks_late=True)
+def requests_time_out() -> int:
+    """Beat: requests past their deadline are rejected (`reason: "timeout"`, messaging.requests). Safe
+    twice: a closed request is never closed again."""
+    return requests_time_out_service()
+
+
+@shared_task(acks_late=True)
+def requests_purge() -> int:
+    """Beat: closed requests older than REQUEST_RETENTION_DAYS go."""
+    return requests_purge_service()
 
 
 @shared_task(acks_late=True)

@@ -140,21 +140,21 @@ class WebhookDeliveryAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
                     "next_attempt_at", "delivered_at", "short_error"]
     # The app filter lists the apps (a small table); "only apps with deliveries" would scan this one.
     list_filter = ["state", "event", "endpoint__app"]
-    list_select_related = ["endpoint", "endpoint__app"]
+    list_select_related = ["endpoint", "endpoint__app", "request_endpoint", "request_endpoint__app"]
     show_full_result_count = False
     ordering = ["-created_at"]
     actions = ["requeue"]
-    fields = ["id", "endpoint", "event", "state", "attempts", "last_status", "last_error", "created_at",
+    fields = ["id", "endpoint", "request_endpoint", "event", "state", "attempts", "last_status", "last_error", "created_at",
               "next_attempt_at", "delivered_at", "dead_at", "payload_json"]
     readonly_fields = fields
 
     @admin.display(description="app", ordering="endpoint__app__app_name")
     def app(self, obj: WebhookDelivery) -> str:
-        return obj.endpoint.app.app_name
+        return (obj.endpoint or obj.request_endpoint).app.app_name
 
     @admin.display(description="endpoint")
     def endpoint_url(self, obj: WebhookDelivery) -> str:
-        return obj.endpoint.url
+        return obj.endpoint.url if obj.endpoint else f"{obj.request_endpoint.name}: {obj.request_endpoint.webhook_url}"
 
     @admin.display(description="last error")
     def short_error(self, obj: WebhookDelivery) -> str:

@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
 from foundation.backoff import Backoff
 from foundation.outbound import (
@@ -104,12 +106,20 @@ def _take_over(delivery_id: str, claim: int, new_claim: int) -> _Claimed | None:
     with connection.cursor() as cur:
         cur.execute(
             f"""
+            WITH target AS (
+                SELECT w.id, coalesce(e.app_id, r.app_id) AS app_id, coalesce(e.url, r.webhook_url) AS url,
+                       coalesce(e.secret, r.webhook_secret) AS secret
+                  FROM messaging_webhookdelivery w
+                  LEFT JOIN messaging_webhookendpoint e ON e.id = w.endpoint_id
+                  LEFT JOIN apps_registry_requestendpoint r ON r.id = w.request_endpoint_id
+                 WHERE w.id = %s
+            )
             UPDATE messaging_webhookdelivery w SET claim = %s, next_attempt_at = now() + make_interval(secs => %s)
-              FROM messaging_webhookendpoint e
-             WHERE w.id = %s AND w.claim = %s AND w.state IN {OPEN} AND e.id = w.endpoint_id
-            RETURNING e.app_id, e.url, e.secret, w.event, w.payload, w.attempts
+              FROM target t
+             WHERE w.id = t.id AND w.claim = %s AND w.state IN {OPEN}
+            RETURNING t.app_id, t.url, t.secret, w.event, w.payload, w.attempts
             """,
-            [new_claim, webhook_lease_seconds(), delivery_id, claim],
+            [delivery_id, new_claim, webhook_lease_seconds(), claim],
         )
         row = cur.fetchone()
     if row is None:
@@ -131,16 +141,27 @@ def _put_back(delivery_id: str, claim: int) -> bool:
         return cur.rowcount == 1
 
 
-async def _post(url: str, body: bytes, headers: dict[str, str], deadline: float) -> Answer:
+async def _post(url: str, body: bytes, headers: dict[str, str], deadline: float, max_bytes: int) -> Answer:
     client = outgoing_client("webhooks", max_connections=CLIENT_MAX_CONNECTIONS, max_keepalive=CLIENT_MAX_KEEPALIVE)
-    return await outgoing_post(client, url, content=body, headers=headers, deadline=deadline,
-                               max_bytes=ERROR_BODY_BYTES)
+    return await outgoing_post(client, url, content=body, headers=headers, deadline=deadline, max_bytes=max_bytes)
 
 
-def _call(claimed: _Claimed, delivery_id: str) -> tuple[int | None, str]:
-    """POST the body; (HTTP status or None, error text or "" on a 2xx)."""
+class AnswerReader(Protocol):
+    """What an event's calls do with the receiver's answer, in the transaction that records it (a
+    request's webhook answers in its response: messaging.requests.webhook). Given to the sender by
+    the task that runs it, from the room above."""
+
+    answer_bytes: int  # how much of a 2xx answer is read (the rest cuts the answer off)
+
+    def answered(self, *, payload: dict, body: bytes, complete: bool) -> None: ...
+
+    def dead(self, *, payload: dict, error: str) -> None: ...
+
+
+def _call(claimed: _Claimed, delivery_id: str, answer_bytes: int = ERROR_BODY_BYTES) -> tuple[int | None, str, Answer | None]:
+    """POST the body; (HTTP status or None, error text or "" on a 2xx, the answer read up to `answer_bytes`)."""
     if claimed.url.lower().startswith("http://") and not settings.WEBHOOKS_ALLOW_HTTP:
-        return None, "plain http:// endpoints are not allowed here (WEBHOOKS_ALLOW_HTTP is off)"
+        return None, "plain http:// endpoints are not allowed here (WEBHOOKS_ALLOW_HTTP is off)", None
     body = json.dumps(claimed.payload, separators=(",", ":"), ensure_ascii=False).encode()
     headers = {
         "Content-Type": "application/json",
@@ -151,13 +172,13 @@ def _call(claimed: _Claimed, delivery_id: str) -> tuple[int | None, str]:
     }
     deadline = settings.WEBHOOK_TIMEOUT_SECONDS
     try:
-        answer = run_outgoing(_post(claimed.url, body, headers, deadline), deadline)
+        answer = run_outgoing(_post(claimed.url, body, headers, deadline, answer_bytes), deadline)
     except OutgoingError as exc:
-        return None, str(exc)[:500]
+        return None, str(exc)[:500], None
     if 200 <= answer.status < 300:
-        return answer.status, ""
-    detail = answer.body.decode(errors="replace").strip()
-    return answer.status, f"HTTP {answer.status}" + (f": {detail}" if detail else "")
+        return answer.status, "", answer
+    detail = answer.body[:ERROR_BODY_BYTES].decode(errors="replace").strip()
+    return answer.status, f"HTTP {answer.status}" + (f": {detail}" if detail else ""), answer
 
 
 def _record_delivered(delivery_id: str, claim: int, status: int) -> bool:
@@ -201,12 +222,14 @@ class WebhookSender:
     name = "webhook"
     lock_key = None
 
-    def __init__(self, delivery_id: str, claim: int):
+    def __init__(self, delivery_id: str, claim: int, readers: Mapping[str, AnswerReader] | None = None):
         self.delivery_id = delivery_id
         self.claim = claim
         self.own_claim = claim_token()
         self.outcome = "skipped"
         self.claimed: _Claimed | None = None
+        self.readers = readers or {}
+        self.answer: Answer | None = None
 
     def limits(self) -> Limits:
         return Limits(rows=1, bytes=0)
@@ -224,8 +247,10 @@ class WebhookSender:
         slot = slot_take(slot_name, cap=settings.WEBHOOK_APP_CONCURRENCY, ttl=webhook_slot_seconds())
         if slot is None:
             raise NotNow(f"app {claimed.app_id} has {settings.WEBHOOK_APP_CONCURRENCY} calls in flight")
+        reader = self.readers.get(claimed.event)
         try:
-            status, error = _call(claimed, self.delivery_id)
+            status, error, self.answer = _call(claimed, self.delivery_id,
+                                               reader.answer_bytes if reader else ERROR_BODY_BYTES)
         finally:
             slot_release(slot_name, slot)
         if error:
@@ -233,14 +258,23 @@ class WebhookSender:
         return status
 
     def settle(self, batch: Batch[_Claimed], status: int) -> Settled:
-        if _record_delivered(self.delivery_id, self.own_claim, status):
-            self.outcome = WebhookState.DELIVERED.value
-            return Settled(sent=1)
-        return Settled()
+        claimed = batch.items[0]
+        reader = self.readers.get(claimed.event)
+        with transaction.atomic():  # the answer is read once: with the record of the call, or not at all
+            if not _record_delivered(self.delivery_id, self.own_claim, status):
+                return Settled()
+            if reader is not None and self.answer is not None:
+                reader.answered(payload=claimed.payload, body=self.answer.body, complete=self.answer.complete)
+        self.outcome = WebhookState.DELIVERED.value
+        return Settled(sent=1)
 
     def fail(self, batch: Batch[_Claimed], error: CallFailed) -> Failed:
         claimed = batch.items[0]
-        state = _record_failed(self.delivery_id, self.own_claim, error.status, error.reason)
+        reader = self.readers.get(claimed.event)
+        with transaction.atomic():  # a dead call's consequence commits with it
+            state = _record_failed(self.delivery_id, self.own_claim, error.status, error.reason)
+            if state == WebhookState.DEAD and reader is not None:
+                reader.dead(payload=claimed.payload, error=error.reason)
         self.outcome = state or "skipped"
         if state == WebhookState.DEAD:
             log.warning("webhook %s (%s) to %s is dead after %d attempts: %s", self.delivery_id, claimed.event,
@@ -254,11 +288,12 @@ class WebhookSender:
         self.outcome = "busy" if _put_back(self.delivery_id, self.own_claim) else "skipped"
 
 
-def webhook_attempt(*, delivery_id: str, claim: int) -> str:
+def webhook_attempt(*, delivery_id: str, claim: int, readers: Mapping[str, AnswerReader] | None = None) -> str:
     """Make one attempt of a handed-out delivery. Returns what became of it: "delivered",
     "retrying", "dead", or "skipped" (not pending or retrying under this claim any more: done,
-    dead, or handed to someone else), or "busy" (put back: its app's calls in flight are at the cap)."""
-    sender = WebhookSender(delivery_id, claim)
+    dead, or handed to someone else), or "busy" (put back: its app's calls in flight are at the cap).
+    `readers`: what an event's answers mean (AnswerReader), by event."""
+    sender = WebhookSender(delivery_id, claim, readers)
     send_batches(sender, max_batches=1)
     if sender.outcome not in ("skipped", "busy"):
         outcome = "failed" if sender.outcome == WebhookState.RETRYING else sender.outcome

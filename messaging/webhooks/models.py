@@ -12,7 +12,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
-from apps_registry.models import ClientApp
+from apps_registry.models import ClientApp, RequestEndpoint
 
 
 class WebhookEvent(models.TextChoices):
@@ -22,11 +22,15 @@ class WebhookEvent(models.TextChoices):
     CHANNEL_OCCUPIED = "channel.occupied"  # a channel got its first reader in the cluster
     CHANNEL_VACATED = "channel.vacated"  # ... and lost its last one
     TEST = "webhook.test"  # sent from the console to one endpoint; nobody subscribes to it
+    # A client's request, to the webhook URL of the request endpoint it names (messaging.requests),
+    # not to the app's webhook endpoints: nobody subscribes to it either.
+    REQUEST_RECEIVED = "request.received"
 
 
 WEBHOOK_ALL_EVENTS = "*"
 # What an endpoint may list in `events` (besides "*"): the check constraint is built from this.
-WEBHOOK_SUBSCRIBABLE_EVENTS: tuple[str, ...] = tuple(e.value for e in WebhookEvent if e != WebhookEvent.TEST)
+WEBHOOK_SUBSCRIBABLE_EVENTS: tuple[str, ...] = tuple(
+    e.value for e in WebhookEvent if e not in (WebhookEvent.TEST, WebhookEvent.REQUEST_RECEIVED))
 
 
 class WebhookState(models.TextChoices):
@@ -115,9 +119,14 @@ class WebhookDelivery(models.Model):
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    # The foreign-key index serves deleting an endpoint (cascade) and the console's "deliveries of
+    # Where the call goes: one of the app's webhook endpoints, or (request.received) the webhook of
+    # the request endpoint a client's request names; exactly one (webhook_delivery_one_target).
+    # The foreign-key indexes serve deleting an endpoint (cascade) and the console's "deliveries of
     # this endpoint".
-    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries")
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries", null=True,
+                                 blank=True)
+    request_endpoint = models.ForeignKey(RequestEndpoint, on_delete=models.CASCADE, related_name="+", null=True,
+                                         blank=True)
     event = models.CharField(max_length=32, choices=WebhookEvent.choices)
     payload = models.JSONField()
     state = models.CharField(max_length=16, choices=WebhookState.choices, default=WebhookState.PENDING)
@@ -133,6 +142,11 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         verbose_name_plural = "webhook deliveries"
+        constraints = [
+            models.CheckConstraint(condition=Q(endpoint__isnull=False, request_endpoint__isnull=True)
+                                   | Q(endpoint__isnull=True, request_endpoint__isnull=False),
+                                   name="webhook_delivery_one_target"),
+        ]
         indexes = [
             # The sweep: open deliveries whose timer ran out. Partial: delivered and dead rows,
             # nearly all of the table, never weigh on it.
@@ -146,4 +160,4 @@ class WebhookDelivery(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.event} -> {self.endpoint_id} [{self.state}]"
+        return f"{self.event} -> {self.endpoint_id or 'request endpoint ' + str(self.request_endpoint_id)} [{self.state}]"

@@ -185,6 +185,57 @@ def webhooks_record(*, notices: Sequence[WebhookNotice]) -> int:
     return len(ids)
 
 
+@dataclass(frozen=True)
+class EndpointCall:
+    """A call to one request endpoint's webhook (request.received: messaging.requests)."""
+
+    request_endpoint_id: int
+    data: dict[str, Any]
+
+
+_RECORD_CALLS_SQL = f"""
+    WITH call AS (
+        SELECT * FROM unnest(%(endpoints)s::bigint[], %(data)s::jsonb[]) AS t(request_endpoint_id, data)
+    ), fresh AS MATERIALIZED (
+        SELECT gen_random_uuid() AS id, r.id AS request_endpoint_id, c.data, a.app_id AS app_key
+          FROM call c
+          JOIN apps_registry_requestendpoint r ON r.id = c.request_endpoint_id AND r.webhook_url <> ''
+          JOIN apps_registry_clientapp a ON a.id = r.app_id
+           FOR KEY SHARE OF r
+    )
+    INSERT INTO messaging_webhookdelivery (id, request_endpoint_id, event, payload, state, attempts, next_attempt_at,
+                                           claim, last_status, last_error, created_at)
+    SELECT id, request_endpoint_id, %(event)s,
+           jsonb_build_object('id', id::text, 'event', %(event)s::text, 'app', app_key,
+                              'created', floor(extract(epoch FROM now()))::bigint, 'data', data),
+           {webhook_states_sql(WebhookState.PENDING)}, 0, now() + make_interval(secs => %(lease)s), %(claim)s,
+           NULL, '', now()
+      FROM fresh
+    RETURNING id
+"""
+
+
+def webhook_endpoint_calls_record(*, calls: Sequence[EndpointCall]) -> int:
+    """Record request.received calls to request endpoints' webhooks, in the caller's transaction, in
+    the usual envelope; handed over once committed, then sent, retried and dead-lettered like every
+    webhook call. (Locked FOR KEY SHARE as webhooks_record's endpoints are.)"""
+    if not calls:
+        return 0
+    claim = claim_token()
+    event = WebhookEvent.REQUEST_RECEIVED.value
+    with connection.cursor() as cur:
+        cur.execute(_RECORD_CALLS_SQL, {
+            "endpoints": [c.request_endpoint_id for c in calls],
+            "data": [json.dumps(c.data, ensure_ascii=False) for c in calls],
+            "event": event, "lease": webhook_lease_seconds(), "claim": claim,
+        })
+        ids = [row[0] for row in cur.fetchall()]
+    metrics.WEBHOOKS.labels(event, "recorded").inc(len(ids))
+    if ids:
+        transaction.on_commit(lambda: webhook_calls_hand_over(ids, claim))
+    return len(ids)
+
+
 async def webhooks_record_async(*, notices: Sequence[WebhookNotice]) -> int:
     """From an event loop: nothing at all (not even a thread hop) when the cache knows that no
     endpoint wants these notices; otherwise recorded on the database pool."""

@@ -1,6 +1,8 @@
 """Every "one at a time" of the platform, in one module: the Postgres advisory lock and the Redis
 lease, side by side. Neither ever waits: whoever finds the key taken is told so and goes away (its
-work is someone else's now, or the next run's).
+work is someone else's now, or the next run's). The one lock that waits, `in_turn(key)`, serialises
+short statements of one key inside the caller's own transaction (a user's requests counted and stored
+one at a time).
 
 **`one_at_a_time(key)`: the Postgres advisory lock**, for work on the database: one sender per link
 (foundation.outbound's skeleton, messaging.federation's held rows), one analytics export, one report
@@ -41,6 +43,15 @@ from foundation.transport.redis_clients import sync_client
 log = logging.getLogger(__name__)
 
 LEASE_KEY = "sb:lock:{name}"
+
+
+def in_turn(key: str) -> None:
+    """Wait for `key`'s turn in the caller's transaction (a transaction-level advisory lock on its
+    Django connection, ended with that transaction): what runs after it under the same key in
+    other transactions waits for this one to commit or roll back. For a few statements only: it
+    holds a connection's transaction open while it waits."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [key])
 
 
 # --- the Postgres advisory lock -------------------------------------------------------------------

@@ -23,6 +23,7 @@ def _app_form(**fields) -> dict:
         "max_token_lifetime_seconds": 86400, "public_channel_patterns": "[]",
         "distributions-TOTAL_FORMS": 0, "distributions-INITIAL_FORMS": 0,
         "api_keys-TOTAL_FORMS": 0, "api_keys-INITIAL_FORMS": 0,
+        "request_endpoints-TOTAL_FORMS": 0, "request_endpoints-INITIAL_FORMS": 0,
     }
     form.update(fields)
     return form

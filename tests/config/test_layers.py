@@ -186,6 +186,7 @@ MESSAGING_ROOMS = [
     "core",        # a message accepted and stored: protocol, accept, store, idempotency, delivery, receipts
     "channels",    # channel publishes, history and subscriptions
     "federation",  # forwarded between domains: the wire, the link senders, order, standby, takeover
+    "requests",    # requests to the app's server and its answers, stored as outcomes; server requests to clients
     "intake",      # taken in from servers: the node's group commit, REST sends, batches, the Redis stream
     "routing",     # routed: the router and the workers' tasks (which run everything below)
     "gateway",     # comes in: /ws, Socket.IO, SSE and stream sockets, the node runtime, drain, limits

@@ -12,10 +12,10 @@ import pytest
 import redis
 
 from apps_registry.models import ClientApp
+from foundation.transport.queue_names import GROUP, acl_user_prefix, intake_key, queue_client
 from foundation.transport.redis_clients import sync_client
 from messaging.intake.stream.credentials import queue_credential_create
 from messaging.intake.stream.models import QueueCredential
-from messaging.intake.stream.names import GROUP, acl_user_prefix, intake_key, queue_client
 from messaging.intake.throttling import KEY
 from messaging.models import Delivery, Message
 from tests.messaging.intake.stream.conftest import writer_for

@@ -28,6 +28,9 @@ class Command(BaseCommand):
         except ConfigError as exc:
             raise CommandError(f"{file}: {exc} (nothing was imported)") from None
         self.stdout.write(self.style.SUCCESS(f"imported {file}: {summary}"))
+        for app_name, endpoint, secret in summary.endpoint_secrets:
+            self.stdout.write(f"request endpoint {app_name} {endpoint}: webhook secret {secret} (shown once; "
+                              "it signs the request.received calls)")
         if summary.open_apps:
             self.stdout.write(self.style.WARNING(
                 f"open apps (auth mode none: {OPEN_APP_MEANING}): {', '.join(summary.open_apps)}. "

@@ -43,6 +43,8 @@ from messaging.gateway.connection.ledger import DeliveryLedger
 from messaging.gateway.connection.life import ConnectionLife, Refusal
 from messaging.intake.batching import BatcherFull
 from messaging.models import MessageKind
+from messaging.requests.selectors import outcome_stored
+from messaging.requests.services import RequestRefused, request_submit
 from presence.master_view import MasterView
 from presence.services import master_snapshot, user_disconnect_everywhere
 
@@ -246,6 +248,37 @@ async def _store(conn: Connection, frame: Frame, data: dict, message: OutgoingMe
                                         recipients=len(message.recipients)))
 
 
+# --- requests to the app's server (messaging.requests) ---------------------------------------------
+
+
+async def on_request(conn: Connection, frame: Frame) -> None:
+    app = await conn.life.current_app()
+    data = require_dict(frame)
+    name = data.get("endpoint")
+    endpoint = app.endpoint(name) if isinstance(name, str) else None
+    if endpoint is None:
+        raise FrameError("unknown endpoint", data, code="unknown_endpoint")
+    try:
+        content = content_require(app, data.get("content"))
+    except SendRefused as exc:
+        raise FrameError(exc.detail, None if exc.problem in _NO_ECHO else data, code=exc.code, **exc.extra) from None
+    if (client_message_id := _client_message_id(data)) is None:
+        raise FrameError("a REQUEST needs a clientMessageId", data, code="invalid_request")
+    _charge(conn, 1, data)
+    try:
+        submitted = await run_db(request_submit, app=app, user_id=conn.life.user_id, endpoint=endpoint,
+                                 content=content, client_message_id=client_message_id,
+                                 timeout_ms=data.get("timeoutMs"))
+    except RequestRefused as exc:
+        raise FrameError(exc.detail, data, code=exc.code, **exc.extra) from None
+    await conn.write(encode("REQUEST_ACCEPTED", {"id": str(submitted.request_id), "clientMessageId": client_message_id,
+                                                 **({"duplicate": True} if submitted.duplicate else {})}))
+    if submitted.outcome_message_id is not None:  # asked again after its outcome: the outcome again
+        stored = await run_db(outcome_stored, message_id=submitted.outcome_message_id, user_id=conn.life.user_id)
+        if stored is not None:
+            await conn.write(stored.frame)
+
+
 # --- the mailbox ---------------------------------------------------------------------------------
 
 
@@ -353,6 +386,7 @@ async def on_unsubscribe(conn: Connection, frame: Frame) -> None:
 
 HANDLERS: dict[str, Handler] = {
     "MESSAGE": on_message,
+    "REQUEST": on_request,
     "GROUP_MESSAGE": on_group_message,
     "FETCH_MISSING_MESSAGES_REQUEST": on_fetch,
     "ACK": on_ack,

@@ -10,6 +10,7 @@ from django.contrib import admin, messages
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
+from foundation.transport.queue_names import acl_user, dead_key, intake_key, queue_client, queue_db
 from messaging.intake.stream.credentials import (
     CredentialExists,
     NoCredential,
@@ -18,7 +19,6 @@ from messaging.intake.stream.credentials import (
     queue_credential_rotate,
 )
 from messaging.intake.stream.models import QueueCredential
-from messaging.intake.stream.names import acl_user, dead_key, intake_key, queue_client, queue_db
 
 
 class QueueCredentialCreateForm(forms.ModelForm):

@@ -4,7 +4,11 @@ others dead-lettered with their reason, then all acknowledged and deleted from t
 
 An entry's fields: `to` (a user id, or a JSON list of user ids: a group message), `content`, and
 optionally `feature` (RELIABLE, the default, or FAST), `reference`, `sender` (a user of the app;
-its master user by default). Any other field, text that is not UTF-8, an entry larger than
+its master user by default). An entry with `replyTo` instead is the server's answer to a request
+(docs/protocol.md, "Requests"): `replyTo` (the request id), `outcome` (resolve or reject) and
+`content`; one that cannot be taken (unknown request, closed already with another answer, too late)
+is dead-lettered with its reason (`not_found`, `request_closed`). The same answer again is taken as
+a replay: nothing changes. Any other field, text that is not UTF-8, an entry larger than
 QUEUE_INTAKE_ENTRY_MAX_BYTES (never read whole: intake.stream.reader) or anything a REST send would
 refuse sends it to the dead-letter stream `sbq:<APPNAME>:dead` with `entry` (its id), `reason`
 ("<error code>: <detail>", the REST API's answer) and a bounded copy of its fields
@@ -45,19 +49,21 @@ from django.conf import settings
 from django.db import DataError, IntegrityError
 
 from apps_registry.selectors import AppSnapshot, app_snapshot
-from messaging.core.accept import SendRefused
+from foundation.transport.queue_names import GROUP, intake_key
+from messaging.core.accept import SendRefused, content_require
 from messaging.core.protocol import FEATURE_FAST, FEATURE_RELIABLE, QUEUE_CLIENT_MESSAGE_ID_PREFIX
 from messaging.core.store import OutgoingMessage, messages_store
 from messaging.intake.server_sends import CheckedSend, server_fast_push, server_message_check
 from messaging.intake.stream.dead_letters import Oversized, dead_letter_add
-from messaging.intake.stream.names import GROUP, intake_key
 from messaging.intake.stream.reader import Entry
 from messaging.intake.stream.stats import stats_add
 from messaging.intake.throttling import rate_limit_take_up_to
+from messaging.requests.services import RequestClosed, RequestUnknown, request_answer
 
 log = logging.getLogger(__name__)
 
 FIELDS = frozenset({"to", "content", "feature", "reference", "sender"})
+ANSWER_FIELDS = frozenset({"replyTo", "outcome", "content"})  # an answer to a request (messaging.requests)
 TO_INVALID = "'to' must be a user id or a non-empty JSON list of user ids"
 # Entries left waiting for tokens are read again after at most this long: soon enough that they never
 # sit idle long enough to be claimed by another consumer (QUEUE_INTAKE_RECLAIM_SECONDS, 30 s), rarely
@@ -104,6 +110,47 @@ def entry_check(app: AppSnapshot, fields: dict[str, str]) -> CheckedSend:
     return server_message_check(app=app, recipients=recipients, content=fields.get("content"), group=group,
                                 feature=fields.get("feature", FEATURE_RELIABLE), sender=fields.get("sender"),
                                 reference=fields.get("reference", ""))
+
+
+@dataclass(frozen=True)
+class EntryAnswer:
+    request_id: int
+    outcome: str
+    content: str
+
+
+def answer_raw_check(app: AppSnapshot | None, app_name: str, raw: dict[bytes, bytes]) -> EntryAnswer:
+    """An entry with `replyTo`: the server's answer to a request (fields replyTo, outcome = resolve
+    or reject, content), checked: SendRefused, or the answer."""
+    if app is None:
+        raise SendRefused("invalid_request", f"app {app_name} does not exist")
+    try:
+        fields = {k.decode(): v.decode() for k, v in raw.items()}
+    except UnicodeDecodeError:
+        raise SendRefused("invalid_request", "fields must be UTF-8 text") from None
+    unknown = sorted(set(fields) - ANSWER_FIELDS)
+    if unknown:
+        raise SendRefused("invalid_request", f"unknown field {unknown[0][:64]!r} in an answer "
+                                             f"(fields: {', '.join(sorted(ANSWER_FIELDS))})")
+    reply_to = fields["replyTo"]
+    if not reply_to.isascii() or not reply_to.isdigit() or len(reply_to) > 18:
+        raise SendRefused("invalid_request", "'replyTo' must be a request id")
+    if fields.get("outcome") not in ("resolve", "reject"):
+        raise SendRefused("invalid_request", "'outcome' must be resolve or reject")
+    return EntryAnswer(request_id=int(reply_to), outcome=fields["outcome"],
+                       content=content_require(app, fields.get("content", "")))
+
+
+def _answer(app: AppSnapshot, answer: EntryAnswer) -> str | None:
+    """Answer a request from an entry: None, or the dead letter's reason."""
+    try:
+        request_answer(app=app, request_id=answer.request_id, outcome=answer.outcome, content=answer.content,
+                       via="stream")
+    except RequestUnknown:
+        return f"not_found: no request {answer.request_id} of app {app.app_name}"
+    except RequestClosed as closed:
+        return f"request_closed: the request is {closed.state}"
+    return None
 
 
 def entry_raw_check(app: AppSnapshot | None, app_name: str, raw: dict[bytes, bytes] | Oversized) -> CheckedSend:
@@ -181,8 +228,15 @@ def queue_entries_consume(*, client: redis.Redis, app_name: str, entries: Sequen
     reliable: list[tuple[bytes, dict | Oversized, OutgoingMessage]] = []
     fast: list[tuple[bytes, OutgoingMessage]] = []
     dead: list[tuple[bytes, dict | Oversized, str]] = []
+    answers: list[tuple[bytes, dict, EntryAnswer]] = []
     for entry_id, raw in taken:
         if raw is None:
+            continue
+        if isinstance(raw, dict) and b"replyTo" in raw:
+            try:
+                answers.append((entry_id, raw, answer_raw_check(app, app_name, raw)))
+            except SendRefused as refused:
+                dead.append((entry_id, raw, f"{refused.code}: {refused.detail}"))
             continue
         try:
             checked = entry_raw_check(app, app_name, raw)
@@ -201,7 +255,14 @@ def queue_entries_consume(*, client: redis.Redis, app_name: str, entries: Sequen
         entry_id, raw, _ = reliable[index]
         log.warning("queue entry %s of %s refused by the database: %s", entry_id, app_name, exc)
         dead.append((entry_id, raw, "invalid_request: the database refused this message"))
-    stored = sum(1 for r in results if r is not None and not r.duplicate)
+    answered = 0
+    for entry_id, raw, answer in answers:  # (each in its own transaction: one answer's conflict is its own)
+        reason = _answer(app, answer)
+        if reason is None:
+            answered += 1
+        else:
+            dead.append((entry_id, raw, reason))
+    stored = answered + sum(1 for r in results if r is not None and not r.duplicate)
     repeated = sum(1 for r in results if r is not None and r.duplicate)
     pushed = 0
     if fast:

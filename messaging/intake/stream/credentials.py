@@ -1,7 +1,9 @@
 """An app's queue credential: a Redis ACL user that may XADD to the app's own intake stream and
 nothing else (`resetkeys ~sbq:<APPNAME>:in -@all +xadd +ping`, and `+select|<db>` where Switchboard's
 Redis database is not 0: that database only). It cannot read any stream (its own included), write
-another key, subscribe, or run any other command; AUTH and HELLO are always allowed by Redis.
+another key, subscribe, or run any other command; AUTH and HELLO are always allowed by Redis. With
+the same password, the user `sbq-<APPNAME>:requests` may XREADGROUP and XACK the app's request
+stream `sbq:<APPNAME>:requests` (messaging.requests), and nothing else.
 
 The password is generated here, shown once and kept only as its SHA-256 (Redis takes `#<hex>`).
 Rotating replaces it and disconnects the user's open connections (CLIENT KILL USER), so the old
@@ -25,9 +27,17 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from apps_registry.models import ClientApp
+from foundation.transport.queue_names import (
+    acl_user,
+    app_name_of_acl_user,
+    intake_key,
+    queue_client,
+    queue_db,
+    requests_acl_user,
+    requests_key,
+)
 from messaging.intake.stream.gate import WRITE, consumers_alive, gate_decide, intake_cap, streams_measure
 from messaging.intake.stream.models import QueueCredential
-from messaging.intake.stream.names import acl_user, app_name_of_acl_user, intake_key, queue_client, queue_db
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +78,16 @@ def acl_rules(app_name: str, sha256: str, *, writable: bool) -> list[str]:
             "-@all", *sorted(acl_commands(writable=writable) - {"-@all"})]  # -@all first: rules apply in order
 
 
+def requests_acl_rules(app_name: str, sha256: str) -> list[str]:
+    """The rules of the app's request-stream user (same password): XREADGROUP and XACK on
+    sbq:<APPNAME>:requests, nothing else."""
+    commands = {"+ping", "+xreadgroup", "+xack"}
+    if queue_db():
+        commands.add(f"+select|{queue_db()}")
+    return ["reset", "on", f"#{sha256}", "resetchannels", "resetkeys", f"~{requests_key(app_name)}", "-@all",
+            *sorted(commands)]
+
+
 def credential_app_names() -> list[str]:
     return list(QueueCredential.objects.order_by("app__app_name").values_list("app__app_name", flat=True))
 
@@ -78,7 +98,8 @@ def _apply_after_commit(app_name: str, *, disconnect: bool) -> None:
             queue_acl_sync(app_names=[app_name])
             client = queue_client()
             if disconnect:
-                client.execute_command("CLIENT", "KILL", "USER", acl_user(app_name))
+                for user in (acl_user(app_name), requests_acl_user(app_name)):
+                    client.execute_command("CLIENT", "KILL", "USER", user)
         except redis.RedisError:
             log.warning("queue credential of %s not applied to Redis now; beat's sync applies it", app_name,
                         exc_info=True)
@@ -124,7 +145,7 @@ def queue_credential_revoke(*, app: ClientApp) -> None:
 
     def remove() -> None:
         try:
-            queue_client().execute_command("ACL", "DELUSER", name)
+            queue_client().execute_command("ACL", "DELUSER", name, requests_acl_user(app.app_name))
         except redis.RedisError:
             log.warning("ACL user %s not deleted now; beat's sync removes it", name, exc_info=True)
     transaction.on_commit(remove)
@@ -153,6 +174,9 @@ def queue_acl_sync(*, app_names: list[str] | None = None) -> Synced:
                 pipe.execute_command("ACL", "SETUSER", acl_user(m.app_name),
                                      *acl_rules(m.app_name, hashes[m.app_name], writable=writable))
                 applied.append(m.app_name)
+            # (written whole every time: one command, and no gate moves it)
+            pipe.execute_command("ACL", "SETUSER", requests_acl_user(m.app_name),
+                                 *requests_acl_rules(m.app_name, hashes[m.app_name]))
         if len(pipe):
             pipe.execute()
     removed = []

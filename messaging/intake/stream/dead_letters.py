@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 
-from messaging.intake.stream.names import dead_key
+from foundation.transport.queue_names import dead_key
 
 REASON_MAX = 512  # bytes of the reason kept (a detail may quote the entry: an unknown field's name)
 # What one field costs besides its name and value, in an entry's size and in a dead letter's budget:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import redis
 from django.conf import settings
 
-from messaging.intake.stream.names import CONSUMERS_KEY, acl_user, intake_key
+from foundation.transport.queue_names import CONSUMERS_KEY, acl_user, intake_key
 from messaging.intake.stream.stats import stats_add
 
 WRITE = "+xadd"

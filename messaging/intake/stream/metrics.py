@@ -7,9 +7,9 @@ import logging
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from foundation.transport.queue_names import queue_client, stats_key
 from messaging.intake.stream.credentials import credential_app_names
 from messaging.intake.stream.gate import streams_measure
-from messaging.intake.stream.names import queue_client, stats_key
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
 from foundation.backoff import Backoff
+from foundation.transport.queue_names import GROUP, intake_key, queue_client, queue_redis_url
 from messaging.intake.stream.consume import queue_entries_consume
 from messaging.intake.stream.credentials import credential_app_names, queue_acl_sync
 from messaging.intake.stream.gate import consumer_alive_say, consumer_gone_say, queue_gates_enforce
-from messaging.intake.stream.names import GROUP, intake_key, queue_client, queue_redis_url
 from messaging.intake.stream.reader import EntryReader
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import redis
 
-from messaging.intake.stream.names import stats_key
+from foundation.transport.queue_names import stats_key
 
 
 def stats_add(pipe: redis.client.Pipeline, app_name: str, **counts: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from apps_registry.models import ClientApp
+from foundation.transport.queue_names import acl_user, intake_key
 from messaging.intake.stream.credentials import (
     CredentialExists,
     NoCredential,
@@ -14,7 +15,6 @@ from messaging.intake.stream.credentials import (
     queue_credential_rotate,
 )
 from messaging.intake.stream.models import QueueCredential
-from messaging.intake.stream.names import acl_user, intake_key
 
 
 class Command(BaseCommand):

@@ -378,7 +378,7 @@ CELERY_BEAT_SCHEDULE = {
     "expire-idempotency-keys": {"task": "messaging.tasks.expire_idempotency_keys", "schedule": 3600.0},
     # Channel history past each app's retention_days (messaging.channels.retention).
     "expire-channel-history": {"task": "messaging.tasks.expire_channel_history", "schedule": 3600.0},
-    **NETWORK_BEAT_SCHEDULE, **QUEUE_BEAT_SCHEDULE,  # noqa: F405
+    **NETWORK_BEAT_SCHEDULE, **QUEUE_BEAT_SCHEDULE, **REQUESTS_BEAT_SCHEDULE,  # noqa: F405
 }
 # Celery's Django fix-up closes the DB connection after every task unless told otherwise: reuse it
 # (it is recycled every 2 x this many tasks).

@@ -113,3 +113,4 @@ NETWORK_TASK_ROUTES: dict[str, dict] = {
 
 from .exchange import *  # noqa: E402, F403  (issue 19's settings, in their own module)
 from .queues import *  # noqa: E402, F403  (issue 29's queue intake: QUEUE_BEAT_SCHEDULE, QUEUE_TASK_ROUTES)
+from .requests import *  # noqa: E402, F403  (requests to the apps' servers: REQUESTS_BEAT_SCHEDULE)

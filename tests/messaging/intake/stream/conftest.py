@@ -9,8 +9,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from foundation.transport.queue_names import acl_user, acl_user_prefix, queue_client, queue_redis_url
 from messaging.intake.stream.credentials import queue_credential_create
-from messaging.intake.stream.names import acl_user, acl_user_prefix, queue_client, queue_redis_url
 
 
 def writer_for(app_name: str, password: str) -> redis.Redis:

@@ -10,9 +10,9 @@ import pytest
 from django.conf import settings
 
 from apps_registry.selectors import app_snapshots_clear
+from foundation.transport.queue_names import GROUP, dead_key, intake_key, queue_redis_url
 from foundation.transport.redis_clients import sync_client
 from messaging.intake.stream.consume import queue_entries_consume
-from messaging.intake.stream.names import GROUP, dead_key, intake_key, queue_redis_url
 from messaging.intake.stream.reader import EntryReader
 from messaging.intake.stream.runner import groups_ensure
 from messaging.intake.throttling import KEY, rate_limit_take

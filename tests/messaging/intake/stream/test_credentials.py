@@ -6,6 +6,7 @@ import pytest
 import redis
 from django.core.management import call_command
 
+from foundation.transport.queue_names import acl_user, intake_key, queue_db
 from messaging.intake.stream.credentials import (
     CredentialExists,
     queue_acl_sync,
@@ -13,7 +14,6 @@ from messaging.intake.stream.credentials import (
     queue_credential_rotate,
 )
 from messaging.intake.stream.models import QueueCredential
-from messaging.intake.stream.names import acl_user, intake_key, queue_db
 from tests.messaging.intake.stream.conftest import writer_for
 
 pytestmark = pytest.mark.django_db

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from foundation.transport.queue_names import dead_key, intake_key
 from messaging.intake.stream.dead_letters import dead_letters_maxlen
-from messaging.intake.stream.names import dead_key, intake_key
 from tests.messaging.intake.stream.conftest import writer_for
 from tests.messaging.intake.stream.test_consume import consume, read
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import redis
 
+from foundation.transport.queue_names import intake_key
 from messaging.intake.stream.consume import queue_entries_consume
 from messaging.intake.stream.gate import consumer_alive_say, consumer_gone_say, queue_gates_enforce
 from messaging.intake.stream.metrics import QUEUE_STATS
-from messaging.intake.stream.names import intake_key
 from tests.messaging.intake.stream.conftest import writer_for
 from tests.messaging.intake.stream.test_consume import read
 

@@ -8,8 +8,8 @@ import tracemalloc
 import pytest
 import redis
 
+from foundation.transport.queue_names import GROUP, dead_key, intake_key, queue_redis_url
 from messaging.intake.stream.dead_letters import Oversized
-from messaging.intake.stream.names import GROUP, dead_key, intake_key, queue_redis_url
 from messaging.intake.stream.reader import EntryReader
 from messaging.intake.stream.runner import groups_ensure
 from messaging.models import Message

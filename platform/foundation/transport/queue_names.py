@@ -1,4 +1,5 @@
-"""Names of the queue intake's keys and ACL users, and its Redis client.
+"""Names of the app queues' keys (the intake stream, and the request stream the app's server reads
+requests from: messaging.requests) and ACL users, and their Redis client.
 
 Every name derives from the app's name in one place here. ACL users are the server's, not a
 database's: where Switchboard's Redis database is not 0 (`make network`'s domains, the test run's
@@ -15,12 +16,18 @@ import redis
 from django.conf import settings
 
 GROUP = "switchboard"  # the consumer group every worker reads with
+REQUESTS_GROUP = "app"  # the consumer group an app's server reads its request stream with
 CONSUMERS_KEY = "sbq:consumers"  # sorted set: consumer name -> when it last said it is alive (unix time)
 _client: tuple[int, str, redis.Redis] | None = None
 
 
 def intake_key(app_name: str) -> str:
     return f"sbq:{app_name}:in"
+
+
+def requests_key(app_name: str) -> str:
+    """The stream an app's server reads its clients' requests from (consumer group REQUESTS_GROUP)."""
+    return f"sbq:{app_name}:requests"
 
 
 def dead_key(app_name: str) -> str:
@@ -48,14 +55,26 @@ def acl_user(app_name: str) -> str:
     return f"{acl_user_prefix()}{app_name}"
 
 
+# The app's second ACL user, with the same password: it may read the app's request stream (XREADGROUP,
+# XACK) and nothing else. A second user because Redis 6 grants commands for every key a user may touch:
+# one user that may XADD to the intake and XACK the request stream could also XACK its own intake.
+# (':' is in no app name, so `sbq-ANZ:requests` is never another app's intake user.)
+REQUESTS_USER_SUFFIX = ":requests"
+
+
+def requests_acl_user(app_name: str) -> str:
+    return f"{acl_user(app_name)}{REQUESTS_USER_SUFFIX}"
+
+
 def app_name_of_acl_user(user: str) -> str | None:
-    """The app an ACL user of this database's intake belongs to, or None (another database's, or
-    nobody's). App names start with a letter, so `sbq-15-ANZ` is never database 0's user of an app."""
+    """The app an ACL user of this database's queues belongs to (its intake user or its request
+    stream's), or None (another database's, or nobody's). App names start with a letter, so
+    `sbq-15-ANZ` is never database 0's user of an app."""
     prefix = acl_user_prefix()
     if not user.startswith(prefix):
         return None
-    rest = user[len(prefix):]
-    return rest if re.match(r"[A-Za-z]", rest) else None
+    rest = user[len(prefix):].removesuffix(REQUESTS_USER_SUFFIX)
+    return rest if re.match(r"[A-Za-z][A-Za-z0-9_.]*\Z", rest) else None
 
 
 def queue_client() -> redis.Redis:

@@ -1,0 +1,289 @@
+"""Requests end to end (docs/protocol.md, "Requests"): real web nodes, a worker reading the queue
+intake, a webhook worker and beat; the app's server is this test, reading its request stream with
+its own queue credential and answering on its intake stream, or a real local webhook receiver."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from apps_registry.models import ClientApp, Domain, RequestEndpoint, UserDistribution
+from apps_registry.selectors import app_snapshots_clear
+from apps_registry.services import api_key_create
+from foundation.transport.queue_names import (
+    REQUESTS_GROUP,
+    acl_user_prefix,
+    intake_key,
+    queue_client,
+    queue_redis_url,
+    requests_acl_user,
+    requests_key,
+)
+from messaging.intake.stream.credentials import queue_credential_create
+from messaging.intake.stream.models import QueueCredential
+from messaging.requests.models import Request
+from tests.messaging.intake.stream.conftest import writer_for
+from tests.processes import FAST_FAILURE_ENV, start_beat
+from tests.system.test_hostile_bytes import metric
+from tests.webhook_receiver import WebhookReceiver
+from tests.wsclient import WsClient, wait_for
+
+pytestmark = pytest.mark.system
+
+APP_ID = "app-id-req"
+ENV = {
+    **FAST_FAILURE_ENV,
+    "WEBHOOKS_ALLOW_HTTP": "true",  # the receivers are plain-HTTP servers on 127.0.0.1
+    "WEBHOOK_SWEEP_SECONDS": "1",
+    "WEBHOOK_RETRY_BASE_SECONDS": "0.3",
+    "WEBHOOK_RETRY_MAX_SECONDS": "0.5",
+    "WEBHOOK_MAX_ATTEMPTS": "2",
+    "WEBHOOK_TIMEOUT_SECONDS": "3",
+    "REQUEST_TIMEOUT_SWEEP_SECONDS": "0.5",
+}
+
+
+@pytest.fixture(scope="module")
+def receivers():
+    with (WebhookReceiver(answer=b'{"resolve": "placed by the webhook"}') as answering,
+          WebhookReceiver(status=202, answer=b"") as later, WebhookReceiver(status=500) as failing):
+        yield SimpleNamespace(answering=answering, later=later, failing=failing)
+
+
+@pytest.fixture(scope="module")
+def app(demo_network, django_db_blocker, receivers):
+    """REQ, open, homed here, with an endpoint for each way in; its queue credential and an API key."""
+    with django_db_blocker.unblock():
+        here = Domain.objects.get(name="domain-01")
+        req = ClientApp.objects.create(app_name="REQ", app_id=APP_ID, master_user_id="REQ-1", auth_mode="none",
+                                       api_rate_limit_per_second=10_000, api_rate_limit_burst=10_000)
+        UserDistribution.objects.create(app=req, domain=here, range_from=0, range_to=None)
+        endpoints = [
+            RequestEndpoint(app=req, name="orders.place", stream=True, max_in_flight_per_user=3),
+            RequestEndpoint(app=req, name="orders.quick", webhook_url=receivers.answering.url),
+            RequestEndpoint(app=req, name="orders.later", webhook_url=receivers.later.url, timeout_ms=60_000),
+            RequestEndpoint(app=req, name="orders.broken", webhook_url=receivers.failing.url),
+        ]
+        RequestEndpoint.objects.bulk_create(endpoints)
+        _, password = queue_credential_create(app=req)
+        _, key = api_key_create(app=req, name="requests")
+        _, other_key = api_key_create(app=ClientApp.objects.get(app_name="BNZ"), name="nosy")
+        secret = RequestEndpoint.objects.get(name="orders.quick").webhook_secret
+        app_snapshots_clear()
+    yield SimpleNamespace(password=password, key=key, other_key=other_key, secret=secret)
+    client = queue_client()
+    with django_db_blocker.unblock():
+        QueueCredential.objects.all().delete()
+    for user in client.execute_command("ACL", "USERS"):
+        if user.decode().startswith(acl_user_prefix()):
+            client.execute_command("ACL", "DELUSER", user)
+    for key in client.scan_iter(match="sbq:*"):
+        client.delete(key)
+
+
+@pytest.fixture(scope="module")
+def cluster(module_processes, app, tmp_path_factory):
+    first = module_processes.web("web-1", **ENV)
+    second = module_processes.web("web-2", **ENV)
+    module_processes.worker("worker", **ENV)
+    module_processes.webhook_worker("hooks", **ENV)
+    start_beat(module_processes, tmp_path_factory.mktemp("beat"), **ENV)
+    return SimpleNamespace(first=first, second=second, processes=module_processes)
+
+
+def _reader(password: str) -> redis.Redis:
+    """The app's server reading its request stream, as its request-stream ACL user."""
+    parsed = redis.connection.parse_url(queue_redis_url())
+    return redis.Redis(host=parsed["host"], port=parsed["port"], db=parsed.get("db", 0),
+                       username=requests_acl_user("REQ"), password=password, socket_timeout=10,
+                       retry=Retry(NoBackoff(), 0))
+
+
+def _read_requests(reader: redis.Redis, want: int = 1, timeout: float = 15) -> list[dict[str, str]]:
+    deadline, found = time.monotonic() + timeout, []
+    while len(found) < want and time.monotonic() < deadline:
+        try:
+            answer = reader.xreadgroup(REQUESTS_GROUP, "server-1", {requests_key("REQ"): ">"}, count=100, block=500)
+        except redis.ResponseError as exc:  # the group is made with the stream's first entry
+            if "NOGROUP" not in str(exc):
+                raise
+            time.sleep(0.2)
+            continue
+        for _, entries in answer or []:
+            for entry_id, fields in entries:
+                reader.xack(requests_key("REQ"), REQUESTS_GROUP, entry_id)
+                found.append({k.decode(): v.decode() for k, v in fields.items()})
+    return found
+
+
+def _client(url: str, user: str) -> WsClient:
+    ws = WsClient(url)
+    assert ws.auth(user, app_id=APP_ID, acks=True)["data"]["isAuthenticated"] is True
+    return ws
+
+
+def _request(ws: WsClient, endpoint: str, content: str, cmid: str, **extra) -> dict:
+    ws.send("REQUEST", {"endpoint": endpoint, "content": content, "clientMessageId": cmid, **extra})
+    return ws.recv_until(lambda f: f["type"] in ("REQUEST_ACCEPTED", "INVALID_MESSAGE"))
+
+
+def _outcome(ws: WsClient, timeout: float = 20) -> dict:
+    frame = ws.recv_until(lambda f: f["type"] in ("RESOLVE", "REJECT"), timeout=timeout)
+    ws.send("ACK", {"ids": [frame["data"]["id"]]})
+    return frame
+
+
+@pytest.mark.django_db
+def test_a_request_reaches_the_servers_stream_and_its_answer_on_the_intake_reaches_the_client(cluster, app):
+    reader = _reader(app.password)
+    with _client(cluster.first.ws_url, "REQ-1001") as ws:
+        accepted = _request(ws, "orders.place", '{"sku": 7}', "r-1")
+        assert accepted["type"] == "REQUEST_ACCEPTED" and accepted["data"]["clientMessageId"] == "r-1"
+        [told] = _read_requests(reader)
+        assert told["requestId"] == accepted["data"]["id"] and told["from"] == "REQ-1001"
+        assert (told["endpoint"], told["content"], told["domain"]) == ("orders.place", '{"sku": 7}', "domain-01")
+        assert told["answerUrl"].endswith(f"/api/v1/requests/{told['requestId']}")
+        writer_for("REQ", app.password).xadd(intake_key("REQ"), {"replyTo": told["requestId"], "outcome": "resolve",
+                                                                 "content": "order 7 placed"})
+        outcome = _outcome(ws)
+    assert outcome["type"] == "RESOLVE"
+    assert {k: outcome["data"][k] for k in ("requestId", "clientMessageId", "content")} == {
+        "requestId": told["requestId"], "clientMessageId": "r-1", "content": "order 7 placed"}
+    assert outcome["data"]["id"].isdigit() and isinstance(outcome["data"]["seq"], int)  # (the outcome's own id: ACKed by it)
+
+
+@pytest.mark.django_db
+def test_the_request_streams_reader_may_read_and_acknowledge_its_own_stream_and_nothing_else(cluster, app):
+    reader = _reader(app.password)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        reader.xadd(requests_key("REQ"), {"forged": "entry"})
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        reader.xreadgroup("switchboard", "thief", {intake_key("REQ"): ">"}, count=1)
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        reader.xack(intake_key("REQ"), "switchboard", "0-1")
+
+
+@pytest.mark.django_db
+def test_a_webhook_that_answers_in_its_response_resolves_the_request_signed_and_once(cluster, app, receivers):
+    with _client(cluster.first.ws_url, "REQ-1002") as ws:
+        accepted = _request(ws, "orders.quick", "now please", "q-1")
+        outcome = _outcome(ws)
+    assert (outcome["type"], outcome["data"]["content"]) == ("RESOLVE", "placed by the webhook")
+    calls = [c for c in receivers.answering.calls if c.json["data"]["requestId"] == accepted["data"]["id"]]
+    assert len(calls) == 1 and calls[0].signed_with(app.secret) and calls[0].event == "request.received"
+    assert calls[0].json["data"]["content"] == "now please" and calls[0].json["app"] == APP_ID
+    resolved = 'switchboard_requests_recent{endpoint="orders.quick",state="resolved"}'
+    assert metric(cluster.second, resolved) >= 1  # (read from the table: any node tells it)
+    assert metric(cluster.second, 'switchboard_request_outcome_seconds_gcount{endpoint="orders.quick"}') >= 1
+
+
+@pytest.mark.django_db
+def test_a_request_sent_again_after_its_socket_died_is_a_duplicate_with_the_stored_outcome(cluster, app, receivers):
+    with _client(cluster.first.ws_url, "REQ-1003") as ws:
+        first = _request(ws, "orders.quick", "once only", "dup-1")
+        first_outcome = ws.recv_until(lambda f: f["type"] == "RESOLVE")  # never acknowledged: the socket dies
+    with _client(cluster.second.ws_url, "REQ-1003") as ws:
+        again = _request(ws, "orders.quick", "once only", "dup-1")
+        outcome = _outcome(ws)
+    assert again["data"] == {"id": first["data"]["id"], "clientMessageId": "dup-1", "duplicate": True}
+    assert outcome["data"]["id"] == first_outcome["data"]["id"] and outcome["data"]["content"] == "placed by the webhook"
+    asked = [c for c in receivers.answering.calls if c.json["data"]["requestId"] == first["data"]["id"]]
+    assert len(asked) == 1  # the server was asked once
+
+
+@pytest.mark.django_db
+def test_a_request_nobody_answers_in_time_is_rejected_with_timeout_and_a_late_answer_is_refused(cluster, app):
+    with _client(cluster.first.ws_url, "REQ-1004") as ws:
+        accepted = _request(ws, "orders.later", "slow", "t-1", timeoutMs=700)
+        outcome = _outcome(ws)
+    assert outcome["type"] == "REJECT" and outcome["data"]["reason"] == "timeout"
+    request_id = accepted["data"]["id"]
+    late = httpx.post(f"{cluster.first.url}/api/v1/requests/{request_id}/resolve", json={"content": "too late"},
+                      headers={"Authorization": f"Bearer {app.key}"})
+    assert late.status_code == 409 and late.json()["error"] == "request_closed"
+    state = httpx.get(f"{cluster.first.url}/api/v1/requests/{request_id}", headers={"Authorization": f"Bearer {app.key}"})
+    assert state.json()["state"] == "timed_out" and state.json()["reason"] == "timeout"
+
+
+@pytest.mark.django_db
+def test_a_server_answering_later_through_the_api_resolves_once_and_a_replay_changes_nothing(cluster, app):
+    headers = {"Authorization": f"Bearer {app.key}"}
+    with _client(cluster.first.ws_url, "REQ-1005") as ws:
+        request_id = _request(ws, "orders.later", "take your time", "l-1")["data"]["id"]
+        url = f"{cluster.first.url}/api/v1/requests/{request_id}"
+        first = httpx.post(f"{url}/reject", json={"content": "out of stock"}, headers=headers)
+        replay = httpx.post(f"{url}/reject", json={"content": "out of stock"}, headers=headers)
+        other = httpx.post(f"{url}/resolve", json={"content": "in stock after all"}, headers=headers)
+        outcome = _outcome(ws)
+        time.sleep(0.5)
+        assert [f for f in ws.recv_all(quiet=0.5) if f["type"] in ("RESOLVE", "REJECT")] == []
+    assert (first.status_code, first.json()["replay"]) == (200, False)
+    assert (replay.status_code, replay.json()["replay"]) == (200, True)
+    assert other.status_code == 409
+    assert (outcome["type"], outcome["data"]["content"]) == ("REJECT", "out of stock") and "reason" not in outcome["data"]
+    state = httpx.get(url, headers=headers).json()
+    assert (state["state"], state["answered_via"], state["outcome_content"]) == ("rejected", "api", "out of stock")
+
+
+@pytest.mark.django_db
+def test_another_apps_key_cannot_see_or_answer_a_request(cluster, app):
+    with _client(cluster.first.ws_url, "REQ-1006") as ws:
+        request_id = _request(ws, "orders.later", "private", "p-1")["data"]["id"]
+    headers = {"Authorization": f"Bearer {app.other_key}"}
+    assert httpx.get(f"{cluster.first.url}/api/v1/requests/{request_id}", headers=headers).status_code == 404
+    assert httpx.post(f"{cluster.first.url}/api/v1/requests/{request_id}/resolve", json={"content": "x"},
+                      headers=headers).status_code == 404
+
+
+@pytest.mark.django_db
+def test_a_request_whose_webhook_is_dead_lettered_is_rejected_with_endpoint_failed(cluster, app, receivers):
+    with _client(cluster.first.ws_url, "REQ-1007") as ws:
+        _request(ws, "orders.broken", "will fail", "f-1")
+        outcome = _outcome(ws, timeout=30)
+    assert outcome["type"] == "REJECT" and outcome["data"]["reason"] == "endpoint_failed"
+    assert len(receivers.failing.calls) >= 2  # (WEBHOOK_MAX_ATTEMPTS)
+
+
+@pytest.mark.django_db
+def test_bad_requests_are_refused_with_a_code_and_the_connection_goes_on(cluster, app):
+    with _client(cluster.first.ws_url, "REQ-1008") as ws:
+        assert _request(ws, "no.such", "x", "b-1")["data"]["code"] == "unknown_endpoint"
+        assert _request(ws, "orders.place", "x", "b-2", timeoutMs=10**9)["data"]["code"] == "timeout_too_long"
+        ws.send("REQUEST", {"endpoint": "orders.place", "content": "x"})
+        assert ws.recv_type("INVALID_MESSAGE")["data"]["code"] == "invalid_request"
+        for i in range(3):  # the endpoint's cap: 3 in flight per user
+            assert _request(ws, "orders.place", "x", f"cap-{i}")["type"] == "REQUEST_ACCEPTED"
+        refused = _request(ws, "orders.place", "x", "cap-3")
+        assert (refused["type"], refused["data"]["code"], refused["data"]["limit"]) == (
+            "INVALID_MESSAGE", "too_many_requests", 3)
+        assert _request(ws, "orders.quick", "still served", "b-3")["type"] == "REQUEST_ACCEPTED"
+
+
+@pytest.mark.django_db
+def test_a_request_whose_web_node_is_killed_gets_its_outcome_once_on_another_node(cluster, app):
+    spare = cluster.processes.web("web-3", **ENV)
+    reader = _reader(app.password)
+    _read_requests(reader, want=10**6, timeout=1)  # (what earlier tests left on the stream)
+    ws = _client(spare.ws_url, "REQ-1009")
+    request_id = _request(ws, "orders.place", "survive this", "k-1")["data"]["id"]
+    [told] = [t for t in _read_requests(reader) if t["requestId"] == request_id]
+    os.kill(spare.popen.pid, signal.SIGKILL)
+    spare.popen.wait(10)
+    writer_for("REQ", app.password).xadd(intake_key("REQ"), {"replyTo": told["requestId"], "outcome": "resolve",
+                                                             "content": "answered while you were away"})
+    wait_for(lambda: Request.objects.get(pk=int(request_id)).state == "resolved", timeout=20)
+    with _client(cluster.first.ws_url, "REQ-1009") as back:
+        back.send("FETCH_MISSING_MESSAGES_REQUEST", {"count": 10})
+        frames = back.recv_all(quiet=1.5)
+    outcomes = [f for f in frames if f["type"] == "RESOLVE"]
+    assert len(outcomes) == 1 and outcomes[0]["data"]["content"] == "answered while you were away"
+    assert json.loads(json.dumps(outcomes[0]["data"]))["clientMessageId"] == "k-1"
