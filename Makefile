@@ -11,11 +11,13 @@ install: $(STAMP)
 
 # Exactly what requirements-dev.lock pins, hash-checked (pip itself included), then the project,
 # editable, without dependencies (the lock has them all) and built by the locked setuptools rather
-# than whatever an isolated build would fetch.
-$(STAMP): pyproject.toml requirements-dev.lock
+# than whatever an isolated build would fetch; then, the same way, the Python client package
+# (clients/python: switchboard_client, which the tests use; its httpx and websockets are in the lock).
+$(STAMP): pyproject.toml requirements-dev.lock clients/python/pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --require-hashes -r requirements-dev.lock
 	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e clients/python
 	@touch $(STAMP)
 
 # Regenerates the lock files from pyproject.toml, keeping every pin that still fits (UPGRADE=1: the

@@ -1,2 +1,2 @@
-"""The server REST API (/api/v1/ and the push seed's POST /messages). messaging.api.client is the
-Python client of it and imports nothing of Django."""
+"""The server REST API (/api/v1/ and the push seed's POST /messages). Its Python client is the package
+switchboard_client (clients/python), which imports nothing of the server."""

@@ -2,12 +2,12 @@
 
 Every wait before a retry is one: a link's retry time and a delivery's next attempt (as SQL too,
 for statements that schedule the retry themselves), a webhook call's, a task's own retry, a
-reconnect, a commit tried again, the server API client's. A wait that does not grow is a Backoff
-whose cap is its base.
+reconnect, a commit tried again. A wait that does not grow is a Backoff whose cap is its base.
 
-Pure Python (random and a dataclass): messaging.api.client, which imports nothing of Django, uses
-it as the rest of the platform does. tests/config/test_side_doors.py finds an exponential wait
-written anywhere else.
+Pure Python (random and a dataclass). The client package (clients/python), which imports nothing of
+the server, keeps a copy of `seconds` (switchboard_client.backoff; tests/clients/test_python_package.py
+checks the two wait alike). tests/config/test_side_doors.py finds an exponential wait written
+anywhere else in the product.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.system]
 
 READER = "NEWS-1001"
 CHANNEL = "news.sport"
+CLIENT_SOURCE = Path(__file__).resolve().parents[2] / "clients" / "js" / "switchboard.js"  # the npm package's
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +41,7 @@ def test_a_web_node_serves_the_client_module(processes):
         assert resp.status == 200
         assert "javascript" in resp.headers["Content-Type"]
     assert "export class Switchboard" in body
+    assert body == CLIENT_SOURCE.read_text()  # the package's one source, not a copy
 
 
 def _committed(django_db_blocker, fn, **kwargs):

@@ -32,7 +32,7 @@ def test_a_wait_that_does_not_grow_is_a_backoff_whose_cap_is_its_base():
 
 
 def test_the_backoff_imports_nothing_of_django():
-    """messaging.api.client, which runs without Django, waits with it too."""
+    """Pure Python, as the client package's copy of it (switchboard_client.backoff) is."""
     import subprocess
     import sys
 

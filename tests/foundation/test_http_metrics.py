@@ -4,8 +4,7 @@ the server API's sends and errors."""
 from __future__ import annotations
 
 import pytest
-
-from messaging.api.client import ApiError
+from switchboard_client import ApiError
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,8 @@ import sys
 import time
 
 import pytest
+from switchboard_client import ApiError, SwitchboardClient
 
-from messaging.api.client import ApiError, SwitchboardClient
 from tests.processes import ROOT, ProcessFactory, free_port, wait_http
 from tests.system.test_postgres_fault import _postmaster_pid, _ready
 

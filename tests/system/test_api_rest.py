@@ -1,5 +1,5 @@
 """The server REST API against real daphne web nodes and a real Celery worker, talked to with the
-Python client (messaging.api.client) and real WebSocket clients."""
+Python client (switchboard_client, clients/python) and real WebSocket clients."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import httpx
 import pytest
 from django.db import transaction
 from django.utils import timezone
+from switchboard_client import ApiError, SwitchboardClient
 
 from apps_registry.models import ApiKey, ClientApp
 from apps_registry.services import api_key_create, api_key_revoke
-from messaging.api.client import ApiError, SwitchboardClient
 from messaging.core.store import OutgoingMessage, messages_store
 from messaging.models import Delivery, Message
 from tests.wsclient import WsClient, wait_for

@@ -1,12 +1,19 @@
-"""Settings of what a web node reads from its clients beyond /ws (request bodies, Socket.IO), and of
-how it runs (the GIL switch interval).
+"""Settings of what a web node reads from its clients beyond /ws (request bodies, Socket.IO), of the
+browser client it serves them, and of how it runs (the GIL switch interval).
 
 Read from the environment here and only here; base.py star-imports this module.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from .env import env_bool, env_float, env_int
+
+# The browser client is a package of its own (clients/js, the npm package switchboard-client) and its
+# one source: every web node serves it as /static/switchboard/switchboard.js from there (through the
+# staticfiles finders, as base.py's WHITENOISE_USE_FINDERS says, and collectstatic in the image).
+STATICFILES_DIRS = [("switchboard", Path(__file__).resolve().parents[3] / "clients" / "js")]
 
 # The largest HTTP request body a web node reads, in bytes, before the application sees it
 # (foundation.body_cap; past it: 413 and the connection closed), and larger caps where a path prefix

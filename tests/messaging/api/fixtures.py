@@ -11,12 +11,12 @@ from channels.layers import get_channel_layer
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.signals import request_finished, request_started
 from django.db import close_old_connections
+from switchboard_client import SwitchboardClient
 
 from apps_registry.selectors import app_snapshots_clear
 from apps_registry.services import api_key_create, distribution_create
 from foundation.transport.sockets import run_async
 from messaging.api.authentication import verified_keys_forget
-from messaging.api.client import SwitchboardClient
 from presence import cache
 from tests.factories import make_app, make_domain
 

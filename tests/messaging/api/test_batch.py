@@ -4,8 +4,8 @@ stored together, and sent once per idempotency key however often the batch is re
 from __future__ import annotations
 
 import pytest
+from switchboard_client import ApiError
 
-from messaging.api.client import ApiError
 from messaging.models import Delivery, Message
 
 pytestmark = pytest.mark.django_db

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from messaging.api.client import ApiError
+from switchboard_client import ApiError
 
 pytestmark = pytest.mark.django_db
 

@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 from django.conf import settings
 from django.utils import timezone
+from switchboard_client import ApiError
 
-from messaging.api.client import ApiError
 from messaging.core.idempotency import idempotency_keys_expire
 from messaging.models import ChannelMessage, IdempotencyKey, Message
 from tests.messaging.api.fixtures import received

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from django.utils import timezone
+from switchboard_client import ApiError
 
-from messaging.api.client import ApiError
 from messaging.models import Delivery
 
 pytestmark = pytest.mark.django_db

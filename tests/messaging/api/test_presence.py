@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from switchboard_client import ApiError
 
-from messaging.api.client import ApiError
 from tests.messaging.api.fixtures import received
 
 pytestmark = pytest.mark.django_db

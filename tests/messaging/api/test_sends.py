@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from switchboard_client import ApiError
 
 from apps_registry.selectors import app_snapshots_clear
-from messaging.api.client import ApiError
 from messaging.channels import registry
 from messaging.core.protocol import fast_frame
 from messaging.models import ChannelMessage, Delivery, Message

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from switchboard_client import ApiError
 
-from messaging.api.client import ApiError
 from messaging.models import Subscription
 from tests.messaging.api.fixtures import received
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from switchboard_client import ApiError
 
 from foundation.transport.redis_clients import sync_client
-from messaging.api.client import ApiError
 from messaging.exchange.models import Follow
 from messaging.exchange.streams import intake_reader_key, intake_stream_key
 

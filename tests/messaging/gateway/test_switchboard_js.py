@@ -1,4 +1,4 @@
-"""The browser client's logic (messaging/static/switchboard/switchboard.js), tested in Node.js
+"""The browser client's logic (clients/js/switchboard.js, the npm package switchboard-client), tested in Node.js
 against a fake WebSocket: tests/messaging/gateway/js/switchboard.test.mjs. Here so `make test` runs it."""
 
 from __future__ import annotations

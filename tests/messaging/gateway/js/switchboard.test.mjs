@@ -1,9 +1,9 @@
-// The logic of messaging/static/switchboard/switchboard.js against a fake WebSocket (no server).
+// The logic of clients/js/switchboard.js against a fake WebSocket (no server).
 // Run: node --test tests/messaging/gateway/js/ (tests/messaging/gateway/test_switchboard_js.py runs it under pytest).
 import assert from "node:assert/strict";
 import { afterEach, test } from "node:test";
 
-import { reconnectDelay, Switchboard } from "../../../../messaging/static/switchboard/switchboard.js";
+import { reconnectDelay, Switchboard } from "../../../../clients/js/switchboard.js";
 
 class FakeSocket {
   static all = [];

@@ -1,7 +1,6 @@
-"""A small typed Python client of Switchboard's server REST API (httpx and a pure foundation.backoff;
-no Django needed).
+"""A small typed Python client of Switchboard's server REST API (over httpx; nothing of the server).
 
-    from messaging.api.client import SwitchboardClient
+    from switchboard_client import SwitchboardClient
 
     with SwitchboardClient("http://localhost:8000", api_key) as sb:
         sent = sb.send("ANZ-1002", "your order shipped", reference="order-7781")
@@ -23,7 +22,7 @@ from urllib.parse import quote
 
 import httpx
 
-from foundation.backoff import Backoff  # (pure Python: the client still needs no Django)
+from .backoff import Backoff
 
 Feature = Literal["RELIABLE", "FAST"]
 RETRY_STATUSES = {429, 503}

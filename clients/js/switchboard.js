@@ -1,6 +1,7 @@
 /**
  * switchboard.js: the browser client of Switchboard's WebSocket protocol (docs/protocol.md), one
- * dependency-free ES module served by every web node at /static/switchboard/switchboard.js.
+ * dependency-free ES module: the npm package switchboard-client (clients/js in the Switchboard
+ * repository), also served by every web node at /static/switchboard/switchboard.js.
  *
  *     import { Switchboard } from "/static/switchboard/switchboard.js";
  *     const sb = new Switchboard({ url: "wss://host/ws", appId: "app-id-343", userId: "ANZ-1001", acks: true });
