@@ -282,7 +282,7 @@ from messaging.federation.models import (  # noqa: E402
     StandbySubscription,
 )
 from messaging.intake.stream.models import QueueCredential  # noqa: E402
-from messaging.requests.models import Request  # noqa: E402
+from messaging.requests.models import ClosedSession, Request  # noqa: E402
 from messaging.webhooks.models import (  # noqa: E402
     WEBHOOK_ALL_EVENTS,
     WEBHOOK_OPEN_STATES,
@@ -297,7 +297,7 @@ from messaging.webhooks.models import (  # noqa: E402
 )
 
 __all__ = [
-    "CLAIMABLE_STATES", "DELIVERABLE_STATES", "EXPIRABLE_STATES", "UNDELIVERED_STATES", "WEBHOOK_ALL_EVENTS",
+    "CLAIMABLE_STATES", "ClosedSession", "DELIVERABLE_STATES", "EXPIRABLE_STATES", "UNDELIVERED_STATES", "WEBHOOK_ALL_EVENTS",
     "WEBHOOK_OPEN_STATES", "WEBHOOK_SUBSCRIBABLE_EVENTS", "Channel", "ChannelForward", "ChannelMessage", "DeadLetter", "Delivery",
     "DeliveryState", "ExchangeState", "Follow", "HeldInOrder", "IdempotencyKey", "LinkHealth", "Mailbox", "Message",
     "MessageKind", "OrderMark", "QueueCredential", "ReceiptForward", "Request", "StandbyCopy", "StandbyFeed", "StandbySubscription",

@@ -74,6 +74,7 @@ class LiveConnection:
     channel_name: str
     node_id: str
     acks: bool
+    session: str = ""  # the client's resumable session ("": none)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class HeldConnection:
     channel_name: str
     user_id: str
     acks: bool
+    session: str = ""
 
 
 def user_key(user_id: str) -> str:
@@ -111,13 +113,22 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+# A connection's value in its user's hash: `<node>|<acks 0/1>`, or `<node>|<session>|<acks>` for one
+# of a resumable session (the session before the flag: a reader of the older form still finds the
+# flag last). Node ids and session ids hold no '|'.
 def _decode(channel: bytes | str, value: bytes | str) -> LiveConnection:
-    node_id, _, acks = _text(value).rpartition("|")
-    return LiveConnection(channel_name=_text(channel), node_id=node_id, acks=acks == "1")
+    where, _, acks = _text(value).rpartition("|")
+    node_id, _, session = where.partition("|")
+    return LiveConnection(channel_name=_text(channel), node_id=node_id, acks=acks == "1", session=session)
 
 
-def _value(node_id: str, acks: bool) -> str:
-    return f"{node_id}|{1 if acks else 0}"
+def _flag(acks: bool, session: str) -> str:
+    """The value's part after `<node>|` (the heartbeat script joins them)."""
+    return f"{session}|{1 if acks else 0}" if session else f"{1 if acks else 0}"
+
+
+def _value(node_id: str, acks: bool, session: str = "") -> str:
+    return f"{node_id}|{_flag(acks, session)}"
 
 
 # --- async (web nodes) ---------------------------------------------------------------------------
@@ -156,6 +167,7 @@ class ConnectionEntry:
     node_id: str
     acks: bool = False
     limit: int = 0  # adding: the app's max_connections_per_user
+    session: str = ""  # the client's resumable session
 
 
 def _sha(script: str) -> str:
@@ -196,7 +208,7 @@ async def connections_add(*, entries: Sequence[ConnectionEntry]) -> list[bool | 
     calls = []
     for e in entries:
         conns, _, dead = _node_keys(e.node_id)
-        calls.append((3, [user_key(e.user_id), conns, dead, e.channel_name, _value(e.node_id, e.acks), e.user_id,
+        calls.append((3, [user_key(e.user_id), conns, dead, e.channel_name, _value(e.node_id, e.acks, e.session), e.user_id,
                           e.limit]))
     out: list[bool | Exception] = []
     for e, answer in zip(entries, await _evalsha_many(scripts.CONNECT, calls), strict=True):
@@ -251,7 +263,7 @@ async def node_heartbeat(*, node_id: str, ttl: int, held: Iterable[HeldConnectio
     conns, alive, dead = _node_keys(node_id)
     args: list[str | int] = [ttl, node_id]
     for conn in held:
-        args.extend((conn.channel_name, conn.user_id, 1 if conn.acks else 0))
+        args.extend((conn.channel_name, conn.user_id, _flag(conn.acks, conn.session)))
     result = await async_client().eval(scripts.HEARTBEAT, 5, conns, alive, dead, _suspect_key(node_id),
                                        _removed_key(node_id), *args)
     if int(result[0]) == -1:

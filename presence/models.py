@@ -42,9 +42,15 @@ class Session(models.Model):
     disconnected_at = models.DateTimeField(null=True, blank=True)
     remote_addr = models.CharField(max_length=64, blank=True, default="")
     user_agent = models.CharField(max_length=300, blank=True, default="")
+    # The client's resumable session (sessionId, docs/protocol.md "Requests"): one spans the
+    # connections that presented it, on any node.
+    client_session = models.CharField(max_length=40, blank=True, default="", db_default="")
 
     class Meta:
         indexes = [
+            # When a resumable session was last seen (its connections): the session timeout's query.
+            models.Index(fields=["client_session"], name="session_client_session",
+                         condition=~Q(client_session="")),
             # Live sessions per node: the reaper's query and the admin's node filter.
             models.Index(fields=["node"], name="session_live_by_node", condition=Q(disconnected_at__isnull=True)),
             # A user's sessions, newest first (admin search by user).

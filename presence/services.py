@@ -77,6 +77,7 @@ class SessionOpening:
     remote_addr: str
     user_agent: str
     connected_at: datetime
+    client_session: str = ""  # the resumable session it belongs to (docs/protocol.md, "Sessions")
 
 
 @dataclass(frozen=True)
@@ -92,17 +93,17 @@ def sessions_open(*, openings: Sequence[SessionOpening]) -> None:
     if not openings:
         return
     columns = list(zip(*((o.connection_id, o.app_id, o.user_id, o.node_id, o.channel_name, o.acks, o.connected_at,
-                          o.remote_addr[:64], o.user_agent[:300]) for o in openings), strict=True))
+                          o.remote_addr[:64], o.user_agent[:300], o.client_session) for o in openings), strict=True))
     # Within a caller's transaction (a web node's batch records its webhook events with it), no
     # savepoint: the batch is all or none anyway, and a savepoint is two more round trips.
     with transaction.atomic(savepoint=False), connection.cursor() as cur:
         cur.execute(
             """
             INSERT INTO presence_session (connection_id, app_id, user_id, node_id, channel_name, acks, connected_at,
-                                          last_seen_at, remote_addr, user_agent)
-            SELECT c, a, u, n, ch, k, t, t, r, ua
+                                          last_seen_at, remote_addr, user_agent, client_session)
+            SELECT c, a, u, n, ch, k, t, t, r, ua, cs
               FROM unnest(%s::uuid[], %s::bigint[], %s::text[], %s::text[], %s::text[], %s::bool[],
-                          %s::timestamptz[], %s::text[], %s::text[]) AS x(c, a, u, n, ch, k, t, r, ua)
+                          %s::timestamptz[], %s::text[], %s::text[], %s::text[]) AS x(c, a, u, n, ch, k, t, r, ua, cs)
             """,
             [list(column) for column in columns],
         )

@@ -32,7 +32,7 @@ QUEUE_CLIENT_MESSAGE_ID_PREFIX = "sbq:"
 
 CLIENT_TYPES = {
     "AUTH_CLIENT", "MESSAGE", "GROUP_MESSAGE", "FETCH_MISSING_MESSAGES_REQUEST", "CLOSE_CONNECTION",
-    "ACK", "PING", "PONG", "SUBSCRIBE", "UNSUBSCRIBE", "REQUEST",
+    "ACK", "PING", "PONG", "SUBSCRIBE", "UNSUBSCRIBE", "REQUEST", "CLOSE_SESSION",
 }
 
 
@@ -178,21 +178,32 @@ def invalid(reason: str, data: Any = None, **extra: Any) -> str:
 
 
 # The stored frames of requests (messaging.requests): their request's ids ride in the message's
-# `reference`, as JSON with these keys, so the frame can be built wherever the message is (a fetch,
-# a push, another domain it was forwarded to).
+# `reference` as compact JSON (at most 256 characters with a clientMessageId of 128), so the frame
+# can be built wherever the message is (a fetch, a push, another domain it was forwarded to). The
+# session (`s`) is the router's, never the client's frame.
 REQUEST_FRAME_TYPES = {"resolve": "RESOLVE", "reject": "REJECT", "server_request": "SERVER_REQUEST"}
-REQUEST_META_KEYS = ("requestId", "clientMessageId", "reason")
+REQUEST_META_KEYS = {"r": "requestId", "c": "clientMessageId", "x": "reason"}
 
 
-def request_meta(*, request_id: int, client_message_id: str | None = None, reason: str = "") -> str:
-    """A request frame's ids, as kept in its message's `reference` (at most 256 characters: a
-    clientMessageId is at most CLIENT_MESSAGE_ID_MAX)."""
-    meta: dict[str, str] = {"requestId": str(request_id)}
+def request_meta(*, request_id: int, client_message_id: str | None = None, reason: str = "",
+                 session: str = "") -> str:
+    """A request frame's ids, as kept in its message's `reference`."""
+    meta: dict[str, str] = {"r": str(request_id)}
     if client_message_id is not None:
-        meta["clientMessageId"] = client_message_id
+        meta["c"] = client_message_id
     if reason:
-        meta["reason"] = reason
+        meta["x"] = reason
+    if session:
+        meta["s"] = session
     return json.dumps(meta, separators=(",", ":"), ensure_ascii=False)
+
+
+def request_meta_read(reference: str) -> dict[str, str]:
+    try:
+        meta = json.loads(reference) if reference else {}
+    except ValueError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def delivery_frame(*, kind: str, sender: str, content: str, reference: str, message_id: int, seq: int) -> str:
@@ -201,12 +212,9 @@ def delivery_frame(*, kind: str, sender: str, content: str, reference: str, mess
     if kind == "confirmation":
         return encode("MESSAGE_CONFIRMATION", {"reference": reference, "id": str(message_id), "seq": seq})
     if kind in REQUEST_FRAME_TYPES:
-        try:
-            meta = json.loads(reference) if reference else {}
-        except ValueError:
-            meta = {}
+        meta = request_meta_read(reference)
         data: dict[str, Any] = {"id": str(message_id)}
-        data.update((key, meta[key]) for key in REQUEST_META_KEYS if isinstance(meta, dict) and key in meta)
+        data.update((name, meta[key]) for key, name in REQUEST_META_KEYS.items() if key in meta)
         data.update(content=content, seq=seq)
         return encode(REQUEST_FRAME_TYPES[kind], data)
     return encode("MESSAGE", {"from": sender, "content": content, "id": str(message_id), "seq": seq}, reference or None)

@@ -64,6 +64,7 @@ class LocalConnection:
     app_id: int
     acks: bool
     close: Callable[[int, str], Awaitable[None]]  # closes the socket with a code
+    session: str = ""  # the client's resumable session
 
 
 def _release(claims: list[tuple[int, int]]) -> None:
@@ -179,7 +180,7 @@ class NodeRuntime:
                 log.exception("heartbeat of node %s failed", self.node_id)
 
     async def heartbeat(self) -> None:
-        held = [cache.HeldConnection(ch, c.user_id, c.acks) for ch, c in list(self.connections.items())]
+        held = [cache.HeldConnection(ch, c.user_id, c.acks, c.session) for ch, c in list(self.connections.items())]
         try:
             gone = await cache.node_heartbeat(node_id=self.node_id, ttl=settings.PRESENCE_NODE_TIMEOUT, held=held)
             alive = await run_db(node_heartbeat_record, node_id=self.node_id)

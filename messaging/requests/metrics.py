@@ -23,6 +23,15 @@ REQUESTS = Counter(
     "switchboard_requests_recent has the cluster-wide picture",
     ["endpoint", "outcome"], registry=REGISTRY)
 
+SESSION_OUTCOMES_DISCARDED = Counter(
+    "switchboard_session_outcomes_discarded_total",
+    "Outcomes discarded because the session that asked ended (CLOSE_SESSION, or its timeout), counted where "
+    "it ended", registry=REGISTRY)
+SESSION_OUTCOMES_DROPPED = Counter(
+    "switchboard_session_outcomes_dropped_total",
+    "Answers to requests of a session that had ended: closed, no outcome stored (counted where answered)",
+    registry=REGISTRY)
+
 # Request-to-outcome latency buckets, in seconds.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 

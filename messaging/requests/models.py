@@ -61,6 +61,8 @@ class Request(models.Model):
     # to_server: the stored RESOLVE/REJECT; to_client: the stored SERVER_REQUEST.
     message_id = models.BigIntegerField(null=True, blank=True)
     domain = models.CharField(max_length=64)  # where it was made: answers come here
+    # The requester's resumable session (to_server): its outcome is pushed to that session only.
+    session = models.CharField(max_length=40, blank=True, default="")
     created_at = models.DateTimeField()
     deadline = models.DateTimeField()
     answered_at = models.DateTimeField(null=True, blank=True)
@@ -83,3 +85,23 @@ class Request(models.Model):
 
     def __str__(self) -> str:
         return f"request #{self.pk} {self.endpoint or 'to ' + self.user_id} [{self.state}]"
+
+
+class ClosedSession(models.Model):
+    """A client's resumable session that ended (CLOSE_SESSION, or not seen for SESSION_TIMEOUT_SECONDS):
+    outcomes that waited for it were discarded, and later ones are not stored. A session id is
+    server-issued and signed (messaging.requests.sessions), so only ended ones need a row; kept
+    REQUEST_RETENTION_DAYS."""
+
+    session = models.CharField(max_length=40, primary_key=True)
+    app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="+", db_index=False)
+    user_id = models.CharField(max_length=96)
+    reason = models.CharField(max_length=16)  # closed (by the client) or timeout
+    discarded = models.PositiveIntegerField(default=0)  # outcomes that waited for it
+    closed_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["closed_at"], name="closed_session_age")]  # retention's purge
+
+    def __str__(self) -> str:
+        return f"session {self.session} of {self.user_id} ({self.reason})"

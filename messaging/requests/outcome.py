@@ -15,12 +15,15 @@ _answer_base: dict[str, str] = {}
 
 
 def outcome_message(*, app_id: int, master_user_id: str, request_id: int, user_id: str,
-                    client_message_id: str | None, outcome: str, content: str, reason: str = "") -> OutgoingMessage:
-    """The outcome, from the app's master user (the server speaks as it) to the requester."""
+                    client_message_id: str | None, outcome: str, content: str, reason: str = "",
+                    session: str = "") -> OutgoingMessage:
+    """The outcome, from the app's master user (the server speaks as it) to the requester (pushed to
+    its `session` only, where it has one)."""
     return OutgoingMessage(
         app_id=app_id, sender=master_user_id, recipients=(user_id,), content=content,
         kind=MessageKind.RESOLVE if outcome == "resolve" else MessageKind.REJECT,
-        reference=request_meta(request_id=request_id, client_message_id=client_message_id, reason=reason))
+        reference=request_meta(request_id=request_id, client_message_id=client_message_id, reason=reason,
+                               session=session))
 
 
 def request_answer_url(request_id: int) -> str:

@@ -1,6 +1,7 @@
 """Closed requests older than REQUEST_RETENTION_DAYS go (beat, hourly), a batch per statement,
 oldest first (request_recent). Their outcome messages are the mailbox's, ended by its own retention
-(messaging.core.delivery.expiry); a request still waiting is never removed."""
+(messaging.core.delivery.expiry); a request still waiting is never removed. Ended sessions
+(ClosedSession) older than that go too."""
 
 from __future__ import annotations
 
@@ -25,4 +26,8 @@ def requests_purge(*, batch: int = 10_000) -> int:
             )
             total += cur.rowcount
             if cur.rowcount < batch:
-                return total
+                break
+    with connection.cursor() as cur:  # ended sessions: few, one statement
+        cur.execute("DELETE FROM messaging_closedsession WHERE closed_at < now() - make_interval(days => %s)",
+                    [settings.REQUEST_RETENTION_DAYS])
+    return total

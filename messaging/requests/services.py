@@ -75,16 +75,17 @@ def _deadline_ms(endpoint: EndpointSpec, timeout_ms: object) -> int:
 
 _INSERT_SQL = """
     INSERT INTO messaging_request (app_id, direction, user_id, endpoint, content, client_message_id, correlation,
-                                   state, outcome, outcome_content, reason, answered_via, domain, created_at, deadline)
+                                   state, outcome, outcome_content, reason, answered_via, domain, session, created_at,
+                                   deadline)
     VALUES (%(app)s, %(direction)s, %(user)s, %(endpoint)s, %(content)s, %(cmid)s, '', %(waiting)s, '', '', '', '',
-            %(domain)s, now(), now() + make_interval(secs => %(timeout)s))
+            %(domain)s, %(session)s, now(), now() + make_interval(secs => %(timeout)s))
     ON CONFLICT (app_id, user_id, client_message_id) WHERE client_message_id IS NOT NULL DO NOTHING
     RETURNING id, created_at, deadline
 """
 
 
 def request_submit(*, app: AppSnapshot, user_id: str, endpoint: EndpointSpec, content: str,
-                   client_message_id: str, timeout_ms: object = None) -> Submitted:
+                   client_message_id: str, timeout_ms: object = None, session: str = "") -> Submitted:
     """Store a client's request and tell its server (once committed). A clientMessageId seen before
     from this user: that request, `duplicate`, and nothing told again. RequestRefused when the user
     already has the endpoint's maximum in flight, or asks for too long a timeout."""
@@ -104,7 +105,8 @@ def request_submit(*, app: AppSnapshot, user_id: str, endpoint: EndpointSpec, co
                                                       f"to {endpoint.name} per user", limit=endpoint.max_in_flight_per_user)
         cur.execute(_INSERT_SQL, {"app": app.pk, "direction": RequestDirection.TO_SERVER.value, "user": user_id,
                                   "endpoint": endpoint.name, "content": content, "cmid": client_message_id,
-                                  "waiting": WAITING, "domain": settings.DOMAIN_NAME, "timeout": timeout})
+                                  "waiting": WAITING, "domain": settings.DOMAIN_NAME, "session": session,
+                                  "timeout": timeout})
         row = cur.fetchone()
         if row is None:  # the same clientMessageId, committed since the look above
             found = _existing(cur, app.pk, user_id, client_message_id)
@@ -183,7 +185,7 @@ _CLOSE_SQL = f"""
       FROM apps_registry_clientapp a
      WHERE r.id = ANY(%(ids)s) AND r.state = '{WAITING}' AND r.direction = '{RequestDirection.TO_SERVER.value}'
        AND (%(app)s::bigint IS NULL OR r.app_id = %(app)s) AND a.id = r.app_id {{deadline}}
-    RETURNING r.app_id, r.id, r.user_id, r.client_message_id, r.created_at, r.endpoint, a.master_user_id
+    RETURNING r.app_id, r.id, r.user_id, r.client_message_id, r.created_at, r.endpoint, a.master_user_id, r.session
 """
 BEFORE_DEADLINE = "AND r.deadline > now()"
 PAST_DEADLINE = "AND r.deadline <= now()"
@@ -219,6 +221,7 @@ class _Closed:
     created_at: datetime
     endpoint: str
     master_user_id: str
+    session: str
 
 
 def _close(*, ids: list[int], app_pk: int | None, state: str, outcome: str, content: str, reason: str, via: str,
@@ -230,15 +233,24 @@ def _close(*, ids: list[int], app_pk: int | None, state: str, outcome: str, cont
             "state": str(state), "outcome": str(outcome), "content": content, "reason": reason, "via": via,
             "ids": ids, "app": app_pk})
         closed = [_Closed(*row) for row in cur.fetchall()]
-        if not closed:
-            return []
+        sessions = sorted({c.session for c in closed if c.session})
+        ended: set[str] = set()
+        if sessions:  # a session that ended takes no outcome any more
+            cur.execute("SELECT session FROM messaging_closedsession WHERE session = ANY(%s)", [sessions])
+            ended = {row[0] for row in cur.fetchall()}
+        stored = [c for c in closed if c.session not in ended]
+        if len(stored) < len(closed):
+            metrics.SESSION_OUTCOMES_DROPPED.inc(len(closed) - len(stored))
+        if not stored:
+            return closed
         results = messages_store(messages=[
             outcome_message(app_id=c.app_id, master_user_id=c.master_user_id, request_id=c.request_id, user_id=c.user_id,
-                            client_message_id=c.client_message_id, outcome=str(outcome), content=content, reason=reason)
-            for c in closed])
+                            client_message_id=c.client_message_id, outcome=str(outcome), content=content, reason=reason,
+                            session=c.session)
+            for c in stored])
         cur.execute("UPDATE messaging_request r SET message_id = m.message_id "
                     "FROM unnest(%s::bigint[], %s::bigint[]) AS m(id, message_id) WHERE r.id = m.id",
-                    [[c.request_id for c in closed], [r.message_id for r in results]])
+                    [[c.request_id for c in stored], [r.message_id for r in results]])
     return closed
 
 

@@ -44,11 +44,13 @@ from messaging.core.delivery.claims import (
 )
 from messaging.core.delivery.retry import deliveries_fail
 from messaging.core.next_hop import destination, frozen_here
-from messaging.core.protocol import delivery_frame
+from messaging.core.protocol import delivery_frame, request_meta_read
 from messaging.federation.senders.queue import deliveries_queue_on_links, earlier_unrouted
+from messaging.models import MessageKind
 from presence import cache
 
 log = logging.getLogger(__name__)
+OUTCOME_KINDS = (MessageKind.RESOLVE.value, MessageKind.REJECT.value)
 
 
 @dataclass(frozen=True)
@@ -102,16 +104,17 @@ def _push_here(claimed: list[ClaimedRow], token: int) -> RouteOutcome:
         log.warning("presence lookup failed, releasing %d claims: %r", len(claimed), exc)
         deliveries_release(claims=[(row.delivery_id, token) for row in claimed], park=False)
         return RouteOutcome(0, 0, len(claimed), 0)
-    offline = [(row.delivery_id, token) for row in claimed if not connections[row.recipient]]
+    targets = {row.delivery_id: _targets(row, connections[row.recipient]) for row in claimed}
+    offline = [(row.delivery_id, token) for row in claimed if not targets[row.delivery_id]]
 
     per_channel: dict[str, list[sockets.DeliverItem]] = defaultdict(list)
     channels_of: dict[int, list[str]] = defaultdict(list)
     for row in claimed:
-        if not connections[row.recipient]:
+        if not targets[row.delivery_id]:
             continue
         frame = delivery_frame(kind=row.kind, sender=row.sender, content=row.content, reference=row.reference,
                                message_id=row.message_id, seq=row.seq)
-        for conn in connections[row.recipient]:
+        for conn in targets[row.delivery_id]:
             per_channel[conn.channel_name].append({"delivery_id": row.delivery_id, "message_id": row.message_id,
                                                    "frame": frame, "stored_at": row.stored_at, "claim": token})
             channels_of[row.delivery_id].append(conn.channel_name)
@@ -135,3 +138,11 @@ def _push_here(claimed: list[ClaimedRow], token: int) -> RouteOutcome:
         deliveries_fail(claims=failed, error=f"push failed: {first_error!r}"[:500])
     return RouteOutcome(pushed=len(channels_of) - len(unreached), offline=len(offline) + len(gone),
                         released=len(unpushed), failed=len(failed))
+
+
+def _targets(row: ClaimedRow, connections: list[cache.LiveConnection]) -> list[cache.LiveConnection]:
+    """The connections a row is pushed to: all of its recipient's, but a request's outcome goes to
+    the session that asked only (messaging.requests.sessions); none open: parked, for a fetch."""
+    if row.kind in OUTCOME_KINDS and (session := request_meta_read(row.reference).get("s")):
+        return [conn for conn in connections if conn.session == session]
+    return connections

@@ -47,6 +47,7 @@ from messaging.intake.stream.gate import queue_gates_enforce
 from messaging.intake.stream.runner import queue_consumer_start, queue_consumer_stop
 from messaging.requests.retention import requests_purge as requests_purge_service
 from messaging.requests.services import requests_time_out as requests_time_out_service
+from messaging.requests.sessions import client_sessions_time_out
 from messaging.requests.webhook import READERS as REQUEST_READERS
 from messaging.routing.router import deliveries_route
 from messaging.webhooks.delivery import webhook_attempt, webhook_deliveries_purge, webhooks_sweep
@@ -132,6 +133,13 @@ def requests_time_out() -> int:
     """Beat: requests past their deadline are rejected (`reason: "timeout"`, messaging.requests). Safe
     twice: a closed request is never closed again."""
     return requests_time_out_service()
+
+
+@shared_task(acks_late=True)
+def sessions_time_out() -> int:
+    """Beat: resumable sessions unused for SESSION_TIMEOUT_SECONDS end; what waited for them is
+    discarded (messaging.requests.sessions). Safe twice: an ended session never ends again."""
+    return client_sessions_time_out()
 
 
 @shared_task(acks_late=True)

@@ -16,7 +16,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # The project itself is never in its own lock (it is installed from the tree with --no-deps). Nothing
 # else is left out: with --allow-unsafe pip-tools pins pip and setuptools too, and `make lock` feeds
 # it pip, setuptools, wheel and pip-tools (what installs and builds the project, and locks it).
-NOT_LOCKED = {"switchboard"}
+NOT_LOCKED = {"switchboard", "switchboard-client"}  # this project and its client package (clients/python), installed editable
 LOCK_AGAIN = "run `make lock` and commit both lock files"
 
 

@@ -287,3 +287,92 @@ def test_a_request_whose_web_node_is_killed_gets_its_outcome_once_on_another_nod
     outcomes = [f for f in frames if f["type"] == "RESOLVE"]
     assert len(outcomes) == 1 and outcomes[0]["data"]["content"] == "answered while you were away"
     assert json.loads(json.dumps(outcomes[0]["data"]))["clientMessageId"] == "k-1"
+
+
+# --- sessions -------------------------------------------------------------------------------------
+
+
+def _login(url: str, user: str, **extra) -> tuple[WsClient, str]:
+    ws = WsClient(url)
+    reply = ws.auth(user, app_id=APP_ID, acks=True, **extra)["data"]
+    assert reply["isAuthenticated"] is True
+    return ws, reply["sessionId"]
+
+
+def _answer(cluster, app, request_id: str, content: str) -> None:
+    answered = httpx.post(f"{cluster.first.url}/api/v1/requests/{request_id}/resolve", json={"content": content},
+                          headers={"Authorization": f"Bearer {app.key}"})
+    assert answered.status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_session_resumed_on_another_node_gets_the_outcome_of_the_request_it_made_before(cluster, app):
+    ws, session = _login(cluster.first.ws_url, "REQ-2001")
+    request_id = _request(ws, "orders.later", "resume me", "s-1")["data"]["id"]
+    ws.close()  # lost in a tunnel
+    back, resumed = _login(cluster.second.ws_url, "REQ-2001", sessionId=session)
+    with back:
+        assert resumed == session
+        _answer(cluster, app, request_id, "found you")
+        outcome = _outcome(back)
+    assert (outcome["type"], outcome["data"]["content"], outcome["data"]["requestId"]) == ("RESOLVE", "found you",
+                                                                                           request_id)
+
+
+@pytest.mark.django_db
+def test_an_outcome_is_pushed_to_the_session_that_asked_and_not_to_the_users_other_session(cluster, app):
+    asking, _ = _login(cluster.first.ws_url, "REQ-2002")
+    other, _ = _login(cluster.second.ws_url, "REQ-2002")
+    with asking, other:
+        request_id = _request(asking, "orders.later", "mine", "s-2")["data"]["id"]
+        _answer(cluster, app, request_id, "only for the asker")
+        assert _outcome(asking)["data"]["content"] == "only for the asker"
+        assert [f for f in other.recv_all(quiet=1.0) if f["type"] == "RESOLVE"] == []
+    fresh, _ = _login(cluster.first.ws_url, "REQ-2003")  # (fetch from any connection still returns one)
+    with fresh:
+        request_id = _request(fresh, "orders.later", "fetch me", "s-3")["data"]["id"]
+        fresh.close()
+    _answer(cluster, app, request_id, "fetched")
+    with WsClient(cluster.second.ws_url) as plain:
+        plain.auth("REQ-2003", app_id=APP_ID)
+        plain.send("FETCH_MISSING_MESSAGES_REQUEST", {"count": 10})
+        frames = plain.recv_all(quiet=1.0)
+    assert [f["data"]["content"] for f in frames if f["type"] == "RESOLVE"] == ["fetched"]
+
+
+@pytest.mark.django_db
+def test_a_session_id_of_another_user_is_refused_with_wrong_user(cluster, app):
+    owner, session = _login(cluster.first.ws_url, "REQ-2004")
+    owner.close()
+    with WsClient(cluster.second.ws_url) as thief:
+        reply = thief.auth("REQ-2005", app_id=APP_ID, sessionId=session)
+        code = thief.wait_closed()
+    assert reply["data"]["isAuthenticated"] is False and code == 1008
+    with WsClient(cluster.second.ws_url) as forger:
+        assert forger.auth("REQ-2005", app_id=APP_ID, sessionId="sMadeUpByTheClient.abc")["data"][
+            "isAuthenticated"] is False
+
+
+@pytest.mark.django_db
+def test_close_session_discards_what_waited_for_it_and_drops_later_outcomes(cluster, app):
+    ws, session = _login(cluster.first.ws_url, "REQ-2006")
+    waited = _request(ws, "orders.later", "answered while away", "c-1")["data"]["id"]
+    later = _request(ws, "orders.later", "answered after the close", "c-2")["data"]["id"]
+    ws.close()
+    _answer(cluster, app, waited, "waits for the session")
+    wait_for(lambda: Request.objects.get(pk=int(waited)).message_id is not None)
+    back, resumed = _login(cluster.second.ws_url, "REQ-2006", sessionId=session)
+    with back:
+        assert resumed == session
+        back.send("CLOSE_SESSION", {})
+        closed = back.recv_type("SESSION_CLOSED")
+        assert back.wait_closed() == 1000
+    assert closed["data"] == {"sessionId": session, "discarded": 1}
+    _answer(cluster, app, later, "nobody waits for this")
+    with WsClient(cluster.first.ws_url) as anew:
+        reply = anew.auth("REQ-2006", app_id=APP_ID, sessionId=session)["data"]
+        assert reply["isAuthenticated"] is True and reply["sessionId"] != session  # it ended: a new one
+        anew.send("FETCH_MISSING_MESSAGES_REQUEST", {"count": 10})
+        frames = anew.recv_all(quiet=1.0)
+    assert [f for f in frames if f["type"] in ("RESOLVE", "REJECT")] == []
+    assert Request.objects.get(pk=int(later)).state == "resolved"  # answered, its outcome not stored

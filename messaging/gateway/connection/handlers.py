@@ -7,8 +7,7 @@ client gets INVALID_MESSAGE, and the connection keeps working).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from django.conf import settings
 
@@ -16,9 +15,8 @@ from apps_registry.selectors import AppSnapshot, user_id_parse
 from foundation.asyncdb import run_db
 from foundation.logs import loggable
 from foundation.outbound import claim_token
-from foundation.transport.frames import CLOSE_TRY_AGAIN, encode
+from foundation.transport.frames import CLOSE_POLICY, CLOSE_TRY_AGAIN, encode
 from messaging.channels.access import ChannelRefused, Grant, channel_name_require, channel_read_check
-from messaging.channels.cursor import ChannelCursor
 from messaging.core import metrics
 from messaging.core.accept import USER_ID_MAX, SendRefused, content_require, recipients_require, user_require
 from messaging.core.delivery.delivered import deliveries_mark_delivered
@@ -26,10 +24,8 @@ from messaging.core.delivery.fast import message_fast_send_async
 from messaging.core.delivery.fetch import missing_fetch
 from messaging.core.presence_notices import master_announce
 from messaging.core.protocol import (
-    CLIENT_MESSAGE_ID_MAX,
     FEATURE_FAST,
     FETCH_MAX,
-    QUEUE_CLIENT_MESSAGE_ID_PREFIX,
     Frame,
     FrameError,
     accepted_frame,
@@ -39,42 +35,15 @@ from messaging.core.protocol import (
 )
 from messaging.core.store import OutgoingMessage
 from messaging.gateway.connection.admission import FirstReadsFor
-from messaging.gateway.connection.ledger import DeliveryLedger
-from messaging.gateway.connection.life import ConnectionLife, Refusal
+from messaging.gateway.connection.frame_tools import Connection, Handler, charge, client_message_id_of, retry_after_ms
+from messaging.gateway.connection.life import Refusal
+from messaging.gateway.connection.request_frames import WrongUser, on_close_session, on_request, session_for_login
 from messaging.intake.batching import BatcherFull
 from messaging.models import MessageKind
-from messaging.requests.selectors import outcome_stored
-from messaging.requests.services import RequestRefused, request_submit
 from presence.master_view import MasterView
 from presence.services import master_snapshot, user_disconnect_everywhere
 
 log = logging.getLogger(__name__)
-
-
-class Connection(Protocol):
-    """What a handler acts on: the consumer of one /ws connection."""
-
-    scope: dict
-    life: ConnectionLife
-    ledger: DeliveryLedger | None  # set once authenticated, as are the two below
-    channels: ChannelCursor | None
-    durable: set[str]  # channels of the user's server-managed subscriptions
-
-    async def write(self, text: str) -> bool: ...  # False when the socket took nothing
-    async def close_with(self, code: int, reason: str = "") -> None: ...
-    def write_position(self) -> int | None: ...  # bytes queued on the socket so far (None: not counted)
-    def admitted(self) -> None: ...  # authenticated: the ledger and the channel cursor exist from now
-    def master_watch(self, view: MasterView) -> None: ...  # the app's master: what it was told, kept right
-
-    @property
-    def answers_sends(self) -> bool: ...  # every stored send is answered (MESSAGE_ACCEPTED), ACK mode or not
-
-
-Handler = Callable[[Connection, Frame], Awaitable[None]]
-
-
-def retry_after_ms(seconds: float) -> int:
-    return 60_000 if seconds == float("inf") else max(1, int(seconds * 1000 + 0.999))
 
 
 # --- authentication ------------------------------------------------------------------------------
@@ -87,10 +56,15 @@ async def on_auth_client(conn: Connection, frame: Frame) -> None:
     headers = dict(conn.scope.get("headers") or [])
     client = conn.scope.get("client") or ("", 0)
     life = conn.life
-    admitted = await life.admit(
-        app_id=app_id, user_id=user_id, token=token, acks=data.get("acks") is True,
-        origin=headers.get(b"origin", b"").decode("latin-1") or None, remote_addr=str(client[0] or ""),
-        user_agent=headers.get(b"user-agent", b"").decode(errors="replace"))
+    try:
+        session = await session_for_login(app_id=app_id, user_id=user_id, presented=data.get("sessionId"))
+    except WrongUser:
+        admitted: Refusal | bool = Refusal("wrong_user: the sessionId is not this user's", CLOSE_POLICY)
+    else:
+        admitted = await life.admit(
+            app_id=app_id, user_id=user_id, token=token, acks=data.get("acks") is True,
+            origin=headers.get(b"origin", b"").decode("latin-1") or None, remote_addr=str(client[0] or ""),
+            user_agent=headers.get(b"user-agent", b"").decode(errors="replace"), client_session=session)
     if isinstance(admitted, Refusal):
         # The linker reply (strict clients compare it); the reason travels in the close frame. A user
         # homed in another domain also gets that domain's WebSocket URL (the extension `redirect`).
@@ -104,7 +78,8 @@ async def on_auth_client(conn: Connection, frame: Frame) -> None:
         return
     conn.admitted()
     metrics.AUTH.labels("admitted").inc()
-    await conn.write(encode("AUTH_CLIENT_REPLY", {"appId": app_id, "userId": user_id, "isAuthenticated": True}))
+    await conn.write(encode("AUTH_CLIENT_REPLY", {"appId": app_id, "userId": user_id, "isAuthenticated": True,
+                                                  "sessionId": session}))
     app, node = life.app, life.node
     if user_id == app.master_user_id and not await _master_catch_up(conn, app):
         return
@@ -172,25 +147,6 @@ def _refused(exc: SendRefused, data: Any) -> FrameError:
     return FrameError(reason, None if exc.problem in _NO_ECHO else data, **exc.extra)
 
 
-def _charge(conn: Connection, deliveries: int, data: Any) -> None:
-    """Each delivery a send creates draws on the user's budget on this node."""
-    wait = conn.life.user_bucket.take(deliveries)
-    if wait:
-        metrics.LIMITED.labels("deliveries").inc()
-        raise FrameError("delivery rate limit exceeded", data, limit=conn.life.app.deliveries_per_second,
-                         retryAfterMs=retry_after_ms(wait))
-
-
-def _client_message_id(data: dict) -> str | None:
-    value = data.get("clientMessageId")
-    if value is not None and (not isinstance(value, str) or not value or len(value) > CLIENT_MESSAGE_ID_MAX):
-        raise FrameError(f"clientMessageId must be a string of 1 to {CLIENT_MESSAGE_ID_MAX} characters", data)
-    if value is not None and value.startswith(QUEUE_CLIENT_MESSAGE_ID_PREFIX):
-        raise FrameError(f"clientMessageId must not start with {QUEUE_CLIENT_MESSAGE_ID_PREFIX!r}: reserved for the "
-                         "app's sends from its queue", data)
-    return value
-
-
 async def on_message(conn: Connection, frame: Frame) -> None:
     app = await conn.life.current_app()
     data = require_dict(frame)
@@ -199,8 +155,8 @@ async def on_message(conn: Connection, frame: Frame) -> None:
         content = content_require(app, data.get("content"))
     except SendRefused as exc:
         raise _refused(exc, data) from None
-    client_message_id = _client_message_id(data)
-    _charge(conn, 1, data)
+    client_message_id = client_message_id_of(data)
+    charge(conn, 1, data)
     if frame.feature == FEATURE_FAST:
         await message_fast_send_async(app=app, sender=conn.life.user_id, recipients=[to], content=content,
                                       reference=frame.reference)
@@ -220,8 +176,8 @@ async def on_group_message(conn: Connection, frame: Frame) -> None:
         content = content_require(app, data.get("content"))
     except SendRefused as exc:
         raise _refused(exc, data) from None
-    client_message_id = _client_message_id(data)
-    _charge(conn, len(recipients), data)
+    client_message_id = client_message_id_of(data)
+    charge(conn, len(recipients), data)
     if frame.feature == FEATURE_FAST:
         await message_fast_send_async(app=app, sender=conn.life.user_id, recipients=recipients, content=content,
                                       reference=frame.reference)
@@ -246,37 +202,6 @@ async def _store(conn: Connection, frame: Frame, data: dict, message: OutgoingMe
         await conn.write(accepted_frame(message_id=result.message_id, client_message_id=message.client_message_id,
                                         reference=frame.reference, duplicate=result.duplicate,
                                         recipients=len(message.recipients)))
-
-
-# --- requests to the app's server (messaging.requests) ---------------------------------------------
-
-
-async def on_request(conn: Connection, frame: Frame) -> None:
-    app = await conn.life.current_app()
-    data = require_dict(frame)
-    name = data.get("endpoint")
-    endpoint = app.endpoint(name) if isinstance(name, str) else None
-    if endpoint is None:
-        raise FrameError("unknown endpoint", data, code="unknown_endpoint")
-    try:
-        content = content_require(app, data.get("content"))
-    except SendRefused as exc:
-        raise FrameError(exc.detail, None if exc.problem in _NO_ECHO else data, code=exc.code, **exc.extra) from None
-    if (client_message_id := _client_message_id(data)) is None:
-        raise FrameError("a REQUEST needs a clientMessageId", data, code="invalid_request")
-    _charge(conn, 1, data)
-    try:
-        submitted = await run_db(request_submit, app=app, user_id=conn.life.user_id, endpoint=endpoint,
-                                 content=content, client_message_id=client_message_id,
-                                 timeout_ms=data.get("timeoutMs"))
-    except RequestRefused as exc:
-        raise FrameError(exc.detail, data, code=exc.code, **exc.extra) from None
-    await conn.write(encode("REQUEST_ACCEPTED", {"id": str(submitted.request_id), "clientMessageId": client_message_id,
-                                                 **({"duplicate": True} if submitted.duplicate else {})}))
-    if submitted.outcome_message_id is not None:  # asked again after its outcome: the outcome again
-        stored = await run_db(outcome_stored, message_id=submitted.outcome_message_id, user_id=conn.life.user_id)
-        if stored is not None:
-            await conn.write(stored.frame)
 
 
 # --- the mailbox ---------------------------------------------------------------------------------
@@ -314,7 +239,7 @@ async def on_ack(conn: Connection, frame: Frame) -> None:
     if strays:
         # Not in flight here (an ACK after a reconnect, say): looked up in the database, so it
         # costs work like a send.
-        _charge(conn, 1, data)
+        charge(conn, 1, data)
         await run_db(deliveries_mark_delivered, message_ids=strays, recipient=life.user_id, route=life.node.route)
 
 
@@ -387,6 +312,7 @@ async def on_unsubscribe(conn: Connection, frame: Frame) -> None:
 HANDLERS: dict[str, Handler] = {
     "MESSAGE": on_message,
     "REQUEST": on_request,
+    "CLOSE_SESSION": on_close_session,
     "GROUP_MESSAGE": on_group_message,
     "FETCH_MISSING_MESSAGES_REQUEST": on_fetch,
     "ACK": on_ack,

@@ -70,7 +70,8 @@ class ConnectionLife:
         self.user_id: str | None = None
         self.authenticated = False  # from AUTH_CLIENT admitted on: app and user_id are set
         self.acks = False
-        self.session_id: uuid.UUID | None = None
+        self.session_id: uuid.UUID | None = None  # this connection's presence row
+        self.client_session = ""  # the client's resumable session (sessionId), once admitted
         self.limits = ConnectionLimits.preauth()
         self.user_bucket: TokenBucket | None = None
         self.close_note = ""  # why it ended, for the session row
@@ -78,7 +79,7 @@ class ConnectionLife:
         self._registering: asyncio.Task | None = None  # admit's steps from the node's list on
 
     async def admit(self, *, app_id: str, user_id: str, token: str, acks: bool, origin: str | None,
-                    remote_addr: str, user_agent: str) -> Refusal | bool:
+                    remote_addr: str, user_agent: str, client_session: str = "") -> Refusal | bool:
         """AUTH_CLIENT: True when this is the user's first connection in the cluster, False when it
         has others; a Refusal (nothing kept) otherwise."""
         if draining():  # a socket opened before the node stopped listening: no new session here
@@ -90,18 +91,19 @@ class ConnectionLife:
         await node.ensure_started()
         # Shielded: a cancellation here (the client left) lets the steps finish; `end` gives them back.
         self._registering = asyncio.ensure_future(self._register(
-            app=app, user_id=user_id, acks=acks, remote_addr=remote_addr, user_agent=user_agent))
+            app=app, user_id=user_id, acks=acks, remote_addr=remote_addr, user_agent=user_agent,
+            client_session=client_session))
         return await asyncio.shield(self._registering)
 
     async def _register(self, *, app: AppSnapshot, user_id: str, acks: bool, remote_addr: str,
-                        user_agent: str) -> Refusal | bool:
+                        user_agent: str, client_session: str) -> Refusal | bool:
         """admit's steps that take something (`end` gives it back): the node's list, presence, the
         session row; each refusal gives back what the steps before it took."""
         node = self.node
         node.connection_add(self.channel_name, LocalConnection(user_id=user_id, app_id=app.pk, acks=acks,
-                                                               close=self.close))
+                                                               close=self.close, session=client_session))
         entry = cache.ConnectionEntry(user_id=user_id, channel_name=self.channel_name, node_id=node.node_id,
-                                      acks=acks, limit=app.max_connections_per_user)
+                                      acks=acks, limit=app.max_connections_per_user, session=client_session)
         try:
             first = await node.presence_adds.submit(entry)
         except cache.TooManyConnections as exc:
@@ -119,7 +121,7 @@ class ConnectionLife:
             await node.sessions_opened.submit(SessionOpen(SessionOpening(
                 connection_id=session_id, app_id=app.pk, user_id=user_id, node_id=node.node_id,
                 channel_name=self.channel_name, acks=acks, remote_addr=remote_addr, user_agent=user_agent,
-                connected_at=timezone.now()),
+                connected_at=timezone.now(), client_session=client_session),
                 notice=user_presence_notice_wanted(app_id=app.pk, user_id=user_id, connected=True) if first else None))
         except Exception:
             log.exception("opening the session row of %s failed", user_id)
@@ -127,6 +129,7 @@ class ConnectionLife:
             await node.presence_removes.submit(entry)
             return Refusal("service unavailable; reconnect later", CLOSE_TRY_AGAIN)
         self.session_id = session_id
+        self.client_session = client_session
         self.app, self.user_id, self.acks, self._app_loaded_at = app, user_id, acks, time.monotonic()
         self.authenticated = True
         self.limits = ConnectionLimits.for_app(app.rate_limit_per_second, app.rate_limit_burst)

@@ -21,9 +21,14 @@ REQUEST_WEBHOOK_ANSWER_MAX_BYTES = env_int("REQUEST_WEBHOOK_ANSWER_MAX_BYTES", 1
 REQUESTS_ANSWER_BASE_URL = env_str("REQUESTS_ANSWER_BASE_URL", "")
 # The window /metrics reads the requests' outcomes and latency over (messaging.requests.metrics).
 REQUEST_METRICS_WINDOW_SECONDS = env_int("REQUEST_METRICS_WINDOW_SECONDS", 300)
-REQUEST_RETENTION_DAYS = env_int("REQUEST_RETENTION_DAYS", 7)  # closed requests older than this go
+REQUEST_RETENTION_DAYS = env_int("REQUEST_RETENTION_DAYS", 7)  # closed requests (and ended sessions) older than this go
+# A client's resumable session with outcomes (or requests) waiting ends once none of its connections
+# has been open for this long: what waited for it is discarded (messaging.requests.sessions).
+SESSION_TIMEOUT_SECONDS = env_int("SESSION_TIMEOUT_SECONDS", 24 * 3600)
+SESSION_TIMEOUT_SWEEP_SECONDS = env_float("SESSION_TIMEOUT_SWEEP_SECONDS", 60.0)
 
 REQUESTS_BEAT_SCHEDULE = {
     "requests-time-out": {"task": "messaging.tasks.requests_time_out", "schedule": REQUEST_TIMEOUT_SWEEP_SECONDS},
     "requests-purge": {"task": "messaging.tasks.requests_purge", "schedule": 3600.0},
+    "sessions-time-out": {"task": "messaging.tasks.sessions_time_out", "schedule": SESSION_TIMEOUT_SWEEP_SECONDS},
 }

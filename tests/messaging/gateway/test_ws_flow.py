@@ -16,7 +16,9 @@ pytestmark = pytest.mark.django_db
 
 def test_online_recipient_gets_the_message_and_the_sender_its_confirmation(node):
     with node.client() as alice, node.client() as bob:
-        assert alice.auth("ANZ-1001")["data"] == {"appId": "app-id-343", "userId": "ANZ-1001", "isAuthenticated": True}
+        reply = alice.auth("ANZ-1001")["data"]
+        assert reply == {"appId": "app-id-343", "userId": "ANZ-1001", "isAuthenticated": True,
+                         "sessionId": reply["sessionId"]}  # (an extension: a server-issued session id)
         bob.auth("ANZ-1002")
         alice.message("ANZ-1002", "hello bob", reference="ref-1")
         got = bob.recv_type("MESSAGE")

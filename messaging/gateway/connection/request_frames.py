@@ -1,0 +1,77 @@
+"""The /ws frames of requests and sessions (docs/protocol.md, "Requests"): REQUEST to an endpoint
+of the app's server (messaging.requests) and CLOSE_SESSION. The login's session id is given out and
+checked in `session_for_login`."""
+
+from __future__ import annotations
+
+from foundation.asyncdb import run_db
+from foundation.transport.frames import CLOSE_NORMAL, encode
+from messaging.core.accept import SendRefused, content_require
+from messaging.core.protocol import Frame, FrameError, require_dict
+from messaging.gateway.connection.frame_tools import Connection, charge, client_message_id_of
+from messaging.requests.selectors import outcome_stored
+from messaging.requests.services import RequestRefused, request_submit
+from messaging.requests.sessions import (
+    client_session_belongs,
+    client_session_end,
+    client_session_ended,
+    client_session_new,
+)
+
+# Answered without the frame's data: it is large, or holds what no socket can carry back.
+_NO_ECHO = {"content_too_large", "content_unsafe"}
+
+
+
+
+async def on_request(conn: Connection, frame: Frame) -> None:
+    app = await conn.life.current_app()
+    data = require_dict(frame)
+    name = data.get("endpoint")
+    endpoint = app.endpoint(name) if isinstance(name, str) else None
+    if endpoint is None:
+        raise FrameError("unknown endpoint", data, code="unknown_endpoint")
+    try:
+        content = content_require(app, data.get("content"))
+    except SendRefused as exc:
+        raise FrameError(exc.detail, None if exc.problem in _NO_ECHO else data, code=exc.code, **exc.extra) from None
+    if (client_message_id := client_message_id_of(data)) is None:
+        raise FrameError("a REQUEST needs a clientMessageId", data, code="invalid_request")
+    charge(conn, 1, data)
+    try:
+        submitted = await run_db(request_submit, app=app, user_id=conn.life.user_id, endpoint=endpoint,
+                                 content=content, client_message_id=client_message_id,
+                                 timeout_ms=data.get("timeoutMs"), session=conn.life.client_session)
+    except RequestRefused as exc:
+        raise FrameError(exc.detail, data, code=exc.code, **exc.extra) from None
+    await conn.write(encode("REQUEST_ACCEPTED", {"id": str(submitted.request_id), "clientMessageId": client_message_id,
+                                                 **({"duplicate": True} if submitted.duplicate else {})}))
+    if submitted.outcome_message_id is not None:  # asked again after its outcome: the outcome again
+        stored = await run_db(outcome_stored, message_id=submitted.outcome_message_id, user_id=conn.life.user_id)
+        if stored is not None:
+            await conn.write(stored.frame)
+
+
+async def on_close_session(conn: Connection, frame: Frame) -> None:
+    """The client ends its session: what waits for it is discarded, and the connection closes."""
+    life = conn.life
+    discarded = await run_db(client_session_end, app_pk=life.app.pk, user_id=life.user_id,
+                             session=life.client_session, reason="closed")
+    await conn.write(encode("SESSION_CLOSED", {"sessionId": life.client_session, "discarded": discarded}))
+    await conn.close_with(CLOSE_NORMAL, "session closed")
+
+
+class WrongUser(Exception):
+    """A presented sessionId that was not issued to this user of this app."""
+
+
+async def session_for_login(*, app_id: str, user_id: str, presented: object) -> str:
+    """The session a login belongs to: the one presented (resumed), or a new one when none was
+    presented or it ended. WrongUser when it is another user's or app's (or made up)."""
+    if presented is None:
+        return client_session_new(app_id=app_id, user_id=user_id)
+    if not isinstance(presented, str) or not client_session_belongs(presented, app_id=app_id, user_id=user_id):
+        raise WrongUser
+    if await run_db(client_session_ended, presented):
+        return client_session_new(app_id=app_id, user_id=user_id)
+    return presented
