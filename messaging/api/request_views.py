@@ -8,17 +8,30 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from messaging.api.base import ApiView, errors
+from messaging.api.base import USER, ApiView, errors
 from messaging.api.errors import ApiError
 from messaging.core.accept import SendRefused, content_require
 from messaging.core.protocol import plain_int
 from messaging.requests.models import Outcome
 from messaging.requests.selectors import request_of_app
+from messaging.requests.server_requests import server_request_create
 from messaging.requests.services import RequestClosed, RequestUnknown, request_answer
 
 BIGINT_MAX = 2**63 - 1
 REQUEST_ID = OpenApiParameter("request_id", {"type": "string", "pattern": "^[1-9][0-9]{0,18}$", "example": "311"},
                               OpenApiParameter.PATH, description="A request id, as the webhook or stream entry named it.")
+
+
+class ServerRequestSerializer(serializers.Serializer):
+    content = serializers.CharField(allow_blank=True, trim_whitespace=False, help_text="What the client is asked.")
+    correlation = serializers.CharField(required=False, allow_blank=True, max_length=256, default="",
+                                        help_text="Yours: given back in the request.answered / request.timed_out webhook.")
+    timeoutSeconds = serializers.FloatField(required=False, min_value=0.1, max_value=7 * 24 * 3600,  # noqa: N815
+                                            help_text="Default SERVER_REQUEST_TIMEOUT_SECONDS (300).")
+
+
+class ServerRequestCreatedSerializer(serializers.Serializer):
+    id = serializers.CharField()
 
 
 class AnswerSerializer(serializers.Serializer):
@@ -114,3 +127,24 @@ class RequestRejectView(_AnswerView):
                    responses={200: AnsweredSerializer, **errors(400, 401, 404, 409, 413, 429)})
     def post(self, request: Request, request_id: str) -> Response:
         return super().post(request, request_id)
+
+
+class UserRequestsView(ApiView):
+    @extend_schema(operation_id="server_request_create", tags=["requests"], summary="Ask a client",
+                   description="The user gets `SERVER_REQUEST {id, requestId, content, seq}` (stored: pushed, fetched, ACK "
+                               "mode) and answers `RESOLVE` or `REJECT {requestId, content}`; you learn it by the webhook "
+                               "`request.answered` (with your `correlation`), or `request.timed_out`, and here: "
+                               "`GET /api/v1/requests/{id}`.",
+                   parameters=[USER], request=ServerRequestSerializer,
+                   responses={201: ServerRequestCreatedSerializer, **errors(400, 401, 404, 413, 421, 429)})
+    def post(self, request: Request, user_id: str) -> Response:
+        user = self.home_user(user_id)
+        given = self.valid(ServerRequestSerializer)
+        try:
+            content = content_require(self.app, given["content"])
+        except SendRefused as exc:
+            raise ApiError(413 if exc.code == "content_too_large" else 400, exc.code, exc.detail) from None
+        request_id = server_request_create(app=self.app, user_id=user, content=content,
+                                           correlation=given.get("correlation", ""),
+                                           timeout_seconds=given.get("timeoutSeconds"))
+        return Response({"id": str(request_id)}, status=201)

@@ -36,6 +36,7 @@ urlpatterns = [
     _endpoint("dead-letters", views.DeadLettersView, "api-dead-letters"),
     _endpoint("dead-letters/requeue", views.DeadLettersRequeueView, "api-dead-letters-requeue"),
     _endpoint("dead-letters/discard", views.DeadLettersDiscardView, "api-dead-letters-discard"),
+    _endpoint("users/<str:user_id>/requests", request_views.UserRequestsView, "api-user-requests"),
     _endpoint("requests/<str:request_id>", request_views.RequestDetailView, "api-request"),
     _endpoint("requests/<str:request_id>/resolve", request_views.RequestResolveView, "api-request-resolve"),
     _endpoint("requests/<str:request_id>/reject", request_views.RequestRejectView, "api-request-reject"),

@@ -38,6 +38,7 @@ from messaging.requests.models import (
     RequestState,
 )
 from messaging.requests.outcome import outcome_message, request_answer_url
+from messaging.requests.server_requests import server_requests_time_out
 from messaging.webhooks.services import EndpointCall, webhook_endpoint_calls_record
 
 log = logging.getLogger(__name__)
@@ -264,9 +265,10 @@ def requests_time_out(*, limit: int = 1000) -> int:
             due = [row[0] for row in cur.fetchall()]
         closed = _close(ids=due, app_pk=None, state=RequestState.TIMED_OUT, outcome=Outcome.REJECT, content="",
                         reason=REASON_TIMEOUT, via="timeout", deadline=PAST_DEADLINE) if due else []
+        asked = server_requests_time_out(ids=due)  # (the server's own requests of its clients among them)
     for c in closed:
         metrics.REQUESTS.labels(c.endpoint, "timed_out").inc()
-    return len(closed)
+    return len(closed) + asked
 
 
 def request_endpoint_failed(*, request_id: int, error: str) -> bool:

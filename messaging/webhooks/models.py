@@ -21,6 +21,8 @@ class WebhookEvent(models.TextChoices):
     MESSAGE_DEAD_LETTERED = "message.dead_lettered"  # a delivery used up its attempts
     CHANNEL_OCCUPIED = "channel.occupied"  # a channel got its first reader in the cluster
     CHANNEL_VACATED = "channel.vacated"  # ... and lost its last one
+    REQUEST_ANSWERED = "request.answered"  # a client answered the server's request (SERVER_REQUEST)
+    REQUEST_TIMED_OUT = "request.timed_out"  # ... or did not within its timeout
     TEST = "webhook.test"  # sent from the console to one endpoint; nobody subscribes to it
     # A client's request, to the webhook URL of the request endpoint it names (messaging.requests),
     # not to the app's webhook endpoints: nobody subscribes to it either.

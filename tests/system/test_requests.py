@@ -31,6 +31,7 @@ from foundation.transport.queue_names import (
 from messaging.intake.stream.credentials import queue_credential_create
 from messaging.intake.stream.models import QueueCredential
 from messaging.requests.models import Request
+from messaging.webhooks.services import webhook_endpoint_create
 from tests.messaging.intake.stream.conftest import writer_for
 from tests.processes import FAST_FAILURE_ENV, start_beat
 from tests.system.test_hostile_bytes import metric
@@ -55,8 +56,9 @@ ENV = {
 @pytest.fixture(scope="module")
 def receivers():
     with (WebhookReceiver(answer=b'{"resolve": "placed by the webhook"}') as answering,
-          WebhookReceiver(status=202, answer=b"") as later, WebhookReceiver(status=500) as failing):
-        yield SimpleNamespace(answering=answering, later=later, failing=failing)
+          WebhookReceiver(status=202, answer=b"") as later, WebhookReceiver(status=500) as failing,
+          WebhookReceiver() as told):
+        yield SimpleNamespace(answering=answering, later=later, failing=failing, told=told)
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +76,8 @@ def app(demo_network, django_db_blocker, receivers):
             RequestEndpoint(app=req, name="orders.broken", webhook_url=receivers.failing.url),
         ]
         RequestEndpoint.objects.bulk_create(endpoints)
+        # (before any node starts: a node hears of a new webhook endpoint within its cache's lifetime)
+        webhook_endpoint_create(app_id=req.pk, url=receivers.told.url, events=["request.answered", "request.timed_out"])
         _, password = queue_credential_create(app=req)
         _, key = api_key_create(app=req, name="requests")
         _, other_key = api_key_create(app=ClientApp.objects.get(app_name="BNZ"), name="nosy")
@@ -376,3 +380,55 @@ def test_close_session_discards_what_waited_for_it_and_drops_later_outcomes(clus
         frames = anew.recv_all(quiet=1.0)
     assert [f for f in frames if f["type"] in ("RESOLVE", "REJECT")] == []
     assert Request.objects.get(pk=int(later)).state == "resolved"  # answered, its outcome not stored
+
+
+# --- the server asking a client ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def told(receivers):
+    """REQ's webhook endpoint for its requests' answers and timeouts."""
+    return receivers.told
+
+
+def _ask(cluster, app, user: str, content: str, **extra) -> str:
+    asked = httpx.post(f"{cluster.first.url}/api/v1/users/{user}/requests", json={"content": content, **extra},
+                       headers={"Authorization": f"Bearer {app.key}"})
+    assert asked.status_code == 201, asked.text
+    return asked.json()["id"]
+
+
+@pytest.mark.django_db
+def test_a_server_request_answered_after_the_client_reconnected_reaches_the_servers_webhook(cluster, app, told):
+    request_id = _ask(cluster, app, "REQ-3001", "confirm order 9?", correlation="order-9")
+    with WsClient(cluster.second.ws_url) as ws:
+        ws.auth("REQ-3001", app_id=APP_ID, acks=True)
+        ws.send("FETCH_MISSING_MESSAGES_REQUEST", {"count": 10})
+        asked = ws.recv_type("SERVER_REQUEST")
+        assert (asked["data"]["requestId"], asked["data"]["content"]) == (request_id, "confirm order 9?")
+        ws.send("ACK", {"ids": [asked["data"]["id"]]})
+        ws.send("RESOLVE", {"requestId": request_id, "content": "yes"})
+        assert ws.recv_type("ANSWER_ACCEPTED")["data"] == {"requestId": request_id}
+        ws.send("REJECT", {"requestId": request_id, "content": "no, after all"})
+        assert ws.recv_type("INVALID_MESSAGE")["data"]["code"] == "request_closed"
+    [call] = told.wait_for(lambda c: c.event == "request.answered" and c.json["data"]["requestId"] == request_id)
+    assert {k: call.json["data"][k] for k in ("correlation", "user", "outcome", "content")} == {
+        "correlation": "order-9", "user": "REQ-3001", "outcome": "resolve", "content": "yes"}
+    state = httpx.get(f"{cluster.first.url}/api/v1/requests/{request_id}",
+                      headers={"Authorization": f"Bearer {app.key}"}).json()
+    assert (state["direction"], state["state"], state["outcome_content"]) == ("to_client", "resolved", "yes")
+
+
+@pytest.mark.django_db
+def test_no_user_answers_a_request_made_of_another_and_an_unanswered_one_times_out(cluster, app, told):
+    request_id = _ask(cluster, app, "REQ-3002", "are you there?", correlation="ping-1", timeoutSeconds=1.5)
+    with WsClient(cluster.first.ws_url) as intruder:
+        intruder.auth("REQ-3003", app_id=APP_ID)
+        intruder.send("RESOLVE", {"requestId": request_id, "content": "it is me"})
+        assert intruder.recv_type("INVALID_MESSAGE")["data"]["code"] == "not_found"
+    [call] = told.wait_for(lambda c: c.event == "request.timed_out" and c.json["data"]["requestId"] == request_id)
+    assert call.json["data"]["correlation"] == "ping-1"
+    with WsClient(cluster.first.ws_url) as late:
+        late.auth("REQ-3002", app_id=APP_ID)
+        late.send("FETCH_MISSING_MESSAGES_REQUEST", {"count": 10})
+        assert [f for f in late.recv_all(quiet=1.0) if f["type"] == "SERVER_REQUEST"] == []  # withdrawn

@@ -37,7 +37,13 @@ from messaging.core.store import OutgoingMessage
 from messaging.gateway.connection.admission import FirstReadsFor
 from messaging.gateway.connection.frame_tools import Connection, Handler, charge, client_message_id_of, retry_after_ms
 from messaging.gateway.connection.life import Refusal
-from messaging.gateway.connection.request_frames import WrongUser, on_close_session, on_request, session_for_login
+from messaging.gateway.connection.request_frames import (
+    WrongUser,
+    on_answer,
+    on_close_session,
+    on_request,
+    session_for_login,
+)
 from messaging.intake.batching import BatcherFull
 from messaging.models import MessageKind
 from presence.master_view import MasterView
@@ -313,6 +319,8 @@ HANDLERS: dict[str, Handler] = {
     "MESSAGE": on_message,
     "REQUEST": on_request,
     "CLOSE_SESSION": on_close_session,
+    "RESOLVE": on_answer,
+    "REJECT": on_answer,
     "GROUP_MESSAGE": on_group_message,
     "FETCH_MISSING_MESSAGES_REQUEST": on_fetch,
     "ACK": on_ack,

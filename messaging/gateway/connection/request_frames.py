@@ -1,5 +1,6 @@
 """The /ws frames of requests and sessions (docs/protocol.md, "Requests"): REQUEST to an endpoint
-of the app's server (messaging.requests) and CLOSE_SESSION. The login's session id is given out and
+of the app's server (messaging.requests), RESOLVE/REJECT answering a request the server made of the
+client, and CLOSE_SESSION. The login's session id is given out and
 checked in `session_for_login`."""
 
 from __future__ import annotations
@@ -7,9 +8,10 @@ from __future__ import annotations
 from foundation.asyncdb import run_db
 from foundation.transport.frames import CLOSE_NORMAL, encode
 from messaging.core.accept import SendRefused, content_require
-from messaging.core.protocol import Frame, FrameError, require_dict
+from messaging.core.protocol import Frame, FrameError, plain_int, require_dict
 from messaging.gateway.connection.frame_tools import Connection, charge, client_message_id_of
 from messaging.requests.selectors import outcome_stored
+from messaging.requests.server_requests import AnswerRefused, server_request_answer
 from messaging.requests.services import RequestRefused, request_submit
 from messaging.requests.sessions import (
     client_session_belongs,
@@ -18,6 +20,7 @@ from messaging.requests.sessions import (
     client_session_new,
 )
 
+BIGINT_MAX = 2**63 - 1
 # Answered without the frame's data: it is large, or holds what no socket can carry back.
 _NO_ECHO = {"content_too_large", "content_unsafe"}
 
@@ -50,6 +53,27 @@ async def on_request(conn: Connection, frame: Frame) -> None:
         stored = await run_db(outcome_stored, message_id=submitted.outcome_message_id, user_id=conn.life.user_id)
         if stored is not None:
             await conn.write(stored.frame)
+
+
+async def on_answer(conn: Connection, frame: Frame) -> None:
+    """RESOLVE or REJECT from a client: its answer to a request its app's server made of it."""
+    app = await conn.life.current_app()
+    data = require_dict(frame)
+    request_id = plain_int(str(data.get("requestId", "")), BIGINT_MAX)
+    if not request_id:
+        raise FrameError("'requestId' must be the id of a request made of you", data, code="invalid_request")
+    try:
+        content = content_require(app, data.get("content", ""))
+    except SendRefused as exc:
+        raise FrameError(exc.detail, None if exc.problem in _NO_ECHO else data, code=exc.code, **exc.extra) from None
+    charge(conn, 1, data)
+    try:
+        answered = await run_db(server_request_answer, app=app, user_id=conn.life.user_id, request_id=request_id,
+                                outcome=frame.type.lower(), content=content)
+    except AnswerRefused as exc:
+        raise FrameError(exc.detail, data, code=exc.code) from None
+    await conn.write(encode("ANSWER_ACCEPTED", {"requestId": str(request_id),
+                                                **({"replay": True} if answered.replay else {})}))
 
 
 async def on_close_session(conn: Connection, frame: Frame) -> None:

@@ -22,6 +22,9 @@ REQUESTS_ANSWER_BASE_URL = env_str("REQUESTS_ANSWER_BASE_URL", "")
 # The window /metrics reads the requests' outcomes and latency over (messaging.requests.metrics).
 REQUEST_METRICS_WINDOW_SECONDS = env_int("REQUEST_METRICS_WINDOW_SECONDS", 300)
 REQUEST_RETENTION_DAYS = env_int("REQUEST_RETENTION_DAYS", 7)  # closed requests (and ended sessions) older than this go
+# A server's request of a client (POST /api/v1/users/{user}/requests) times out after this long unless
+# it names its own `timeoutSeconds`.
+SERVER_REQUEST_TIMEOUT_SECONDS = env_float("SERVER_REQUEST_TIMEOUT_SECONDS", 300.0)
 # A client's resumable session with outcomes (or requests) waiting ends once none of its connections
 # has been open for this long: what waited for it is discarded (messaging.requests.sessions).
 SESSION_TIMEOUT_SECONDS = env_int("SESSION_TIMEOUT_SECONDS", 24 * 3600)

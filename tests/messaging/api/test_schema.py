@@ -23,7 +23,7 @@ def test_the_schema_documents_every_endpoint_with_the_bearer_scheme(anonymous_ht
         "/api/v1/channels/{channel}/members", "/api/v1/users/{user_id}/subscriptions",
         "/api/v1/users/{user_id}/follows/{target_id}", "/api/v1/users/{user_id}/presence",
         "/api/v1/users/{user_id}/disconnect", "/api/v1/presence/online", "/api/v1/dead-letters", "/api/v1/dead-letters/requeue",
-        "/api/v1/dead-letters/discard", "/messages", "/api/v1/events", "/api/v1/requests/{request_id}",
+        "/api/v1/dead-letters/discard", "/messages", "/api/v1/events", "/api/v1/requests/{request_id}", "/api/v1/users/{user_id}/requests",
         "/api/v1/requests/{request_id}/resolve", "/api/v1/requests/{request_id}/reject", "/api/v1/exchange/users/{n}/followers",
         "/api/v1/exchange/users/{n}/followees",
         "/api/v1/operator/selftest", "/api/v1/operator/selftest/{name}",
