@@ -55,7 +55,7 @@ class SioUser:
             return {}  # in ACK mode the answer to the message's ACK request (python-socketio always answers)
 
         for name in ("confirmation", "user_connected", "user_disconnected", "online_users", "channel_message",
-                     "invalid_message", "connect_error"):
+                     "invalid_message", "connect_error", "resolve", "reject", "request_accepted"):
             self.client.on(name, lambda data, name=name: self.events.put((name, data)))
 
     def __enter__(self) -> SioUser:

@@ -128,16 +128,53 @@ export interface SubscribeOptions {
   token?: TokenSource;
 }
 
+export interface RequestOptions {
+  /** At most the endpoint's maximum; default the endpoint's timeout. */
+  timeoutMs?: number;
+  /** Made up when left out. The same id again (after a page reload, say) is the same request: its outcome comes again. */
+  clientMessageId?: string;
+}
+
+/** A request's RESOLVE: what `request()` resolves with. */
+export interface Outcome {
+  /** The server's answer. */
+  content: string;
+  requestId: string;
+  /** The outcome message's own id (acknowledged by the client in ACK mode). */
+  id: string;
+  clientMessageId: string;
+  /** True when the server had the request already (a resend after a doubt, or the same clientMessageId again). */
+  duplicate: boolean;
+}
+
+/** The `outcome` event: the outcome of a request this client is not waiting for (made before a page reload, say). */
+export interface UnclaimedOutcome {
+  type: "resolve" | "reject";
+  content: string;
+  requestId: string;
+  clientMessageId: string;
+  id: string;
+  /** Only when the platform rejected. */
+  reason?: "timeout" | "endpoint_failed";
+}
+
 /** Errors carry what the server said, when it said something. */
 export interface SwitchboardError extends Error {
+  /** The refusal's reason; for a REJECT, "timeout" or "endpoint_failed" when the platform rejected (else absent). */
   reason?: string;
   /** The refused frame's data, as the server echoed it. */
   data?: unknown;
   limit?: number;
-  type?: "INVALID_MESSAGE" | "GENERAL_ERROR";
+  /** REJECT: a request's outcome was a rejection (`content`, `requestId` and `id` say which). */
+  type?: "INVALID_MESSAGE" | "GENERAL_ERROR" | "REJECT";
   retryAfterMs?: number;
-  /** The close code, when the connection ended for good. */
-  code?: number;
+  /** The close code (a number) when the connection ended for good; a refused request's code (a string:
+   * "unknown_endpoint", "too_many_requests", "timeout_too_long", "content_too_large", ...). */
+  code?: number | string;
+  /** REJECT: the server's content. */
+  content?: string;
+  requestId?: string;
+  clientMessageId?: string;
   id?: string;
   redirect?: string;
   cause?: unknown;
@@ -162,6 +199,7 @@ export interface SwitchboardEvents {
   error: SwitchboardError;
   redirect: { from: string; to: string; count: number };
   fallback: { from: string; to: string };
+  outcome: UnclaimedOutcome;
 }
 
 export type EventName = keyof SwitchboardEvents;
@@ -206,6 +244,14 @@ export class Switchboard {
   send(to: string, content: string, opts?: SendOptions): Promise<SendResult>;
   /** Several users (GROUP_MESSAGE); answers as `send`. */
   sendGroup(to: string[], content: string, opts?: GroupSendOptions): Promise<SendResult>;
+
+  /**
+   * Ask an endpoint of the app's server and wait for the outcome, however long it takes: resent with the
+   * same clientMessageId after every reconnect until stored, then the outcome comes pushed or fetched.
+   * Resolves on RESOLVE; rejects on REJECT (`type: "REJECT"`, `content`, `reason`?, `requestId`) and at
+   * once on a refusal (`type: "INVALID_MESSAGE"`, `code`).
+   */
+  request(endpoint: string, content: string, opts?: RequestOptions): Promise<Outcome>;
 
   subscribe(channel: string, opts?: SubscribeOptions): Promise<Subscribed>;
   unsubscribe(channel: string): Promise<void>;

@@ -13,12 +13,14 @@
  * by itself with backoff and jitter, fetches what was missed after every authentication, shows a
  * message id once, acknowledges in ACK mode once the app's handlers are done, keeps RELIABLE sends
  * in an outbox until MESSAGE_ACCEPTED (resent with the same clientMessageId after a reconnect), and
- * resumes each channel from its last offset. A user homed in another domain is refused with that
+ * resumes each channel from its last offset. A request to the app's server (`request()`) is resent
+ * with the same clientMessageId after every reconnect until REQUEST_ACCEPTED, then waits for its
+ * outcome (RESOLVE or REJECT, pushed or fetched) however long it takes. A user homed in another domain is refused with that
  * domain's WebSocket URL (AUTH_CLIENT_REPLY `redirect`): the client goes there at once with the same
  * credentials, and stays there (at most MAX_REDIRECTS in a row without an authentication).
  *
  * Answers are matched to what was sent by the server's echo of a refused frame's data (every
- * MESSAGE and GROUP_MESSAGE carries a clientMessageId) and by order: the server answers a
+ * MESSAGE, GROUP_MESSAGE and REQUEST carries a clientMessageId) and by order: the server answers a
  * connection's frames in order, so in ACK mode an acceptance without an id (from a server older
  * than group clientMessageIds) or a refusal without an echo (content too large) belongs to the
  * oldest send still waiting.
@@ -80,6 +82,9 @@ const failure = (message, extra) => Object.assign(new Error(message), extra);
  * - `synced` {}: a fetch ended with nothing left missing; `error` (Error with reason, data, ...)
  * - `redirect` {from, to, count}: the user lives in another domain; the client now connects to `to`
  * - `fallback` {from, to}: `from` could not be reached at all; the next attempt goes to `to` (of `fallbackUrls`)
+ * - `outcome` {type: "resolve" | "reject", content, requestId, clientMessageId, id, reason?}: the outcome of a
+ *   request this client is not waiting for (made before a page reload, say); in ACK mode it is acknowledged
+ *   like a message (once every listener is done). Without a listener it is not acknowledged (an `error` says so)
  * In ACK mode a message is acknowledged once every `message` handler returned (or its promise
  * resolved); a handler that throws leaves it unacknowledged, and it comes again later.
  */
@@ -114,6 +119,7 @@ export class Switchboard {
     this._ackIds = [];
     this._channels = new Map(); // name -> {offset, token, server, waiters}
     this._unsubscribing = new Map(); // name -> [{resolve, reject}]
+    this._requests = new Map(); // clientMessageId -> {requestId, duplicate, resolve, reject}: waiting for an outcome
     this._tokens = this.options.sendBurst;
     this._tokensAt = Date.now();
     this._pausedUntil = 0;
@@ -186,6 +192,37 @@ export class Switchboard {
    * @param {{reference?: string, feature?: string, clientMessageId?: string}} [opts] */
   sendGroup(to, content, opts = {}) {
     return this._enqueue("GROUP_MESSAGE", { to: [...to], content }, opts);
+  }
+
+  /**
+   * Ask an endpoint of the app's server (docs/protocol.md "Requests") and wait for its answer, however
+   * long it takes: the REQUEST is resent with the same clientMessageId after every reconnect until the
+   * server has stored it (stored and asked once either way), then the outcome comes pushed or with the
+   * fetch after a reconnect. In ACK mode the outcome is acknowledged once the promise is settled.
+   * @param {string} endpoint @param {string} content
+   * @param {{timeoutMs?: number, clientMessageId?: string}} [opts] clientMessageId: made up when left
+   *   out; the same one again (after a page reload, say) gets the first request's outcome
+   * @returns {Promise<{content: string, requestId: string, id: string, clientMessageId: string, duplicate: boolean}>}
+   *   resolves on RESOLVE; rejects on REJECT with an Error carrying {type: "REJECT", content, reason?
+   *   ("timeout" | "endpoint_failed"), requestId, id}, and at once on a refusal (INVALID_MESSAGE) with its
+   *   {reason, code, limit?} (rate limits and "server busy" are retried after retryAfterMs)
+   */
+  request(endpoint, content, opts = {}) {
+    if (this.state === "closed") return Promise.reject(new Error("the client is closed"));
+    if (this._outbox.length >= this.options.maxQueued) {
+      return Promise.reject(new Error(`send queue full (${this.options.maxQueued})`));
+    }
+    const cmid = opts.clientMessageId || newId();
+    if (this._requests.has(cmid)) return Promise.reject(new Error(`request ${cmid} is waiting already`));
+    const data = { endpoint, content, clientMessageId: cmid };
+    if (opts.timeoutMs !== undefined) data.timeoutMs = opts.timeoutMs;
+    return new Promise((resolve, reject) => {
+      const pending = { requestId: null, duplicate: false, resolve, reject };
+      this._requests.set(cmid, pending);
+      this._outbox.push({ frame: { type: "REQUEST", data }, cmid, request: true, awaits: true, state: "queued",
+        tries: 0, resolve: () => {}, reject: (error) => { this._requests.delete(cmid); reject(error); } });
+      this._pump();
+    });
   }
 
   /**
@@ -338,6 +375,8 @@ export class Switchboard {
     this._setState("closed");
     const error = failure(`connection closed (${code}${reason ? ` ${reason}` : ""})`, { code, reason });
     this._rejectAll(this._outbox.splice(0), error);
+    this._rejectAll([...this._requests.values()], error);
+    this._requests.clear();
     for (const entry of this._channels.values()) this._rejectAll(entry.waiters.splice(0), error);
     this._rejectAll(this._waiting.splice(0), error);
     if (!quiet) this._emit("disconnected", { code, reason, willReconnect: false });
@@ -369,6 +408,8 @@ export class Switchboard {
       case "MESSAGE": case "MESSAGE_CONFIRMATION": return this._message(frame.type, data, frame.reference);
       case "FETCH_MISSING_MESSAGES_COMPLETE": return this._fetched(data.leftMissingCount);
       case "MESSAGE_ACCEPTED": return this._accepted(data);
+      case "REQUEST_ACCEPTED": return this._requestAccepted(data);
+      case "RESOLVE": case "REJECT": return this._outcome(frame.type, data);
       case "CHANNEL_MESSAGE": return this._channelMessage(data);
       case "SUBSCRIBED": return this._subscribed(data);
       case "UNSUBSCRIBED": {
@@ -449,29 +490,78 @@ export class Switchboard {
 
   // --- receiving -------------------------------------------------------------------------------
 
+  /** A stored message's id, counted for the fetch: false when it was shown before (then only the
+   * server needs to hear about it again). */
+  _firstTime(id) {
+    this._fetchGot = (this._fetchGot || 0) + 1;
+    if (this._seen.has(id)) {
+      if (this.options.acks) this._ack(id);
+      return false;
+    }
+    this._seen.add(id);
+    if (this._seen.size > this.options.seenIds) this._seen.delete(this._seen.values().next().value);
+    return true;
+  }
+
   _message(type, data, reference) {
     const id = data.id;
-    if (id !== undefined) {
-      this._fetchGot = (this._fetchGot || 0) + 1;
-      if (this._seen.has(id)) { // shown before: only the server needs to hear about it again
-        if (this.options.acks) this._ack(id);
-        return;
-      }
-      this._seen.add(id);
-      if (this._seen.size > this.options.seenIds) this._seen.delete(this._seen.values().next().value);
-    }
+    if (id !== undefined && !this._firstTime(id)) return;
     const event = type === "MESSAGE"
       ? { from: data.from, content: data.content, id, seq: data.seq, reference }
       : { reference: data.reference, id, seq: data.seq };
-    const results = this._emit(type === "MESSAGE" ? "message" : "confirmation", event, true);
+    this._handled(id, this._emit(type === "MESSAGE" ? "message" : "confirmation", event, true), "message");
+  }
+
+  /** ACK mode: acknowledge once the listeners' `results` are done; one that failed leaves it unacknowledged. */
+  _handled(id, results, what) {
     if (!this.options.acks || id === undefined) return;
     const failed = (error) => {
       this._seen.delete(id); // not handled: when it comes again, it is shown again
-      this._emit("error", failure("a message handler failed; the message is not acknowledged", { cause: error, id }));
+      this._emit("error", failure(`a ${what} handler failed; the ${what} is not acknowledged`, { cause: error, id }));
     };
     if (results.failed) failed(results.error);
     else if (results.some(isThenable)) Promise.all(results).then(() => this._ack(id), failed);
     else this._ack(id);
+  }
+
+  /** REQUEST_ACCEPTED: the request is stored; from now on only its outcome is awaited. */
+  _requestAccepted(data) {
+    const entry = this._outbox.find((e) => e.request && e.cmid === data.clientMessageId);
+    if (entry) this._outbox.splice(this._outbox.indexOf(entry), 1);
+    const pending = this._requests.get(data.clientMessageId);
+    if (pending) Object.assign(pending, { requestId: data.id, duplicate: data.duplicate === true });
+  }
+
+  /** RESOLVE or REJECT: settles the request waiting for it (matched by its clientMessageId), or is
+   * an `outcome` event. Either way each outcome id once. */
+  _outcome(type, data) {
+    const id = data.id;
+    if (!this._firstTime(id)) return;
+    const outcome = { content: data.content, requestId: data.requestId, clientMessageId: data.clientMessageId, id };
+    const pending = this._requests.get(data.clientMessageId);
+    if (!pending) {
+      const event = { type: type === "RESOLVE" ? "resolve" : "reject", ...outcome };
+      if (data.reason !== undefined) event.reason = data.reason;
+      if (!this._listeners.get("outcome")?.size) {
+        this._seen.delete(id); // not handled: it comes again
+        const fate = this.options.acks ? ": it is not acknowledged, and comes again" : "";
+        this._emit("error", failure(`the outcome of request ${data.requestId} came, and nobody listens to 'outcome'`
+          + ` events${fate}`, { reason: "unhandled outcome", id, data }));
+        return;
+      }
+      this._handled(id, this._emit("outcome", event, true), "outcome");
+      return;
+    }
+    this._requests.delete(data.clientMessageId);
+    const entry = this._outbox.find((e) => e.request && e.cmid === data.clientMessageId);
+    if (entry) this._outbox.splice(this._outbox.indexOf(entry), 1); // (fetched before its resend was accepted)
+    if (type === "RESOLVE") pending.resolve({ ...outcome, duplicate: pending.duplicate });
+    else {
+      const why = data.reason ? ` (${data.reason})` : "";
+      pending.reject(failure(`request ${data.requestId} rejected${why}${data.content ? `: ${data.content}` : ""}`,
+        { type: "REJECT", ...outcome, reason: data.reason }));
+    }
+    if (this.options.acks) this._ack(id);
   }
 
   _ack(id) {
@@ -582,7 +672,7 @@ export class Switchboard {
   }
 
   _accepted(data) {
-    const entry = this._outbox.find((e) => e.state === "sent"
+    const entry = this._outbox.find((e) => e.state === "sent" && !e.request
       && (data.clientMessageId ? e.cmid === data.clientMessageId : e.group));
     const accepted = { id: data.id, clientMessageId: data.clientMessageId, recipients: data.recipients,
       duplicate: data.duplicate === true };
@@ -598,10 +688,12 @@ export class Switchboard {
     const echo = general ? payload : payload.data;
     const reason = general ? "the server failed while handling the frame; it may be sent again" : payload.reason;
     const error = failure(reason, { reason, data: echo, limit: payload.limit, type,
-      retryAfterMs: general ? undefined : payload.retryAfterMs });
+      retryAfterMs: general ? undefined : payload.retryAfterMs, code: general ? undefined : payload.code });
     const retryAfter = error.retryAfterMs;
     const isObject = echo && typeof echo === "object" && !Array.isArray(echo);
-    if (isObject && "to" in echo) return this._sendRefused(this._sendOf(echo), error, retryAfter, general);
+    if (isObject && ("to" in echo || "endpoint" in echo)) { // a send or a request
+      return this._sendRefused(this._sendOf(echo), error, retryAfter, general);
+    }
     if (isObject && typeof echo.channel === "string") return this._channelRefused(echo, error, retryAfter);
     if (isObject && "count" in echo) {
       if (retryAfter !== undefined || general) this._timer("fetch", retryAfter || 2000, () => this.fetchMissing());
@@ -622,7 +714,10 @@ export class Switchboard {
 
   _sendOf(echo) {
     const all = [...this._outbox.filter((e) => e.state === "sent"), ...this._recent];
-    if (typeof echo.clientMessageId === "string") return all.find((e) => e.cmid === echo.clientMessageId);
+    const request = "endpoint" in echo;
+    if (typeof echo.clientMessageId === "string") {
+      return all.find((e) => e.cmid === echo.clientMessageId && Boolean(e.request) === request);
+    }
     const text = JSON.stringify(echo);
     return all.find((e) => e.group && JSON.stringify(e.frame.data) === text) || all.find((e) => e.group && e.awaits);
   }

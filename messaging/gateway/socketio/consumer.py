@@ -12,8 +12,8 @@ Only the default namespace `/` exists. The CONNECT packet's `auth` is AUTH_CLIEN
 reply is `{sid, pid}`, where `sid` is the id of the connection's session row (its clientId) and
 `pid` a signed token of the app and user that a reconnecting socket.io-client sends back (answered
 with the same `pid`: `socket.recovered`). An event with an acknowledgement callback gets its answer
-there; in ACK mode a stored message is emitted with an acknowledgement request, and the client's
-callback is its ACK.
+there; in ACK mode a stored message (and a request's outcome, `resolve` or `reject`) is emitted with an
+acknowledgement request, and the client's callback is its ACK.
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ class SocketIOConsumer(ClientConsumer):
             error = mapping.error_of(kind, data)
             return await self._send(Packet(sio.CONNECT_ERROR, {"message": error["detail"],
                                                                "data": {"code": error["error"]}}))
-        if kind in ("MESSAGE", "MESSAGE_CONFIRMATION"):
+        if kind in mapping.STORED:  # (a message, a confirmation, a request's outcome)
             message = mapping.message_of(kind, data, frame.get("reference"))
             if self.collected is not None and kind == "MESSAGE":
                 self.collected.append(message)
@@ -217,8 +217,7 @@ class SocketIOConsumer(ClientConsumer):
                 self.next_ack += 1
                 ack_id = self.next_ack
                 self.emitted[ack_id] = int(data["id"])
-            name = "message" if kind == "MESSAGE" else "confirmation"
-            return await super().write(mapping.event_text(name, message, ack_id))
+            return await super().write(mapping.event_text(mapping.STORED[kind], message, ack_id))
         answer = mapping.answer_of(kind, data, self.collected)
         if answer is not None:
             if self.answering is not None:

@@ -18,6 +18,7 @@ EVENTS = {
     "subscribe": "SUBSCRIBE",
     "unsubscribe": "UNSUBSCRIBE",
     "close_connection": "CLOSE_CONNECTION",
+    "request": "REQUEST",
 }
 # Fields of an event's object that /ws carries beside `data`.
 _FRAME_FIELDS = ("feature", "reference", "confirmationEnabled")
@@ -36,7 +37,12 @@ UNANSWERED = {
     "FETCH_MISSING_MESSAGES_COMPLETE": "fetch_complete",
     "SUBSCRIBED": "subscribed",
     "UNSUBSCRIBED": "unsubscribed",
+    "REQUEST_ACCEPTED": "request_accepted",
 }
+
+# Stored frames of the mailbox, each an event of its own: in ACK mode emitted with an acknowledgement
+# request, the client's callback being the ACK of the frame's `id`.
+STORED = {"MESSAGE": "message", "MESSAGE_CONFIRMATION": "confirmation", "RESOLVE": "resolve", "REJECT": "reject"}
 
 # Server frames that are events of their own (the name, and the payload from the frame's data).
 _PUSHED = {
@@ -94,7 +100,11 @@ def frame_for_event(name: str, arg: Any) -> dict:
 
 
 def message_of(kind: str, data: dict, reference: str | None) -> dict:
-    """`message` {id, from, content, reference?, seq, feature} or `confirmation` {reference, id}."""
+    """`message` {id, from, content, reference?, seq, feature}, `confirmation` {reference, id}, or a
+    request's outcome, `resolve` / `reject`, as the frame has it ({id, requestId, clientMessageId,
+    content, seq, reason?})."""
+    if kind in ("RESOLVE", "REJECT"):
+        return data
     if kind == "MESSAGE_CONFIRMATION":
         return {"reference": data.get("reference"), "id": data.get("id")}
     message = {"id": data.get("id"), "from": data.get("from"), "content": data.get("content"),
@@ -107,7 +117,7 @@ def message_of(kind: str, data: dict, reference: str | None) -> dict:
 def error_of(kind: str, data: Any) -> dict:
     """An acknowledgement's refusal: {error: <code>, detail: <text>} (and the limit's figures)."""
     if kind == "INVALID_MESSAGE" and isinstance(data, dict):
-        extra = {k: v for k, v in data.items() if k in ("retryAfterMs", "limit")}
+        extra = {k: v for k, v in data.items() if k in ("retryAfterMs", "limit", "code")}
         return {"error": "INVALID_MESSAGE", "detail": str(data.get("reason", "")), **extra}
     if kind == "AUTH_REQUIRED":
         return {"error": "AUTH_REQUIRED", "detail": "not connected: send CONNECT with auth first"}
@@ -118,7 +128,7 @@ def answer_of(kind: str, data: Any, collected: list[dict] | None) -> dict | None
     """The acknowledgement a frame answers with, or None when the frame is not an answer."""
     if kind in ("INVALID_MESSAGE", "GENERAL_ERROR", "AUTH_REQUIRED"):
         return error_of(kind, data)
-    if kind == "MESSAGE_ACCEPTED":
+    if kind in ("MESSAGE_ACCEPTED", "REQUEST_ACCEPTED"):  # (a request's `id` is the request's)
         answer = {"id": data["id"]}
         answer.update({k: data[k] for k in ("clientMessageId", "duplicate") if k in data})
         return answer

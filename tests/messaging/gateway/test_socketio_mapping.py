@@ -81,3 +81,17 @@ def test_a_plain_event_is_read_with_its_ack_id_and_anything_else_is_left_to_the_
     assert plain_event('2["message",NaN]') is MALFORMED
     assert event_text("message", {"a": 1}, 4) == '24["message",{"a":1}]'
     assert plain_event(event_text("x", [1, "é"])) == (["x", [1, "é"]], None)
+
+
+def test_a_request_event_is_the_request_frame_answered_with_its_id_and_its_outcome_is_an_event_of_its_own():
+    raw = frame_for_event("request", {"endpoint": "orders.place", "content": "x", "clientMessageId": "r-1",
+                                      "timeoutMs": 500})
+    assert raw == {"type": "REQUEST", "data": {"endpoint": "orders.place", "content": "x", "clientMessageId": "r-1",
+                                               "timeoutMs": 500}}
+    assert answer_of("REQUEST_ACCEPTED", {"id": "311", "clientMessageId": "r-1", "duplicate": True}, None) == {
+        "id": "311", "clientMessageId": "r-1", "duplicate": True}
+    assert answer_of("INVALID_MESSAGE", {"reason": "unknown endpoint", "code": "unknown_endpoint", "data": {}},
+                     None) == {"error": "INVALID_MESSAGE", "detail": "unknown endpoint", "code": "unknown_endpoint"}
+    outcome = {"id": "8812", "requestId": "311", "clientMessageId": "r-1", "content": "done", "seq": 4,
+               "reason": "timeout"}
+    assert message_of("REJECT", outcome, None) == outcome

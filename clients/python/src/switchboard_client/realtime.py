@@ -10,7 +10,9 @@ It reconnects by itself with backoff and jitter (close codes 1012 and 4002 come 
 and the rest back off; 1000 and 1008 end it), fetches what was missed after every authentication,
 shows a message id once, acknowledges in ACK mode once the app is done with a message, and keeps
 RELIABLE sends in an outbox until MESSAGE_ACCEPTED (resent with the same clientMessageId after a
-reconnect: stored once either way). A user homed in another domain is refused with that domain's
+reconnect: stored once either way). A request to the app's server (`request()`) is resent the same
+way until REQUEST_ACCEPTED, then waits for its outcome (RESOLVE or REJECT, pushed or fetched) however
+long it takes. A user homed in another domain is refused with that domain's
 URL (AUTH_CLIENT_REPLY `redirect`): the client goes there at once with the same credentials.
 
 Frames are handled through one table (`Realtime.FRAMES`: frame type -> method), and sends through
@@ -29,7 +31,7 @@ import random as _random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -114,6 +116,39 @@ class RealtimeError(Exception):
         self.retry_after_ms = retry_after_ms
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """A request's outcome: what `request()` returns (a RESOLVE), or the `outcome` event, for either
+    kind, of a request this client is not waiting for (made before a restart, say). `id` is the
+    outcome message's own id; `reason` ("timeout", "endpoint_failed") only when the platform rejected;
+    `duplicate`: the server had the request already (a resend, or the same client_message_id again)."""
+
+    content: str
+    request_id: str
+    id: str
+    client_message_id: str | None = None
+    kind: Literal["resolve", "reject"] = "resolve"
+    reason: str | None = None
+    duplicate: bool = False
+
+
+class RequestRejected(RealtimeError):
+    """A request that got no RESOLVE: its REJECT (`frame_type` "REJECT": the server's `content`, the
+    `request_id`, and `reason` "timeout" or "endpoint_failed" when the platform rejected, else None),
+    or its refusal (`frame_type` "INVALID_MESSAGE": `reason` is the server's text and `code` says why:
+    unknown_endpoint, too_many_requests, timeout_too_long, content_too_large, ...)."""
+
+    def __init__(self, message: str, *, reason: str | None, content: str | None = None,
+                 request_id: str | None = None, code: str | None = None, outcome_id: str | None = None,
+                 client_message_id: str | None = None, frame_type: str = "REJECT", data: Any = None,
+                 limit: int | None = None, retry_after_ms: int | None = None) -> None:
+        super().__init__(message, reason=reason, data=data, limit=limit, frame_type=frame_type,
+                         retry_after_ms=retry_after_ms)
+        self.reason = reason  # (None for a REJECT of the server's own: not the message)
+        self.content, self.request_id, self.code = content, request_id, code
+        self.id, self.client_message_id = outcome_id, client_message_id  # (the REJECT message's id)
+
+
 class Closed(RealtimeError):
     """The client stopped for good: closed by the app, or refused by the server (1000, 1008)."""
 
@@ -134,6 +169,15 @@ class _Outgoing:
     settled_by: str = "MESSAGE_ACCEPTED"
     state: Literal["queued", "sent"] = "queued"
     tries: int = 0
+
+
+@dataclass
+class _Waiting:
+    """A request waiting for its outcome (its REQUEST_ACCEPTED may have come: `request_id`)."""
+
+    future: asyncio.Future[Outcome]
+    request_id: str | None = None
+    duplicate: bool = False
 
 
 class _Ticket:
@@ -168,7 +212,9 @@ class Realtime:
     `reconnecting` {delay, attempt}, `message` (Message), `confirmation` (Confirmation), `accepted`
     (Accepted), `user_connected` / `user_disconnected` {user_id}, `online_users` {users, page, pages,
     count} (the app's master user), `synced` {} (a fetch ended with nothing left missing), `redirect`
-    {from, to, count}, `fallback` {from, to}, `error` (RealtimeError).
+    {from, to, count}, `fallback` {from, to}, `error` (RealtimeError), `outcome` (Outcome: of a
+    request this client is not waiting for; in ACK mode acknowledged like a message once every
+    callback is done, and without a callback not acknowledged: an `error` says so).
 
     Messages are handed over in the order they came, one at a time; one that comes while nobody takes
     messages (no `message` callback, no `messages()` loop) waits for the first. In ACK mode a message
@@ -182,6 +228,9 @@ class Realtime:
         "MESSAGE": "_on_message",
         "MESSAGE_CONFIRMATION": "_on_message",
         "MESSAGE_ACCEPTED": "_on_settled",
+        "REQUEST_ACCEPTED": "_on_request_accepted",
+        "RESOLVE": "_on_outcome",
+        "REJECT": "_on_outcome",
         "FETCH_MISSING_MESSAGES_COMPLETE": "_on_fetched",
         "INVALID_MESSAGE": "_on_refused",
         "GENERAL_ERROR": "_on_refused",
@@ -215,7 +264,7 @@ class Realtime:
         self._listeners: dict[str, list[Handler]] = {}
         self._runner: asyncio.Task[None] | None = None
         self._dispatcher: asyncio.Task[None] | None = None
-        self._inbox: asyncio.Queue[Message | Confirmation] = asyncio.Queue()
+        self._inbox: asyncio.Queue[Message | Confirmation | Outcome] = asyncio.Queue()
         self._iterators: list[_Iterator] = []
         self._ws: ClientConnection | None = None
         self._out: asyncio.Queue[str] | None = None  # the current socket's frames, written in order
@@ -225,6 +274,7 @@ class Realtime:
         self._waiting: list[asyncio.Future[None]] = []  # connect() callers
         self._outbox: list[_Outgoing] = []
         self._recent: list[_Outgoing] = []  # non-ACK sends already written: kept briefly to retry a rate-limited one
+        self._requests: dict[str, _Waiting] = {}  # clientMessageId -> a request waiting for its outcome
         self._seen: dict[str, None] = {}  # insertion order: the oldest id is forgotten first
         self._handling: set[str] = set()  # ids handed to the app and not done with yet
         self._ack_ids: list[str] = []
@@ -346,6 +396,41 @@ class Realtime:
         """Several users (GROUP_MESSAGE); answers as `send`."""
         return await self._enqueue("GROUP_MESSAGE", {"to": list(to), "content": content}, reference, feature,
                                    client_message_id, {})
+
+    async def request(self, endpoint: str, content: str, *, timeout_ms: int | None = None,
+                      client_message_id: str | None = None) -> Outcome:
+        """Ask an endpoint of the app's server (docs/protocol.md "Requests") and wait for its outcome,
+        however long it takes: the REQUEST is resent with the same client_message_id after every
+        reconnect until the server has stored it (stored and asked once either way), then the outcome
+        comes pushed or with the fetch after a reconnect; in ACK mode it is acknowledged once handed
+        over here. Returns the RESOLVE as an `Outcome` (`.content`); raises `RequestRejected` on a
+        REJECT (`.content`, `.reason`, `.request_id`) and at once on a refusal (`.code`); rate limits
+        and "server busy" are retried after retryAfterMs. `client_message_id` is made up when left
+        out; the same one again (after a restart, say) gets the first request's outcome. Cancelled,
+        the request is not resent and its outcome, when it comes, is an `outcome` event."""
+        if self.state == "closed":
+            raise Closed(1000, "the client is closed")
+        if len(self._outbox) >= self.max_queued:
+            raise RealtimeError(f"send queue full ({self.max_queued})")
+        cmid = client_message_id or f"sb-{uuid.uuid4()}"
+        if cmid in self._requests:
+            raise RealtimeError(f"request {cmid} is waiting already")
+        data: dict[str, Any] = {"endpoint": endpoint, "content": content, "clientMessageId": cmid}
+        if timeout_ms is not None:
+            data["timeoutMs"] = timeout_ms
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        entry = _Outgoing(frame={"type": "REQUEST", "data": data}, cmid=cmid, group=False, awaits=True,
+                          future=future, settled_by="REQUEST_ACCEPTED")
+        self._outbox.append(entry)
+        self._requests[cmid] = _Waiting(future)
+        self._pump()
+        try:
+            return await asyncio.shield(future)
+        finally:
+            if self._requests.get(cmid) is not None and self._requests[cmid].future is future:
+                del self._requests[cmid]  # (cancelled, or refused: nothing waits any more)
+            if entry in self._outbox:
+                self._outbox.remove(entry)
 
     def fetch_missing(self, count: int | None = None) -> None:
         """Ask for missed messages now (it happens by itself after every authentication)."""
@@ -508,6 +593,10 @@ class Realtime:
             if not entry.future.done():
                 entry.future.set_exception(error)
         self._outbox.clear()
+        for waiting in self._requests.values():
+            if not waiting.future.done():
+                waiting.future.set_exception(error)
+        self._requests.clear()
         for waiter in self._waiting:
             if not waiter.done():
                 waiter.set_exception(error)
@@ -613,18 +702,25 @@ class Realtime:
 
     # --- receiving -----------------------------------------------------------------------------
 
+    def _first_time(self, message_id: str) -> bool:
+        """A stored message's id, counted for the fetch: False when it was handed over before (then
+        only the server needs to hear of it again)."""
+        self._fetch_got += 1
+        if message_id in self._seen:
+            if self.acks and message_id not in self._handling:  # (a handler still at it ACKs when done)
+                self._ack(message_id)
+            return False
+        self._seen[message_id] = None
+        if len(self._seen) > self.seen_ids:
+            del self._seen[next(iter(self._seen))]
+        return True
+
     def _on_message(self, frame: dict[str, Any], data: dict[str, Any]) -> None:
         raw_id = data.get("id")
         message_id = None if raw_id is None else str(raw_id)
         if message_id is not None:
-            self._fetch_got += 1
-            if message_id in self._seen:  # handed over before: only the server needs to hear of it again
-                if self.acks and message_id not in self._handling:  # (a handler still at it ACKs when done)
-                    self._ack(message_id)
+            if not self._first_time(message_id):
                 return
-            self._seen[message_id] = None
-            if len(self._seen) > self.seen_ids:
-                del self._seen[next(iter(self._seen))]
             self._handling.add(message_id)
         if frame["type"] == "MESSAGE":
             self._inbox.put_nowait(Message(sender=data.get("from", ""), content=data.get("content", ""),
@@ -639,7 +735,7 @@ class Realtime:
             while isinstance(item, Message) and not self._listeners.get("message") and not self._iterators:
                 self._listening.clear()  # nobody takes messages yet: this one waits for the first taker
                 await self._listening.wait()
-            event = "message" if isinstance(item, Message) else "confirmation"
+            event = "message" if isinstance(item, Message) else "outcome" if isinstance(item, Outcome) else "confirmation"
             failed: BaseException | None = None
             for callback in list(self._listeners.get(event, [])):
                 try:
@@ -678,6 +774,54 @@ class Realtime:
         while self._ack_ids and self.state == "connected":
             ids, self._ack_ids = self._ack_ids[:ACK_MAX], self._ack_ids[ACK_MAX:]
             self._write({"type": "ACK", "data": {"ids": ids}})
+
+    # --- requests ------------------------------------------------------------------------------
+
+    def _on_request_accepted(self, frame: dict[str, Any], data: dict[str, Any]) -> None:
+        """The request is stored: from now on only its outcome is awaited."""
+        cmid = data.get("clientMessageId")
+        entry = next((e for e in self._outbox if e.settled_by == "REQUEST_ACCEPTED" and e.cmid == cmid), None)
+        if entry is not None:
+            self._outbox.remove(entry)
+        waiting = self._requests.get(cmid) if isinstance(cmid, str) else None
+        if waiting is not None:
+            waiting.request_id, waiting.duplicate = str(data.get("id")), data.get("duplicate") is True
+
+    def _on_outcome(self, frame: dict[str, Any], data: dict[str, Any]) -> None:
+        """RESOLVE or REJECT: settles the request waiting for it (by its clientMessageId), or is an
+        `outcome` event; either way each outcome id once."""
+        message_id = str(data.get("id"))
+        if not self._first_time(message_id):
+            return
+        cmid = data.get("clientMessageId")
+        kind: Literal["resolve", "reject"] = "resolve" if frame["type"] == "RESOLVE" else "reject"
+        outcome = Outcome(content=str(data.get("content", "")), request_id=str(data.get("requestId")), id=message_id,
+                          client_message_id=cmid, kind=kind, reason=data.get("reason"))
+        waiting = self._requests.pop(cmid, None) if isinstance(cmid, str) else None
+        if waiting is None or waiting.future.done():
+            if not self._listeners.get("outcome"):
+                del self._seen[message_id]  # not handled: when it comes again, it is handed over again
+                fate = ": it is not acknowledged, and comes again" if self.acks else ""
+                self._emit("error", RealtimeError(f"the outcome of request {outcome.request_id} came, and nobody "
+                                                  f"listens to 'outcome' events{fate}", reason="unhandled outcome",
+                                                  data=data))
+                return
+            self._handling.add(message_id)
+            self._inbox.put_nowait(outcome)
+            return
+        entry = next((e for e in self._outbox if e.settled_by == "REQUEST_ACCEPTED" and e.cmid == cmid), None)
+        if entry is not None:  # (fetched before its resend was accepted: not sent again)
+            self._outbox.remove(entry)
+        if kind == "resolve":
+            waiting.future.set_result(replace(outcome, duplicate=waiting.duplicate))
+        else:
+            why = f" ({outcome.reason})" if outcome.reason else ""
+            waiting.future.set_exception(RequestRejected(
+                f"request {outcome.request_id} rejected{why}{': ' + outcome.content if outcome.content else ''}",
+                reason=outcome.reason, content=outcome.content, request_id=outcome.request_id,
+                outcome_id=message_id, client_message_id=cmid))
+        if self.acks:
+            self._ack(message_id)
 
     def _on_fetched(self, frame: dict[str, Any], data: dict[str, Any]) -> None:
         left = data.get("leftMissingCount")
@@ -763,7 +907,11 @@ class Realtime:
         retry_after = None if general else payload.get("retryAfterMs")
         error = RealtimeError(reason, reason=reason, data=echo, limit=payload.get("limit"), frame_type=frame["type"],
                               retry_after_ms=retry_after)
-        if isinstance(echo, dict) and "to" in echo:
+        if isinstance(echo, dict) and "endpoint" in echo or echo is None and not general and next(
+                (e.settled_by == "REQUEST_ACCEPTED" for e in self._outbox if e.state == "sent"), False):
+            error = RequestRejected(reason, reason=reason, data=echo, limit=payload.get("limit"),
+                                    frame_type=frame["type"], retry_after_ms=retry_after, code=payload.get("code"))
+        if isinstance(echo, dict) and ("to" in echo or "endpoint" in echo):  # a send or a request
             self._send_refused(self._send_of(echo), error, retry_after, general)
         elif isinstance(echo, dict) and "count" in echo:
             if retry_after is not None or general:
@@ -785,7 +933,9 @@ class Realtime:
     def _send_of(self, echo: dict[str, Any]) -> _Outgoing | None:
         candidates = [*(e for e in self._outbox if e.state == "sent"), *self._recent]
         if isinstance(echo.get("clientMessageId"), str):
-            return next((e for e in candidates if e.cmid == echo["clientMessageId"]), None)
+            request = "endpoint" in echo
+            return next((e for e in candidates if e.cmid == echo["clientMessageId"]
+                         and (e.settled_by == "REQUEST_ACCEPTED") == request), None)
         return next((e for e in candidates if e.group and e.frame["data"] == echo), None) or next(
             (e for e in candidates if e.group and e.awaits), None)
 

@@ -565,3 +565,155 @@ test("a refusal without a redirect is no redirect", async () => {
   assert.equal(sb.state, "closed");
   assert.equal(FakeSocket.all.length, 1);
 });
+
+// --- requests to the app's server (docs/protocol.md "Requests") ---------------------------------
+
+test("a request is resent with its clientMessageId after every reconnect until accepted, then resolves once", async () => {
+  const sb = client({ acks: true });
+  sb.connect();
+  const first = await authenticated(sb);
+  const asking = sb.request("orders.place", '{"sku": 7}', { timeoutMs: 30000 });
+  const [frame] = first.sentOf("REQUEST");
+  assert.match(frame.data.clientMessageId, /^sb-/);
+  assert.deepEqual(frame, { type: "REQUEST", data: { endpoint: "orders.place", content: '{"sku": 7}',
+    clientMessageId: frame.data.clientMessageId, timeoutMs: 30000 } });
+  first.drop(1006); // no REQUEST_ACCEPTED: the client cannot know whether it was stored
+
+  const second = await authenticated(sb);
+  assert.deepEqual(second.sentOf("REQUEST"), [frame]);
+  second.receive("REQUEST_ACCEPTED", { id: "311", clientMessageId: frame.data.clientMessageId, duplicate: true });
+  second.drop(1012);
+  const third = await authenticated(sb);
+  assert.deepEqual(third.sentOf("REQUEST"), [], "accepted: not sent again");
+  third.receive("RESOLVE", { id: "8812", requestId: "311", clientMessageId: frame.data.clientMessageId,
+    content: "order 7 placed", seq: 14 });
+  assert.deepEqual(await asking, { content: "order 7 placed", requestId: "311", id: "8812",
+    clientMessageId: frame.data.clientMessageId, duplicate: true });
+  await sleep(10);
+  assert.deepEqual(third.sentOf("ACK").flatMap((f) => f.data.ids), ["8812"]);
+});
+
+test("an outcome that comes again (a duplicate request, a second fetch) settles the request once and is acknowledged again", async () => {
+  const sb = client({ acks: true });
+  const unknown = [];
+  sb.on("outcome", (o) => unknown.push(o));
+  sb.connect();
+  const ws = await authenticated(sb);
+  let settled = 0;
+  const asking = sb.request("orders.quick", "now", { clientMessageId: "r-9" }).then((o) => { settled++; return o; });
+  ws.receive("REQUEST_ACCEPTED", { id: "5", clientMessageId: "r-9", duplicate: true });
+  const outcome = { id: "90", requestId: "5", clientMessageId: "r-9", content: "done", seq: 3 };
+  ws.receive("RESOLVE", outcome);
+  ws.receive("RESOLVE", outcome);
+  assert.equal((await asking).content, "done");
+  await sleep(10);
+  assert.equal(settled, 1);
+  assert.deepEqual(unknown, [], "a settled request's outcome again is no news");
+  assert.deepEqual(ws.sentOf("ACK").flatMap((f) => f.data.ids), ["90", "90"]);
+  await assert.rejects(Promise.all([sb.request("orders.quick", "a", { clientMessageId: "r-10" }),
+    sb.request("orders.quick", "b", { clientMessageId: "r-10" })]), /waiting already/);
+});
+
+test("a REJECT rejects the request with the server's content, the reason and the request id", async () => {
+  const sb = client({ acks: true });
+  sb.connect();
+  const ws = await authenticated(sb);
+  const slow = sb.request("orders.later", "slow", { timeoutMs: 700 });
+  const refused = sb.request("orders.later", "no stock");
+  const [a, b] = ws.sentOf("REQUEST");
+  ws.receive("REQUEST_ACCEPTED", { id: "31", clientMessageId: a.data.clientMessageId });
+  ws.receive("REQUEST_ACCEPTED", { id: "32", clientMessageId: b.data.clientMessageId });
+  ws.receive("REJECT", { id: "91", requestId: "31", clientMessageId: a.data.clientMessageId, content: "", seq: 4,
+    reason: "timeout" });
+  ws.receive("REJECT", { id: "92", requestId: "32", clientMessageId: b.data.clientMessageId, content: "out of stock",
+    seq: 5 });
+  await assert.rejects(slow, (err) => err.type === "REJECT" && err.reason === "timeout" && err.requestId === "31"
+    && err.content === "" && err.id === "91");
+  await assert.rejects(refused, (err) => err.message === "request 32 rejected: out of stock"
+    && err.content === "out of stock" && err.reason === undefined && err.requestId === "32");
+  await sleep(10);
+  assert.deepEqual(ws.sentOf("ACK").flatMap((f) => f.data.ids), ["91", "92"]);
+});
+
+test("a request the server refuses rejects at once with its code; a rate-limited one goes again after retryAfterMs", async () => {
+  const sb = client({ acks: true });
+  sb.connect();
+  const ws = await authenticated(sb);
+  const unknown = sb.request("orders.nope", "x");
+  const limited = sb.request("orders.place", "y");
+  const [a, b] = ws.sentOf("REQUEST");
+  ws.receive("INVALID_MESSAGE", { reason: "unknown endpoint", code: "unknown_endpoint", data: a.data });
+  ws.receive("INVALID_MESSAGE", { reason: "delivery rate limit exceeded", retryAfterMs: 20, limit: 50, data: b.data });
+  await assert.rejects(unknown, (err) => err.code === "unknown_endpoint" && err.type === "INVALID_MESSAGE"
+    && err.reason === "unknown endpoint");
+  await sleep(50);
+  assert.deepEqual(ws.sentOf("REQUEST").slice(2), [b]);
+  ws.receive("REQUEST_ACCEPTED", { id: "40", clientMessageId: b.data.clientMessageId });
+  ws.receive("RESOLVE", { id: "93", requestId: "40", clientMessageId: b.data.clientMessageId, content: "ok", seq: 6 });
+  assert.equal((await limited).content, "ok");
+});
+
+test("an outcome fetched after a reconnect settles the request, even before its resend is accepted", async () => {
+  const sb = client({ acks: true });
+  sb.connect();
+  const first = await authenticated(sb);
+  const asking = sb.request("orders.place", "while away");
+  const [frame] = first.sentOf("REQUEST");
+  first.drop(1006); // stored, answered meanwhile, but its REQUEST_ACCEPTED was lost
+
+  const second = await nextSocket();
+  second.open();
+  second.receive("AUTH_CLIENT_REPLY", { isAuthenticated: true });
+  assert.deepEqual(second.sent.slice(1).map((f) => f.type), ["FETCH_MISSING_MESSAGES_REQUEST", "REQUEST"]);
+  const outcome = { id: "94", requestId: "50", clientMessageId: frame.data.clientMessageId, content: "done", seq: 7 };
+  second.receive("RESOLVE", outcome);
+  second.receive("FETCH_MISSING_MESSAGES_COMPLETE", { leftMissingCount: 0 });
+  assert.deepEqual(await asking, { content: "done", requestId: "50", id: "94", clientMessageId: frame.data.clientMessageId,
+    duplicate: false });
+  second.receive("REQUEST_ACCEPTED", { id: "50", clientMessageId: frame.data.clientMessageId, duplicate: true });
+  second.receive("RESOLVE", outcome); // the duplicate's outcome again: acknowledged, nothing more
+  await sleep(10);
+  assert.deepEqual(second.sentOf("ACK").flatMap((f) => f.data.ids), ["94", "94"]);
+  second.drop(1006);
+  const third = await authenticated(sb);
+  assert.deepEqual(third.sentOf("REQUEST"), []);
+});
+
+test("the outcome of a request the client does not know is an `outcome` event, acknowledged once its listener is done", async () => {
+  const sb = client({ acks: true });
+  const errors = [];
+  sb.on("error", (e) => errors.push(e.reason));
+  sb.connect();
+  const ws = await authenticated(sb);
+  const outcome = { id: "95", requestId: "60", clientMessageId: "before-the-reload", content: "", seq: 8,
+    reason: "endpoint_failed" };
+  ws.receive("REJECT", outcome); // nobody listens: not acknowledged, and said so
+  await sleep(10);
+  assert.deepEqual(ws.sentOf("ACK"), []);
+  assert.deepEqual(errors, ["unhandled outcome"]);
+
+  let release;
+  const seen = [];
+  sb.on("outcome", (o) => { seen.push(o); return new Promise((r) => { release = r; }); });
+  ws.receive("REJECT", outcome); // it comes again
+  assert.deepEqual(seen, [{ type: "reject", content: "", requestId: "60", clientMessageId: "before-the-reload",
+    id: "95", reason: "endpoint_failed" }]);
+  await sleep(10);
+  assert.deepEqual(ws.sentOf("ACK"), [], "not before the listener is done");
+  release();
+  await sleep(10);
+  assert.deepEqual(ws.sentOf("ACK").flatMap((f) => f.data.ids), ["95"]);
+});
+
+test("close() rejects the requests still waiting for their outcome", async () => {
+  const sb = client();
+  sb.connect();
+  const ws = await authenticated(sb);
+  const accepted = sb.request("orders.place", "a");
+  const queued = sb.request("orders.place", "b");
+  const [a] = ws.sentOf("REQUEST");
+  ws.receive("REQUEST_ACCEPTED", { id: "70", clientMessageId: a.data.clientMessageId });
+  sb.close();
+  await assert.rejects(accepted, /closed/);
+  await assert.rejects(queued, /closed/);
+});
