@@ -94,3 +94,25 @@ def test_a_python_socketio_client_gets_its_rejected_request_as_a_reject_event(we
         assert (rejected["requestId"], rejected["clientMessageId"], rejected["content"]) == (accepted["id"], "s-4", "no")
         wait_for(lambda: Delivery.objects.filter(message_id=int(rejected["id"]),
                                                  state=DeliveryState.DELIVERED).count() == 1)
+
+
+@pytest.mark.django_db
+def test_a_server_request_arrives_as_an_event_whose_callback_answers_it(web):
+    asked = httpx.post(f"{web.url}/api/v1/users/ANZ-54041/requests", json={"content": "confirm?",
+                                                                          "correlation": "c-9"},
+                       headers={"Authorization": f"Bearer {web.api_key}"}, timeout=10)
+    assert asked.status_code == 201
+    request_id = asked.json()["id"]
+    with SioUser(web.url, "ANZ-54041", acks=True) as carol:
+        carol.client.on("server_request", lambda data: (carol.events.put(("server_request", data)),
+                                                        {"resolve": "confirmed"})[1])
+        carol.call("fetch_missing", {"count": 10})
+        got = carol.next("server_request")
+        assert (got["requestId"], got["content"]) == (request_id, "confirm?")
+
+        def answered() -> bool:
+            state = httpx.get(f"{web.url}/api/v1/requests/{request_id}",
+                              headers={"Authorization": f"Bearer {web.api_key}"}, timeout=10).json()
+            return (state["state"], state["outcome_content"]) == ("resolved", "confirmed")
+        wait_for(answered)
+        wait_for(lambda: Delivery.objects.filter(message_id=int(got["id"]), state=DeliveryState.DELIVERED).count() == 1)

@@ -49,17 +49,27 @@ class Packet(sio.Packet):
     json = _StrictJson
 
 
-def pid_for(app_id: str, user_id: str) -> str:
-    return signing.dumps([app_id, user_id], salt=PID_SALT, compress=False)
+def pid_for(app_id: str, user_id: str, session: str = "") -> str:
+    """Socket.IO's private session id: the user's, and its resumable session (docs/protocol.md, "Sessions")."""
+    return signing.dumps([app_id, user_id, session], salt=PID_SALT, compress=False)
+
+
+def pid_session(pid: object, app_id: str, user_id: str) -> str | None:
+    """The resumable session a `pid` brought back for this user ("" for none), or None: not this
+    user's pid (or not one of ours)."""
+    if not isinstance(pid, str) or len(pid) > 512:
+        return None
+    try:
+        value = signing.loads(pid, salt=PID_SALT)
+    except signing.BadSignature:
+        return None
+    if not isinstance(value, list) or value[:2] != [app_id, user_id]:
+        return None
+    return value[2] if len(value) == 3 and isinstance(value[2], str) else ""
 
 
 def pid_matches(pid: object, app_id: str, user_id: str) -> bool:
-    if not isinstance(pid, str) or len(pid) > 512:
-        return False
-    try:
-        return signing.loads(pid, salt=PID_SALT) == [app_id, user_id]
-    except signing.BadSignature:
-        return False
+    return pid_session(pid, app_id, user_id) is not None
 
 
 class SocketIOConsumer(ClientConsumer):
@@ -67,6 +77,7 @@ class SocketIOConsumer(ClientConsumer):
         self.answering: int | None = None  # the ack id of the event being handled, until answered
         self.collected: list[dict] | None = None  # fetch_missing with a callback: its messages
         self.emitted: dict[int, int] = {}  # ack id of a message emitted in ACK mode -> message id
+        self.asked: dict[int, str] = {}  # ack id of a server_request emitted -> its request id
         self.next_ack = 0
         self.login: dict = {}  # the CONNECT packet's auth
         self.redirect: str | None = None  # a refused login's other domain
@@ -119,8 +130,12 @@ class SocketIOConsumer(ClientConsumer):
             await self._event(pkt.data, pkt.id)
         elif kind in (sio.ACK, sio.BINARY_ACK):
             message_id = self.emitted.pop(pkt.id, None) if pkt.id is not None else None
+            asked = self.asked.pop(pkt.id, None) if pkt.id is not None else None
             if message_id is not None and self.life.authenticated:
                 await self.handle(frame_of({"type": "ACK", "data": {"ids": [str(message_id)]}}, escaped=False))
+            if asked is not None and self.life.authenticated:  # the callback of a server_request: its answer
+                answer = mapping.answer_frame(asked, pkt.data)
+                await (self._as_frame(answer, escaped=True) if answer else self._refuse(mapping.ANSWER_SHAPE))
         elif kind == sio.DISCONNECT:
             if self.life is not None and not self.life.close_note:
                 self.life.close_note = "client disconnected (Socket.IO DISCONNECT)"
@@ -131,15 +146,20 @@ class SocketIOConsumer(ClientConsumer):
             return await self._send(Packet(sio.CONNECT, self._connected()))
         auth = pkt.data if isinstance(pkt.data, dict) else {}
         self.login = auth
-        self.recovering = pid_matches(auth.get("pid"), str(auth.get("appId")), str(auth.get("userId")))
+        session = pid_session(auth.get("pid"), str(auth.get("appId")), str(auth.get("userId")))
+        self.recovering = session is not None
         data = {k: auth[k] for k in ("appId", "userId", "token", "acks") if k in auth}
+        if session:  # recovery resumes the session the pid carries
+            data["sessionId"] = session
         await self._as_frame({"type": "AUTH_CLIENT", "data": data}, escaped=True)
         if self.life.authenticated and self.recovering:
             await self._recover()
 
     def _connected(self) -> dict:
         """CONNECT's answer: the session's id, and the pid (the one brought back, when recovering)."""
-        pid = self.login["pid"] if self.recovering else pid_for(str(self.login.get("appId")), self.life.user_id)
+        app_id, session = str(self.login.get("appId")), self.life.client_session
+        resumed = self.recovering and pid_session(self.login["pid"], app_id, self.life.user_id) == session
+        pid = self.login["pid"] if resumed else pid_for(app_id, self.life.user_id, session)
         return {"sid": str(self.life.session_id), "pid": pid}
 
     async def _recover(self) -> None:
@@ -213,10 +233,13 @@ class SocketIOConsumer(ClientConsumer):
                 self.collected.append(message)
                 return True
             ack_id = None
-            if self.life.acks and "id" in data:  # its ACK is the client's callback
+            if (self.life.acks and "id" in data) or kind == "SERVER_REQUEST":  # its ACK (or answer): the callback
                 self.next_ack += 1
                 ack_id = self.next_ack
-                self.emitted[ack_id] = int(data["id"])
+                if self.life.acks:
+                    self.emitted[ack_id] = int(data["id"])
+                if kind == "SERVER_REQUEST":
+                    self.asked[ack_id] = str(data.get("requestId"))
             return await super().write(mapping.event_text(mapping.STORED[kind], message, ack_id))
         answer = mapping.answer_of(kind, data, self.collected)
         if answer is not None:

@@ -42,7 +42,9 @@ UNANSWERED = {
 
 # Stored frames of the mailbox, each an event of its own: in ACK mode emitted with an acknowledgement
 # request, the client's callback being the ACK of the frame's `id`.
-STORED = {"MESSAGE": "message", "MESSAGE_CONFIRMATION": "confirmation", "RESOLVE": "resolve", "REJECT": "reject"}
+STORED = {"MESSAGE": "message", "MESSAGE_CONFIRMATION": "confirmation", "RESOLVE": "resolve", "REJECT": "reject",
+          "SERVER_REQUEST": "server_request"}
+ANSWER_SHAPE = "a server_request's callback answers {resolve: content} or {reject: content}"
 
 # Server frames that are events of their own (the name, and the payload from the frame's data).
 _PUSHED = {
@@ -103,7 +105,7 @@ def message_of(kind: str, data: dict, reference: str | None) -> dict:
     """`message` {id, from, content, reference?, seq, feature}, `confirmation` {reference, id}, or a
     request's outcome, `resolve` / `reject`, as the frame has it ({id, requestId, clientMessageId,
     content, seq, reason?})."""
-    if kind in ("RESOLVE", "REJECT"):
+    if kind in ("RESOLVE", "REJECT", "SERVER_REQUEST"):
         return data
     if kind == "MESSAGE_CONFIRMATION":
         return {"reference": data.get("reference"), "id": data.get("id")}
@@ -112,6 +114,20 @@ def message_of(kind: str, data: dict, reference: str | None) -> dict:
     if reference is not None:
         message["reference"] = reference
     return message
+
+
+def answer_frame(request_id: str, args: Any) -> dict | None:
+    """The RESOLVE or REJECT frame a `server_request`'s callback stands for (its first argument,
+    `{resolve: content}` or `{reject: content}`; content that is not text is kept as its JSON), or
+    None for any other shape."""
+    answer = args[0] if isinstance(args, list) and args else None
+    given = [k for k in ("resolve", "reject") if isinstance(answer, dict) and k in answer]
+    if len(given) != 1:
+        return None
+    content = answer[given[0]]
+    if not isinstance(content, str):
+        content = dumps(content)
+    return {"type": given[0].upper(), "data": {"requestId": request_id, "content": content}}
 
 
 def error_of(kind: str, data: Any) -> dict:

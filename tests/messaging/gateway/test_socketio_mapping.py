@@ -70,6 +70,23 @@ def test_a_pid_is_recognised_only_for_the_app_and_user_it_was_given_to():
     assert not pid_matches(None, "app-id-343", "ANZ-1")
 
 
+def test_a_pid_brings_back_the_resumable_session_it_was_given_with():
+    from messaging.gateway.socketio.consumer import pid_session
+
+    assert pid_session(pid_for("app-id-343", "ANZ-1", "sAbc.def"), "app-id-343", "ANZ-1") == "sAbc.def"
+    assert pid_session(pid_for("app-id-343", "ANZ-1"), "app-id-343", "ANZ-1") == ""
+    assert pid_session(pid_for("app-id-343", "ANZ-1", "sAbc.def"), "app-id-343", "ANZ-2") is None
+
+
+def test_a_server_requests_callback_stands_for_a_resolve_or_a_reject_and_nothing_else():
+    from messaging.gateway.socketio.mapping import answer_frame
+
+    assert answer_frame("7", [{"resolve": "yes"}]) == {"type": "RESOLVE", "data": {"requestId": "7", "content": "yes"}}
+    assert answer_frame("7", [{"reject": {"why": 1}}])["data"]["content"] == '{"why":1}'
+    assert answer_frame("7", [{"resolve": 1, "reject": 2}]) is None
+    assert answer_frame("7", [{}]) is None and answer_frame("7", None) is None
+
+
 def test_a_plain_event_is_read_with_its_ack_id_and_anything_else_is_left_to_the_full_parser():
     from messaging.gateway.socketio.mapping import MALFORMED, event_text, plain_event
 
