@@ -51,6 +51,7 @@ from messaging.gateway.connection.admission import (
 from messaging.gateway.limits import UserWorkLimits
 from messaging.intake.batching import Batcher, LoopBatcher
 from messaging.intake.group_commit import Intake
+from messaging.requests.submit import requests_submit
 from presence import cache
 from presence.lost_nodes import node_restart_cleanup
 from presence.services import node_heartbeat_record, node_register
@@ -89,9 +90,12 @@ class NodeRuntime:
         self.sessions_opened = Batcher("sessions opened", sessions_open_batch)
         self.sessions_closed = Batcher("sessions closed", sessions_close_batch)
         self.first_reads = Batcher("first reads", first_reads)
+        # Requests to the apps' servers, taken in together (messaging.requests.submit).
+        self.requests = Batcher("requests", lambda items: requests_submit(submissions=items),
+                                linger=settings.INTAKE_LINGER_SECONDS, max_pending=settings.INTAKE_MAX_PENDING)
         # Every batcher of the node: bound to the loop at start, flushed by a drain before the node leaves.
         self.batchers: list[Batcher] = [self.intake.batcher, self.routing, self.delivered, self.released,
-                                        self.sessions_opened, self.sessions_closed, self.first_reads]
+                                        self.sessions_opened, self.sessions_closed, self.first_reads, self.requests]
         self.presence_adds = LoopBatcher("presence adds", presence_add_batch)
         self.presence_removes = LoopBatcher("presence removes", presence_remove_batch)
         self.master_lookups = LoopBatcher("master lookups", connections_lookup_batch)

@@ -45,6 +45,15 @@ log = logging.getLogger(__name__)
 LEASE_KEY = "sb:lock:{name}"
 
 
+def in_turn_many(keys: list[str]) -> None:
+    """`in_turn` for several keys at once, one statement, taken in sorted order (two callers with
+    overlapping keys queue up instead of deadlocking)."""
+    if keys:
+        with connection.cursor() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) "
+                        "FROM (SELECT DISTINCT unnest(%s::text[]) AS k ORDER BY 1) AS keys", [keys])
+
+
 def in_turn(key: str) -> None:
     """Wait for `key`'s turn in the caller's transaction (a transaction-level advisory lock on its
     Django connection, ended with that transaction): what runs after it under the same key in

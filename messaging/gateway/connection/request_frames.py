@@ -9,16 +9,17 @@ from foundation.asyncdb import run_db
 from foundation.transport.frames import CLOSE_NORMAL, encode
 from messaging.core.accept import SendRefused, content_require
 from messaging.core.protocol import Frame, FrameError, plain_int, require_dict
-from messaging.gateway.connection.frame_tools import Connection, charge, client_message_id_of
+from messaging.gateway.connection.frame_tools import Connection, charge, client_message_id_of, retry_after_ms
+from messaging.intake.batching import BatcherFull
 from messaging.requests.selectors import outcome_stored
 from messaging.requests.server_requests import AnswerRefused, server_request_answer
-from messaging.requests.services import RequestRefused, request_submit
 from messaging.requests.sessions import (
     client_session_belongs,
     client_session_end,
     client_session_ended,
     client_session_new,
 )
+from messaging.requests.submit import RequestRefused, Submission
 
 BIGINT_MAX = 2**63 - 1
 # Answered without the frame's data: it is large, or holds what no socket can carry back.
@@ -42,11 +43,14 @@ async def on_request(conn: Connection, frame: Frame) -> None:
         raise FrameError("a REQUEST needs a clientMessageId", data, code="invalid_request")
     charge(conn, 1, data)
     try:
-        submitted = await run_db(request_submit, app=app, user_id=conn.life.user_id, endpoint=endpoint,
-                                 content=content, client_message_id=client_message_id,
-                                 timeout_ms=data.get("timeoutMs"), session=conn.life.client_session)
-    except RequestRefused as exc:
-        raise FrameError(exc.detail, data, code=exc.code, **exc.extra) from None
+        submitted = await conn.life.node.requests.submit(Submission(
+            app=app, user_id=conn.life.user_id, endpoint=endpoint, content=content,
+            client_message_id=client_message_id, timeout_ms=data.get("timeoutMs"), session=conn.life.client_session))
+    except BatcherFull as exc:
+        raise FrameError("server busy: the request was not stored; send it again later", data, code="server_busy",
+                         retryAfterMs=retry_after_ms(exc.retry_after)) from None
+    if isinstance(submitted, RequestRefused):
+        raise FrameError(submitted.detail, data, code=submitted.code, **submitted.extra)
     await conn.write(encode("REQUEST_ACCEPTED", {"id": str(submitted.request_id), "clientMessageId": client_message_id,
                                                  **({"duplicate": True} if submitted.duplicate else {})}))
     if submitted.outcome_message_id is not None:  # asked again after its outcome: the outcome again

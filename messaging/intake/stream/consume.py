@@ -58,7 +58,7 @@ from messaging.intake.stream.dead_letters import Oversized, dead_letter_add
 from messaging.intake.stream.reader import Entry
 from messaging.intake.stream.stats import stats_add
 from messaging.intake.throttling import rate_limit_take_up_to
-from messaging.requests.services import RequestClosed, RequestUnknown, request_answer
+from messaging.requests.services import Answer, RequestClosed, RequestUnknown, requests_answer
 
 log = logging.getLogger(__name__)
 
@@ -141,16 +141,15 @@ def answer_raw_check(app: AppSnapshot | None, app_name: str, raw: dict[bytes, by
                        content=content_require(app, fields.get("content", "")))
 
 
-def _answer(app: AppSnapshot, answer: EntryAnswer) -> str | None:
-    """Answer a request from an entry: None, or the dead letter's reason."""
-    try:
-        request_answer(app=app, request_id=answer.request_id, outcome=answer.outcome, content=answer.content,
-                       via="stream")
-    except RequestUnknown:
-        return f"not_found: no request {answer.request_id} of app {app.app_name}"
-    except RequestClosed as closed:
-        return f"request_closed: the request is {closed.state}"
-    return None
+def _answers(app: AppSnapshot, answers: list[EntryAnswer]) -> list[str | None]:
+    """Answer requests from entries, all in one transaction: per entry, None, or the dead letter's reason."""
+    if not answers:
+        return []
+    results = requests_answer(app=app, answers=[Answer(a.request_id, a.outcome, a.content) for a in answers],
+                              via="stream")
+    return [f"not_found: no request {a.request_id} of app {app.app_name}" if isinstance(r, RequestUnknown)
+            else f"request_closed: the request is {r.state}" if isinstance(r, RequestClosed) else None
+            for a, r in zip(answers, results, strict=True)]
 
 
 def entry_raw_check(app: AppSnapshot | None, app_name: str, raw: dict[bytes, bytes] | Oversized) -> CheckedSend:
@@ -256,8 +255,7 @@ def queue_entries_consume(*, client: redis.Redis, app_name: str, entries: Sequen
         log.warning("queue entry %s of %s refused by the database: %s", entry_id, app_name, exc)
         dead.append((entry_id, raw, "invalid_request: the database refused this message"))
     answered = 0
-    for entry_id, raw, answer in answers:  # (each in its own transaction: one answer's conflict is its own)
-        reason = _answer(app, answer)
+    for (entry_id, raw, _), reason in zip(answers, _answers(app, [a for _, _, a in answers]), strict=True):
         if reason is None:
             answered += 1
         else:

@@ -17,13 +17,12 @@ from messaging.models import Delivery, WebhookDelivery
 from messaging.requests.models import Request
 from messaging.requests.services import (
     RequestClosed,
-    RequestRefused,
     RequestUnknown,
     request_answer,
     request_endpoint_failed,
-    request_submit,
     requests_time_out,
 )
+from messaging.requests.submit import RequestRefused, Submission, request_submit, requests_submit
 from messaging.requests.webhook import answer_of
 
 pytestmark = pytest.mark.django_db
@@ -71,6 +70,21 @@ def test_a_user_over_the_endpoints_cap_is_refused_and_other_users_are_not(shop):
         _submit(shop, "c")
     assert (refused.value.code, refused.value.extra) == ("too_many_requests", {"limit": 2})
     assert not _submit(shop, "c", user="SHOP-1002").duplicate
+
+
+def test_a_batch_stores_each_new_request_once_within_the_cap_and_answers_each_in_its_place(shop):
+    app, endpoint, _ = shop
+    _submit(shop, "old")
+
+    def sub(cmid: str, user: str = "SHOP-1001") -> Submission:
+        return Submission(app, user, endpoint, f"order {cmid}", cmid)
+    answers = requests_submit(submissions=[sub("old"), sub("new"), sub("new"), sub("over"), sub("other", "SHOP-1002"),
+                                           Submission(app, "SHOP-1002", endpoint, "x", "bad", timeout_ms=-1)])
+    old, new, new_again, over, other, bad = answers
+    assert old.duplicate and not new.duplicate and new_again == type(new)(new.request_id, True)
+    assert isinstance(over, RequestRefused) and over.code == "too_many_requests"  # (2 in flight: old, new)
+    assert not other.duplicate and isinstance(bad, RequestRefused) and bad.code == "invalid_timeout"
+    assert WebhookDelivery.objects.count() == 3  # old (before), new, other: each told once
 
 
 def test_a_timeout_past_the_endpoints_maximum_is_refused(shop):
