@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import tempfile
@@ -71,6 +72,7 @@ class AnsweringHook:
             def log_message(self, format: str, *args) -> None:  # noqa: A002
                 pass
 
+        ThreadingHTTPServer.request_queue_size = 1024  # (socketserver's 5 drops a burst of new connections)
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}/requests"
@@ -184,14 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--payload", type=int, default=100, help="characters of content per request")
     parser.add_argument("--modes", default="stream,webhook,RELIABLE")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
+    parser.add_argument("--logs", type=Path, help="keep the platform's logs in this folder")
     args = parser.parse_args(argv)
     command = "python -m bench.requests " + " ".join(sys.argv[1:] if argv is None else argv)
     hook = AnsweringHook()
     runs: dict[str, Any] = {}
-    env = {"WEBHOOKS_ALLOW_HTTP": "true", "OUTGOING_ALLOWED_NETWORKS": "127.0.0.0/8", "WEBHOOK_APP_CONCURRENCY": "64",
+    env = {**{k: v for k, v in os.environ.items() if k.startswith("REQUEST_")}, "WEBHOOKS_ALLOW_HTTP": "true", "OUTGOING_ALLOWED_NETWORKS": "127.0.0.0/8", "WEBHOOK_APP_CONCURRENCY": "64",
            "QUEUE_INTAKE_BLOCK_SECONDS": "0.01"}
     with tempfile.TemporaryDirectory(prefix="bench-requests-") as tmp, \
-            platform_processes(free_port(), Path(tmp), extra_env=env, outbound_worker=True) as running:
+            platform_processes(free_port(), args.logs or Path(tmp), extra_env=env, outbound_worker=True) as running:
         password = _setup(running, hook.url)
         db = int(redis.connection.parse_url(running.redis_url).get("db") or 0)
         stop = mp.Event()

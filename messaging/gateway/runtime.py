@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 
@@ -52,6 +53,8 @@ from messaging.gateway.limits import UserWorkLimits
 from messaging.intake.batching import Batcher, LoopBatcher
 from messaging.intake.group_commit import Intake
 from messaging.requests.submit import requests_submit
+from messaging.requests.webhook import readers_routed_by
+from messaging.webhooks.inline import webhook_calls_settle
 from presence import cache
 from presence.lost_nodes import node_restart_cleanup
 from presence.services import node_heartbeat_record, node_register
@@ -91,11 +94,15 @@ class NodeRuntime:
         self.sessions_closed = Batcher("sessions closed", sessions_close_batch)
         self.first_reads = Batcher("first reads", first_reads)
         # Requests to the apps' servers, taken in together (messaging.requests.submit).
-        self.requests = Batcher("requests", lambda items: requests_submit(submissions=items),
+        self.requests = Batcher("requests", lambda items: requests_submit(submissions=items, inline=True),
                                 linger=settings.INTAKE_LINGER_SECONDS, max_pending=settings.INTAKE_MAX_PENDING)
+        # ... and their webhooks' first attempts, made here, recorded together (messaging.webhooks.inline).
+        self.calls_settled = Batcher("request calls settled", webhook_calls_settle,
+                                     linger=settings.DELIVERED_LINGER_SECONDS)
         # Every batcher of the node: bound to the loop at start, flushed by a drain before the node leaves.
         self.batchers: list[Batcher] = [self.intake.batcher, self.routing, self.delivered, self.released,
-                                        self.sessions_opened, self.sessions_closed, self.first_reads, self.requests]
+                                        self.sessions_opened, self.sessions_closed, self.first_reads, self.requests,
+                                        self.calls_settled]
         self.presence_adds = LoopBatcher("presence adds", presence_add_batch)
         self.presence_removes = LoopBatcher("presence removes", presence_remove_batch)
         self.master_lookups = LoopBatcher("master lookups", connections_lookup_batch)
@@ -103,8 +110,22 @@ class NodeRuntime:
         self.drainable: dict[object, Callable[[], Awaitable[None]]] = {}
         self.work_limits = UserWorkLimits()
         self.hub = ChannelHub(self.node_id, on_occupancy=_occupancy_changed)
+        self.tasks: set[asyncio.Task] = set()  # background work (background())
+        self.request_readers = readers_routed_by(self.route)  # what a request webhook's answer means, here
         self._started: asyncio.Future | None = None
         self._heartbeat: asyncio.Task | None = None
+
+    def background(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run `work` on the node's loop without waiting for it (a request's webhook call): kept until
+        it ends, and a failure logged."""
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+        task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task) -> None:
+        self.tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background work of node %s failed", self.node_id, exc_info=task.exception())
 
     async def ensure_started(self) -> None:
         if self._started is None or (self._started.done() and self._started.exception() is not None):

@@ -22,6 +22,7 @@ from datetime import datetime
 from django.db import connection, transaction
 
 from apps_registry.selectors import AppSnapshot
+from foundation.handoff import Route, routing_enqueue
 from messaging.core.store import messages_store
 from messaging.requests import metrics
 from messaging.requests.models import (
@@ -89,26 +90,29 @@ class Answer:
         return RequestState.RESOLVED.value if self.outcome == Outcome.RESOLVE else RequestState.REJECTED.value
 
 
-def request_answer(*, app: AppSnapshot, request_id: int, outcome: str, content: str, via: str) -> Answered:
+def request_answer(*, app: AppSnapshot, request_id: int, outcome: str, content: str, via: str,
+                   route: Route = routing_enqueue) -> Answered:
     """The server's answer to a waiting request of `app`: the first one closes it and stores its
     outcome for the requester; the same answer again is a replay; another one, or any after the
     deadline, is RequestClosed; an unknown id (or another app's) RequestUnknown."""
-    [result] = requests_answer(app=app, answers=[Answer(request_id, Outcome(outcome).value, content)], via=via)
+    [result] = requests_answer(app=app, answers=[Answer(request_id, Outcome(outcome).value, content)], via=via,
+                               route=route)
     if isinstance(result, Exception):
         raise result
     return result
 
 
-def requests_answer(*, app: AppSnapshot, answers: list[Answer], via: str
+def requests_answer(*, app: AppSnapshot, answers: list[Answer], via: str, route: Route = routing_enqueue
                     ) -> list[Answered | RequestClosed | RequestUnknown]:
     """A batch of a server's answers (the queue intake's), in one transaction: each answer's result,
-    in order, as request_answer has it (the first of two answers to one request in the batch wins)."""
+    in order, as request_answer has it (the first of two answers to one request in the batch wins).
+    The outcomes' deliveries go to `route` once committed (a web node's: its routing batcher)."""
     first: dict[int, Answer] = {}
     for answer in answers:
         first.setdefault(answer.request_id, answer)
     with transaction.atomic():
         closed = {c.request_id for c in _close(rows=list(first.values()), app_pk=app.pk, reason="", via=via,
-                                               deadline=BEFORE_DEADLINE)}
+                                               deadline=BEFORE_DEADLINE, route=route)}
     others = sorted({a.request_id for a in answers} - closed)
     known = {rid: (state, outcome, content) for rid, state, outcome, content in Request.objects.filter(
         pk__in=others, app_id=app.pk, direction=RequestDirection.TO_SERVER).values_list(
@@ -147,7 +151,7 @@ class _Closed:
 
 
 def _close(*, rows: list[Answer], app_pk: int | None, reason: str, via: str, deadline: str = "",
-           state: str | None = None) -> list[_Closed]:
+           state: str | None = None, route: Route = routing_enqueue) -> list[_Closed]:
     """Close those of `rows`' requests that still wait (of app `app_pk`, if given; `deadline`: a
     further condition on it) with each row's outcome (`state`: the state all take, else each row's
     own), and store the outcomes for their requesters, in the caller's transaction."""
@@ -172,7 +176,7 @@ def _close(*, rows: list[Answer], app_pk: int | None, reason: str, via: str, dea
                 outcome_message(app_id=c.app_id, master_user_id=c.master_user_id, request_id=c.request_id,
                                 user_id=c.user_id, client_message_id=c.client_message_id, outcome=c.outcome,
                                 content=c.content, reason=reason, session=c.session)
-                for c in stored])
+                for c in stored], route=route)
             cur.execute("UPDATE messaging_request r SET message_id = m.message_id "
                         "FROM unnest(%s::bigint[], %s::bigint[]) AS m(id, message_id) WHERE r.id = m.id",
                         [[c.request_id for c in stored], [r.message_id for r in results]])

@@ -34,6 +34,7 @@ from foundation.transport.queue_names import REQUESTS_GROUP, queue_client, reque
 from messaging.requests import metrics
 from messaging.requests.models import RequestDirection, RequestState
 from messaging.requests.outcome import request_answer_url
+from messaging.webhooks.inline import InlineCall
 from messaging.webhooks.services import EndpointCall, webhook_endpoint_calls_record
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class Submitted:
     request_id: int
     duplicate: bool
     outcome_message_id: int | None = None  # a duplicate whose outcome exists: sent again
+    call: InlineCall | None = None  # (`inline`) its webhook's first attempt, for the caller to make once committed
 
 
 @dataclass(frozen=True)
@@ -130,9 +132,11 @@ def _existing(cur, keys: list[tuple[int, str, str]]) -> dict[tuple[int, str, str
             for a, u, c, rid, mid in cur.fetchall()}
 
 
-def requests_submit(*, submissions: list[Submission]) -> list[Submitted | RequestRefused]:
+def requests_submit(*, submissions: list[Submission], inline: bool = False) -> list[Submitted | RequestRefused]:
     """Take in a batch of requests (see the module docstring); one answer per submission, in order:
-    Submitted (maybe `duplicate`) or the RequestRefused to send back."""
+    Submitted (maybe `duplicate`) or the RequestRefused to send back. `inline`: the webhook calls are
+    not handed over to the workers but returned (Submitted.call) for the caller to make at once
+    (messaging.webhooks.inline: a web node on its event loop)."""
     answers: list[Submitted | RequestRefused | None] = [None] * len(submissions)
     timeouts: dict[int, int] = {}
     for i, sub in enumerate(submissions):
@@ -171,7 +175,7 @@ def requests_submit(*, submissions: list[Submission]) -> list[Submitted | Reques
             stored = _insert(cur, [submissions[i] for i in storing], [timeouts[i] for i in storing])
             late = [submissions[i].key for i in storing if submissions[i].key not in stored]
             found.update(_existing(cur, late))  # (committed by another node since the first look)
-            calls = []
+            calls, calling = [], []
             for i in storing:
                 sub = submissions[i]
                 if sub.key not in stored:
@@ -182,10 +186,15 @@ def requests_submit(*, submissions: list[Submission]) -> list[Submitted | Reques
                 fields = told_fields(sub, request_id, deadline)
                 if sub.endpoint.webhook:
                     calls.append(EndpointCall(request_endpoint_id=sub.endpoint.pk, data=fields))
+                    calling.append(i)
                 if sub.endpoint.stream:
                     told.append((sub, fields))
                 metrics.REQUESTS.labels(sub.endpoint.name, "accepted").inc()
-            webhook_endpoint_calls_record(calls=calls)
+            made = webhook_endpoint_calls_record(calls=calls, inline=inline)
+            by_request = {call.call.payload["data"]["requestId"]: call for call in made}
+            for i in calling:
+                if (call := by_request.get(str(answers[i].request_id))) is not None:
+                    answers[i] = Submitted(request_id=answers[i].request_id, duplicate=False, call=call)
         if told:
             transaction.on_commit(lambda: requests_stream_add(entries=[(s.app.app_name, f) for s, f in told]))
     for i, sub in enumerate(submissions):  # a key twice in one batch: the later ones are its duplicates

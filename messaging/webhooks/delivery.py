@@ -93,7 +93,7 @@ def webhook_backoff() -> Backoff:
 # --- one attempt ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class _Claimed:
+class Claimed:
     app_id: int
     url: str
     secret: str
@@ -102,7 +102,7 @@ class _Claimed:
     attempts: int
 
 
-def _take_over(delivery_id: str, claim: int, new_claim: int) -> _Claimed | None:
+def _take_over(delivery_id: str, claim: int, new_claim: int) -> Claimed | None:
     with connection.cursor() as cur:
         cur.execute(
             f"""
@@ -125,7 +125,7 @@ def _take_over(delivery_id: str, claim: int, new_claim: int) -> _Claimed | None:
     if row is None:
         return None
     payload = row[4] if isinstance(row[4], dict) else json.loads(row[4])
-    return _Claimed(app_id=row[0], url=row[1], secret=row[2], event=row[3], payload=payload, attempts=row[5])
+    return Claimed(app_id=row[0], url=row[1], secret=row[2], event=row[3], payload=payload, attempts=row[5])
 
 
 def _put_back(delivery_id: str, claim: int) -> bool:
@@ -141,8 +141,12 @@ def _put_back(delivery_id: str, claim: int) -> bool:
         return cur.rowcount == 1
 
 
-async def _post(url: str, body: bytes, headers: dict[str, str], deadline: float, max_bytes: int) -> Answer:
-    client = outgoing_client("webhooks", max_connections=CLIENT_MAX_CONNECTIONS, max_keepalive=CLIENT_MAX_KEEPALIVE)
+async def post(url: str, body: bytes, headers: dict[str, str], deadline: float, max_bytes: int, *,
+               keepalive: int = CLIENT_MAX_KEEPALIVE) -> Answer:
+    """POST on this loop's webhook client; `keepalive`: connections it keeps open (a web node making
+    its requests' calls keeps as many as it makes at once, so a busy receiver is not reconnected to)."""
+    client = outgoing_client(f"webhooks-{keepalive}", max_connections=max(CLIENT_MAX_CONNECTIONS, keepalive),
+                             max_keepalive=keepalive)
     return await outgoing_post(client, url, content=body, headers=headers, deadline=deadline, max_bytes=max_bytes)
 
 
@@ -155,33 +159,48 @@ class AnswerReader(Protocol):
 
     def answered(self, *, payload: dict, body: bytes, complete: bool) -> None: ...
 
+    def answered_many(self, answers: list[tuple[dict, bytes, bool]]) -> None: ...  # (payload, body, complete)
+
     def dead(self, *, payload: dict, error: str) -> None: ...
 
 
-def _call(claimed: _Claimed, delivery_id: str, answer_bytes: int = ERROR_BODY_BYTES) -> tuple[int | None, str, Answer | None]:
-    """POST the body; (HTTP status or None, error text or "" on a 2xx, the answer read up to `answer_bytes`)."""
+def call_prepared(claimed: Claimed, delivery_id: str) -> tuple[bytes, dict[str, str]] | str:
+    """The call's body and signed headers, or why it may not be made at all."""
     if claimed.url.lower().startswith("http://") and not settings.WEBHOOKS_ALLOW_HTTP:
-        return None, "plain http:// endpoints are not allowed here (WEBHOOKS_ALLOW_HTTP is off)", None
+        return "plain http:// endpoints are not allowed here (WEBHOOKS_ALLOW_HTTP is off)"
     body = json.dumps(claimed.payload, separators=(",", ":"), ensure_ascii=False).encode()
-    headers = {
+    return body, {
         "Content-Type": "application/json",
         "User-Agent": USER_AGENT,
         EVENT_HEADER: claimed.event,
         DELIVERY_HEADER: delivery_id,
         SIGNATURE_HEADER: signature_header(secret=claimed.secret, body=body),
     }
-    deadline = settings.WEBHOOK_TIMEOUT_SECONDS
-    try:
-        answer = run_outgoing(_post(claimed.url, body, headers, deadline, answer_bytes), deadline)
-    except OutgoingError as exc:
-        return None, str(exc)[:500], None
+
+
+def call_outcome(answer: Answer) -> tuple[int | None, str, Answer | None]:
+    """(HTTP status, error text or "" on a 2xx, the answer)."""
     if 200 <= answer.status < 300:
         return answer.status, "", answer
     detail = answer.body[:ERROR_BODY_BYTES].decode(errors="replace").strip()
     return answer.status, f"HTTP {answer.status}" + (f": {detail}" if detail else ""), answer
 
 
-def _record_delivered(delivery_id: str, claim: int, status: int) -> bool:
+def _call(claimed: Claimed, delivery_id: str, answer_bytes: int = ERROR_BODY_BYTES) -> tuple[int | None, str, Answer | None]:
+    """POST the body; (HTTP status or None, error text or "" on a 2xx, the answer read up to `answer_bytes`)."""
+    prepared = call_prepared(claimed, delivery_id)
+    if isinstance(prepared, str):
+        return None, prepared, None
+    body, headers = prepared
+    deadline = settings.WEBHOOK_TIMEOUT_SECONDS
+    try:
+        answer = run_outgoing(post(claimed.url, body, headers, deadline, answer_bytes), deadline)
+    except OutgoingError as exc:
+        return None, str(exc)[:500], None
+    return call_outcome(answer)
+
+
+def record_delivered(delivery_id: str, claim: int, status: int) -> bool:
     with connection.cursor() as cur:
         cur.execute(
             f"""
@@ -195,7 +214,26 @@ def _record_delivered(delivery_id: str, claim: int, status: int) -> bool:
         return cur.rowcount == 1
 
 
-def _record_failed(delivery_id: str, claim: int, status: int | None, error: str) -> str | None:
+def records_delivered(calls: list[tuple[str, int, int]]) -> set[str]:
+    """`record_delivered` for many (delivery id, claim, status) at once: the ids recorded."""
+    if not calls:
+        return set()
+    with connection.cursor() as cur:
+        cur.execute(
+            f"""
+            UPDATE messaging_webhookdelivery w
+               SET state = {DELIVERED}, delivered_at = now(), next_attempt_at = NULL, claim = NULL,
+                   last_status = k.status, last_error = ''
+              FROM unnest(%s::uuid[], %s::bigint[], %s::int[]) AS k(id, claim, status)
+             WHERE w.id = k.id AND w.claim = k.claim AND w.state IN {OPEN}
+            RETURNING w.id
+            """,
+            [list(column) for column in zip(*calls, strict=True)],
+        )
+        return {str(row[0]) for row in cur.fetchall()}
+
+
+def record_failed(delivery_id: str, claim: int, status: int | None, error: str) -> str | None:
     dies = out_of_attempts("attempts + 1", "%(max)s")
     with connection.cursor() as cur:
         cur.execute(
@@ -227,7 +265,7 @@ class WebhookSender:
         self.claim = claim
         self.own_claim = claim_token()
         self.outcome = "skipped"
-        self.claimed: _Claimed | None = None
+        self.claimed: Claimed | None = None
         self.readers = readers or {}
         self.answer: Answer | None = None
 
@@ -237,11 +275,11 @@ class WebhookSender:
     def held_back(self) -> bool:
         return False  # a row's own timer held it back until the sweep handed it out
 
-    def take(self, limits: Limits) -> Batch[_Claimed]:
+    def take(self, limits: Limits) -> Batch[Claimed]:
         self.claimed = _take_over(self.delivery_id, self.claim, self.own_claim)
         return Batch(items=[self.claimed] if self.claimed else [])
 
-    def send(self, batch: Batch[_Claimed]) -> int:
+    def send(self, batch: Batch[Claimed]) -> int:
         claimed = batch.items[0]
         slot_name = f"webhooks:app:{claimed.app_id}"
         slot = slot_take(slot_name, cap=settings.WEBHOOK_APP_CONCURRENCY, ttl=webhook_slot_seconds())
@@ -257,22 +295,22 @@ class WebhookSender:
             raise CallFailed(error, status)
         return status
 
-    def settle(self, batch: Batch[_Claimed], status: int) -> Settled:
+    def settle(self, batch: Batch[Claimed], status: int) -> Settled:
         claimed = batch.items[0]
         reader = self.readers.get(claimed.event)
         with transaction.atomic():  # the answer is read once: with the record of the call, or not at all
-            if not _record_delivered(self.delivery_id, self.own_claim, status):
+            if not record_delivered(self.delivery_id, self.own_claim, status):
                 return Settled()
             if reader is not None and self.answer is not None:
                 reader.answered(payload=claimed.payload, body=self.answer.body, complete=self.answer.complete)
         self.outcome = WebhookState.DELIVERED.value
         return Settled(sent=1)
 
-    def fail(self, batch: Batch[_Claimed], error: CallFailed) -> Failed:
+    def fail(self, batch: Batch[Claimed], error: CallFailed) -> Failed:
         claimed = batch.items[0]
         reader = self.readers.get(claimed.event)
         with transaction.atomic():  # a dead call's consequence commits with it
-            state = _record_failed(self.delivery_id, self.own_claim, error.status, error.reason)
+            state = record_failed(self.delivery_id, self.own_claim, error.status, error.reason)
             if state == WebhookState.DEAD and reader is not None:
                 reader.dead(payload=claimed.payload, error=error.reason)
         self.outcome = state or "skipped"
@@ -284,7 +322,7 @@ class WebhookSender:
     def give_up(self, refused: list) -> int:
         return 0
 
-    def put_back(self, batch: Batch[_Claimed]) -> None:
+    def put_back(self, batch: Batch[Claimed]) -> None:
         self.outcome = "busy" if _put_back(self.delivery_id, self.own_claim) else "skipped"
 
 

@@ -41,7 +41,8 @@ from foundation.handoff import webhook_calls_hand_over
 from foundation.outbound import claim_token
 from foundation.outgoing import address_refusal, allowed_networks
 from messaging.webhooks import metrics
-from messaging.webhooks.delivery import webhook_lease_seconds
+from messaging.webhooks.delivery import Claimed, webhook_lease_seconds
+from messaging.webhooks.inline import InlineCall
 from messaging.webhooks.models import (
     WEBHOOK_ALL_EVENTS,
     WEBHOOK_SUBSCRIBABLE_EVENTS,
@@ -197,30 +198,35 @@ _RECORD_CALLS_SQL = f"""
     WITH call AS (
         SELECT * FROM unnest(%(endpoints)s::bigint[], %(data)s::jsonb[]) AS t(request_endpoint_id, data)
     ), fresh AS MATERIALIZED (
-        SELECT gen_random_uuid() AS id, r.id AS request_endpoint_id, c.data, a.app_id AS app_key
+        SELECT gen_random_uuid() AS id, r.id AS request_endpoint_id, c.data, a.app_id AS app_key, r.app_id,
+               r.webhook_url, r.webhook_secret
           FROM call c
           JOIN apps_registry_requestendpoint r ON r.id = c.request_endpoint_id AND r.webhook_url <> ''
           JOIN apps_registry_clientapp a ON a.id = r.app_id
            FOR KEY SHARE OF r
+    ), recorded AS (
+        INSERT INTO messaging_webhookdelivery (id, request_endpoint_id, event, payload, state, attempts,
+                                               next_attempt_at, claim, last_status, last_error, created_at)
+        SELECT id, request_endpoint_id, %(event)s,
+               jsonb_build_object('id', id::text, 'event', %(event)s::text, 'app', app_key,
+                                  'created', floor(extract(epoch FROM now()))::bigint, 'data', data),
+               {webhook_states_sql(WebhookState.PENDING)}, 0, now() + make_interval(secs => %(lease)s), %(claim)s,
+               NULL, '', now()
+          FROM fresh
+        RETURNING id, payload
     )
-    INSERT INTO messaging_webhookdelivery (id, request_endpoint_id, event, payload, state, attempts, next_attempt_at,
-                                           claim, last_status, last_error, created_at)
-    SELECT id, request_endpoint_id, %(event)s,
-           jsonb_build_object('id', id::text, 'event', %(event)s::text, 'app', app_key,
-                              'created', floor(extract(epoch FROM now()))::bigint, 'data', data),
-           {webhook_states_sql(WebhookState.PENDING)}, 0, now() + make_interval(secs => %(lease)s), %(claim)s,
-           NULL, '', now()
-      FROM fresh
-    RETURNING id
+    SELECT recorded.id, recorded.payload, fresh.app_id, fresh.webhook_url, fresh.webhook_secret
+      FROM recorded JOIN fresh USING (id)
 """
 
 
-def webhook_endpoint_calls_record(*, calls: Sequence[EndpointCall]) -> int:
+def webhook_endpoint_calls_record(*, calls: Sequence[EndpointCall], inline: bool = False) -> list[InlineCall]:
     """Record request.received calls to request endpoints' webhooks, in the caller's transaction, in
-    the usual envelope; handed over once committed, then sent, retried and dead-lettered like every
-    webhook call. (Locked FOR KEY SHARE as webhooks_record's endpoints are.)"""
+    the usual envelope, then sent, retried and dead-lettered like every webhook call: handed over
+    once committed, or (`inline`) returned for the caller to make the first attempt itself once
+    committed (messaging.webhooks.inline). (Locked FOR KEY SHARE as webhooks_record's endpoints are.)"""
     if not calls:
-        return 0
+        return []
     claim = claim_token()
     event = WebhookEvent.REQUEST_RECEIVED.value
     with connection.cursor() as cur:
@@ -229,11 +235,16 @@ def webhook_endpoint_calls_record(*, calls: Sequence[EndpointCall]) -> int:
             "data": [json.dumps(c.data, ensure_ascii=False) for c in calls],
             "event": event, "lease": webhook_lease_seconds(), "claim": claim,
         })
-        ids = [row[0] for row in cur.fetchall()]
-    metrics.WEBHOOKS.labels(event, "recorded").inc(len(ids))
-    if ids:
+        rows = cur.fetchall()
+    metrics.WEBHOOKS.labels(event, "recorded").inc(len(rows))
+    if rows and not inline:
+        ids = [row[0] for row in rows]
         transaction.on_commit(lambda: webhook_calls_hand_over(ids, claim))
-    return len(ids)
+        return []
+    return [InlineCall(delivery_id=str(delivery_id), claim=claim,
+                       call=Claimed(app_id=app_id, url=url, secret=secret, event=event,
+                                    payload=payload if isinstance(payload, dict) else json.loads(payload), attempts=0))
+            for delivery_id, payload, app_id, url, secret in rows]
 
 
 async def webhooks_record_async(*, notices: Sequence[WebhookNotice]) -> int:

@@ -20,6 +20,7 @@ from messaging.requests.sessions import (
     client_session_new,
 )
 from messaging.requests.submit import RequestRefused, Submission
+from messaging.webhooks.inline import webhook_call_inline
 
 BIGINT_MAX = 2**63 - 1
 # Answered without the frame's data: it is large, or holds what no socket can carry back.
@@ -51,6 +52,10 @@ async def on_request(conn: Connection, frame: Frame) -> None:
                          retryAfterMs=retry_after_ms(exc.retry_after)) from None
     if isinstance(submitted, RequestRefused):
         raise FrameError(submitted.detail, data, code=submitted.code, **submitted.extra)
+    if submitted.call is not None:  # its webhook's first attempt: made now, on this loop
+        node = conn.life.node
+        node.background(webhook_call_inline(submitted.call, node.request_readers.get(submitted.call.call.event),
+                                            node.calls_settled.submit))
     await conn.write(encode("REQUEST_ACCEPTED", {"id": str(submitted.request_id), "clientMessageId": client_message_id,
                                                  **({"duplicate": True} if submitted.duplicate else {})}))
     if submitted.outcome_message_id is not None:  # asked again after its outcome: the outcome again

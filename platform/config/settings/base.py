@@ -150,7 +150,7 @@ LOGGING = {
     "loggers": {
         "django.channels.server": {"level": "WARNING"},
         "celery.app.trace": {"level": "WARNING"},
-        "celery.worker.strategy": {"level": "WARNING"},
+        "celery.worker.strategy": {"level": "WARNING"}, "httpx": {"level": "WARNING"},  # (a line per call)
     },
 }
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False

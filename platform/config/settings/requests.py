@@ -15,6 +15,11 @@ REQUEST_TIMEOUT_SWEEP_SECONDS = env_float("REQUEST_TIMEOUT_SWEEP_SECONDS", 1.0)
 # An app's request stream (sbq:<APPNAME>:requests) keeps about this many entries at most: a server
 # that never reads it does not grow Redis without end (its requests time out).
 REQUEST_STREAM_MAX_ENTRIES = env_int("REQUEST_STREAM_MAX_ENTRIES", 100_000)
+# A web node makes the first attempt of its requests' webhook calls itself, on its event loop, at most
+# this many of one app's at once (the rest wait for a slot); past the waiting bound, and for every
+# retry, the webhook workers do.
+REQUEST_INLINE_CALLS_PER_APP = env_int("REQUEST_INLINE_CALLS_PER_APP", 8)
+REQUEST_INLINE_WAITING_PER_APP = env_int("REQUEST_INLINE_WAITING_PER_APP", 1000)
 # How much of a request webhook's 2xx answer is read for `{"resolve"|"reject": content}`.
 REQUEST_WEBHOOK_ANSWER_MAX_BYTES = env_int("REQUEST_WEBHOOK_ANSWER_MAX_BYTES", 1024 * 1024 + 4096)
 # Where servers answer this domain's requests (answerUrl); empty: this domain's URL in the registry.
