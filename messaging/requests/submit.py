@@ -6,6 +6,8 @@ with one `requests_submit` call (its requests batcher, as its intake does messag
 of a handful of statements for the whole batch:
 
 1. the requests seen before (the same user's clientMessageId): answered `duplicate`, told nothing;
+   one still waiting that comes again from another session moves to it (its outcome is pushed to
+   the session that asked last);
 2. a transaction-scoped lock per user with new requests, taken in one sorted statement
    (foundation.locks.in_turn_many), so the cap holds under concurrent sends of one user on several
    nodes, and two batches never deadlock;
@@ -148,12 +150,20 @@ def requests_submit(*, submissions: list[Submission], inline: bool = False) -> l
     with transaction.atomic(), connection.cursor() as cur:
         found = _existing(cur, sorted({submissions[i].key for i in timeouts}))
         fresh: dict[tuple[int, str, str], int] = {}  # key -> the index that stores it (the first of the batch)
+        moved: dict[int, str] = {}  # a request sent again from another session: its outcome follows it
         for i in timeouts:
             key = submissions[i].key
             if key in found:
                 answers[i] = found[key]
+                if submissions[i].session:
+                    moved[found[key].request_id] = submissions[i].session
             elif key not in fresh:
                 fresh[key] = i
+        if moved:
+            cur.execute("UPDATE messaging_request r SET session = k.session "
+                        "FROM unnest(%s::bigint[], %s::text[]) AS k(id, session) "
+                        f"WHERE r.id = k.id AND r.state = '{WAITING}' AND r.session <> k.session",
+                        [list(moved), list(moved.values())])
         if fresh:
             in_turn_many([f"request:{app}:{user}" for app, user, _ in fresh])
             wanted = [(submissions[i].app.pk, submissions[i].user_id, submissions[i].endpoint.name)
