@@ -966,8 +966,9 @@ class Realtime:
                                               f"registered{fate}", reason="unhandled server request", data=data))
             return
         answer = self._answers[request_id] = _Answer(message_id)
-        for old in [k for k, a in self._answers.items() if a.state == "done"][:max(0, len(self._answers) - self.seen_ids)]:
-            del self._answers[old]
+        if len(self._answers) > self.seen_ids:  # the oldest answered ones are forgotten first
+            for old in [k for k, a in self._answers.items() if a.state == "done"][:len(self._answers) - self.seen_ids]:
+                del self._answers[old]
         request = ServerRequest(request_id=request_id, content=str(data.get("content", "")), id=message_id,
                                 seq=data.get("seq"))
         task = asyncio.get_running_loop().create_task(self._answer(handler, request, answer))
