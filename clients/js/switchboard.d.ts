@@ -31,6 +31,8 @@ export interface SwitchboardOptions {
   token?: TokenSource;
   /** ACK mode: a message counts as delivered once every `message` handler is done. Default false. */
   acks?: boolean;
+  /** A session to resume (an earlier client's `sessionId`, kept across a page reload, say). */
+  sessionId?: string;
   /** Other domains' WebSocket URLs, tried in turn while the current one cannot be reached at all. */
   fallbackUrls?: string[];
   /** The WebSocket to use; default `globalThis.WebSocket`. */
@@ -158,6 +160,31 @@ export interface UnclaimedOutcome {
   reason?: "timeout" | "endpoint_failed";
 }
 
+/** A request the app's server makes of the user (SERVER_REQUEST), as the `onRequest` handler gets it. */
+export interface ServerRequest {
+  requestId: string;
+  content: string;
+  /** The SERVER_REQUEST message's own id (acknowledged in ACK mode once the answer is accepted). */
+  id: string;
+  seq: number;
+}
+
+/**
+ * Answers a server request: what it returns (or its promise resolves with) is a RESOLVE with that content
+ * (a string as it is, anything else as JSON); what it throws is a REJECT with the error's `content` if it
+ * has one, else its message.
+ */
+export type RequestHandler = (content: string, request: ServerRequest) => unknown;
+
+/** The `answered` event: the server accepted an answer of the `onRequest` handler. */
+export interface Answered {
+  requestId: string;
+  type: "resolve" | "reject";
+  content: string;
+  /** The server had this answer already (a resend after a reconnect). */
+  replay: boolean;
+}
+
 /** Errors carry what the server said, when it said something. */
 export interface SwitchboardError extends Error {
   /** The refusal's reason; for a REJECT, "timeout" or "endpoint_failed" when the platform rejected (else absent). */
@@ -169,7 +196,8 @@ export interface SwitchboardError extends Error {
   type?: "INVALID_MESSAGE" | "GENERAL_ERROR" | "REJECT";
   retryAfterMs?: number;
   /** The close code (a number) when the connection ended for good; a refused request's code (a string:
-   * "unknown_endpoint", "too_many_requests", "timeout_too_long", "content_too_large", ...). */
+   * "unknown_endpoint", "too_many_requests", "timeout_too_long", "content_too_large", ...), or a refused
+   * answer's ("request_closed", "not_found"). */
   code?: number | string;
   /** REJECT: the server's content. */
   content?: string;
@@ -177,13 +205,16 @@ export interface SwitchboardError extends Error {
   clientMessageId?: string;
   id?: string;
   redirect?: string;
+  /** The session id refused (`reason` "wrong_user"): the client logs in afresh without it. */
+  sessionId?: string;
   cause?: unknown;
 }
 
 /** The events and what their listeners get. */
 export interface SwitchboardEvents {
   state: State;
-  connected: { appId: string; userId: string };
+  /** `resumed`: the session presented was taken back (else `sessionId` is a new one). */
+  connected: { appId: string; userId: string; sessionId: string | null; resumed: boolean };
   disconnected: { code: number; reason: string; willReconnect: boolean };
   reconnecting: { delayMs: number; attempt: number };
   message: Message;
@@ -200,6 +231,7 @@ export interface SwitchboardEvents {
   redirect: { from: string; to: string; count: number };
   fallback: { from: string; to: string };
   outcome: UnclaimedOutcome;
+  answered: Answered;
 }
 
 export type EventName = keyof SwitchboardEvents;
@@ -223,6 +255,10 @@ export class Switchboard {
   readonly options: Required<Omit<SwitchboardOptions, "fallbackUrls" | "WebSocket" | "random" | "debug">> &
     Pick<SwitchboardOptions, "fallbackUrls" | "WebSocket" | "random" | "debug">;
   readonly state: State;
+  /** The session this client belongs to: issued at the first authentication, presented again at every
+   * reconnect (outcomes of its requests are pushed to it wherever it reconnects); null before that and
+   * after `closeSession()`. */
+  readonly sessionId: string | null;
 
   /**
    * Listen to an event. In ACK mode a message is acknowledged once every `message` listener
@@ -239,6 +275,9 @@ export class Switchboard {
   close(): void;
   /** Drop the current socket and reconnect now. */
   reconnect(): void;
+  /** End the session (CLOSE_SESSION) and then the client, for good; resolves with how many outcomes that
+   * waited for the session were discarded. */
+  closeSession(): Promise<number>;
 
   /** One user. While disconnected it waits (at most `maxQueued` sends). */
   send(to: string, content: string, opts?: SendOptions): Promise<SendResult>;
@@ -252,6 +291,14 @@ export class Switchboard {
    * once on a refusal (`type: "INVALID_MESSAGE"`, `code`).
    */
   request(endpoint: string, content: string, opts?: RequestOptions): Promise<Outcome>;
+
+  /**
+   * Answer the requests the app's server makes of this user, each requestId once; the answer is resent
+   * after every reconnect until accepted (then, in ACK mode, the SERVER_REQUEST is acknowledged). Without
+   * a handler a SERVER_REQUEST is not acknowledged, and an `error` says so.
+   * @returns a function that removes the handler
+   */
+  onRequest(handler: RequestHandler): () => void;
 
   subscribe(channel: string, opts?: SubscribeOptions): Promise<Subscribed>;
   unsubscribe(channel: string): Promise<void>;

@@ -19,6 +19,14 @@
  * domain's WebSocket URL (AUTH_CLIENT_REPLY `redirect`): the client goes there at once with the same
  * credentials, and stays there (at most MAX_REDIRECTS in a row without an authentication).
  *
+ * Sessions (docs/protocol.md "Sessions"): the client keeps the sessionId of every AUTH_CLIENT_REPLY
+ * and presents it at each reconnect, so the outcomes of its requests are pushed to it wherever it
+ * reconnects; a sessionId the server refuses (close 1008 `wrong_user`) is forgotten and the client
+ * logs in afresh at once. `closeSession()` ends the session and the client. Requests the app's server
+ * makes of the user (SERVER_REQUEST) go to the `onRequest` handler, each requestId once; its answer
+ * (RESOLVE or REJECT) is resent after every reconnect until ANSWER_ACCEPTED, and only then, in ACK
+ * mode, is the SERVER_REQUEST acknowledged.
+ *
  * Answers are matched to what was sent by the server's echo of a refused frame's data (every
  * MESSAGE, GROUP_MESSAGE and REQUEST carries a clientMessageId) and by order: the server answers a
  * connection's frames in order, so in ACK mode an acceptance without an id (from a server older
@@ -51,6 +59,7 @@ const PROMPT = new Set([1012, 4002]); // restart / slow reader: come back soon, 
 const ACK_MAX = 2000;
 const MAX_REDIRECTS = 3;
 const GENERAL_ERROR_TRIES = 5;
+const WRONG_USER = "wrong_user"; // the close reason's start when a sessionId is not this user's
 
 /**
  * Milliseconds to wait before reconnect `attempt` (0: the first after a stable connection): random
@@ -64,6 +73,19 @@ export function reconnectDelay(attempt, code, opts = DEFAULTS, random = Math.ran
   return Math.round(opts.minDelayMs + random() * Math.max(0, ceiling - opts.minDelayMs));
 }
 
+/** An answer's content: a string as it is, anything else as its JSON. */
+const answerText = (value) => (typeof value === "string" ? value : JSON.stringify(value) ?? "");
+
+/** A rejection's content: the error's `content` when it has one, else its message. */
+function rejectionText(error) {
+  try {
+    if (error != null && typeof error === "object" && error.content !== undefined) return answerText(error.content);
+    return error instanceof Error ? error.message : answerText(error);
+  } catch {
+    return String(error);
+  }
+}
+
 const newId = () => (globalThis.crypto?.randomUUID ? `sb-${globalThis.crypto.randomUUID()}`
   : `sb-${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 12)}`);
 const isThenable = (value) => value != null && typeof value.then === "function";
@@ -72,7 +94,7 @@ const failure = (message, extra) => Object.assign(new Error(message), extra);
 /**
  * A client connection to Switchboard. Events (subscribe with `on`):
  * - `state` (state): "idle" | "connecting" | "authenticating" | "connected" | "reconnecting" | "closed"
- * - `connected` {appId, userId}; `disconnected` {code, reason, willReconnect}; `reconnecting` {delayMs, attempt}
+ * - `connected` {appId, userId, sessionId, resumed} (resumed: the sessionId presented was taken back); `disconnected` {code, reason, willReconnect}; `reconnecting` {delayMs, attempt}
  * - `message` {from, content, id, seq, reference} (FAST messages have no id or seq)
  * - `confirmation` {reference, id, seq}; `accepted` {id, clientMessageId, recipients, duplicate}
  * - `channelMessage` {channel, content, offset}; `subscribed` {channel, offset}; `unsubscribed` {channel}
@@ -85,6 +107,8 @@ const failure = (message, extra) => Object.assign(new Error(message), extra);
  * - `outcome` {type: "resolve" | "reject", content, requestId, clientMessageId, id, reason?}: the outcome of a
  *   request this client is not waiting for (made before a page reload, say); in ACK mode it is acknowledged
  *   like a message (once every listener is done). Without a listener it is not acknowledged (an `error` says so)
+ * - `answered` {requestId, type: "resolve" | "reject", content, replay}: the server accepted an answer of the
+ *   `onRequest` handler (an answer it refused for good is an `error` with its `code` and `requestId`)
  * In ACK mode a message is acknowledged once every `message` handler returned (or its promise
  * resolved); a handler that throws leaves it unacknowledged, and it comes again later.
  */
@@ -95,7 +119,8 @@ export class Switchboard {
    *   `token` may be a callback, asked before every connection (to refresh it). `fallbackUrls`: other
    *   domains' WebSocket URLs, tried in turn while the current one cannot be reached at all (its
    *   domain lost): any domain of the network redirects the user to the one that serves it now
-   *   (its standby, which takes a lost domain's users over). The other options and defaults are in DEFAULTS.
+   *   (its standby, which takes a lost domain's users over). `sessionId`: a session to resume (the
+   *   `sessionId` of an earlier client, kept across a page reload, say). The other options and defaults are in DEFAULTS.
    */
   constructor(options) {
     if (!options || !options.url || !options.appId || !options.userId) {
@@ -120,10 +145,21 @@ export class Switchboard {
     this._channels = new Map(); // name -> {offset, token, server, waiters}
     this._unsubscribing = new Map(); // name -> [{resolve, reject}]
     this._requests = new Map(); // clientMessageId -> {requestId, duplicate, resolve, reject}: waiting for an outcome
+    this._sessionId = options.sessionId || null;
+    this._presented = null; // the sessionId the current socket's AUTH_CLIENT presented
+    this._sessionClosing = null; // closeSession(): {promise, resolve, reject} until SESSION_CLOSED
+    this._requestHandler = null; // onRequest()
+    this._answers = new Map(); // requestId -> {id, state: "handling" | "answering" | "done"}: each server request once
     this._tokens = this.options.sendBurst;
     this._tokensAt = Date.now();
     this._pausedUntil = 0;
     this._waiting = []; // connect() promises
+  }
+
+  /** The session this client belongs to (docs/protocol.md "Sessions"): issued by the server at the first
+   * authentication, presented again at every reconnect; null before that and after `closeSession()`. */
+  get sessionId() {
+    return this._sessionId;
   }
 
   /** Listen to an event (see the class comment); returns a function that stops listening. */
@@ -155,11 +191,40 @@ export class Switchboard {
 
   /** Close for good: no reconnect; unsettled sends and subscriptions are rejected. */
   close() {
-    this._closing = true;
-    const ws = this._ws;
-    this._detach();
-    if (ws) ws.close(1000, "closed by the client");
-    this._terminal(1000, "closed by the client");
+    this._stop("closed by the client");
+  }
+
+  /**
+   * End the session (CLOSE_SESSION) and then the client, for good: the outcomes that still waited for it
+   * are discarded, and those of its requests answered later are not stored. Sent again after a reconnect
+   * until SESSION_CLOSED comes. @returns {Promise<number>} how many outcomes were discarded
+   */
+  closeSession() {
+    if (this.state === "closed" || this.state === "idle") return Promise.reject(new Error("the client is not connected"));
+    if (!this._sessionClosing) {
+      const waiting = {};
+      waiting.promise = new Promise((resolve, reject) => Object.assign(waiting, { resolve, reject }));
+      this._sessionClosing = waiting;
+      if (this.state === "connected") this._closeSessionFrame();
+    }
+    return this._sessionClosing.promise;
+  }
+
+  /**
+   * Answer the requests the app's server makes of this user (SERVER_REQUEST, docs/protocol.md "The server
+   * asking a client"): `handler(content, request)` is called once per requestId (a SERVER_REQUEST that comes
+   * again is not handled twice); what it returns (or its promise resolves with) is a RESOLVE, with the value
+   * as its content (a string as it is, anything else as JSON); what it throws (or its promise rejects with)
+   * is a REJECT, with the error's `content` if it has one, else its message. The answer is sent again after
+   * every reconnect until the server accepted it, and in ACK mode the SERVER_REQUEST is acknowledged then.
+   * Without a handler a SERVER_REQUEST is not acknowledged (it comes again) and an `error` says so.
+   * @param {(content: string, request: {requestId: string, content: string, id: string, seq: number}) => unknown} handler
+   * @returns {() => void} a function that removes the handler
+   */
+  onRequest(handler) {
+    if (typeof handler !== "function") throw new TypeError("onRequest needs a function");
+    this._requestHandler = handler;
+    return () => { if (this._requestHandler === handler) this._requestHandler = null; };
   }
 
   /** Drop the current socket and reconnect now (after a network change, say). */
@@ -289,6 +354,7 @@ export class Switchboard {
 
   async _open() {
     const gen = ++this._gen;
+    this._presented = null;
     this._clear("reconnect"); // reconnect() may come while a retry is waiting
     this._setState("connecting");
     let token;
@@ -318,6 +384,8 @@ export class Switchboard {
       const data = { appId: this.options.appId, userId: this.options.userId };
       if (token) data.token = token;
       if (this.options.acks) data.acks = true;
+      if (this._sessionId) data.sessionId = this._sessionId;
+      this._presented = this._sessionId;
       this._write({ type: "AUTH_CLIENT", data });
     };
     ws.onmessage = (event) => { if (ws === this._ws) this._receive(event.data); };
@@ -347,6 +415,7 @@ export class Switchboard {
   /** The socket is gone (its handlers detached): reconnect or stop. */
   _ended(code, reason) {
     if (this._closing) return;
+    if (code === 1008 && reason.startsWith(WRONG_USER) && this._presented) return this._sessionRefused(code, reason);
     if (NO_RECONNECT.has(code)) return this._terminal(code, reason);
     if (!this._opened) this._fallBack();
     const delayMs = reconnectDelay(this._attempt, code, this.options, this.random);
@@ -355,6 +424,27 @@ export class Switchboard {
     this._emit("disconnected", { code, reason, willReconnect: true });
     this._emit("reconnecting", { delayMs, attempt: this._attempt });
     this._timer("reconnect", delayMs, () => this._open());
+  }
+
+  /** The sessionId presented is not this user's (another user's, or from another app): forget it and
+   * log in afresh at once (without a sessionId this cannot happen again). */
+  _sessionRefused(code, reason) {
+    const refused = this._presented;
+    this._sessionId = this._presented = null;
+    this._emit("error", failure(`the session ${refused} was refused (${reason}); logging in with a new one`,
+      { reason: WRONG_USER, code, sessionId: refused }));
+    this._setState("reconnecting");
+    this._emit("disconnected", { code, reason, willReconnect: true });
+    return this._open();
+  }
+
+  /** Stop for good, closing the socket. */
+  _stop(reason) {
+    this._closing = true;
+    const ws = this._ws;
+    this._detach();
+    if (ws) ws.close(1000, reason);
+    this._terminal(1000, reason);
   }
 
   /** The current URL could not be reached: the next attempt goes to the next of `url` and
@@ -379,6 +469,8 @@ export class Switchboard {
     this._requests.clear();
     for (const entry of this._channels.values()) this._rejectAll(entry.waiters.splice(0), error);
     this._rejectAll(this._waiting.splice(0), error);
+    if (this._sessionClosing) this._rejectAll([this._sessionClosing], error);
+    this._sessionClosing = null;
     if (!quiet) this._emit("disconnected", { code, reason, willReconnect: false });
   }
 
@@ -410,6 +502,9 @@ export class Switchboard {
       case "MESSAGE_ACCEPTED": return this._accepted(data);
       case "REQUEST_ACCEPTED": return this._requestAccepted(data);
       case "RESOLVE": case "REJECT": return this._outcome(frame.type, data);
+      case "SERVER_REQUEST": return this._serverRequest(data);
+      case "ANSWER_ACCEPTED": return this._answerAccepted(data);
+      case "SESSION_CLOSED": return this._sessionClosed(data);
       case "CHANNEL_MESSAGE": return this._channelMessage(data);
       case "SUBSCRIBED": return this._subscribed(data);
       case "UNSUBSCRIBED": {
@@ -435,15 +530,33 @@ export class Switchboard {
       return; // the server closes with the reason
     }
     this._redirects = 0;
+    const resumed = Boolean(this._presented) && data.sessionId === this._presented;
+    if (typeof data.sessionId === "string" && data.sessionId) this._sessionId = data.sessionId;
     this._clear("deadline");
     this._setState("connected");
     this._timer("stable", this.options.stableMs, () => { this._attempt = 0; });
     this._schedulePing();
-    this._emit("connected", { appId: this.options.appId, userId: this.options.userId });
+    this._emit("connected", { appId: this.options.appId, userId: this.options.userId, sessionId: this._sessionId, resumed });
     this._waiting.splice(0).forEach((w) => w.resolve());
+    if (this.state !== "connected") return; // a `connected` listener closed the client
     for (const [name, entry] of this._channels) this._subscribeFrame(name, entry);
     this.fetchMissing();
     this._pump();
+    if (this._sessionClosing) this._closeSessionFrame();
+  }
+
+  _closeSessionFrame() {
+    this._flushAcks(); // (what was handled counts before the session ends)
+    this._work({ type: "CLOSE_SESSION", data: {} });
+  }
+
+  /** SESSION_CLOSED: the session is over, and so is the client (the server closes with 1000). */
+  _sessionClosed(data) {
+    const waiting = this._sessionClosing;
+    this._sessionClosing = null;
+    this._sessionId = null;
+    this._stop("session closed");
+    waiting?.resolve(data.discarded);
   }
 
   /** The user lives in another domain: go to its WebSocket URL now, with the same credentials (and
@@ -564,6 +677,78 @@ export class Switchboard {
     if (this.options.acks) this._ack(id);
   }
 
+  // --- the server asking the client ------------------------------------------------------------
+
+  /** SERVER_REQUEST: handed to the `onRequest` handler, each requestId once. */
+  _serverRequest(data) {
+    this._fetchGot = (this._fetchGot || 0) + 1;
+    const { id, requestId } = data;
+    const known = this._answers.get(requestId);
+    if (known) { // it came again: its answer is on its way, or was accepted (then only the server needs to hear)
+      if (known.state === "done" && this.options.acks) this._ack(id);
+      return;
+    }
+    const handler = this._requestHandler;
+    if (!handler) {
+      const fate = this.options.acks ? ": it is not acknowledged, and comes again" : "";
+      this._emit("error", failure(`server request ${requestId} came, and no onRequest handler is registered${fate}`,
+        { reason: "unhandled server request", requestId, id, data }));
+      return;
+    }
+    const answer = { id, state: "handling" };
+    this._answers.set(requestId, answer);
+    if (this._answers.size > this.options.seenIds) {
+      for (const [key, old] of this._answers) {
+        if (this._answers.size <= this.options.seenIds) break;
+        if (old.state === "done") this._answers.delete(key);
+      }
+    }
+    const request = { requestId, content: data.content, id, seq: data.seq };
+    new Promise((resolve) => { resolve(handler(data.content, request)); })
+      .then((value) => ["RESOLVE", answerText(value)], (error) => ["REJECT", rejectionText(error)])
+      .catch((error) => ["REJECT", rejectionText(error)]) // (a value that is no JSON)
+      .then(([type, content]) => this._answer(requestId, answer, type, content));
+  }
+
+  /** The handler is done: its answer goes out, and again after every reconnect until accepted. */
+  _answer(requestId, answer, type, content) {
+    if (this._answers.get(requestId) !== answer) return;
+    if (this.state === "closed") { // unacknowledged: it comes again when the client connects again
+      this._answers.delete(requestId);
+      return;
+    }
+    answer.state = "answering";
+    this._outbox.push({ frame: { type, data: { requestId, content } }, cmid: requestId, answer: true, awaits: true,
+      state: "queued", tries: 0, resolve: () => {}, reject: (error) => this._answerRefused(requestId, answer, error) });
+    this._pump();
+  }
+
+  _answerAccepted(data) {
+    const entry = this._outbox.find((e) => e.answer && e.cmid === data.requestId);
+    if (entry) this._outbox.splice(this._outbox.indexOf(entry), 1);
+    const answer = this._answers.get(data.requestId);
+    if (!answer || answer.state === "done") return;
+    answer.state = "done";
+    if (this.options.acks) this._ack(answer.id);
+    if (entry) {
+      this._emit("answered", { requestId: data.requestId, type: entry.frame.type === "RESOLVE" ? "resolve" : "reject",
+        content: entry.frame.data.content, replay: data.replay === true });
+    }
+  }
+
+  /** The server refused the answer for good (request_closed: answered already, or timed out; not_found):
+   * it is not sent again, and the SERVER_REQUEST is acknowledged: nothing more can come of it. */
+  _answerRefused(requestId, answer, error) {
+    if (this.state === "closed") { // the client stopped: unacknowledged, it comes again on the next connect
+      if (this._answers.get(requestId) === answer) this._answers.delete(requestId);
+      return;
+    }
+    answer.state = "done";
+    if (this.options.acks) this._ack(answer.id);
+    this._emit("error", failure(`the answer to server request ${requestId} was refused${error.code ? ` (${error.code})` : ""}:`
+      + ` ${error.reason}`, { reason: error.reason, code: error.code, type: error.type, data: error.data, requestId }));
+  }
+
   _ack(id) {
     this._ackIds.push(id);
     if (this._ackIds.length >= ACK_MAX) this._flushAcks();
@@ -672,7 +857,7 @@ export class Switchboard {
   }
 
   _accepted(data) {
-    const entry = this._outbox.find((e) => e.state === "sent" && !e.request
+    const entry = this._outbox.find((e) => e.state === "sent" && !e.request && !e.answer
       && (data.clientMessageId ? e.cmid === data.clientMessageId : e.group));
     const accepted = { id: data.id, clientMessageId: data.clientMessageId, recipients: data.recipients,
       duplicate: data.duplicate === true };
@@ -691,7 +876,7 @@ export class Switchboard {
       retryAfterMs: general ? undefined : payload.retryAfterMs, code: general ? undefined : payload.code });
     const retryAfter = error.retryAfterMs;
     const isObject = echo && typeof echo === "object" && !Array.isArray(echo);
-    if (isObject && ("to" in echo || "endpoint" in echo)) { // a send or a request
+    if (isObject && ("to" in echo || "endpoint" in echo || "requestId" in echo)) { // a send, a request or an answer
       return this._sendRefused(this._sendOf(echo), error, retryAfter, general);
     }
     if (isObject && typeof echo.channel === "string") return this._channelRefused(echo, error, retryAfter);
@@ -713,6 +898,9 @@ export class Switchboard {
   }
 
   _sendOf(echo) {
+    if (!("to" in echo) && !("endpoint" in echo)) { // an answer to a server request
+      return this._outbox.find((e) => e.answer && e.state === "sent" && e.cmid === String(echo.requestId));
+    }
     const all = [...this._outbox.filter((e) => e.state === "sent"), ...this._recent];
     const request = "endpoint" in echo;
     if (typeof echo.clientMessageId === "string") {

@@ -10,8 +10,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
+from apps_registry.services import api_key_create
 from messaging.models import Delivery, DeliveryState
 from tests.wsclient import wait_for
 
@@ -41,8 +43,29 @@ console.log(JSON.stringify({ accepted, message }));
 
 LIST_EXPORTS = """
 import * as sb from "switchboard-client";
-const methods = Object.getOwnPropertyNames(sb.Switchboard.prototype).filter((n) => n !== "constructor" && !n.startsWith("_"));
-console.log(JSON.stringify({ exports: Object.keys(sb).sort(), methods: methods.sort() }));
+const proto = sb.Switchboard.prototype;
+const names = Object.getOwnPropertyNames(proto).filter((n) => n !== "constructor" && !n.startsWith("_"));
+const isGetter = (n) => Object.getOwnPropertyDescriptor(proto, n).get !== undefined;
+console.log(JSON.stringify({ exports: Object.keys(sb).sort(), methods: names.filter((n) => !isGetter(n)).sort(),
+  getters: names.filter(isGetter).sort() }));
+"""
+
+ANSWER_IT = """
+import { Switchboard } from "switchboard-client";
+
+const [url, userId] = process.argv.slice(2);
+setTimeout(() => { console.error("timed out"); process.exit(3); }, 25000).unref();
+const sb = new Switchboard({ url, appId: "app-id-343", userId, acks: true });
+sb.on("error", (e) => console.error(userId, e.message));
+const asked = [];
+sb.onRequest(async (content, request) => { asked.push(request); return { confirmed: content }; });
+const answered = new Promise((resolve) => sb.on("answered", resolve));
+await sb.connect();
+console.log(JSON.stringify({ sessionId: sb.sessionId })); // the test asks the user now
+const answer = await answered;
+await new Promise((resolve) => setTimeout(resolve, 300)); // the ACK goes out (ackDelayMs)
+sb.close();
+console.log(JSON.stringify({ asked, answer }));
 """
 
 
@@ -107,6 +130,8 @@ def test_the_declarations_name_every_export_method_event_and_option_of_the_clien
     declared_class = DECLARATIONS.split("export class Switchboard {", 1)[1]
     declared_methods = set(re.findall(r"^  (\w+)(?:<[^>]*>)?\(", declared_class, re.MULTILINE)) - {"constructor"}
     assert sorted(declared_methods) == found["methods"]
+    declared_getters = set(re.findall(r"^  readonly (\w+):", declared_class, re.MULTILINE))
+    assert set(found["getters"]) <= declared_getters and "sessionId" in found["getters"]
     emitted = set(re.findall(r'_emit\("(\w+)"', SOURCE)) | {"message", "confirmation"}  # (those two by type)
     events = DECLARATIONS.split("export interface SwitchboardEvents {", 1)[1].split("}\n", 1)[0]
     assert set(re.findall(r"^  (\w+):", events, re.MULTILINE)) == emitted
@@ -141,3 +166,41 @@ def test_an_app_that_installed_the_package_sends_a_reliable_message_in_ack_mode_
     assert message == {"from": "ANZ-52001", "content": "hello from npm", "id": accepted["id"], "seq": message["seq"],
                        "reference": "npm-1"}
     wait_for(lambda: Delivery.objects.filter(message_id=int(accepted["id"]), state=DeliveryState.DELIVERED).count() == 1)
+
+
+@pytest.fixture(scope="module")
+def api_key(demo_network, django_db_blocker) -> str:
+    """The app's server: an API key of ANZ (the app the Node scripts log in to)."""
+    with django_db_blocker.unblock():
+        return api_key_create(app=demo_network["anz"], name="js package tests")[1]
+
+
+@pytest.mark.system
+@pytest.mark.django_db
+def test_an_app_that_installed_the_package_answers_a_request_its_server_made_through_the_rest_api(project, node,
+                                                                                                 api_key):
+    runtime = _node()
+    (project["dir"] / "answer.mjs").write_text(ANSWER_IT)
+    script = subprocess.Popen([runtime, *_websocket_flags(runtime), "answer.mjs", node.ws_url, "ANZ-52011"],
+                              cwd=project["dir"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        connected = json.loads(script.stdout.readline() or "{}")  # (the script gives up by itself after 25 s)
+        asked = httpx.post(f"{node.url}/api/v1/users/ANZ-52011/requests", json={"content": "confirm order 9?"},
+                           headers={"Authorization": f"Bearer {api_key}"}, timeout=10)
+        out, err = script.communicate(timeout=60)
+    finally:
+        script.kill()
+    assert script.returncode == 0, out + err
+    assert connected["sessionId"]
+    assert asked.status_code == 201, asked.text
+    request_id = asked.json()["id"]
+    answer = json.loads(out.strip().splitlines()[-1])
+    [request] = answer["asked"]
+    assert (request["requestId"], request["content"]) == (request_id, "confirm order 9?")
+    assert answer["answer"] == {"requestId": request_id, "type": "resolve", "content": '{"confirmed":"confirm order 9?"}',
+                                "replay": False}
+    state = httpx.get(f"{node.url}/api/v1/requests/{request_id}", headers={"Authorization": f"Bearer {api_key}"},
+                      timeout=10).json()
+    assert (state["direction"], state["state"], state["outcome_content"]) == (
+        "to_client", "resolved", '{"confirmed":"confirm order 9?"}')
+    wait_for(lambda: Delivery.objects.filter(message_id=int(request["id"]), state=DeliveryState.DELIVERED).count() == 1)

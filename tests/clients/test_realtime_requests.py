@@ -3,7 +3,8 @@ node, a worker and beat: the app's server answers through the REST API (docs/pro
 "Requests"). A request whose acceptance was lost is sent again and stored once, and its outcome,
 answered while the client's link was dead, comes with the fetch after it reconnects and is returned
 once; a request nobody answers raises RequestRejected with reason "timeout"; a refusal raises at once
-with its code; the same client_message_id from a restarted client gets the first outcome again."""
+with its code; the same client_message_id from a restarted client (resuming its session) gets the first
+outcome again."""
 
 from __future__ import annotations
 
@@ -165,7 +166,8 @@ def test_the_same_client_message_id_from_a_restarted_client_gets_the_first_outco
             await until(lambda: len(frames.of("in", "REQUEST_ACCEPTED")) == 1)
         with pytest.raises(Closed):  # closed before the answer: the request waits on the server
             await asking
-        async with user(web, "ANZ-53041", acks=True, debug=frames) as after:
+        # The restarted client resumes the session that made the request (its outcome is pushed there).
+        async with user(web, "ANZ-53041", acks=True, debug=frames, session_id=before.session_id) as after:
             again = asyncio.create_task(after.request("orders.place", "once", client_message_id="rt-53041"))
             await until(lambda: len(frames.of("in", "REQUEST_ACCEPTED")) == 2)
             await asyncio.to_thread(answer, web, frames.of("in", "REQUEST_ACCEPTED")[1]["data"]["id"], "resolve",

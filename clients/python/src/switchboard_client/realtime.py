@@ -15,6 +15,14 @@ way until REQUEST_ACCEPTED, then waits for its outcome (RESOLVE or REJECT, pushe
 long it takes. A user homed in another domain is refused with that domain's
 URL (AUTH_CLIENT_REPLY `redirect`): the client goes there at once with the same credentials.
 
+Sessions (docs/protocol.md "Sessions"): the client keeps the sessionId of every AUTH_CLIENT_REPLY and
+presents it at each reconnect, so the outcomes of its requests are pushed to it wherever it
+reconnects; a sessionId the server refuses (close 1008 `wrong_user`) is forgotten and the client logs
+in afresh at once. `close_session()` ends the session and the client. Requests the app's server makes
+of the user (SERVER_REQUEST) go to the `on_request` handler, each requestId once; its answer (RESOLVE
+or REJECT) is resent after every reconnect until ANSWER_ACCEPTED, and only then, in ACK mode, is the
+SERVER_REQUEST acknowledged.
+
 Frames are handled through one table (`Realtime.FRAMES`: frame type -> method), and sends through
 one outbox whose entries name the frame that settles them, so new frame types slot in beside these.
 Only the socket's I/O is asynchronous; the protocol logic is plain methods and named timers, as in
@@ -51,6 +59,7 @@ ABNORMAL = 1006  # no close frame: the link or the server went away
 ACK_MAX = 2000  # ids per ACK frame (the server's limit)
 MAX_REDIRECTS = 3
 GENERAL_ERROR_TRIES = 5
+WRONG_USER = "wrong_user"  # the close reason's start when a presented sessionId is not this user's
 SEND_TYPES = ("MESSAGE", "GROUP_MESSAGE")
 
 
@@ -107,13 +116,14 @@ class RealtimeError(Exception):
     """What the server refused (`reason`, the echoed `data`, `limit`, `retry_after_ms`), or what went wrong."""
 
     def __init__(self, message: str, *, reason: str | None = None, data: Any = None, limit: int | None = None,
-                 frame_type: str | None = None, retry_after_ms: int | None = None) -> None:
+                 frame_type: str | None = None, retry_after_ms: int | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.reason = reason if reason is not None else message
         self.data = data
         self.limit = limit
         self.frame_type = frame_type
         self.retry_after_ms = retry_after_ms
+        self.code: str | int | None = code  # the refusal's code ("request_closed", ...); Closed: the close code
 
 
 @dataclass(frozen=True)
@@ -155,6 +165,29 @@ class Closed(RealtimeError):
     def __init__(self, code: int, reason: str) -> None:
         super().__init__(f"connection closed ({code}{' ' + reason if reason else ''})", reason=reason)
         self.code = code
+
+
+@dataclass(frozen=True)
+class ServerRequest:
+    """A request the app's server makes of the user (SERVER_REQUEST), as the `on_request` handler gets it:
+    `id` is the SERVER_REQUEST message's own id (acknowledged in ACK mode once the answer is accepted)."""
+
+    request_id: str
+    content: str
+    id: str
+    seq: int | None = None
+
+
+RequestHandler = Callable[[str, ServerRequest], Any]
+
+
+@dataclass
+class _Answer:
+    """A server request handed to the handler: `handling` (the handler runs), `answering` (its answer is
+    sent until accepted) or `done` (accepted, or refused for good)."""
+
+    message_id: str
+    state: Literal["handling", "answering", "done"] = "handling"
 
 
 @dataclass
@@ -208,13 +241,15 @@ class Realtime:
     """A connection to Switchboard that stays open until `close()`.
 
     Events (`on(name, callback)`; callbacks may be plain functions or coroutine functions):
-    `state` (State), `connected` {app_id, user_id}, `disconnected` {code, reason, will_reconnect},
+    `state` (State), `connected` {app_id, user_id, session_id, resumed} (resumed: the session presented
+    was taken back), `disconnected` {code, reason, will_reconnect},
     `reconnecting` {delay, attempt}, `message` (Message), `confirmation` (Confirmation), `accepted`
     (Accepted), `user_connected` / `user_disconnected` {user_id}, `online_users` {users, page, pages,
     count} (the app's master user), `synced` {} (a fetch ended with nothing left missing), `redirect`
     {from, to, count}, `fallback` {from, to}, `error` (RealtimeError), `outcome` (Outcome: of a
     request this client is not waiting for; in ACK mode acknowledged like a message once every
-    callback is done, and without a callback not acknowledged: an `error` says so).
+    callback is done, and without a callback not acknowledged: an `error` says so), `answered` {request_id,
+    kind ("resolve" | "reject"), content, replay} (the server accepted an answer of the `on_request` handler).
 
     Messages are handed over in the order they came, one at a time; one that comes while nobody takes
     messages (no `message` callback, no `messages()` loop) waits for the first. In ACK mode a message
@@ -229,6 +264,9 @@ class Realtime:
         "MESSAGE_CONFIRMATION": "_on_message",
         "MESSAGE_ACCEPTED": "_on_settled",
         "REQUEST_ACCEPTED": "_on_request_accepted",
+        "SERVER_REQUEST": "_on_server_request",
+        "ANSWER_ACCEPTED": "_on_answer_accepted",
+        "SESSION_CLOSED": "_on_session_closed",
         "RESOLVE": "_on_outcome",
         "REJECT": "_on_outcome",
         "FETCH_MISSING_MESSAGES_COMPLETE": "_on_fetched",
@@ -247,7 +285,7 @@ class Realtime:
                  connect_timeout: float = 15.0, max_queued: int = 1000, seen_ids: int = 10_000,
                  ack_delay: float = 0.02, sends_per_second: float = 20.0, send_burst: float = 40.0,
                  debug: Callable[[str, str], None] | None = None,
-                 random: Callable[[], float] = _random.random) -> None:
+                 random: Callable[[], float] = _random.random, session_id: str | None = None) -> None:
         if not url or not app_id or not user_id:
             raise ValueError("Realtime needs url, app_id and user_id")
         self.url = url
@@ -289,8 +327,37 @@ class Realtime:
         self._tokens = send_burst
         self._tokens_at = time.monotonic()
         self._paused_until = 0.0
+        self._session_id = session_id  # a session to resume (an earlier client's session_id), else the server's
+        self._presented: str | None = None  # the sessionId the current socket's AUTH_CLIENT presented
+        self._session_closing: asyncio.Future[int] | None = None  # close_session() until SESSION_CLOSED
+        self._request_handler: RequestHandler | None = None
+        self._answers: dict[str, _Answer] = {}  # requestId -> its answer: each server request once
+        self._answering: set[asyncio.Task[None]] = set()
 
     # --- the app's side ------------------------------------------------------------------------
+
+    @property
+    def session_id(self) -> str | None:
+        """The session this client belongs to (docs/protocol.md "Sessions"): issued by the server at the
+        first authentication, presented again at every reconnect; None before that and after `close_session()`."""
+        return self._session_id
+
+    def on_request(self, handler: RequestHandler) -> Callable[[], None]:
+        """Answer the requests the app's server makes of this user (SERVER_REQUEST, docs/protocol.md "The
+        server asking a client"): `handler(content, request)` (a coroutine function, or a plain one) is
+        called once per request id: a SERVER_REQUEST that comes again is not handled twice. What it returns
+        is a RESOLVE with that content (a str as it is, anything else as JSON); what it raises is a REJECT
+        with the exception's `content` attribute if it has one, else its message. The answer is sent again
+        after every reconnect until the server accepted it, and in ACK mode the SERVER_REQUEST is
+        acknowledged then. Without a handler a SERVER_REQUEST is not acknowledged (it comes again) and an
+        `error` says so. Returns a function that removes the handler."""
+        self._request_handler = handler
+
+        def remove() -> None:
+            if self._request_handler is handler:
+                self._request_handler = None
+
+        return remove
 
     def on(self, name: str, callback: Handler) -> Callable[[], None]:
         """Listen to an event (see the class docstring); returns a function that stops listening."""
@@ -353,14 +420,17 @@ class Realtime:
 
     async def close(self) -> None:
         """Close for good: acknowledgements due are sent first; unsettled sends raise `Closed`."""
+        await self._shutdown("closed by the client")
+
+    async def _shutdown(self, reason: str) -> None:
         if self._closing or self.state in ("idle", "closed"):
-            self._terminal(1000, "closed by the client")
+            self._terminal(1000, reason)
             return
         self._closing = True
         self._flush_acks()
         ws, out = self._ws, self._out
         if ws is not None and out is not None:
-            out.put_nowait("")  # the writer closes the socket after what it was given
+            out.put_nowait(reason)  # the writer closes the socket after what it was given
             try:
                 await asyncio.wait_for(ws.wait_closed(), 5)
             except TimeoutError:
@@ -368,10 +438,24 @@ class Realtime:
         if self._runner is not None:
             self._runner.cancel()
             await asyncio.gather(self._runner, return_exceptions=True)
-        self._terminal(1000, "closed by the client")
+        self._terminal(1000, reason)
         if self._dispatcher is not None:
             self._dispatcher.cancel()
             await asyncio.gather(self._dispatcher, return_exceptions=True)
+
+    async def close_session(self) -> int:
+        """End the session (CLOSE_SESSION) and then the client, for good: the outcomes that still waited
+        for it are discarded (returns how many), and those of its requests answered later are not stored.
+        Acknowledgements due go out first; sent again after a reconnect until SESSION_CLOSED comes."""
+        if self.state in ("idle", "closed"):
+            raise Closed(1000, "the client is not connected")
+        if self._session_closing is None or self._session_closing.done():
+            self._session_closing = asyncio.get_running_loop().create_future()
+            if self.state == "connected":
+                self._close_session_frame()
+        discarded = await asyncio.shield(self._session_closing)
+        await self._shutdown("session closed")
+        return discarded
 
     def reconnect(self) -> None:
         """Drop the current socket and connect again now (after a network change, say)."""
@@ -471,6 +555,9 @@ class Realtime:
             if self._reopen_now:
                 self._reopen_now = False
                 continue
+            if code == 1008 and reason.startswith(WRONG_USER) and self._presented:
+                self._session_refused(code, reason)
+                continue
             if code in NO_RECONNECT:
                 self._terminal(code, reason)
                 return
@@ -495,6 +582,7 @@ class Realtime:
         """One socket, from opening to its close: (close code, reason)."""
         self._set_state("connecting")
         self._opened = False
+        self._presented = None
         try:
             token = self.token() if callable(self.token) else self.token
             if inspect.isawaitable(token):
@@ -537,15 +625,19 @@ class Realtime:
             data["token"] = token
         if self.acks:
             data["acks"] = True
+        if self._session_id:
+            data["sessionId"] = self._session_id
+        self._presented = self._session_id
         return data
 
     async def _writer(self, ws: ClientConnection, out: asyncio.Queue[str]) -> None:
-        """Writes the socket's frames in the order they were given; "" closes it."""
+        """Writes the socket's frames in the order they were given; a text that is no frame (not "{...}")
+        closes it, with that text as the reason."""
         try:
             while True:
                 text = await out.get()
-                if text == "":
-                    await ws.close(1000, "closed by the client")
+                if not text.startswith("{"):
+                    await ws.close(1000, text)
                     return
                 await ws.send(text)
         except ConnectionClosed:
@@ -571,6 +663,15 @@ class Realtime:
         self._recent = []
         for entry in self._outbox:
             entry.state = "queued"
+
+    def _session_refused(self, code: int, reason: str) -> None:
+        """The sessionId presented is not this user's (another user's, or from another app): forget it and
+        log in afresh at once (without a sessionId this cannot happen again)."""
+        refused, self._session_id, self._presented = self._presented, None, None
+        self._emit("error", RealtimeError(f"the session {refused} was refused ({reason}); logging in with a new one",
+                                          reason=WRONG_USER, code=WRONG_USER))
+        self._set_state("reconnecting")
+        self._emit("disconnected", {"code": code, "reason": reason, "will_reconnect": True})
 
     def _fall_back(self) -> None:
         """The current URL could not be reached: the next attempt goes to the next of `url` and
@@ -601,6 +702,12 @@ class Realtime:
             if not waiter.done():
                 waiter.set_exception(error)
         self._waiting.clear()
+        if self._session_closing is not None and not self._session_closing.done():
+            self._session_closing.set_exception(error)
+            self._session_closing.exception()  # (retrieved: close_session() may not be waiting any more)
+        for task in list(self._answering):
+            if task is not asyncio.current_task():
+                task.cancel()  # a handler still at it: its server request comes again on the next connection
         for it in self._iterators:
             it.queue.put_nowait(None)
         if self._dispatcher is not None and self._dispatcher is not asyncio.current_task():
@@ -654,17 +761,35 @@ class Realtime:
                 self._emit("error", RealtimeError("authentication refused"))  # the server closes with the reason
             return
         self._redirects = 0
+        session = data.get("sessionId")
+        resumed = bool(self._presented) and session == self._presented
+        if isinstance(session, str) and session:
+            self._session_id = session
         if self._deadline is not None:
             self._deadline.reschedule(None)
         self._set_state("connected")
         self._timer("stable", self.stable_after, self._stable)
-        self._emit("connected", {"app_id": self.app_id, "user_id": self.user_id})
+        self._emit("connected", {"app_id": self.app_id, "user_id": self.user_id, "session_id": self._session_id,
+                                 "resumed": resumed})
         for waiter in self._waiting:
             if not waiter.done():
                 waiter.set_result(None)
         self._waiting.clear()
         self.fetch_missing()
         self._pump()
+        if self._session_closing is not None and not self._session_closing.done():
+            self._close_session_frame()
+
+    def _close_session_frame(self) -> None:
+        self._flush_acks()  # (what was handled counts before the session ends)
+        self._work({"type": "CLOSE_SESSION", "data": {}})
+
+    def _on_session_closed(self, frame: dict[str, Any], data: dict[str, Any]) -> None:
+        """SESSION_CLOSED: the session is over; close_session() ends the client (the server closes with 1000)."""
+        self._session_id = None
+        discarded = data.get("discarded")
+        if self._session_closing is not None and not self._session_closing.done():
+            self._session_closing.set_result(discarded if isinstance(discarded, int) else 0)
 
     def _stable(self) -> None:
         self._attempt = 0
@@ -823,6 +948,91 @@ class Realtime:
         if self.acks:
             self._ack(message_id)
 
+    # --- the server asking the client ----------------------------------------------------------
+
+    def _on_server_request(self, frame: dict[str, Any], data: dict[str, Any]) -> None:
+        """SERVER_REQUEST: handed to the `on_request` handler, each request id once."""
+        self._fetch_got += 1
+        message_id, request_id = str(data.get("id")), str(data.get("requestId"))
+        known = self._answers.get(request_id)
+        if known is not None:  # it came again: its answer is on its way, or was accepted (then only the server needs to hear)
+            if known.state == "done" and self.acks:
+                self._ack(message_id)
+            return
+        handler = self._request_handler
+        if handler is None:
+            fate = ": it is not acknowledged, and comes again" if self.acks else ""
+            self._emit("error", RealtimeError(f"server request {request_id} came, and no on_request handler is "
+                                              f"registered{fate}", reason="unhandled server request", data=data))
+            return
+        answer = self._answers[request_id] = _Answer(message_id)
+        if len(self._answers) > self.seen_ids:  # the oldest answered ones are forgotten first
+            for old in [k for k, a in self._answers.items() if a.state == "done"][:len(self._answers) - self.seen_ids]:
+                del self._answers[old]
+        request = ServerRequest(request_id=request_id, content=str(data.get("content", "")), id=message_id,
+                                seq=data.get("seq"))
+        task = asyncio.get_running_loop().create_task(self._answer(handler, request, answer))
+        self._answering.add(task)
+        task.add_done_callback(self._answering.discard)
+
+    async def _answer(self, handler: RequestHandler, request: ServerRequest, answer: _Answer) -> None:
+        """Run the handler; its answer goes out, and again after every reconnect until accepted."""
+        try:
+            try:
+                value = handler(request.content, request)
+                if inspect.isawaitable(value):
+                    value = await value
+                frame_type, content = "RESOLVE", _answer_text(value)
+            except Exception as error:  # (including a value that is no JSON)
+                frame_type, content = "REJECT", _rejection_text(error)
+            if self.state == "closed" or self._answers.get(request.request_id) is not answer:
+                self._forget(request.request_id, answer)
+                return
+            entry = _Outgoing(frame={"type": frame_type, "data": {"requestId": request.request_id, "content": content}},
+                              cmid=request.request_id, group=False, awaits=True, settled_by="ANSWER_ACCEPTED",
+                              future=asyncio.get_running_loop().create_future())
+            answer.state = "answering"
+            self._outbox.append(entry)
+            self._pump()
+            await entry.future  # (settled by ANSWER_ACCEPTED: _on_answer_accepted acknowledges)
+        except Closed:
+            self._forget(request.request_id, answer)
+        except asyncio.CancelledError:
+            self._forget(request.request_id, answer)
+            raise
+        except RealtimeError as error:  # refused for good (request_closed, not_found): nothing more can come of it
+            answer.state = "done"
+            if self.acks:
+                self._ack(answer.message_id)
+            self._emit("error", RealtimeError(
+                f"the answer to server request {request.request_id} was refused"
+                f"{f' ({error.code})' if error.code else ''}: {error.reason}", reason=error.reason, code=error.code,
+                data=error.data, frame_type=error.frame_type))
+
+    def _forget(self, request_id: str, answer: _Answer) -> None:
+        """The client stopped before the answer was accepted: the SERVER_REQUEST is not acknowledged, and
+        when it comes again (on the next connection) it is handed to the handler again."""
+        if self._answers.get(request_id) is answer and answer.state != "done":
+            del self._answers[request_id]
+        self._outbox[:] = [e for e in self._outbox if not (e.settled_by == "ANSWER_ACCEPTED" and e.cmid == request_id)]
+
+    def _on_answer_accepted(self, frame: dict[str, Any], data: dict[str, Any]) -> None:
+        request_id = str(data.get("requestId"))
+        entry = next((e for e in self._outbox if e.settled_by == "ANSWER_ACCEPTED" and e.cmid == request_id), None)
+        if entry is None:
+            return
+        self._outbox.remove(entry)
+        if not entry.future.done():
+            entry.future.set_result(None)
+        answer = self._answers.get(request_id)
+        if answer is None or answer.state == "done":
+            return
+        answer.state = "done"
+        if self.acks:
+            self._ack(answer.message_id)
+        self._emit("answered", {"request_id": request_id, "kind": "resolve" if entry.frame["type"] == "RESOLVE" else
+                                "reject", "content": entry.frame["data"]["content"], "replay": data.get("replay") is True})
+
     def _on_fetched(self, frame: dict[str, Any], data: dict[str, Any]) -> None:
         left = data.get("leftMissingCount")
         if not (isinstance(left, int) and left > 0):
@@ -906,12 +1116,12 @@ class Realtime:
             payload.get("reason", ""))
         retry_after = None if general else payload.get("retryAfterMs")
         error = RealtimeError(reason, reason=reason, data=echo, limit=payload.get("limit"), frame_type=frame["type"],
-                              retry_after_ms=retry_after)
+                              retry_after_ms=retry_after, code=None if general else payload.get("code"))
         if isinstance(echo, dict) and "endpoint" in echo or echo is None and not general and next(
                 (e.settled_by == "REQUEST_ACCEPTED" for e in self._outbox if e.state == "sent"), False):
             error = RequestRejected(reason, reason=reason, data=echo, limit=payload.get("limit"),
                                     frame_type=frame["type"], retry_after_ms=retry_after, code=payload.get("code"))
-        if isinstance(echo, dict) and ("to" in echo or "endpoint" in echo):  # a send or a request
+        if isinstance(echo, dict) and ("to" in echo or "endpoint" in echo or "requestId" in echo):  # a send, a request, an answer
             self._send_refused(self._send_of(echo), error, retry_after, general)
         elif isinstance(echo, dict) and "count" in echo:
             if retry_after is not None or general:
@@ -931,6 +1141,9 @@ class Realtime:
             self._emit("error", error)
 
     def _send_of(self, echo: dict[str, Any]) -> _Outgoing | None:
+        if "to" not in echo and "endpoint" not in echo:  # an answer to a server request
+            return next((e for e in self._outbox if e.settled_by == "ANSWER_ACCEPTED" and e.state == "sent"
+                         and e.cmid == str(echo.get("requestId"))), None)
         candidates = [*(e for e in self._outbox if e.state == "sent"), *self._recent]
         if isinstance(echo.get("clientMessageId"), str):
             request = "endpoint" in echo
@@ -1001,6 +1214,22 @@ class Realtime:
         handle = self._timers.pop(name, None)
         if handle is not None:
             handle.cancel()
+
+
+def _answer_text(value: Any) -> str:
+    """An answer's content: a str as it is, anything else as its JSON."""
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+
+def _rejection_text(error: BaseException) -> str:
+    """A rejection's content: the exception's `content` attribute when it has one, else its message."""
+    content = getattr(error, "content", None)
+    if content is not None:
+        try:
+            return _answer_text(content)
+        except (TypeError, ValueError):
+            return str(content)
+    return str(error) or type(error).__name__
 
 
 def _failure(message: str, cause: BaseException) -> RealtimeError:

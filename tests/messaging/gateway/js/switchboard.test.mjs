@@ -717,3 +717,265 @@ test("close() rejects the requests still waiting for their outcome", async () =>
   await assert.rejects(accepted, /closed/);
   await assert.rejects(queued, /closed/);
 });
+
+// --- sessions (docs/protocol.md "Sessions") -----------------------------------------------------
+
+/** Open the next socket, answer its AUTH_CLIENT with `reply` (a session id by default), and fetch nothing. */
+async function loggedIn(sb, reply = {}) {
+  const ws = await nextSocket();
+  ws.open();
+  ws.receive("AUTH_CLIENT_REPLY", { appId: "app-id-343", userId: "ANZ-1001", isAuthenticated: true, ...reply });
+  ws.receive("FETCH_MISSING_MESSAGES_COMPLETE", { leftMissingCount: 0 });
+  await sleep(0);
+  return ws;
+}
+
+test("the session id of the reply is presented at every reconnect, and a new one replaces an ended session", async () => {
+  const sb = client();
+  const logins = [];
+  sb.on("connected", (c) => logins.push(c));
+  sb.connect();
+  const first = await loggedIn(sb, { sessionId: "s-1" });
+  assert.equal(first.sent[0].data.sessionId, undefined, "the first login has no session to present");
+  assert.equal(sb.sessionId, "s-1");
+  assert.throws(() => { sb.sessionId = "s-made-up"; }, TypeError);
+
+  first.drop(1006);
+  const second = await loggedIn(sb, { sessionId: "s-1" });
+  assert.equal(second.sent[0].data.sessionId, "s-1");
+  second.drop(1012);
+  const third = await loggedIn(sb, { sessionId: "s-2" }); // s-1 had ended meanwhile
+  assert.equal(third.sent[0].data.sessionId, "s-1");
+  assert.equal(sb.sessionId, "s-2");
+  third.drop(1006);
+  const fourth = await loggedIn(sb, { sessionId: "s-2" });
+  assert.equal(fourth.sent[0].data.sessionId, "s-2");
+  assert.deepEqual(logins.map((c) => [c.sessionId, c.resumed]), [["s-1", false], ["s-1", true], ["s-2", false],
+    ["s-2", true]]);
+});
+
+test("a session id given to the constructor (kept across a page reload) is presented at the first login", async () => {
+  const sb = client({ sessionId: "s-before-the-reload" });
+  sb.connect();
+  const ws = await loggedIn(sb, { sessionId: "s-before-the-reload" });
+  assert.equal(ws.sent[0].data.sessionId, "s-before-the-reload");
+});
+
+test("a session id refused as not this user's (wrong_user) is forgotten, and the client logs in afresh at once", async () => {
+  const sb = client({ sessionId: "s-of-another-user" });
+  const errors = [];
+  sb.on("error", (e) => errors.push(e.reason));
+  const connected = sb.connect();
+  const refused = await nextSocket();
+  refused.open();
+  assert.equal(refused.sent[0].data.sessionId, "s-of-another-user");
+  refused.receive("AUTH_CLIENT_REPLY", { appId: "app-id-343", userId: "ANZ-1001", isAuthenticated: false });
+  refused.drop(1008, "wrong_user: the sessionId is not this user's");
+
+  const fresh = await loggedIn(sb, { sessionId: "s-mine" });
+  await connected;
+  assert.equal(fresh.sent[0].type, "AUTH_CLIENT");
+  assert.equal(fresh.sent[0].data.sessionId, undefined);
+  assert.equal(sb.state, "connected");
+  assert.equal(sb.sessionId, "s-mine");
+  assert.deepEqual(errors, ["authentication refused", "wrong_user"]);
+});
+
+test("another refusal (1008) of a login that presented a session id still ends the client", async () => {
+  const sb = client({ sessionId: "s-1" });
+  const connected = sb.connect();
+  const ws = await nextSocket();
+  ws.open();
+  ws.receive("AUTH_CLIENT_REPLY", { isAuthenticated: false });
+  ws.drop(1008, "invalid token");
+  await assert.rejects(connected, /invalid token/);
+  await sleep(20);
+  assert.equal(sb.state, "closed");
+  assert.equal(FakeSocket.all.length, 1);
+});
+
+test("closeSession() acknowledges what was handled, sends CLOSE_SESSION, resolves with the discarded count and ends the client", async () => {
+  const sb = client({ acks: true });
+  sb.on("message", () => {});
+  const disconnects = [];
+  sb.on("disconnected", (d) => disconnects.push(d));
+  sb.connect();
+  const ws = await loggedIn(sb, { sessionId: "s-1" });
+  ws.receive("MESSAGE", { from: "ANZ-2", content: "handled", id: "7", seq: 1 });
+  const waiting = sb.request("orders.place", "never answered");
+  const closing = sb.closeSession();
+  assert.deepEqual(ws.sent.slice(-2).map((f) => f.type), ["ACK", "CLOSE_SESSION"]);
+  assert.deepEqual(ws.sentOf("ACK")[0].data.ids, ["7"]);
+  assert.deepEqual(ws.sentOf("CLOSE_SESSION")[0], { type: "CLOSE_SESSION", data: {} });
+
+  ws.receive("SESSION_CLOSED", { sessionId: "s-1", discarded: 2 });
+  assert.equal(await closing, 2);
+  await assert.rejects(waiting, /session closed/);
+  assert.equal(sb.state, "closed");
+  assert.equal(sb.sessionId, null);
+  assert.equal(ws.closedWith, 1000);
+  await sleep(20);
+  assert.equal(FakeSocket.all.length, 1, "no reconnect");
+  assert.deepEqual(disconnects, [{ code: 1000, reason: "session closed", willReconnect: false }]);
+});
+
+test("closeSession() is sent again after a reconnect when the link dies before SESSION_CLOSED", async () => {
+  const sb = client();
+  sb.connect();
+  const first = await loggedIn(sb, { sessionId: "s-1" });
+  const closing = sb.closeSession();
+  assert.equal(first.sentOf("CLOSE_SESSION").length, 1);
+  first.drop(1006);
+  const second = await loggedIn(sb, { sessionId: "s-1" });
+  assert.equal(second.sent[0].data.sessionId, "s-1");
+  assert.equal(second.sentOf("CLOSE_SESSION").length, 1);
+  second.receive("SESSION_CLOSED", { sessionId: "s-1", discarded: 0 });
+  assert.equal(await closing, 0);
+  assert.equal(sb.state, "closed");
+});
+
+// --- the server asking the client (docs/protocol.md "The server asking a client") ---------------
+
+const serverRequest = (n, content) => ({ id: `88${n}`, requestId: `32${n}`, content, seq: n });
+
+test("onRequest: a returned value resolves the server request, a thrown error rejects it, and each is acknowledged once accepted", async () => {
+  const sb = client({ acks: true });
+  const seen = [];
+  const answered = [];
+  sb.on("answered", (a) => answered.push(a));
+  sb.onRequest(async (content, request) => {
+    seen.push(request);
+    if (content === "confirm order 9?") return "yes";
+    if (content === "which?") return { sku: 7, count: 2 };
+    if (content === "out of stock?") throw new Error("no stock left");
+    throw Object.assign(new Error("not shown"), { content: "code 7" });
+  });
+  sb.connect();
+  const ws = await loggedIn(sb, { sessionId: "s-1" });
+  ws.receive("SERVER_REQUEST", serverRequest(1, "confirm order 9?"));
+  ws.receive("SERVER_REQUEST", serverRequest(2, "which?"));
+  ws.receive("SERVER_REQUEST", serverRequest(3, "out of stock?"));
+  ws.receive("SERVER_REQUEST", serverRequest(4, "custom?"));
+  await sleep(10);
+  assert.deepEqual(seen[0], { requestId: "321", content: "confirm order 9?", id: "881", seq: 1 });
+  const answers = ws.sent.filter((f) => f.type === "RESOLVE" || f.type === "REJECT");
+  assert.deepEqual(answers, [
+    { type: "RESOLVE", data: { requestId: "321", content: "yes" } },
+    { type: "RESOLVE", data: { requestId: "322", content: '{"sku":7,"count":2}' } },
+    { type: "REJECT", data: { requestId: "323", content: "no stock left" } },
+    { type: "REJECT", data: { requestId: "324", content: "code 7" } },
+  ]);
+  assert.deepEqual(ws.sentOf("ACK"), [], "not acknowledged before the server accepted the answer");
+
+  for (const n of [1, 2, 3, 4]) ws.receive("ANSWER_ACCEPTED", { requestId: `32${n}` });
+  await sleep(10);
+  assert.deepEqual(ws.sentOf("ACK").flatMap((f) => f.data.ids), ["881", "882", "883", "884"]);
+  assert.deepEqual(answered.map((a) => [a.requestId, a.type, a.content, a.replay]), [
+    ["321", "resolve", "yes", false], ["322", "resolve", '{"sku":7,"count":2}', false],
+    ["323", "reject", "no stock left", false], ["324", "reject", "code 7", false]]);
+});
+
+test("an answer not yet accepted is sent again after a reconnect until accepted, and the handler runs once", async () => {
+  const sb = client({ acks: true });
+  let calls = 0;
+  sb.onRequest(async () => { calls++; await sleep(5); return "later"; });
+  sb.connect();
+  const first = await loggedIn(sb, { sessionId: "s-1" });
+  first.receive("SERVER_REQUEST", serverRequest(1, "still there?"));
+  await sleep(20);
+  const [answer] = first.sentOf("RESOLVE");
+  assert.deepEqual(answer, { type: "RESOLVE", data: { requestId: "321", content: "later" } });
+  first.drop(1006); // no ANSWER_ACCEPTED: the client cannot know whether it was taken
+
+  const second = await nextSocket();
+  second.open();
+  second.receive("AUTH_CLIENT_REPLY", { isAuthenticated: true, sessionId: "s-1" });
+  second.receive("SERVER_REQUEST", serverRequest(1, "still there?")); // unacknowledged: pushed again
+  second.receive("FETCH_MISSING_MESSAGES_COMPLETE", { leftMissingCount: 0 });
+  await sleep(20);
+  assert.deepEqual(second.sentOf("RESOLVE"), [answer]);
+  second.drop(1012);
+  const third = await loggedIn(sb, { sessionId: "s-1" });
+  assert.deepEqual(third.sentOf("RESOLVE"), [answer]);
+  third.receive("ANSWER_ACCEPTED", { requestId: "321", replay: true });
+  await sleep(10);
+  assert.deepEqual(third.sentOf("ACK").flatMap((f) => f.data.ids), ["881"]);
+  third.drop(1006);
+  const fourth = await loggedIn(sb, { sessionId: "s-1" });
+  await sleep(10);
+  assert.deepEqual(fourth.sentOf("RESOLVE"), [], "accepted: not sent again");
+  assert.equal(calls, 1);
+});
+
+test("a SERVER_REQUEST that comes again is answered once, and once answered only acknowledged again", async () => {
+  const sb = client({ acks: true });
+  let calls = 0;
+  let release;
+  sb.onRequest(() => { calls++; return new Promise((resolve) => { release = resolve; }); });
+  sb.connect();
+  const ws = await loggedIn(sb);
+  ws.receive("SERVER_REQUEST", serverRequest(1, "once?"));
+  ws.receive("SERVER_REQUEST", serverRequest(1, "once?")); // while the handler is still at it
+  release("once");
+  await sleep(10);
+  ws.receive("SERVER_REQUEST", serverRequest(1, "once?")); // while its answer waits for ANSWER_ACCEPTED
+  ws.receive("ANSWER_ACCEPTED", { requestId: "321" });
+  ws.receive("SERVER_REQUEST", serverRequest(1, "once?")); // its ACK was lost: it comes again
+  await sleep(10);
+  assert.equal(calls, 1);
+  assert.deepEqual(ws.sentOf("RESOLVE"), [{ type: "RESOLVE", data: { requestId: "321", content: "once" } }]);
+  assert.deepEqual(ws.sentOf("ACK").flatMap((f) => f.data.ids), ["881", "881"]);
+});
+
+test("an answer refused for good (request_closed) is not sent again: an error says so, and the SERVER_REQUEST is acknowledged", async () => {
+  const sb = client({ acks: true });
+  const errors = [];
+  sb.on("error", (e) => errors.push(e));
+  sb.onRequest(() => "too late");
+  sb.connect();
+  const ws = await loggedIn(sb);
+  ws.receive("SERVER_REQUEST", serverRequest(1, "in time?"));
+  await sleep(10);
+  ws.receive("INVALID_MESSAGE", { reason: "the request is closed", code: "request_closed",
+    data: { requestId: "321", content: "too late" } });
+  await sleep(10);
+  assert.deepEqual(errors.map((e) => [e.code, e.requestId]), [["request_closed", "321"]]);
+  assert.deepEqual(ws.sentOf("ACK").flatMap((f) => f.data.ids), ["881"]);
+  ws.drop(1006);
+  const again = await loggedIn(sb);
+  await sleep(10);
+  assert.deepEqual(again.sentOf("RESOLVE"), []);
+});
+
+test("a rate-limited answer goes again after retryAfterMs", async () => {
+  const sb = client({ acks: true });
+  sb.onRequest(() => "yes");
+  sb.connect();
+  const ws = await loggedIn(sb);
+  ws.receive("SERVER_REQUEST", serverRequest(1, "now?"));
+  await sleep(10);
+  ws.receive("INVALID_MESSAGE", { reason: "rate limit exceeded", retryAfterMs: 20, data: { requestId: "321", content: "yes" } });
+  await sleep(50);
+  assert.equal(ws.sentOf("RESOLVE").length, 2);
+  ws.receive("ANSWER_ACCEPTED", { requestId: "321" });
+  await sleep(10);
+  assert.deepEqual(ws.sentOf("ACK").flatMap((f) => f.data.ids), ["881"]);
+});
+
+test("without a handler a SERVER_REQUEST is not acknowledged and an error says so; when it comes again a handler answers it", async () => {
+  const sb = client({ acks: true });
+  const errors = [];
+  sb.on("error", (e) => errors.push(e.reason));
+  sb.connect();
+  const ws = await loggedIn(sb);
+  ws.receive("SERVER_REQUEST", serverRequest(1, "anyone?"));
+  await sleep(10);
+  assert.deepEqual(errors, ["unhandled server request"]);
+  assert.deepEqual(ws.sentOf("ACK"), []);
+  assert.deepEqual(ws.sentOf("RESOLVE"), []);
+
+  sb.onRequest((content) => `here: ${content}`);
+  ws.receive("SERVER_REQUEST", serverRequest(1, "anyone?"));
+  await sleep(10);
+  assert.deepEqual(ws.sentOf("RESOLVE"), [{ type: "RESOLVE", data: { requestId: "321", content: "here: anyone?" } }]);
+});
