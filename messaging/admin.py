@@ -20,6 +20,7 @@ from .federation import admin as federation_admin  # noqa: F401  (registers the 
 from .federation.whereabouts import delivery_where
 from .intake.stream import admin as queue_intake_admin  # noqa: F401  (registers the queue credentials' console)
 from .models import DeadLetter, Delivery, DeliveryState, Message
+from .requests import admin as requests_admin  # noqa: F401  (registers the requests' console)
 from .selftest import admin as selftest_admin  # noqa: F401  (registers the selftest runs' console)
 from .webhooks import admin as webhooks_admin  # noqa: F401  (registers the webhook console)
 

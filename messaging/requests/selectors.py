@@ -35,3 +35,45 @@ def outcome_stored(*, message_id: int, user_id: str) -> StoredOutcome | None:
     return StoredOutcome(message_id=message_id, frame=delivery_frame(kind=kind, sender=sender, content=content,
                                                                      reference=reference, message_id=message_id,
                                                                      seq=seq))
+
+
+@dataclass(frozen=True)
+class EndpointFigures:
+    """One endpoint's requests made in a window (the console's summary)."""
+
+    app_name: str
+    endpoint: str  # "" for the server's own requests of its clients
+    waiting: int
+    resolved: int
+    rejected: int
+    timed_out: int
+    failed: int
+    p50_ms: float | None  # request to outcome, of those answered
+    p99_ms: float | None
+
+    @property
+    def total(self) -> int:
+        return self.waiting + self.resolved + self.rejected + self.timed_out + self.failed
+
+
+def endpoint_figures(*, window_seconds: int) -> list[EndpointFigures]:
+    """Per app and endpoint, the requests made in the last `window_seconds` by state, and the
+    request-to-outcome latency of the answered ones (request_recent serves the window)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT a.app_name, r.endpoint,
+                   count(*) FILTER (WHERE r.state = 'waiting'), count(*) FILTER (WHERE r.state = 'resolved'),
+                   count(*) FILTER (WHERE r.state = 'rejected'), count(*) FILTER (WHERE r.state = 'timed_out'),
+                   count(*) FILTER (WHERE r.state = 'failed'),
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM r.answered_at - r.created_at))
+                       FILTER (WHERE r.answered_at IS NOT NULL AND r.state IN ('resolved', 'rejected')),
+                   percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM r.answered_at - r.created_at))
+                       FILTER (WHERE r.answered_at IS NOT NULL AND r.state IN ('resolved', 'rejected'))
+              FROM messaging_request r JOIN apps_registry_clientapp a ON a.id = r.app_id
+             WHERE r.created_at > now() - make_interval(secs => %s)
+             GROUP BY a.app_name, r.endpoint ORDER BY a.app_name, r.endpoint
+            """, [window_seconds])
+        rows = cur.fetchall()
+    return [EndpointFigures(app, endpoint, *counts, *(None if v is None else round(v * 1000, 1) for v in (p50, p99)))
+            for app, endpoint, *counts, p50, p99 in rows]
