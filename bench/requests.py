@@ -14,7 +14,9 @@ platform's CPU sampled (bench.cpu: web, worker and outbound, Postgres, Redis) fo
 2. `webhook`: the same to `bench.hook`, whose server (a thread of the harness) answers each
    `request.received` call with `200 {"resolve": …}` in its response;
 3. `RELIABLE`: the same clients each keeping one RELIABLE MESSAGE to itself in flight (send, then
-   its receipt): the stored path's round trip, for the CPU ratio.
+   its receipt): the stored path's round trip, for the CPU ratio, flat out and then paced to each
+   request run's throughput (`RELIABLE@stream`, `RELIABLE@webhook`: CPU per message falls as a
+   batch grows, so a ratio is fair only at the same rate).
 
 A round trip is a REQUEST's send to its RESOLVE's receipt (a MESSAGE's send to its receipt). It
 prints, and writes with `--json`, round trips per second, p50/p99/max, and server CPU per round trip
@@ -105,7 +107,7 @@ def _stream_server(redis_url: str, password: str, db_prefix: str, stop: Any) -> 
 
 
 async def _client(url: str, user: str, mode: str, endpoint: str, payload: str, until: float, warm: float,
-                  latencies: list[float], errors: list[str], done: list[int]) -> None:
+                  latencies: list[float], errors: list[str], done: list[int], pace: float = 0.0) -> None:
     async with websockets.connect(url, max_size=None, ping_interval=None) as ws:
         await ws.send(json.dumps({"type": "AUTH_CLIENT", "data": {"appId": APP_ID, "userId": user, "token": "t"}}))
         while json.loads(await ws.recv())["type"] != "AUTH_CLIENT_REPLY":
@@ -131,19 +133,22 @@ async def _client(url: str, user: str, mode: str, endpoint: str, payload: str, u
             done[0] += 1  # (every round trip of the CPU window, the warm-up's too)
             if started >= warm:
                 latencies.append(time.monotonic() - started)
+            if pace:  # (a paced run: this client's next round trip starts `pace` after the last one began)
+                await asyncio.sleep(max(0.0, started + pace - time.monotonic()))
 
 
-def _run_clients(url: str, mode: str, args: argparse.Namespace, user_base: int) -> dict[str, Any]:
+def _run_clients(url: str, mode: str, args: argparse.Namespace, user_base: int, rate: float = 0.0) -> dict[str, Any]:
     latencies: list[float] = []
     errors: list[str] = []
     done = [0]
     start = time.monotonic()
     warm, until = start + args.warmup, start + args.warmup + args.duration
     endpoint = {"stream": "bench.stream", "webhook": "bench.hook"}.get(mode, "")
+    pace = args.clients / rate if rate else 0.0
 
     async def main() -> None:
         await asyncio.gather(*(_client(url, f"{APP}-{user_base + i}", mode, endpoint, "x" * args.payload, until, warm,
-                                       latencies, errors, done) for i in range(args.clients)))
+                                       latencies, errors, done, pace) for i in range(args.clients)))
 
     asyncio.run(main())
     ordered = sorted(latencies)
@@ -184,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=20.0, help="measured seconds per run")
     parser.add_argument("--warmup", type=float, default=3.0)
     parser.add_argument("--payload", type=int, default=100, help="characters of content per request")
-    parser.add_argument("--modes", default="stream,webhook,RELIABLE")
+    parser.add_argument("--modes", default="stream,webhook,RELIABLE,RELIABLE@stream,RELIABLE@webhook",
+                        help="runs, in order: stream, webhook, RELIABLE (as fast as it goes), RELIABLE@<run> (paced "
+                             "to the round trips per second that run reached) or RELIABLE@<rate>")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--logs", type=Path, help="keep the platform's logs in this folder")
     args = parser.parse_args(argv)
@@ -207,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
             settle()
             probe = CpuProbe(groups)
             probe.start()
-            result = _run_clients(running.url, mode, args, user_base=600000 + index * 10000)
+            name, _, paced = mode.partition("@")  # RELIABLE@stream: at the rate the stream run reached
+            rate = runs[paced]["round_trips_per_second"] if paced in runs else float(paced or 0)
+            result = _run_clients(running.url, name, args, user_base=600000 + index * 10000, rate=rate)
             window = probe.stop()
             result["cpu_ms_per_round_trip"] = _cpu_per_round_trip(window, result["all_round_trips"])
             runs[mode] = result
@@ -219,10 +228,11 @@ def main(argv: list[str] | None = None) -> int:
                                       "p99_ms": r["latency_ms"]["p99"],
                                       "cpu_ms_per_round_trip": r["cpu_ms_per_round_trip"]["total"]}
                                for mode, r in runs.items()}
-    if "RELIABLE" in runs:
-        base = runs["RELIABLE"]["cpu_ms_per_round_trip"]["total"]
-        for mode in runs:
-            summary[mode]["cpu_ratio_to_RELIABLE"] = round(runs[mode]["cpu_ms_per_round_trip"]["total"] / base, 2)
+    for mode in ("stream", "webhook"):  # against RELIABLE at the same throughput, and flat out
+        for baseline in (f"RELIABLE@{mode}", "RELIABLE"):
+            if mode in runs and baseline in runs:
+                summary[mode][f"cpu_ratio_to_{baseline}"] = round(
+                    runs[mode]["cpu_ms_per_round_trip"]["total"] / runs[baseline]["cpu_ms_per_round_trip"]["total"], 2)
     print(json.dumps(summary, indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

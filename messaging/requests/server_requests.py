@@ -41,16 +41,15 @@ def server_request_create(*, app: AppSnapshot, user_id: str, content: str, corre
                 f"""
                 INSERT INTO messaging_request (app_id, direction, user_id, endpoint, content, client_message_id,
                                                correlation, state, outcome, outcome_content, reason, answered_via,
-                                               domain, session, created_at, deadline)
+                                               domain, session, created_at, deadline, message_id)
                 VALUES (%s, '{TO_CLIENT}', %s, '', %s, NULL, %s, '{WAITING}', '', '', '', '', %s, '', now(),
-                        now() + make_interval(secs => %s))
-                RETURNING id
+                        now() + make_interval(secs => %s), nextval('messaging_message_id_seq'::regclass))
+                RETURNING id, message_id
                 """, [app.pk, user_id, content, correlation, settings.DOMAIN_NAME, timeout])
-            request_id = cur.fetchone()[0]
-            [stored] = messages_store(messages=[OutgoingMessage(
+            request_id, message_id = cur.fetchone()
+            messages_store(messages=[OutgoingMessage(
                 app_id=app.pk, sender=app.master_user_id, recipients=(user_id,), content=content,
-                kind=MessageKind.SERVER_REQUEST, reference=request_meta(request_id=request_id))])
-            cur.execute("UPDATE messaging_request SET message_id = %s WHERE id = %s", [stored.message_id, request_id])
+                kind=MessageKind.SERVER_REQUEST, reference=request_meta(request_id=request_id), message_id=message_id)])
     metrics.REQUESTS.labels("", "server_request").inc()
     return request_id
 

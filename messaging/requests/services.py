@@ -16,7 +16,7 @@ second one (or one after the close) is told apart as a replay of the same answer
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from django.db import connection, transaction
@@ -64,14 +64,18 @@ class Answered:
 
 _CLOSE_SQL = f"""
     UPDATE messaging_request r SET state = k.state, outcome = k.outcome, outcome_content = k.content,
-           reason = %(reason)s, answered_via = %(via)s, answered_at = now()
+           reason = %(reason)s, answered_via = %(via)s, answered_at = now(),
+           -- the outcome message's id, drawn here (one write of the row), unless its session ended
+           message_id = CASE WHEN r.session <> '' AND EXISTS (SELECT 1 FROM messaging_closedsession c
+                                                                WHERE c.session = r.session)
+                             THEN NULL ELSE nextval('messaging_message_id_seq'::regclass) END
       FROM apps_registry_clientapp a,
            unnest(%(ids)s::bigint[], %(states)s::text[], %(outcomes)s::text[], %(contents)s::text[])
            AS k(id, state, outcome, content)
      WHERE r.id = k.id AND r.state = '{WAITING}' AND r.direction = '{RequestDirection.TO_SERVER.value}'
        AND (%(app)s::bigint IS NULL OR r.app_id = %(app)s) AND a.id = r.app_id {{deadline}}
     RETURNING r.app_id, r.id, r.user_id, r.client_message_id, r.created_at, r.endpoint, a.master_user_id, r.session,
-              k.outcome, k.content
+              k.outcome, k.content, r.message_id
 """
 BEFORE_DEADLINE = "AND r.deadline > now()"
 PAST_DEADLINE = "AND r.deadline <= now()"
@@ -148,6 +152,7 @@ class _Closed:
     session: str
     outcome: str
     content: str
+    message_id: int | None  # drawn for its outcome (None: its session ended, no outcome is stored)
 
 
 def _close(*, rows: list[Answer], app_pk: int | None, reason: str, via: str, deadline: str = "",
@@ -163,23 +168,14 @@ def _close(*, rows: list[Answer], app_pk: int | None, reason: str, via: str, dea
             "outcomes": [r.outcome for r in rows], "contents": [r.content for r in rows], "reason": reason,
             "via": via, "app": app_pk})
         closed = [_Closed(*row) for row in cur.fetchall()]
-        sessions = sorted({c.session for c in closed if c.session})
-        ended: set[str] = set()
-        if sessions:  # a session that ended takes no outcome any more
-            cur.execute("SELECT session FROM messaging_closedsession WHERE session = ANY(%s)", [sessions])
-            ended = {row[0] for row in cur.fetchall()}
-        stored = [c for c in closed if c.session not in ended]
-        if len(stored) < len(closed):
-            metrics.SESSION_OUTCOMES_DROPPED.inc(len(closed) - len(stored))
-        if stored:
-            results = messages_store(messages=[
-                outcome_message(app_id=c.app_id, master_user_id=c.master_user_id, request_id=c.request_id,
+    stored = [c for c in closed if c.message_id is not None]
+    if len(stored) < len(closed):  # a session that ended takes no outcome any more
+        metrics.SESSION_OUTCOMES_DROPPED.inc(len(closed) - len(stored))
+    messages_store(messages=[
+        replace(outcome_message(app_id=c.app_id, master_user_id=c.master_user_id, request_id=c.request_id,
                                 user_id=c.user_id, client_message_id=c.client_message_id, outcome=c.outcome,
-                                content=c.content, reason=reason, session=c.session)
-                for c in stored], route=route)
-            cur.execute("UPDATE messaging_request r SET message_id = m.message_id "
-                        "FROM unnest(%s::bigint[], %s::bigint[]) AS m(id, message_id) WHERE r.id = m.id",
-                        [[c.request_id for c in stored], [r.message_id for r in results]])
+                                content=c.content, reason=reason, session=c.session), message_id=c.message_id)
+        for c in stored], route=route)
     for c in closed:
         metrics.REQUESTS.labels(c.endpoint, reason or c.outcome).inc()
     return closed
