@@ -38,10 +38,14 @@ CLIENT_TYPES = {
 
 
 class FrameError(Exception):
-    def __init__(self, reason: str, data: Any = None, **extra: Any):
+    """A refused frame: INVALID_MESSAGE with `reason`, the frame's data echoed (or `data` instead),
+    unless `echo` is off (the data is large, or holds what no socket can carry back)."""
+
+    def __init__(self, reason: str, data: Any = None, *, echo: bool = True, **extra: Any):
         super().__init__(reason)
         self.reason = reason
         self.data = data
+        self.echo = echo
         self.extra = extra
 
 

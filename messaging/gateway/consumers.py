@@ -249,7 +249,8 @@ class ClientConsumer(ChannelReaderConsumer):
             await handler(self, frame)
         except FrameError as exc:
             metrics.REFUSED.labels("INVALID_MESSAGE").inc()
-            await self.write(invalid(exc.reason, frame.data if exc.data is None else exc.data, **exc.extra))
+            echoed = (frame.data if exc.data is None else exc.data) if exc.echo else None
+            await self.write(invalid(exc.reason, echoed, **exc.extra))
         except Exception:
             metrics.REFUSED.labels("GENERAL_ERROR").inc()
             log.exception("handling %s from %s failed", frame.type, self.life.user_id)

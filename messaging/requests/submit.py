@@ -231,27 +231,27 @@ def told_fields(sub: Submission, request_id: int, deadline: datetime) -> dict[st
             "deadline": deadline.isoformat()}
 
 
-_groups_made: set[str] = set()  # request streams whose group this process has made (or found)
+# XADD to a request stream, making the stream and its group `app` first if the stream is not there:
+# in one script, so a stream never exists without its group (a Redis restarted empty included).
+_ADD = """
+if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0', 'MKSTREAM') end
+return redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', unpack(ARGV, 3))
+"""
 
 
 def requests_stream_add(*, entries: list[tuple[str, dict[str, str]]]) -> None:
-    """Append requests to their apps' request streams, one pipeline; each stream and its group `app`
-    are made on first use (once per process). Redis away: logged; those requests time out unless
-    the webhook (or the client's resend) gets through. (MAXLEN keeps an app whose server never reads
-    from growing Redis without end.)"""
+    """Append requests to their apps' request streams, one pipeline (each stream made with its group
+    `app` when it is not there). Redis away: logged; those requests time out unless the webhook (or
+    the client's resend) gets through. (MAXLEN keeps an app whose server never reads from growing
+    Redis without end.)"""
     client = queue_client()
+    add = client.register_script(_ADD)
     try:
-        for key in sorted({requests_key(app_name) for app_name, _ in entries} - _groups_made):
-            try:
-                client.xgroup_create(key, REQUESTS_GROUP, id="0", mkstream=True)
-            except redis.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
-            _groups_made.add(key)
         pipe = client.pipeline(transaction=False)
         for app_name, fields in entries:
-            pipe.xadd(requests_key(app_name), fields, maxlen=settings.REQUEST_STREAM_MAX_ENTRIES, approximate=True)
+            flat = [part for pair in fields.items() for part in pair]
+            add(keys=[requests_key(app_name)], args=[REQUESTS_GROUP, settings.REQUEST_STREAM_MAX_ENTRIES, *flat],
+                client=pipe)
         pipe.execute()
     except redis.RedisError:
-        _groups_made.clear()  # (a restarted Redis lost them: made again next time)
         log.warning("%d requests not added to their streams", len(entries), exc_info=True)

@@ -72,6 +72,7 @@ def test_oversized_content_is_refused_but_the_frame_is_answered(alice):
     alice.message("ANZ-11009", "x" * (64 * 1024 + 1))
     answer = alice.recv_type("INVALID_MESSAGE")
     assert answer["data"]["reason"] == "content exceeds 65536 bytes" and answer["data"]["limit"] == 65536
+    assert "data" not in answer["data"]  # (64 KB are not sent back)
     _still_works(alice)
 
 

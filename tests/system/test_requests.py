@@ -432,3 +432,13 @@ def test_no_user_answers_a_request_made_of_another_and_an_unanswered_one_times_o
         late.auth("REQ-3002", app_id=APP_ID)
         late.send("FETCH_MISSING_MESSAGES_REQUEST", {"count": 10})
         assert [f for f in late.recv_all(quiet=1.0) if f["type"] == "SERVER_REQUEST"] == []  # withdrawn
+
+
+@pytest.mark.django_db
+def test_a_request_stream_lost_with_its_group_comes_back_with_its_group(cluster, app):
+    queue_client().delete(requests_key("REQ"))  # (what a Redis restarted empty leaves)
+    reader = _reader(app.password)
+    with _client(cluster.first.ws_url, "REQ-4001") as ws:
+        request_id = _request(ws, "orders.place", "after the loss", "g-1")["data"]["id"]
+        assert reader.xreadgroup(REQUESTS_GROUP, "server-1", {requests_key("REQ"): ">"}, count=10, block=5000)[0][1][
+            0][1][b"requestId"].decode() == request_id

@@ -150,7 +150,7 @@ def _refused(exc: SendRefused, data: Any) -> FrameError:
     template = _REASONS.get(exc.problem)
     subject = exc.subject[:USER_ID_MAX] if isinstance(exc.subject, str) else exc.subject
     reason = template.format(subject=subject, **exc.extra) if template else exc.detail
-    return FrameError(reason, None if exc.problem in _NO_ECHO else data, **exc.extra)
+    return FrameError(reason, data, echo=exc.problem not in _NO_ECHO, **exc.extra)
 
 
 async def on_message(conn: Connection, frame: Frame) -> None:

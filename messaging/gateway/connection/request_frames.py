@@ -39,7 +39,7 @@ async def on_request(conn: Connection, frame: Frame) -> None:
     try:
         content = content_require(app, data.get("content"))
     except SendRefused as exc:
-        raise FrameError(exc.detail, None if exc.problem in _NO_ECHO else data, code=exc.code, **exc.extra) from None
+        raise FrameError(exc.detail, data, echo=exc.problem not in _NO_ECHO, code=exc.code, **exc.extra) from None
     if (client_message_id := client_message_id_of(data)) is None:
         raise FrameError("a REQUEST needs a clientMessageId", data, code="invalid_request")
     charge(conn, 1, data)
@@ -74,7 +74,7 @@ async def on_answer(conn: Connection, frame: Frame) -> None:
     try:
         content = content_require(app, data.get("content", ""))
     except SendRefused as exc:
-        raise FrameError(exc.detail, None if exc.problem in _NO_ECHO else data, code=exc.code, **exc.extra) from None
+        raise FrameError(exc.detail, data, echo=exc.problem not in _NO_ECHO, code=exc.code, **exc.extra) from None
     charge(conn, 1, data)
     try:
         answered = await run_db(server_request_answer, app=app, user_id=conn.life.user_id, request_id=request_id,

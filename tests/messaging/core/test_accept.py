@@ -65,4 +65,4 @@ def test_content_is_text_within_the_apps_limit_in_utf8_bytes(anz):
         assert refused.value.code == code
     too_large = SendRefused("content_too_large", "content exceeds 10 bytes", limit=10)
     frame_error = _refused(too_large, {"content": "x" * 11})
-    assert (frame_error.reason, frame_error.data, frame_error.extra) == ("content exceeds 10 bytes", None, {"limit": 10})
+    assert (frame_error.reason, frame_error.echo, frame_error.extra) == ("content exceeds 10 bytes", False, {"limit": 10})
