@@ -46,7 +46,7 @@ LOAD_SECONDS = 21
 SENDERS, RATE = 6, 6.0  # messages per second per sender: 36 a second in all
 CHURN_PER_SECOND = 4  # sessions opened and closed again
 SAMPLE_SECONDS = 1.0
-# The last third's highest count may exceed the middle third's by this much and no more: the counts
+# The last third's count (_thirds) may exceed the middle third's highest by this much and no more: the counts
 # swing with the phase of the export and the sweep. A table that grows with time gains half again.
 MARGIN = 0.2
 SLACK_ROWS = 10
@@ -96,9 +96,11 @@ class Churn(threading.Thread):
 
 
 def _thirds(series: list[int]) -> tuple[int, int]:
-    """The highest count of the middle third of the run, and of the last third."""
+    """The highest count of the middle third of the run, and the second highest of the last third:
+    one sample may catch a sweep that ran a second late on a busy machine (a third as many rows
+    again, once), where a table that grows is higher in every sample of the last third."""
     third = len(series) // 3
-    return max(series[third:2 * third]), max(series[2 * third:])
+    return max(series[third:2 * third]), sorted(series[2 * third:])[-2]
 
 
 def test_a_steady_load_with_retention_shortened_leaves_the_row_counts_flat(processes, demo_network, tmp_path):
