@@ -3,21 +3,21 @@ answer to it. Confined to the key's app: another app's request is answered 404."
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from apps_registry.selectors import AppSnapshot
 from messaging.api.base import USER, ApiView, errors
 from messaging.api.errors import ApiError
 from messaging.core.accept import SendRefused, content_require
-from messaging.core.protocol import plain_int
+from messaging.core.protocol import BIGINT_MAX, plain_int
 from messaging.requests.models import Outcome
 from messaging.requests.selectors import request_of_app
 from messaging.requests.server_requests import server_request_create
 from messaging.requests.services import RequestClosed, RequestUnknown, request_answer
 
-BIGINT_MAX = 2**63 - 1
 REQUEST_ID = OpenApiParameter("request_id", {"type": "string", "pattern": "^[1-9][0-9]{0,18}$", "example": "311"},
                               OpenApiParameter.PATH, description="A request id, as the webhook or stream entry named it.")
 
@@ -62,6 +62,14 @@ class RequestStateSerializer(serializers.Serializer):
     answered_at = serializers.DateTimeField(allow_null=True)
 
 
+def _content(app: AppSnapshot, content: str) -> str:
+    """Content as every send's is checked: 413 over the app's limit, 400 for what is not text."""
+    try:
+        return content_require(app, content)
+    except SendRefused as exc:
+        raise ApiError(413 if exc.code == "content_too_large" else 400, exc.code, exc.detail) from None
+
+
 def _number(request_id: str, app_name: str) -> int:
     number = plain_int(request_id, BIGINT_MAX)
     if not number:
@@ -91,11 +99,8 @@ class _AnswerView(ApiView):
         number = _number(request_id, self.app.app_name)
         content = self.valid(AnswerSerializer)["content"]
         try:
-            content = content_require(self.app, content)
-            answered = request_answer(app=self.app, request_id=number, outcome=self.outcome, content=content,
-                                      via="api")
-        except SendRefused as exc:
-            raise ApiError(413 if exc.code == "content_too_large" else 400, exc.code, exc.detail) from None
+            answered = request_answer(app=self.app, request_id=number, outcome=self.outcome,
+                                      content=_content(self.app, content), via="api")
         except RequestUnknown:
             raise ApiError(404, "not_found", f"no request {request_id[:32]} in app {self.app.app_name}") from None
         except RequestClosed as closed:
@@ -109,24 +114,17 @@ _ANSWER_DOC = ("The first answer closes the request and stores its outcome for t
                "or any after the request timed out, is 409 `request_closed`.")
 
 
-class RequestResolveView(_AnswerView):
-    outcome = Outcome.RESOLVE.value
+def _answer_view(outcome: str) -> type[_AnswerView]:
+    """The view that answers a request with `outcome` (resolve or reject)."""
+    view = type(f"Request{outcome.capitalize()}View", (_AnswerView,), {"outcome": outcome})
+    return extend_schema_view(post=extend_schema(
+        operation_id=f"request_{outcome}", tags=["requests"], summary=f"{outcome.capitalize()} a request",
+        description=_ANSWER_DOC, parameters=[REQUEST_ID], request=AnswerSerializer,
+        responses={200: AnsweredSerializer, **errors(400, 401, 404, 409, 413, 429)}))(view)
 
-    @extend_schema(operation_id="request_resolve", tags=["requests"], summary="Resolve a request", description=_ANSWER_DOC,
-                   parameters=[REQUEST_ID], request=AnswerSerializer,
-                   responses={200: AnsweredSerializer, **errors(400, 401, 404, 409, 413, 429)})
-    def post(self, request: Request, request_id: str) -> Response:
-        return super().post(request, request_id)
 
-
-class RequestRejectView(_AnswerView):
-    outcome = Outcome.REJECT.value
-
-    @extend_schema(operation_id="request_reject", tags=["requests"], summary="Reject a request", description=_ANSWER_DOC,
-                   parameters=[REQUEST_ID], request=AnswerSerializer,
-                   responses={200: AnsweredSerializer, **errors(400, 401, 404, 409, 413, 429)})
-    def post(self, request: Request, request_id: str) -> Response:
-        return super().post(request, request_id)
+RequestResolveView = _answer_view(Outcome.RESOLVE.value)
+RequestRejectView = _answer_view(Outcome.REJECT.value)
 
 
 class UserRequestsView(ApiView):
@@ -140,11 +138,7 @@ class UserRequestsView(ApiView):
     def post(self, request: Request, user_id: str) -> Response:
         user = self.home_user(user_id)
         given = self.valid(ServerRequestSerializer)
-        try:
-            content = content_require(self.app, given["content"])
-        except SendRefused as exc:
-            raise ApiError(413 if exc.code == "content_too_large" else 400, exc.code, exc.detail) from None
-        request_id = server_request_create(app=self.app, user_id=user, content=content,
+        request_id = server_request_create(app=self.app, user_id=user, content=_content(self.app, given["content"]),
                                            correlation=given.get("correlation", ""),
                                            timeout_seconds=given.get("timeoutSeconds"))
         return Response({"id": str(request_id)}, status=201)

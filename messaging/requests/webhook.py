@@ -52,9 +52,6 @@ class RequestAnswerReader:
     def answer_bytes(self) -> int:
         return settings.REQUEST_WEBHOOK_ANSWER_MAX_BYTES
 
-    def answered(self, *, payload: dict, body: bytes, complete: bool) -> None:
-        self.answered_many([(payload, body, complete)])
-
     def answered_many(self, answers: list[tuple[dict, bytes, bool]]) -> None:
         """Answers of many calls (a web node's batch), taken per app in one requests_answer each."""
         per_app: dict[str, list[Answer]] = {}

@@ -157,8 +157,6 @@ class AnswerReader(Protocol):
 
     answer_bytes: int  # how much of a 2xx answer is read (the rest cuts the answer off)
 
-    def answered(self, *, payload: dict, body: bytes, complete: bool) -> None: ...
-
     def answered_many(self, answers: list[tuple[dict, bytes, bool]]) -> None: ...  # (payload, body, complete)
 
     def dead(self, *, payload: dict, error: str) -> None: ...
@@ -201,17 +199,7 @@ def _call(claimed: Claimed, delivery_id: str, answer_bytes: int = ERROR_BODY_BYT
 
 
 def record_delivered(delivery_id: str, claim: int, status: int) -> bool:
-    with connection.cursor() as cur:
-        cur.execute(
-            f"""
-            UPDATE messaging_webhookdelivery
-               SET state = {DELIVERED}, delivered_at = now(), next_attempt_at = NULL, claim = NULL,
-                   last_status = %s, last_error = ''
-             WHERE id = %s AND claim = %s AND state IN {OPEN}
-            """,
-            [status, delivery_id, claim],
-        )
-        return cur.rowcount == 1
+    return str(delivery_id) in records_delivered([(delivery_id, claim, status)])
 
 
 def records_delivered(calls: list[tuple[str, int, int]]) -> set[str]:
@@ -302,7 +290,7 @@ class WebhookSender:
             if not record_delivered(self.delivery_id, self.own_claim, status):
                 return Settled()
             if reader is not None and self.answer is not None:
-                reader.answered(payload=claimed.payload, body=self.answer.body, complete=self.answer.complete)
+                reader.answered_many([(claimed.payload, self.answer.body, self.answer.complete)])
         self.outcome = WebhookState.DELIVERED.value
         return Settled(sent=1)
 

@@ -134,6 +134,13 @@ def webhook_endpoint_delete(*, app_id: int, endpoint_id: int) -> bool:
 
 # --- recording -----------------------------------------------------------------------------------
 
+# A call's body (docs/webhooks.md, "The call"): the delivery's own id, the event, the app's appId, when
+# it was recorded and the event's data; `event` is the SQL that names the event.
+def _envelope(event: str) -> str:
+    return (f"jsonb_build_object('id', id::text, 'event', {event}, 'app', app_key, "
+            f"'created', floor(extract(epoch FROM now()))::bigint, 'data', data)")
+
+
 _RECORD_SQL = f"""
     WITH notice AS (
         SELECT * FROM unnest(%(apps)s::bigint[], %(events)s::text[], %(data)s::jsonb[]) AS t(app_id, event, data)
@@ -147,9 +154,7 @@ _RECORD_SQL = f"""
     )
     INSERT INTO messaging_webhookdelivery (id, endpoint_id, event, payload, state, attempts, next_attempt_at, claim,
                                            last_status, last_error, created_at)
-    SELECT id, endpoint_id, event,
-           jsonb_build_object('id', id::text, 'event', event, 'app', app_key,
-                              'created', floor(extract(epoch FROM now()))::bigint, 'data', data),
+    SELECT id, endpoint_id, event, {_envelope("event")},
            {webhook_states_sql(WebhookState.PENDING)}, 0, now() + make_interval(secs => %(lease)s), %(claim)s,
            NULL, '', now()
       FROM fresh
@@ -207,9 +212,7 @@ _RECORD_CALLS_SQL = f"""
     ), recorded AS (
         INSERT INTO messaging_webhookdelivery (id, request_endpoint_id, event, payload, state, attempts,
                                                next_attempt_at, claim, last_status, last_error, created_at)
-        SELECT id, request_endpoint_id, %(event)s,
-               jsonb_build_object('id', id::text, 'event', %(event)s::text, 'app', app_key,
-                                  'created', floor(extract(epoch FROM now()))::bigint, 'data', data),
+        SELECT id, request_endpoint_id, %(event)s, {_envelope("%(event)s::text")},
                {webhook_states_sql(WebhookState.PENDING)}, 0, now() + make_interval(secs => %(lease)s), %(claim)s,
                NULL, '', now()
           FROM fresh

@@ -35,6 +35,9 @@ class Connection(Protocol):
 
 Handler = Callable[[Connection, Frame], Awaitable[None]]
 
+# Refusals answered without the frame's data: it is large, or holds what no socket can carry back.
+NO_ECHO = {"too_many_recipients", "content_too_large", "content_unsafe"}
+
 
 def retry_after_ms(seconds: float) -> int:
     return 60_000 if seconds == float("inf") else max(1, int(seconds * 1000 + 0.999))

@@ -35,7 +35,14 @@ from messaging.core.protocol import (
 )
 from messaging.core.store import OutgoingMessage
 from messaging.gateway.connection.admission import FirstReadsFor
-from messaging.gateway.connection.frame_tools import Connection, Handler, charge, client_message_id_of, retry_after_ms
+from messaging.gateway.connection.frame_tools import (
+    NO_ECHO,
+    Connection,
+    Handler,
+    charge,
+    client_message_id_of,
+    retry_after_ms,
+)
 from messaging.gateway.connection.life import Refusal
 from messaging.gateway.connection.request_frames import (
     WrongUser,
@@ -142,15 +149,13 @@ _REASONS = {
     "too_many_recipients": "at most {limit} recipients per group message",
     "content_not_text": "missing or invalid 'content' (a string)",
 }
-# Answered without the frame's data: it is large, or holds what no socket can carry back.
-_NO_ECHO = {"too_many_recipients", "content_too_large", "content_unsafe"}
 
 
 def _refused(exc: SendRefused, data: Any) -> FrameError:
     template = _REASONS.get(exc.problem)
     subject = exc.subject[:USER_ID_MAX] if isinstance(exc.subject, str) else exc.subject
     reason = template.format(subject=subject, **exc.extra) if template else exc.detail
-    return FrameError(reason, data, echo=exc.problem not in _NO_ECHO, **exc.extra)
+    return FrameError(reason, data, echo=exc.problem not in NO_ECHO, **exc.extra)
 
 
 async def on_message(conn: Connection, frame: Frame) -> None:

@@ -1,15 +1,15 @@
 """The /ws frames of requests and sessions (docs/protocol.md, "Requests"): REQUEST to an endpoint
 of the app's server (messaging.requests), RESOLVE/REJECT answering a request the server made of the
-client, and CLOSE_SESSION. The login's session id is given out and
-checked in `session_for_login`."""
+client, and CLOSE_SESSION. The login's session id is given out and checked in `session_for_login`."""
 
 from __future__ import annotations
 
+from apps_registry.selectors import AppSnapshot
 from foundation.asyncdb import run_db
 from foundation.transport.frames import CLOSE_NORMAL, encode
 from messaging.core.accept import SendRefused, content_require
-from messaging.core.protocol import Frame, FrameError, plain_int, require_dict
-from messaging.gateway.connection.frame_tools import Connection, charge, client_message_id_of, retry_after_ms
+from messaging.core.protocol import BIGINT_MAX, Frame, FrameError, plain_int, require_dict
+from messaging.gateway.connection.frame_tools import NO_ECHO, Connection, charge, client_message_id_of, retry_after_ms
 from messaging.intake.batching import BatcherFull
 from messaging.requests.selectors import outcome_stored
 from messaging.requests.server_requests import AnswerRefused, server_request_answer
@@ -22,11 +22,13 @@ from messaging.requests.sessions import (
 from messaging.requests.submit import RequestRefused, Submission
 from messaging.webhooks.inline import webhook_call_inline
 
-BIGINT_MAX = 2**63 - 1
-# Answered without the frame's data: it is large, or holds what no socket can carry back.
-_NO_ECHO = {"content_too_large", "content_unsafe"}
 
-
+def _content(app: AppSnapshot, data: dict, missing: str | None = None) -> str:
+    """The frame's content (`missing` where it has none), as every send's is checked; refused with the rule's code."""
+    try:
+        return content_require(app, data.get("content", missing))
+    except SendRefused as exc:
+        raise FrameError(exc.detail, data, echo=exc.problem not in NO_ECHO, code=exc.code, **exc.extra) from None
 
 
 async def on_request(conn: Connection, frame: Frame) -> None:
@@ -36,10 +38,7 @@ async def on_request(conn: Connection, frame: Frame) -> None:
     endpoint = app.endpoint(name) if isinstance(name, str) else None
     if endpoint is None:
         raise FrameError("unknown endpoint", data, code="unknown_endpoint")
-    try:
-        content = content_require(app, data.get("content"))
-    except SendRefused as exc:
-        raise FrameError(exc.detail, data, echo=exc.problem not in _NO_ECHO, code=exc.code, **exc.extra) from None
+    content = _content(app, data)
     if (client_message_id := client_message_id_of(data)) is None:
         raise FrameError("a REQUEST needs a clientMessageId", data, code="invalid_request")
     charge(conn, 1, data)
@@ -71,10 +70,7 @@ async def on_answer(conn: Connection, frame: Frame) -> None:
     request_id = plain_int(str(data.get("requestId", "")), BIGINT_MAX)
     if not request_id:
         raise FrameError("'requestId' must be the id of a request made of you", data, code="invalid_request")
-    try:
-        content = content_require(app, data.get("content", ""))
-    except SendRefused as exc:
-        raise FrameError(exc.detail, data, echo=exc.problem not in _NO_ECHO, code=exc.code, **exc.extra) from None
+    content = _content(app, data, missing="")
     charge(conn, 1, data)
     try:
         answered = await run_db(server_request_answer, app=app, user_id=conn.life.user_id, request_id=request_id,
