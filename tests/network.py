@@ -147,7 +147,7 @@ class _NetWire(OneByOneWire):
         path = "/" + path
         net.calls.append(Call(net.here, call.peer, path, json.loads(call.body)))
         if call.peer in net.down or frozenset((net.here, call.peer)) in net.cut:
-            raise OutgoingError("ConnectError: [Errno 111] Connection refused")
+            raise OutgoingError("cannot connect: [Errno 111] Connection refused")
         headers = {k: v for k, v in call.headers.items() if k.lower() != "content-type"}
         with net.at(call.peer):
             answer = self.client.post(path, data=call.body, content_type="application/json", headers=headers)

@@ -25,13 +25,13 @@ import logging
 import time
 from dataclasses import dataclass
 
-import httpx
 import jwt
 from django.conf import settings
 
 from apps_registry.models import AuthMode
 from apps_registry.selectors import AppSnapshot, app_snapshot, app_snapshot_known, user_id_parse
 from foundation.asyncdb import run_db
+from foundation.http1 import Http1Pool
 from foundation.loop_local import loop_local
 from foundation.outgoing import OutgoingError, outgoing_client, outgoing_post
 from messaging.channels.names import token_is_login
@@ -95,7 +95,7 @@ AUTH_URL_MAX_CONNECTIONS = 200  # per web node, every app together (each app wit
 AUTH_URL_MAX_KEEPALIVE = 50
 
 
-def _http_client() -> httpx.AsyncClient:
+def _http_client() -> Http1Pool:
     return outgoing_client("auth-url", max_connections=AUTH_URL_MAX_CONNECTIONS, max_keepalive=AUTH_URL_MAX_KEEPALIVE)
 
 

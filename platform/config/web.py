@@ -11,8 +11,8 @@ The socket listens with a backlog of WEB_LISTEN_BACKLOG, and a WebSocket handsha
 WS_HANDSHAKE_TIMEOUT seconds: a reconnect storm's handshakes wait in the kernel's queue and the
 node's, not in TCP retransmits or in another reconnect (issue 17).
 
-Before daphne starts, the installed daphne, Twisted and autobahn, Django, Channels, channels-redis
-and httpx are checked against the versions foundation.patches was tested with: on others the node
+Before daphne starts, the installed daphne, Twisted and autobahn, Django, Channels and
+channels-redis are checked against the versions foundation.patches was tested with: on others the node
 stops at once, with a message saying which and how to override (DAPHNE_ALLOW_UNTESTED_VERSIONS,
 ALLOW_UNTESTED_VERSIONS), instead of failing inside daphne's import of config.asgi with a traceback.
 

@@ -4,8 +4,8 @@ domain).
 
 Three guarantees, whatever the other side does:
 
-1. **A deadline for the whole exchange.** httpx's timeouts apply to each connect, read and write,
-   so a receiver that answers one byte every 0.25 s never trips a 10 s read timeout. Here the whole
+1. **A deadline for the whole exchange.** A timeout per connect, read and write (what HTTP clients
+   give) lets a receiver that answers one byte every 0.25 s never trip a 10 s read timeout. Here the whole
    exchange (address check, connect, TLS handshake, request, headers, body) runs on an event loop
    inside `asyncio.timeout(deadline)`: at the deadline the task is cancelled wherever it waits, and
    its connection is dropped. Sync callers (Celery workers) hand the call to this process's
@@ -16,9 +16,9 @@ Three guarantees, whatever the other side does:
 3. **An address filter.** Every address the host name resolves to is checked; one refused address
    refuses the host. Loopback, link-local, cloud metadata, unspecified, private and every other
    non-public address is refused unless it lies in OUTGOING_ALLOWED_NETWORKS (metadata addresses
-   only when listed on their own). The connection is made to a checked address (the network
-   backend below does the resolving, put under httpx's transport by foundation.patches.httpx), so
-   DNS rebinding between check and connect is impossible; the URL's host name still goes into the
+   only when listed on their own). The connection is made to a checked address (the pool's
+   connector below does the resolving: foundation.http1 never resolves a name itself), so DNS
+   rebinding between check and connect is impossible; the URL's host name still goes into the
    Host header and TLS SNI, and the certificate is verified against it.
 """
 
@@ -28,23 +28,24 @@ import asyncio
 import ipaddress
 import os
 import socket
+import ssl
 import threading
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-import httpcore
-import httpx
+import certifi
 from django.conf import settings
 
+from foundation.http1 import Http1Pool, HttpError
 from foundation.loop_local import loop_local
-from foundation.patches.httpx import BackendTransport
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 # Cloud instance metadata (AWS, GCP, Azure, OpenStack on IPv4; AWS on IPv6): credentials live there.
 METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254"))
+USER_AGENT = "Switchboard/1"  # (a caller's own User-Agent, a webhook's, replaces it)
 # What a sync caller waits beyond the deadline for the loop to report the cancelled call.
 SYNC_GRACE_SECONDS = 5.0
 
@@ -115,47 +116,40 @@ async def host_resolve_checked(host: str, port: int) -> list[str]:
     return addresses
 
 
-class _CheckedBackend(httpcore.AsyncNetworkBackend):
-    """httpcore asks its network backend to connect to the URL's host; this one resolves the name
-    itself, checks every address and connects only to a checked one (the TLS layer above still uses
-    the host name for SNI and the certificate)."""
-
-    def __init__(self) -> None:
-        self._inner = httpcore.AnyIOBackend()
-
-    async def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
-                          socket_options: Iterable[Any] | None = None) -> httpcore.AsyncNetworkStream:
-        error: Exception | None = None
-        for address in await host_resolve_checked(host, port):
-            try:
-                return await self._inner.connect_tcp(address, port, timeout=timeout, local_address=local_address,
-                                                     socket_options=socket_options)
-            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
-                error = exc
-        assert error is not None
-        raise error
-
-    async def connect_unix_socket(self, path: str, timeout: float | None = None,
-                                  socket_options: Iterable[Any] | None = None) -> httpcore.AsyncNetworkStream:
-        raise OutgoingRefused("refused: unix sockets are not called")
-
-    async def sleep(self, seconds: float) -> None:
-        await self._inner.sleep(seconds)
+async def _connect_checked(host: str, port: int, tls: ssl.SSLContext | None) -> tuple[Any, Any]:
+    """Resolve `host` here, check every address, and connect only to a checked one (TLS still
+    names the host: SNI, and the certificate verified against it)."""
+    error: OSError | None = None
+    for address in await host_resolve_checked(host, port):
+        try:
+            return await asyncio.open_connection(address, port, ssl=tls, server_hostname=host if tls else None)
+        except ssl.SSLError:
+            raise
+        except OSError as exc:
+            error = exc
+    assert error is not None
+    raise error
 
 
-def outgoing_client(name: str, *, max_connections: int, max_keepalive: int, checked: bool = True) -> httpx.AsyncClient:
-    """One client (and connection pool) per event loop and purpose: building one loads the CA
-    bundle, far too slow to do per call. Never follows redirects, ignores proxy variables (a proxy
-    would connect to addresses nobody checked).
+async def _connect_configured(host: str, port: int, tls: ssl.SSLContext | None) -> tuple[Any, Any]:
+    return await asyncio.open_connection(host, port, ssl=tls, server_hostname=host if tls else None)
+
+
+def _tls_context() -> ssl.SSLContext:
+    """Certificates verified against certifi's CA bundle (as the platform's calls always were)."""
+    return ssl.create_default_context(cafile=certifi.where())
+
+
+def outgoing_client(name: str, *, max_connections: int, max_keepalive: int, checked: bool = True) -> Http1Pool:
+    """One connection pool per event loop and purpose (foundation.http1). Never follows redirects,
+    ignores proxy variables (a proxy would connect to addresses nobody checked).
 
     `checked=False` skips the address filter, for addresses the operator configured (the
     neighbouring domains of the network, which are usually on private networks); the deadline and
     the answer cap hold all the same."""
-    def make() -> httpx.AsyncClient:
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_keepalive)
-        transport = (BackendTransport(limits, _CheckedBackend()) if checked else
-                     httpx.AsyncHTTPTransport(verify=httpx.create_ssl_context(), limits=limits, trust_env=False))
-        return httpx.AsyncClient(transport=transport, follow_redirects=False, trust_env=False)
+    def make() -> Http1Pool:
+        return Http1Pool(_connect_checked if checked else _connect_configured, max_connections=max_connections,
+                         max_keepalive=max_keepalive, ssl_context=_tls_context, user_agent=USER_AGENT)
 
     return loop_local(("outgoing", name), make)
 
@@ -163,7 +157,7 @@ def outgoing_client(name: str, *, max_connections: int, max_keepalive: int, chec
 # --- one call ------------------------------------------------------------------------------------
 
 
-async def outgoing_post(client: httpx.AsyncClient, url: str, *, content: bytes, headers: dict[str, str],
+async def outgoing_post(client: Http1Pool, url: str, *, content: bytes, headers: dict[str, str],
                         deadline: float, max_bytes: int) -> Answer:
     """POST and read at most `max_bytes` of the answer, all within `deadline` seconds. Raises
     OutgoingError (OutgoingRefused for a refused address) when there is no answer."""
@@ -171,26 +165,20 @@ async def outgoing_post(client: httpx.AsyncClient, url: str, *, content: bytes, 
                                   max_bytes=max_bytes)
 
 
-async def outgoing_request(client: httpx.AsyncClient, method: str, url: str, *, content: bytes = b"",
+async def outgoing_request(client: Http1Pool, method: str, url: str, *, content: bytes = b"",
                            headers: dict[str, str], deadline: float, max_bytes: int) -> Answer:
     """One request, its answer read up to `max_bytes`, the whole exchange within `deadline` seconds."""
     headers = {**headers, "Accept-Encoding": "identity"}
     try:
         async with asyncio.timeout(deadline):
-            async with client.stream(method, url, content=content, headers=headers, timeout=deadline) as response:
-                answered = {name.lower(): value for name, value in response.headers.items()}
-                body = bytearray()
-                async for chunk in response.aiter_raw():
-                    body += chunk
-                    if len(body) > max_bytes:
-                        return Answer(response.status_code, bytes(body[:max_bytes]), complete=False, headers=answered)
-                return Answer(response.status_code, bytes(body), complete=True, headers=answered)
-    except (TimeoutError, httpx.TimeoutException):
+            answer = await client.request(method, url, content=content, headers=headers, max_bytes=max_bytes)
+    except TimeoutError:
         raise OutgoingError(f"no answer within {deadline:g} s") from None
     except OutgoingError:
         raise
-    except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
-        raise OutgoingError(f"{type(exc).__name__}: {exc}"[:500]) from None
+    except (HttpError, OSError) as exc:
+        raise OutgoingError(str(exc)[:500] or type(exc).__name__) from None
+    return Answer(answer.status, answer.body, complete=answer.complete, headers=answer.headers)
 
 
 # --- from sync code (workers) ----------------------------------------------------------------------

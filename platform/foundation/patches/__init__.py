@@ -11,8 +11,7 @@ serves (the body cap's rules, the slow-reader limits, the address filter) stays 
 - `daphne`: daphne, autobahn and Twisted made a safe WebSocket server (checked when installed, by
   config.asgi, and by config.web before daphne starts);
 - `django`: the lean ASGI handler's middleware, a pool thread's connection reset, the hot cursor, a
-  lock connection, a response marked logged, a command's raw output stream;
-- `httpx`: an HTTP transport on a network backend of ours (the outgoing address filter).
+  lock connection, a response marked logged, a command's raw output stream.
 
 PySpark's (the lake's Hadoop file system) is analytics.jobs.patches: the jobs run under spark-submit,
 with neither Django nor this package on their path.
@@ -22,9 +21,9 @@ from __future__ import annotations
 
 import importlib
 
-# Checked as they are imported (Django's, channels-redis's and httpx's as Django sets up, Channels' with the
+# Checked as they are imported (Django's and channels-redis's as Django sets up, Channels' with the
 # consumers); daphne's when it installs, which only a web node does.
-CHECKED_ON_IMPORT = ("channels", "channels_redis", "django", "httpx")
+CHECKED_ON_IMPORT = ("channels", "channels_redis", "django")
 
 
 def versions_check() -> None:

@@ -151,7 +151,7 @@ def pings(net_ring):
 
 def test_a_probe_pings_every_neighbour_over_an_enabled_link_and_records_its_state(net_ring, pings):
     net_ring.disable("domain-01", "domain-04")
-    pings["domain-02"] = OutgoingError("ConnectError: [Errno 111] Connection refused")
+    pings["domain-02"] = OutgoingError("cannot connect to domain-02: [Errno 111] Connection refused")
     with net_ring.at("domain-01"):
         results = probes.links_probe()
     assert [(r.peer, r.ok, r.error) for r in results] == [("domain-02", False, "domain-02: connection refused")]

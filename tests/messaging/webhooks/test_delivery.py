@@ -157,7 +157,7 @@ def test_no_answer_in_time_and_a_refused_connection_are_failed_attempts(anz, set
     row, _ = _record_one(anz, closed)
     assert webhook_attempt(delivery_id=str(row.id), claim=row.claim) == "retrying"
     refused = _fresh(row)
-    assert refused.attempts == 1 and refused.last_error.startswith("ConnectError")
+    assert refused.attempts == 1 and refused.last_error.startswith("cannot connect to 127.0.0.1")
 
 
 def test_a_lost_task_is_made_up_for_by_the_sweep_once_its_lease_has_passed(anz, receiver):
