@@ -121,6 +121,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     for state, count in webhook_backlog().items():
         WEBHOOK_BACKLOG.labels(state).set(count)
     LINKS.states = link_states()
+    REQUESTS_COLLECTOR.refresh()
     lag = copy_lag()
     _STANDBYS_SEEN.update(lag)
     for standby in sorted(_STANDBYS_SEEN):  # one caught up reads 0, not its last lag
