@@ -20,12 +20,16 @@ class EndpointsImported:
 
 
 ENDPOINT_KEYS = {"name": "name", "webhook": "webhook_url", "stream": "stream", "timeoutMs": "timeout_ms",
-                 "maxTimeoutMs": "max_timeout_ms", "maxInFlightPerUser": "max_in_flight_per_user"}
+                 "maxTimeoutMs": "max_timeout_ms", "maxInFlightPerUser": "max_in_flight_per_user",
+                 "webhookSecret": "webhook_secret"}
+SECRET_MAX = 100
 
 
 def endpoints_import(app: ClientApp, entries: list, where: str) -> EndpointsImported:
     """The app's request endpoints become exactly the file's (matched by name); an endpoint's webhook
-    secret is kept across imports, and a new one's is in the summary (shown once)."""
+    secret is the file's `webhookSecret` where it has one (the meta role's export: every domain of
+    the network signs an endpoint's calls with the same secret, so the app's server checks one),
+    else kept across imports, and a new one's is in the summary (shown once)."""
     if not isinstance(entries, list):
         raise ConfigError(f"{where} endpoints: a list of {{name, webhook?, stream?, timeoutMs?, ...}}")
     names: list[str] = []
@@ -45,6 +49,11 @@ def endpoints_import(app: ClientApp, entries: list, where: str) -> EndpointsImpo
         for key in ("timeoutMs", "maxTimeoutMs", "maxInFlightPerUser"):
             if key in item:
                 values[ENDPOINT_KEYS[key]] = entry_int(item[key], f"{ewhere} {key}")
+        if item.get("webhookSecret"):
+            secret = item["webhookSecret"]
+            if not isinstance(secret, str) or len(secret) > SECRET_MAX:
+                raise ConfigError(f"{ewhere} webhookSecret: a string of at most {SECRET_MAX} characters")
+            values["webhook_secret"] = secret
         endpoint = RequestEndpoint.objects.filter(app=app, name=name).first()
         created = endpoint is None
         endpoint = endpoint or RequestEndpoint(app=app, name=name)
@@ -61,14 +70,15 @@ def endpoints_import(app: ClientApp, entries: list, where: str) -> EndpointsImpo
             endpoint.save()
             done.created += created
             done.updated += not created
-            if created and endpoint.webhook_url:
+            if created and endpoint.webhook_url and "webhook_secret" not in values:
                 done.secrets.append((app.app_name, name, endpoint.webhook_secret))
     RequestEndpoint.objects.filter(app=app).exclude(name__in=names).delete()
     return done
 
 
-def endpoints_export(app: ClientApp) -> list[dict[str, Any]]:
-    """The app's endpoints as the file lists them (`request_endpoints` prefetched)."""
+def endpoints_export(app: ClientApp, *, include_secrets: bool = False) -> list[dict[str, Any]]:
+    """The app's endpoints as the file lists them (`request_endpoints` prefetched); their webhook
+    secrets only with `include_secrets` (config_io.config_export's rule)."""
     endpoints = []
     for e in sorted(app.request_endpoints.all(), key=lambda e: e.name):
         spec: dict[str, Any] = {"name": e.name}
@@ -78,5 +88,7 @@ def endpoints_export(app: ClientApp) -> list[dict[str, Any]]:
             spec["stream"] = True
         spec.update({"timeoutMs": e.timeout_ms, "maxTimeoutMs": e.max_timeout_ms,
                      "maxInFlightPerUser": e.max_in_flight_per_user})
+        if include_secrets and e.webhook_url:
+            spec["webhookSecret"] = e.webhook_secret
         endpoints.append(spec)
     return endpoints

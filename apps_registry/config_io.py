@@ -29,10 +29,11 @@ W010 about each). An entry that says nothing gets signed tokens (with the app's 
 generated one the operator replaces). Exports write `authMode: none` for an open app.
 
 Secrets stay out of exports unless asked for (`include_secrets`, which the meta role's signed
-export uses): a file that travels to a repository or a ticket must not carry an app's token secret
-nor a link's shared secret (it signs the calls between the two domains). Importing a file without
-`tokenSecret` keeps the secret an existing app already has, and one without `sharedSecret` keeps
-an existing link's secret (a new link gets a random one).
+export uses): a file that travels to a repository or a ticket must not carry an app's token secret,
+a link's shared secret (it signs the calls between the two domains) nor a request endpoint's webhook
+secret. Importing a file without `tokenSecret` keeps the secret an existing app already has, one
+without `sharedSecret` keeps an existing link's secret (a new link gets a random one), and one
+without an endpoint's `webhookSecret` keeps the endpoint's (a new endpoint gets a random one).
 """
 
 from __future__ import annotations
@@ -349,7 +350,7 @@ def config_export(*, include_secrets: bool = False) -> str:
             dists.append(entry)
         if dists:
             item["userDistributions"] = dists
-        if endpoints := endpoints_export(app):
+        if endpoints := endpoints_export(app, include_secrets=include_secrets):
             item["endpoints"] = endpoints
         doc["clientApps"].append(item)
     return yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)

@@ -46,10 +46,11 @@ RING_ENV = {
     "FAILOVER_SECONDS": "300",
     # What tests/processes.py gives every process it starts: local settings (not the test ones,
     # which would move Redis to the suite's database), loopback allowed for outgoing calls (the
-    # other domains are on 127.0.0.1), and a short drain so a stopped domain is stopped quickly.
+    # other domains are on 127.0.0.1) and plain http:// for webhooks, and a short drain so a stopped domain is stopped quickly.
     "DJANGO_SETTINGS_MODULE": "config.settings.local",
     "DEBUG": "false",
     "OUTGOING_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
+    "WEBHOOKS_ALLOW_HTTP": "true",  # (a test's webhook receiver is a plain-HTTP server on 127.0.0.1)
     "DRAIN_SECONDS": "1",
     "DRAIN_GRACE_SECONDS": "3",
 }

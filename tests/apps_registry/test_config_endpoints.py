@@ -50,11 +50,25 @@ def test_the_apps_endpoints_become_exactly_the_files_and_export_round_trips():
                                  "maxInFlightPerUser": 4}]
 
 
+def test_a_webhooks_secret_travels_only_in_an_export_with_secrets_and_a_mirror_signs_with_it():
+    config_import(text=_file("{name: orders.quote, webhook: 'https://shop.example/hooks/quote'}"))
+    secret = RequestEndpoint.objects.get().webhook_secret
+    [plain] = yaml.safe_load(config_export())["clientApps"]
+    assert "webhookSecret" not in plain["endpoints"][0]  # (a file for a repository or a ticket)
+    exported = config_export(include_secrets=True)  # what the meta role serves the network
+    assert yaml.safe_load(exported)["clientApps"][0]["endpoints"][0]["webhookSecret"] == secret
+    RequestEndpoint.objects.all().delete()
+    mirrored = config_import(text=exported, mirror=True)  # another domain pulling the meta's file
+    assert RequestEndpoint.objects.get().webhook_secret == secret
+    assert mirrored.endpoint_secrets == []  # nothing new to show: the secret is the meta's
+
+
 @pytest.mark.parametrize(("entry", "words"), [
     ("{name: nowhere}", "webhook URL or the stream"),
     ("{name: x, stream: true, colour: red}", "unknown key 'colour'"),
     ("{name: '9lives', stream: true}", "name"),
     ("{name: x, stream: true, timeoutMs: 5000, maxTimeoutMs: 1000}", "max_timeout_ms"),
+    ("{name: x, webhook: 'https://a.example/h', webhookSecret: [1]}", "webhookSecret"),
 ])
 def test_a_wrong_endpoint_is_refused_with_its_place_in_the_file(entry, words):
     with pytest.raises(ConfigError) as refused:

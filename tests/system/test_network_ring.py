@@ -22,6 +22,7 @@ from psycopg.types.json import Jsonb
 from foundation.signed_calls import signed_headers
 from tests.link_fault import LinkFault
 from tests.ring import RingRefused
+from tests.webhook_receiver import WebhookReceiver
 from tests.wsclient import WsClient
 
 pytestmark = pytest.mark.system
@@ -343,6 +344,53 @@ def test_rest_presence_at_domain_01_answers_for_a_user_connected_at_domain_03(ri
     with ring.client(3, "ANZ-3000032"):
         assert _eventually(lambda: online() is True, 20)
     assert _eventually(lambda: online() is False, 20)
+
+
+def test_a_request_of_a_user_homed_at_domain_03_is_told_by_domain_03_answered_there_and_its_outcome_reaches_the_user(
+        ring):
+    """The endpoint is made on the meta domain (01); every domain mirrors it with the same webhook
+    secret. A user of 03 asks: 03 calls the app's server, naming itself and where to answer; the
+    answer made there (its REST API) reaches the user as RESOLVE; the same answer at 01, which never
+    heard of the request, is told so."""
+    with WebhookReceiver(status=202) as server:
+        ring.manage(1, "shell", "-c", "from apps_registry.models import ClientApp, RequestEndpoint; "
+                    "RequestEndpoint.objects.create(app=ClientApp.objects.get(app_name='ANZ'), name='ring.quote', "
+                    f"webhook_url='{server.url}')")
+        try:
+            [(secret,)] = ring.query(1, "SELECT webhook_secret FROM apps_registry_requestendpoint "
+                                        "WHERE name = 'ring.quote'")
+            mirrored = "SELECT webhook_secret FROM apps_registry_requestendpoint WHERE name = 'ring.quote'"
+            assert _eventually(lambda: ring.query(3, mirrored) == [(secret,)], 30), "domain-03 never mirrored it"
+            with ring.client(3, "ANZ-3000041") as carol:
+                assert _eventually(lambda: _requested(carol, server), 20), "domain-03 took no request"
+                [call] = server.calls
+                data = call.json["data"]
+                assert call.event == "request.received" and call.signed_with(secret)
+                assert (data["domain"], data["from"], data["endpoint"]) == ("domain-03", "ANZ-3000041", "ring.quote")
+                assert data["answerUrl"] == f"{ring.http_url(3)}/api/v1/requests/{data['requestId']}"
+                elsewhere = httpx.post(f"{ring.http_url(1)}/api/v1/requests/{data['requestId']}/resolve",
+                                       json={"content": "from 01"}, timeout=10,
+                                       headers={"Authorization": f"Bearer {ring.api_key(1)}"})
+                assert elsewhere.status_code == 404
+                answered = httpx.post(f"{data['answerUrl']}/resolve", json={"content": "42 EUR"}, timeout=10,
+                                      headers={"Authorization": f"Bearer {ring.api_key(3)}"})
+                assert answered.status_code == 200, answered.text
+                outcome = carol.recv_type("RESOLVE", timeout=20)["data"]
+                assert (outcome["requestId"], outcome["clientMessageId"], outcome["content"]) == (
+                    data["requestId"], "quote-1", "42 EUR")
+        finally:
+            ring.manage(1, "shell", "-c", "from apps_registry.models import RequestEndpoint; "
+                        "RequestEndpoint.objects.filter(name='ring.quote').delete()")
+
+
+def _requested(client: WsClient, server: WebhookReceiver) -> bool:
+    """Send the request once the user's domain knows the endpoint (until then: unknown_endpoint)."""
+    client.send("REQUEST", {"endpoint": "ring.quote", "content": "a quote, please", "clientMessageId": "quote-1"})
+    answer = client.recv_until(lambda f: f["type"] in ("REQUEST_ACCEPTED", "INVALID_MESSAGE"))
+    if answer["type"] == "INVALID_MESSAGE":
+        assert answer["data"].get("code") == "unknown_endpoint", answer
+        return False
+    return _eventually(lambda: len(server.calls) == 1, 20)
 
 
 def test_a_link_secret_rotated_under_load_fails_no_call_and_loses_nothing(ring):
