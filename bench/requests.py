@@ -11,8 +11,8 @@ platform's CPU sampled (bench.cpu: web, worker and outbound, Postgres, Redis) fo
    server (a process of the harness) reads `sbq:ANZ:requests` as the app's request-stream user and
    answers each entry on the intake (`replyTo`, `outcome`, `content`) as the app's intake user, a
    pipeline per batch read;
-2. `webhook`: the same to `bench.hook`, whose server (a thread of the harness) answers each
-   `request.received` call with `200 {"resolve": …}` in its response;
+2. `webhook`: the same to `bench.hook`, whose server (a process of the harness, a threading HTTP
+   server) answers each `request.received` call with `200 {"resolve": …}` in its response;
 3. `RELIABLE`: the same clients each keeping one RELIABLE MESSAGE to itself in flight (send, then
    its receipt): the stored path's round trip, for the CPU ratio, flat out and then paced to each
    request run's throughput (`RELIABLE@stream`, `RELIABLE@webhook`: CPU per message falls as a
@@ -40,6 +40,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import redis
 import websockets
 
@@ -55,33 +56,30 @@ APP, APP_ID = "ANZ", "app-id-343"
 GROUPS = ("web", "worker", "postgres", "redis")
 
 
-class AnsweringHook:
-    """The app's webhook, answering each request in its response (`200 {"resolve": …}`)."""
+def _hook_server(port_out: Any, stop: Any) -> None:
+    """The app's webhook, in a process of its own (as an app's server is): answers each request in
+    its response (`200 {"resolve": …}`), headers and body in one write, as production servers do
+    (http.server's two writes, headers then body, cost every call a 40 ms delayed ACK)."""
 
-    def __init__(self) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
 
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
-                answer = json.dumps({"resolve": "done " + body["data"]["requestId"]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            answer = json.dumps({"resolve": "done " + body["data"]["requestId"]}).encode()
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(answer), answer))
 
-            def log_message(self, format: str, *args) -> None:  # noqa: A002
-                pass
+        def log_message(self, format: str, *args) -> None:  # noqa: A002
+            pass
 
-        ThreadingHTTPServer.request_queue_size = 1024  # (socketserver's 5 drops a burst of new connections)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/requests"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self._server.shutdown()
+    ThreadingHTTPServer.request_queue_size = 1024  # (socketserver's 5 drops a burst of new connections)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    port_out.put(server.server_address[1])
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stop.wait()
+    server.shutdown()
 
 
 def _stream_server(redis_url: str, password: str, db_prefix: str, stop: Any) -> None:
@@ -178,6 +176,11 @@ print('PASSWORD', queue_credential_create(app=anz)[1])
     return next(line.split()[1] for line in out.splitlines() if line.startswith("PASSWORD"))
 
 
+def _analyze(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+
+
 def _cpu_per_round_trip(window: Any, round_trips: int) -> dict[str, float]:
     per = {g: round(window.seconds(g) * 1000 / max(1, round_trips), 3) for g in GROUPS if window.seconds(g) is not None}
     return {**per, "total": round(sum(per.values()), 3)}
@@ -192,26 +195,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="stream,webhook,RELIABLE,RELIABLE@stream,RELIABLE@webhook",
                         help="runs, in order: stream, webhook, RELIABLE (as fast as it goes), RELIABLE@<run> (paced "
                              "to the round trips per second that run reached) or RELIABLE@<rate>")
+    parser.add_argument("--prime", type=float, default=3.0,
+                        help="seconds of each kind of round trip before anything is measured (0: none)")
     parser.add_argument("--json", type=Path, help="also write the results to this file")
     parser.add_argument("--logs", type=Path, help="keep the platform's logs in this folder")
     args = parser.parse_args(argv)
     command = "python -m bench.requests " + " ".join(sys.argv[1:] if argv is None else argv)
-    hook = AnsweringHook()
+    stop = mp.Event()
+    port_out: Any = mp.Queue()
+    hook = mp.Process(target=_hook_server, args=(port_out, stop), daemon=True)
+    hook.start()
+    hook_url = f"http://127.0.0.1:{port_out.get(timeout=30)}/requests"
     runs: dict[str, Any] = {}
     env = {**{k: v for k, v in os.environ.items() if k.startswith("REQUEST_")}, "WEBHOOKS_ALLOW_HTTP": "true", "OUTGOING_ALLOWED_NETWORKS": "127.0.0.0/8", "WEBHOOK_APP_CONCURRENCY": "64",
            "QUEUE_INTAKE_BLOCK_SECONDS": "0.01"}
     with tempfile.TemporaryDirectory(prefix="bench-requests-") as tmp, \
             platform_processes(free_port(), args.logs or Path(tmp), extra_env=env, outbound_worker=True) as running:
-        password = _setup(running, hook.url)
+        password = _setup(running, hook_url)
         db = int(redis.connection.parse_url(running.redis_url).get("db") or 0)
-        stop = mp.Event()
         server = mp.Process(target=_stream_server, args=(running.redis_url, password, f"sbq-{db}-" if db else "sbq-",
                                                          stop), daemon=True)
         server.start()
         groups = {"web": running.web_pids, "worker": [*running.worker_pids, *running.outbound_pids],
                   "postgres": find_postgres(running.database_url), "redis": find_redis(running.redis_url)}
+        # Every table with rows and statistics before anything is measured, each run after an
+        # ANALYZE: plans made on a fresh database's empty tables (sequential scans, kept by the
+        # statements' plan caches until autovacuum's first ANALYZE a minute later) would charge
+        # whichever run comes first.
+        primer = argparse.Namespace(**{**vars(args), "duration": args.prime, "warmup": 0.0})
+        for index, mode in enumerate(("stream", "webhook", "RELIABLE") if args.prime else ()):
+            _run_clients(running.url, mode, primer, user_base=500000 + index * 10000)
         for index, mode in enumerate(args.modes.split(",")):
             settle()
+            _analyze(running.database_url)
             probe = CpuProbe(groups)
             probe.start()
             name, _, paced = mode.partition("@")  # RELIABLE@stream: at the rate the stream run reached
@@ -223,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             print(mode, json.dumps(result), flush=True)
         stop.set()
         server.join(5)
-    hook.close()
+    hook.join(5)
     summary: dict[str, Any] = {mode: {"round_trips_per_second": r["round_trips_per_second"],
                                       "p99_ms": r["latency_ms"]["p99"],
                                       "cpu_ms_per_round_trip": r["cpu_ms_per_round_trip"]["total"]}
