@@ -13,6 +13,7 @@ forged internal calls refused. (One module: the ring starts once for all of them
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import httpx
@@ -67,6 +68,24 @@ def test_a_stopped_domain_leaves_the_others_serving_and_comes_back_with_the_same
     assert ring.query(2, "select count(*) from apps_registry_userdistribution") == [(4,)]
     with ring.client(2, "ANZ-1500000"):
         pass
+    _links_up_everywhere(ring)
+
+
+def test_a_domain_back_after_a_long_absence_says_it_is_ready_only_once_it_admits_its_users(ring):
+    """Away longer than its fence (or fresh from `make network`), a domain is cut off until the first
+    gossip reaches it and refuses its users with a standby meanwhile: the moment its /readyz answers
+    200, such a user is admitted there (it used to answer 200 a gossip round before)."""
+    ring.stop_domain(3)
+    # As if it had been away an hour: nothing it heard is recent enough to keep it in the network.
+    ring.query(3, "update messaging_domainheard set heard_at = now() - interval '1 hour'")
+    starting = threading.Thread(target=ring.start_domain, args=(3,))
+    starting.start()
+    try:
+        assert _eventually(lambda: ring.ready(3), 60, every=0.05), "domain-03 never said it was ready"
+        with ring.client(3, "ANZ-3000041") as carol:  # (RingRefused: "cut off from the network")
+            assert carol.frames[-1]["data"]["isAuthenticated"] is True
+    finally:
+        starting.join()
     _links_up_everywhere(ring)
 
 
