@@ -230,7 +230,8 @@ class RetentionFigures:
 _OLDEST = {"messages": "SELECT created_at FROM messaging_message ORDER BY id LIMIT 1",
            "deliveries": "SELECT created_at FROM messaging_delivery ORDER BY id LIMIT 1",
            "sessions": "SELECT min(connected_at) FROM presence_session WHERE disconnected_at IS NOT NULL",
-           "presence_events": "SELECT at FROM presence_presenceevent ORDER BY id LIMIT 1"}
+           "presence_events": "SELECT at FROM presence_presenceevent ORDER BY id LIMIT 1",
+           "standby_copies": "SELECT created_at FROM messaging_standbycopy ORDER BY id LIMIT 1"}
 RETENTION_SOURCES = tuple(_OLDEST)
 
 

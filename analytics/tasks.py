@@ -59,6 +59,6 @@ def report_run(self, job_run_id: int | None = None, kind: str | None = None) -> 
 @shared_task
 def retention_sweep() -> dict:
     """Beat (every RETENTION_SWEEP_SECONDS): rows past their app's retention that the export has,
-    deleted in bounded batches (analytics.services.retention)."""
+    and a standby's copies past it, deleted in bounded batches (analytics.services.retention)."""
     swept = rows_past_retention_delete()
     return {"removed": swept.removed, "done": swept.done}

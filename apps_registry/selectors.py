@@ -10,8 +10,7 @@ from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 from django.conf import settings
-from django.db.models import Case, F, Max, When
-from django.db.models.functions import Coalesce
+from django.db.models import Case, Exists, F, Max, OuterRef, When
 from django.utils import timezone
 
 from .models import USER_ID_RE, AuthMode, ClientApp, Domain, RequestEndpoint, Takeover, UserDistribution, UserRange
@@ -284,13 +283,14 @@ def app_names_push_open() -> list[str]:
 def _snapshot_load(app: ClientApp | None) -> AppSnapshot | None:
     snapshot = None
     if app is not None:
-        # Where a range's users live now: their home, or while it is taken over, its holder (Takeover).
+        # Where a range's users live now: their home, or while its standby holds it (a Takeover of
+        # the range's home by the range's standby), that standby. Another standby's takeover of the
+        # home is of its own ranges, not this one.
+        held = Exists(Takeover.objects.filter(home=OuterRef("domain"), holder=OuterRef("standby"), held=True))
         rows = list(UserDistribution.objects.filter(app=app).order_by("range_from").annotate(
-            serving=Coalesce(Case(When(domain__takeover__held=True, then=F("domain__takeover__holder__name"))),
-                             F("domain__name")),
-            serving_urls=Coalesce(Case(When(domain__takeover__held=True, then=F("domain__takeover__holder__urls"))),
-                                  F("domain__urls"))).values_list("range_from", "range_to", "serving", "serving_urls",
-                                                                  "standby__name", "domain__name"))
+            serving=Case(When(held, then=F("standby__name")), default=F("domain__name")),
+            serving_urls=Case(When(held, then=F("standby__urls")), default=F("domain__urls"))).values_list(
+                "range_from", "range_to", "serving", "serving_urls", "standby__name", "domain__name"))
         dists = tuple((UserRange(low, high), domain) for low, high, domain, *_ in rows)
         ws_urls = {domain: domain_ws_url(urls) for _, _, domain, urls, *_ in rows}
         snapshot = AppSnapshot(
@@ -328,9 +328,9 @@ MAX_TAKEOVERS = 1000
 
 
 def takeover_records(*, changed_within: float | None = None) -> list[dict]:
-    """The takeover records as the network's gossip tells them (messaging.federation.takeover.take), by home;
-    `changed_within`: only those this domain wrote or learned in the last so many seconds."""
-    rows = Takeover.objects.select_related("home", "holder").order_by("home__name")
+    """The takeover records as the network's gossip tells them (messaging.federation.takeover.take), by home
+    and holder; `changed_within`: only those this domain wrote or learned in the last so many seconds."""
+    rows = Takeover.objects.select_related("home", "holder").order_by("home__name", "holder__name")
     if changed_within is not None:
         rows = rows.filter(learned_at__gte=timezone.now() - timedelta(seconds=changed_within))
     return [{"home": t.home.name, "holder": t.holder.name, "held": t.held, "epoch": t.epoch,

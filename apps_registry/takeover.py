@@ -1,9 +1,12 @@
 """Who serves a domain's users: the registry's record of a takeover (messaging.federation.takeover.take).
 
-One row per home domain that has ever been taken over, kept after the hand-back (the console shows
-the last takeover and hand-back with their times). While `held`, the users of every range homed at
-`home` are served by `holder` (their standby): the app snapshots (apps_registry.selectors) name the
-holder as where they live, so logins are redirected there and messages for them routed there.
+One row per home domain and standby that has ever taken it over, kept after the hand-back (the
+console shows the last takeover and hand-back with their times). While `held`, the users of the
+ranges homed at `home` whose standby is `holder` are served by `holder`, and only those: the app
+snapshots (apps_registry.selectors) name the holder as where they live, so logins are redirected
+there and messages for them routed there. A range with another standby is that standby's to take
+over (two standbys of one home may each hold their own ranges at once); a range with none waits for
+its home.
 
 Every domain holds the same rows: the holder writes them, and the network's gossip carries them to
 every domain; a row with a higher `epoch` replaces a lower one wherever it arrives, so every domain
@@ -17,9 +20,9 @@ from django.db import models
 
 
 class Takeover(models.Model):
-    home = models.OneToOneField("apps_registry.Domain", on_delete=models.CASCADE, related_name="takeover")
+    home = models.ForeignKey("apps_registry.Domain", on_delete=models.CASCADE, related_name="takeovers")
     holder = models.ForeignKey("apps_registry.Domain", on_delete=models.CASCADE, related_name="+")
-    held = models.BooleanField(help_text="The holder serves the home's users now.")
+    held = models.BooleanField(help_text="The holder serves the home's users it stands by for now.")
     epoch = models.PositiveBigIntegerField(help_text="Grows with every change; the higher wins everywhere.")
     taken_at = models.DateTimeField()
     returned_at = models.DateTimeField(null=True, blank=True)
@@ -33,6 +36,13 @@ class Takeover(models.Model):
     # then on it admits none of them (they retry) and has closed their connections, so no ACK reaches
     # it in the moment it gives their mailboxes up (one read there would be lost at home).
     returning_since = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # Only a holder writes its row (take_over, hand_back), and the gossip replaces a row by
+            # the higher epoch: one row per home and holder, so each standby's word is its own.
+            models.UniqueConstraint(fields=["home", "holder"], name="takeover_once_per_home_and_holder"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.home.name} {'held by' if self.held else 'handed back by'} {self.holder.name}"

@@ -156,10 +156,13 @@ class Faults:
                          "seconds": round(time.monotonic() - began, 1)})
 
     def _held(self, n: int) -> bool:
-        """Whether domain n's users are held by its standby, as the standby says."""
+        """Whether domain n's users are held by its standby, as the standby says (its own row: one per
+        home and holder)."""
         with psycopg.connect(self.ring.database_url(STANDBY[n]), autocommit=True) as conn:
             return bool(conn.execute("select count(*) from apps_registry_takeover t join apps_registry_domain d"
-                                     " on d.id = t.home_id where d.name = %s and t.held", [self._name(n)]).fetchone()[0])
+                                     " on d.id = t.home_id join apps_registry_domain h on h.id = t.holder_id"
+                                     " where d.name = %s and h.name = %s and t.held",
+                                     [self._name(n), self._name(STANDBY[n])]).fetchone()[0])
 
     def _link(self, a: str | int, b: str | int, enabled: bool) -> None:
         with psycopg.connect(self.ring.database_url(1), autocommit=True) as conn:

@@ -15,6 +15,13 @@ send for ever. A row goes only when all of these hold:
   event's), and a delivery was final before that export's snapshot, so the lake holds its final
   state (analytics.services.export).
 
+A standby's copy of another domain's mailboxes (StandbyCopy, messaging.federation.standby.copy) goes
+by the home's rule for its own deliveries, read from the copy: older than the app's retention (by
+when the home stored it) and delivered or expired there. A copy still waiting stays, as the home's
+delivery does until the home's expiry makes it expired (and its copy with it); so does a dead
+letter. Nothing exports copies, so none waits for an export. Without this, a standby's disk grew
+for ever, content outlived the app's retention there, and a takeover merged all of history.
+
 Each table goes in batches of RETENTION_BATCH_ROWS, oldest ids first, each batch its own short
 transaction, until RETENTION_BUDGET_SECONDS are spent (the next beat run goes on). What went is
 counted per day and table (RetentionDay), which the operator dashboard shows with the oldest row
@@ -79,11 +86,18 @@ _DELETES: dict[str, str] = {
                                 WHERE s.connection_id = e.connection_id AND s.disconnected_at IS NULL)
              ORDER BY e.id LIMIT %(batch)s)
         DELETE FROM presence_presenceevent e USING doomed WHERE e.id = doomed.id""",
+    "standby_copies": f"""
+        WITH doomed AS (
+            SELECT c.id FROM messaging_standbycopy c JOIN apps_registry_clientapp a ON a.id = c.app_id
+             WHERE c.state IN {_FINAL} AND c.created_at < now() - a.retention_days * %(day)s
+             ORDER BY c.id LIMIT %(batch)s)
+        DELETE FROM messaging_standbycopy c USING doomed WHERE c.id = doomed.id""",
 }
 # Whose watermark says what the export has: deliveries before their messages (a message goes once
-# its deliveries have), sessions before the events their deletion looks up.
+# its deliveries have), sessions before the events their deletion looks up. None: never exported.
 _WATERMARK = {"deliveries": ExportTable.DELIVERIES, "messages": ExportTable.MESSAGES,
-              "sessions": ExportTable.PRESENCE_EVENTS, "presence_events": ExportTable.PRESENCE_EVENTS}
+              "sessions": ExportTable.PRESENCE_EVENTS, "presence_events": ExportTable.PRESENCE_EVENTS,
+              "standby_copies": None}
 
 
 @dataclass
@@ -100,11 +114,13 @@ def rows_past_retention_delete(*, budget_seconds: float | None = None, batch: in
     marks = {m.table: m for m in ExportWatermark.objects.all()}
     swept = Swept()
     for table, sql in _DELETES.items():
-        mark = marks.get(_WATERMARK[table])
-        if mark is None or mark.position <= 0:
-            continue  # nothing exported yet: nothing may go
-        params = {"upto": mark.position, "as_of": mark.updated_at, "batch": size,
-                  "orphan_days": settings.RETENTION_ORPHAN_DAYS, "day": timedelta(seconds=settings.RETENTION_DAY_SECONDS)}
+        params = {"batch": size, "orphan_days": settings.RETENTION_ORPHAN_DAYS,
+                  "day": timedelta(seconds=settings.RETENTION_DAY_SECONDS)}
+        if (exported := _WATERMARK[table]) is not None:
+            mark = marks.get(exported)
+            if mark is None or mark.position <= 0:
+                continue  # nothing exported yet: nothing may go
+            params |= {"upto": mark.position, "as_of": mark.updated_at}
         removed = 0
         while True:
             if time.monotonic() >= deadline:

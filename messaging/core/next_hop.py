@@ -37,7 +37,7 @@ GRAPH_CACHE_SECONDS = 1.0
 LINK_STATE_CACHE_SECONDS = 1.0
 _graph_cache: tuple[float, DomainGraph] | None = None
 _state_cache: tuple[float, LinkState] | None = None
-_learned_cache: tuple[float, dict[str, float]] | None = None
+_learned_cache: tuple[float, dict[tuple[str, str], float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -148,16 +148,18 @@ def frozen_here(recipient: str, destination_: str, stored_at: float) -> bool:
     parsed = user_id_parse(recipient)
     app = app_snapshot(parsed.app_name) if parsed else None
     pair = app.home_and_standby(parsed.number) if app else None
-    return pair == (settings.DOMAIN_NAME, destination_) and stored_at < _held_learned().get(settings.DOMAIN_NAME, 0.0)
+    return pair == (settings.DOMAIN_NAME, destination_) and stored_at < _held_learned().get(pair, 0.0)
 
 
-def _held_learned() -> dict[str, float]:
-    """home -> when this domain learned it is held (unix time), re-read at most every LINK_STATE_CACHE_SECONDS."""
+def _held_learned() -> dict[tuple[str, str], float]:
+    """(home, holder) -> when this domain learned that holder holds the home's ranges it stands by
+    for (unix time), re-read at most every LINK_STATE_CACHE_SECONDS."""
     global _learned_cache
     now = time.monotonic()
     if _learned_cache is None or now - _learned_cache[0] > LINK_STATE_CACHE_SECONDS:
-        _learned_cache = (now, {home: (learned.timestamp() if learned else time.time()) for home, learned in
-                                Takeover.objects.filter(held=True).values_list("home__name", "learned_at")})
+        _learned_cache = (now, {(home, holder): (learned.timestamp() if learned else time.time())
+                                for home, holder, learned in Takeover.objects.filter(held=True).values_list(
+                                    "home__name", "holder__name", "learned_at")})
     return _learned_cache[1]
 
 

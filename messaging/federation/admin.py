@@ -134,24 +134,28 @@ class HeldInOrderAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 @admin.register(Takeover)
 class TakeoverAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
-    """Who serves whose users (messaging.federation.takeover.take): each home taken over at least once, who
-    holds its users now or held them last, the last takeover and hand-back with their times. The same
-    on every domain (the network's gossip carries it). `manage.py takeover` on the standby takes a
-    home over or hands it back by hand; the action here hands back a home held by this domain."""
+    """Who serves whose users (messaging.federation.takeover.take): each home and standby that took it
+    over at least once (a standby holds the home's ranges it stands by for, no others), whether it
+    holds them now, the last takeover and hand-back with their times. The same on every domain (the
+    network's gossip carries it). `manage.py takeover` on the standby takes a home over or hands it
+    back by hand; the action here hands back a home held by this domain."""
 
     list_display = ["home", "serving", "taken_at", "returned_at", "manual", "reason", "epoch"]
     list_filter = ["held", "manual"]
-    ordering = ["home__name"]
+    ordering = ["home__name", "holder__name"]
     fields = readonly_fields = ["home", "holder", "held", "taken_at", "returned_at", "manual", "reason", "epoch"]
     actions = ["hand_back_now"]
 
-    @admin.display(description="its users are served by")
+    @admin.display(description="its users standing by at the holder are served by")
     def serving(self, obj: Takeover) -> str:
-        return f"{obj.holder.name} (taken over)" if obj.held else f"{obj.home.name} (home)"
+        return f"{obj.holder.name} (taken over)" if obj.held else f"{obj.home.name} (home; last held by {obj.holder.name})"
 
     @admin.action(description="Hand the selected homes back (held by this domain)", permissions=ACT)
     def hand_back_now(self, request, queryset):
-        for takeover in queryset.select_related("home"):
+        for takeover in queryset.select_related("home", "holder"):
+            if takeover.holder.name != settings.DOMAIN_NAME:  # another standby's: it hands back its own
+                self.message_user(request, f"{takeover.home.name}: not held here (its holder is {takeover.holder.name})")
+                continue
             answer = hand_back(takeover.home.name, manual=True)
             self.message_user(request, f"{takeover.home.name}: {answer['state']}"
                               + (f" ({answer['changes_waiting']} changes not yet taken; try again)"

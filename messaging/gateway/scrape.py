@@ -43,13 +43,14 @@ STANDBY_WAITING = Gauge("switchboard_standby_copy_waiting",
                         ["standby"], registry=REGISTRY)
 _STANDBYS_SEEN: set[str] = set()
 TAKEOVER_HELD = Gauge("switchboard_takeover_held",
-                      "1 while `holder` serves the users of domain `home` (a standby's takeover), else 0",
+                      "1 while `holder` serves the users of domain `home` it stands by for (a takeover), else 0",
                       ["home", "holder"], registry=REGISTRY)
 TAKEOVER_TAKEN = Gauge("switchboard_takeover_last_taken_timestamp_seconds",
-                       "When `home`'s users were last taken over (unix time)", ["home"], registry=REGISTRY)
+                       "When `holder` last took over `home`'s users it stands by for (unix time)", ["home", "holder"],
+                       registry=REGISTRY)
 TAKEOVER_RETURNED = Gauge("switchboard_takeover_last_returned_timestamp_seconds",
-                          "When `home`'s users were last handed back (unix time; 0: held now)", ["home"],
-                          registry=REGISTRY)
+                          "When `holder` last handed `home`'s users back (unix time; 0: held now)",
+                          ["home", "holder"], registry=REGISTRY)
 WEBHOOK_BACKLOG = Gauge("switchboard_webhook_deliveries",
                         "Webhook deliveries not delivered (pending, retrying) or dead, cluster-wide", ["state"],
                         registry=REGISTRY)
@@ -131,6 +132,6 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     for home, holder, held, taken, returned in Takeover.objects.values_list(
             "home__name", "holder__name", "held", "taken_at", "returned_at"):
         TAKEOVER_HELD.labels(home, holder).set(1 if held else 0)
-        TAKEOVER_TAKEN.labels(home).set(taken.timestamp())
-        TAKEOVER_RETURNED.labels(home).set(returned.timestamp() if returned and not held else 0)
+        TAKEOVER_TAKEN.labels(home, holder).set(taken.timestamp())
+        TAKEOVER_RETURNED.labels(home, holder).set(returned.timestamp() if returned and not held else 0)
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -9,7 +9,7 @@ import pytest
 from analytics.models import RetentionDay
 from analytics.services import lake_export
 from analytics.services.retention import rows_past_retention_delete
-from messaging.models import Delivery, Message
+from messaging.models import Delivery, Message, StandbyCopy
 from presence.models import PresenceEvent, Session
 from tests.factories import make_app
 
@@ -51,8 +51,8 @@ def test_exported_final_rows_past_retention_go_and_everything_else_stays(lake, a
     assert Message.objects.filter(pk=waiting.message_id).exists()
     assert set(Session.objects.values_list("pk", flat=True)) == {still_open}
     assert set(PresenceEvent.objects.values_list("connection_id", flat=True)) == {still_open}
-    assert swept.removed == {"deliveries": 2, "messages": 2, "sessions": 1, "presence_events": 2}
-    assert dict(RetentionDay.objects.values_list("source", "removed")) == swept.removed
+    assert swept.removed == {"deliveries": 2, "messages": 2, "sessions": 1, "presence_events": 2, "standby_copies": 0}
+    assert dict(RetentionDay.objects.values_list("source", "removed")) == {t: n for t, n in swept.removed.items() if n}
     assert closed not in set(Session.objects.values_list("pk", flat=True))
 
     lake_export()  # now the late one is in the lake too
@@ -62,7 +62,7 @@ def test_exported_final_rows_past_retention_go_and_everything_else_stays(lake, a
 
 def test_before_any_export_nothing_goes(lake, anz, activity):
     activity.delivery(anz, OLD, state="delivered", delivered_at=OLD)
-    assert rows_past_retention_delete().removed == {}
+    assert not any(rows_past_retention_delete().removed.values())
     assert Delivery.objects.count() == 1
 
 
@@ -103,3 +103,35 @@ def test_a_shortened_retention_day_counts_retention_days_in_its_seconds(lake, an
     assert rows_past_retention_delete().removed["deliveries"] == 1
     assert set(Delivery.objects.values_list("pk", flat=True)) == {seconds_ago.pk}
     assert not Message.objects.filter(pk=minutes_ago.message_id).exists()
+
+
+def _standby_copy(app, created_at: datetime, *, state: str = "delivered", message_id: int = 1) -> StandbyCopy:
+    """domain-04's copy of a delivery at domain-03, the user's home, stored there at `created_at`."""
+    return StandbyCopy.objects.create(
+        home="domain-03", home_delivery_id=message_id, app=app, recipient=f"{app.app_name}-3000007", seq=message_id,
+        sender=f"{app.app_name}-1", kind="direct", content="secret words", origin_domain="domain-03",
+        origin_message_id=message_id, state=state, created_at=created_at, copied_at=created_at,
+        delivered_at=created_at if state == "delivered" else None,
+        expired_at=created_at if state == "expired" else None, dead_at=created_at if state == "dead" else None)
+
+
+def test_a_standbys_copies_past_the_apps_retention_go_as_the_homes_own_messages_do(anz, admin_client):
+    """A standby's copy of a home's mailbox shrinks as the home's own does: past the app's retention a
+    delivered or expired copy goes (nothing exports copies, so nothing waits for an export); a copy
+    within retention, a copy still waiting or a dead letter, and another app's older copy stay."""
+    zed = make_app(app_name="ZED", app_id="app-id-zed", retention_days=30)
+    delivered = _standby_copy(anz, OLD, message_id=1)
+    expired = _standby_copy(anz, OLD, state="expired", message_id=2)
+    waiting = _standby_copy(anz, OLD, state="pending", message_id=3)  # the home would expire it first
+    dead = _standby_copy(anz, OLD, state="dead", message_id=4)  # an operator's dead letter, at home too
+    recent = _standby_copy(anz, NOW, message_id=5)
+    zeds = _standby_copy(zed, OLD, message_id=6)  # ZED keeps 30 days
+
+    swept = rows_past_retention_delete()
+
+    assert set(StandbyCopy.objects.values_list("pk", flat=True)) == {waiting.pk, dead.pk, recent.pk, zeds.pk}
+    assert not StandbyCopy.objects.filter(pk__in=[delivered.pk, expired.pk]).exists()
+    assert swept.removed["standby_copies"] == 2
+    assert RetentionDay.objects.get(source="standby_copies").removed == 2
+    page = admin_client.get("/admin/").content.decode().replace("\n", "")
+    assert f"<td>standby_copies</td><td>{OLD:%Y-%m-%d}" in page  # the oldest kept: the waiting one

@@ -1,10 +1,22 @@
-"""Health answers: /readyz names a failing part and nothing about how it failed."""
+"""Health answers: /readyz names a failing part and nothing about how it failed, and is ready only when
+the domain would admit the users it serves."""
 
 from __future__ import annotations
 
 import logging
+import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
+
+from apps_registry.models import Domain, UserDistribution
+from apps_registry.selectors import app_snapshot, app_snapshots_clear
+from foundation.transport.sockets import run_async
+from messaging.federation.models import DomainHeard
+from messaging.federation.takeover import fence as fence_module
+from messaging.federation.takeover.fence import fence, fence_forget
+from messaging.gateway.authentication import client_authenticate
 
 
 @pytest.mark.django_db
@@ -62,3 +74,56 @@ def test_readyz_says_draining_from_the_moment_the_node_drains_while_healthz_stil
     assert response.status_code == 503
     assert response.json()["status"] == "draining" and response.json()["failing"] == ["draining"]
     assert client.get("/healthz").status_code == 200
+
+
+def _login(user: str, app_id: str):
+    """AUTH_CLIENT at the domain in use, with what its web node has cached fresh (so the login reads
+    nothing: the test's transaction is not the event loop thread's)."""
+    app_snapshots_clear()
+    app_snapshot("ANZ")
+    fence_forget()
+    fence()
+    return run_async(client_authenticate(app_id=app_id, user_id=user, token=""), timeout=30)
+
+
+def test_readyz_is_not_ready_while_the_domain_refuses_its_users_logins_until_it_hears_the_network(
+        net_ring, client, monkeypatch):
+    """Just started, a domain whose users have a standby is cut off until the first gossip reaches it,
+    and refuses their logins: its /readyz says so (it answered ready then, issue 46), and is ready
+    from the moment it would admit them."""
+    net = net_ring
+    monkeypatch.setattr(fence_module, "process_started", time.monotonic(), raising=False)  # a web node just started
+    UserDistribution.objects.filter(domain__name="domain-03").update(standby=Domain.objects.get(name="domain-04"))
+    carol = "ANZ-3000007"
+    with net.at("domain-03"):
+        refused = _login(carol, net.app.app_id)
+        assert not refused.ok and "cut off from the network" in refused.reason
+        response = client.get("/readyz")
+        assert response.status_code == 503
+        assert response.json() == {"status": "unavailable", "failing": ["network"]}
+    with net.at("domain-01"):  # no user of domain-01 has a standby: nobody's login waits for the network
+        assert client.get("/readyz").status_code == 200
+    with net.at("domain-03"):
+        DomainHeard.objects.create(domain="domain-02", version=1, heard_at=timezone.now())  # the first gossip
+    with net.at("domain-03"):
+        assert client.get("/readyz").json()["status"] == "ready"
+        assert _login(carol, net.app.app_id).ok
+    with net.at("domain-03"):  # silent past the fence: cut off again
+        DomainHeard.objects.update(heard_at=timezone.now() - timedelta(hours=1))
+    with net.at("domain-03"):
+        assert client.get("/readyz").json()["failing"] == ["network"]
+
+
+def test_a_node_cut_off_from_the_network_long_after_it_started_stays_ready_for_the_calls_that_end_it(
+        net_ring, client, monkeypatch):
+    """A partition of a running domain: its logins of users with a standby are refused (1013, retry),
+    but /readyz stays ready, so a load balancer that sends only to ready nodes still lets in the
+    neighbours' gossip that ends the cut-off (waiting for it would never end)."""
+    net = net_ring
+    UserDistribution.objects.filter(domain__name="domain-03").update(standby=Domain.objects.get(name="domain-04"))
+    monkeypatch.setattr(fence_module, "process_started", time.monotonic() - 3600, raising=False)  # started an hour ago
+    with net.at("domain-03"):
+        DomainHeard.objects.create(domain="domain-02", version=1, heard_at=timezone.now() - timedelta(hours=1))
+    with net.at("domain-03"):
+        assert "cut off from the network" in _login("ANZ-3000007", net.app.app_id).reason
+        assert client.get("/readyz").json()["status"] == "ready"

@@ -13,6 +13,7 @@ forged internal calls refused. (One module: the ring starts once for all of them
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import httpx
@@ -67,6 +68,24 @@ def test_a_stopped_domain_leaves_the_others_serving_and_comes_back_with_the_same
     assert ring.query(2, "select count(*) from apps_registry_userdistribution") == [(4,)]
     with ring.client(2, "ANZ-1500000"):
         pass
+    _links_up_everywhere(ring)
+
+
+def test_a_domain_back_after_a_long_absence_says_it_is_ready_only_once_it_admits_its_users(ring):
+    """Away longer than its fence (or fresh from `make network`), a domain is cut off until the first
+    gossip reaches it and refuses its users with a standby meanwhile: the moment its /readyz answers
+    200, such a user is admitted there (it used to answer 200 a gossip round before)."""
+    ring.stop_domain(3)
+    # As if it had been away an hour: nothing it heard is recent enough to keep it in the network.
+    ring.query(3, "update messaging_domainheard set heard_at = now() - interval '1 hour'")
+    starting = threading.Thread(target=ring.start_domain, args=(3,))
+    starting.start()
+    try:
+        assert _eventually(lambda: ring.ready(3), 60, every=0.05), "domain-03 never said it was ready"
+        with ring.client(3, "ANZ-3000041") as carol:  # (RingRefused: "cut off from the network")
+            assert carol.frames[-1]["data"]["isAuthenticated"] is True
+    finally:
+        starting.join()
     _links_up_everywhere(ring)
 
 
@@ -667,3 +686,93 @@ def test_with_only_the_link_03_04_broken_domain_04_does_not_take_domain_03s_user
             _set_urls(ring, "domain-03", urls[3])
             _set_urls(ring, "domain-04", urls[4])
     _links_up_everywhere(ring)
+
+
+SPLIT_03 = """
+UPDATE apps_registry_userdistribution SET range_to = 3999999
+ WHERE app_id = (SELECT id FROM apps_registry_clientapp WHERE app_name = 'ANZ')
+   AND domain_id = (SELECT id FROM apps_registry_domain WHERE name = 'domain-03');
+INSERT INTO apps_registry_userdistribution (app_id, domain_id, range_from, range_to, standby_id)
+SELECT a.id, h.id, r.low, r.high, s.id FROM apps_registry_clientapp a, apps_registry_domain h,
+       (VALUES (4000000, 4999999, 'domain-02'), (5000000, 5999999, NULL)) AS r(low, high, standby)
+       LEFT JOIN apps_registry_domain s ON s.name = r.standby
+ WHERE a.app_name = 'ANZ' AND h.name = 'domain-03'
+"""
+UNSPLIT_03 = """
+DELETE FROM apps_registry_userdistribution WHERE range_from IN (4000000, 5000000)
+   AND app_id = (SELECT id FROM apps_registry_clientapp WHERE app_name = 'ANZ')
+   AND domain_id = (SELECT id FROM apps_registry_domain WHERE name = 'domain-03');
+UPDATE apps_registry_userdistribution SET range_to = 5999999
+ WHERE app_id = (SELECT id FROM apps_registry_clientapp WHERE app_name = 'ANZ')
+   AND domain_id = (SELECT id FROM apps_registry_domain WHERE name = 'domain-03')
+"""
+RANGES_03 = """SELECT ud.range_from, s.name FROM apps_registry_userdistribution ud
+                 JOIN apps_registry_domain h ON h.id = ud.domain_id LEFT JOIN apps_registry_domain s ON s.id = ud.standby_id
+                 JOIN apps_registry_clientapp a ON a.id = ud.app_id
+                WHERE h.name = 'domain-03' AND a.app_name = 'ANZ' ORDER BY ud.range_from"""
+HOLDERS_SQL = """select h.name from apps_registry_takeover t join apps_registry_domain d on d.id = t.home_id
+                   join apps_registry_domain h on h.id = t.holder_id where d.name = 'domain-03' and t.held
+                  order by h.name"""
+
+
+def _configured_everywhere(ring, sql: str, ranges: list[tuple]) -> None:
+    """`sql` run on the meta (domain-01), pulled by the others; every process's snapshot has it."""
+    for statement in filter(str.strip, sql.split(";")):
+        ring.query(1, statement)
+    assert _eventually(lambda: all(ring.query(n, RANGES_03) == ranges for n in ring.domains()), 30), \
+        [ring.query(n, RANGES_03) for n in ring.domains()]
+    time.sleep(5.5)  # every process's app snapshot (SNAPSHOT_TTL 5 s)
+
+
+def _redirect_of(ring, n: int, user: str) -> str | None:
+    """Where domain n sends `user`'s login (None: admitted there, or refused with no redirect)."""
+    client = WsClient(ring.ws_url(n))
+    reply = client.auth(user)
+    client.close()
+    return None if reply["data"].get("isAuthenticated") else reply["data"].get("redirect")
+
+
+def test_a_home_split_three_ways_is_taken_over_range_by_range_by_each_ranges_own_standby(failover_ring):
+    """domain-03's users in three ranges: standby domain-04 (carol), standby domain-02 (erin), none
+    (frank). With domain-03 stopped, domain-04 serves carol and domain-02 erin, both at once, each
+    with her mailbox; frank waits for his home. (A takeover used to move every range to whichever
+    standby took over first, admitting erin and frank there with empty mailboxes.)"""
+    ring = failover_ring
+    alice, carol, erin, frank = "ANZ-51", "ANZ-3000051", "ANZ-4000051", "ANZ-5000051"
+    ring.stop_domain(2)
+    ring.start_domain(2, env=FAST_FAILOVER)
+    _links_up_everywhere(ring)
+    _configured_everywhere(ring, SPLIT_03, [(3000000, "domain-04"), (4000000, "domain-02"), (5000000, None)])
+    try:
+        with ring.client(1, alice) as a:
+            for user in (carol, erin, frank):
+                a.message(user, f"split before, for {user}")
+        copied = "select count(*) from messaging_standbycopy where recipient = %s"
+        assert _eventually(lambda: ring.query(4, copied, (carol,)) == [(1,)] and ring.query(2, copied, (erin,)) == [(1,)]
+                           and ring.query(4, copied, (erin,)) == ring.query(2, copied, (carol,)) == [(0,)], 15)
+        ring.stop_domain(3)
+        try:
+            assert _eventually(lambda: [ring.query(n, HOLDERS_SQL) for n in (1, 2, 4)]
+                               == [[("domain-02",), ("domain-04",)]] * 3, 60), \
+                [ring.query(n, HOLDERS_SQL) for n in (1, 2, 4)]
+            time.sleep(5.5)  # every process's app snapshot names each range's holder
+            assert _redirect_of(ring, 1, carol) == ring.ws_url(4)
+            assert _redirect_of(ring, 1, erin) == ring.ws_url(2)
+            assert _redirect_of(ring, 4, erin) == ring.ws_url(2)  # not admitted by carol's holder
+            assert _redirect_of(ring, 2, carol) == ring.ws_url(4)
+            for n in (1, 2, 4):
+                assert _redirect_of(ring, n, frank) == ring.ws_url(3)  # no standby: he waits for his home
+            with ring.client(4, carol, acks=True) as c:
+                assert _contents(_fetched(c), alice) == [f"split before, for {carol}"]
+            with ring.client(2, erin, acks=True) as e:
+                assert _contents(_fetched(e), alice) == [f"split before, for {erin}"]
+        finally:
+            ring.start_domain(3)
+        assert _eventually(lambda: all(ring.query(n, HOLDERS_SQL) == [] for n in ring.domains()), 60), \
+            "not handed back"
+        time.sleep(5.5)
+        with ring.client(3, frank, acks=True) as f:
+            assert _contents(_fetched(f), alice) == [f"split before, for {frank}"]
+    finally:
+        _configured_everywhere(ring, UNSPLIT_03, [(3000000, "domain-04")])
+        _links_up_everywhere(ring)

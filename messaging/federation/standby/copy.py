@@ -209,7 +209,8 @@ def standby_ranges(home: str, standby: str | None = None) -> dict[str, list[tupl
     return ranges
 
 
-def _covered(recipient: str, app: str, ranges: dict[str, list[tuple[int, int | None]]]) -> bool:
+def user_in_ranges(recipient: str, app: str, ranges: dict[str, list[tuple[int, int | None]]]) -> bool:
+    """Whether user `recipient` of app `app` is in one of `ranges` (standby_ranges's)."""
     parsed = user_id_parse(recipient)
     return (parsed is not None and parsed.app_name == app
             and any(low <= parsed.number and (high is None or parsed.number <= high) for low, high in ranges.get(app, ())))
@@ -226,7 +227,7 @@ def _copy_parse(i: int, item, ranges: dict, apps: dict[str, int]) -> dict | None
         raise _refuse(f"{where}: app and recipient must be strings")
     if not isinstance(item.get("state"), str) or len(item["state"]) > 16:
         raise _refuse(f"{where}: state must be a delivery state")
-    if item["app"] not in apps or not _covered(item["recipient"], item["app"], ranges):
+    if item["app"] not in apps or not user_in_ranges(item["recipient"], item["app"], ranges):
         return None  # not (or no longer, as this domain's configuration says) standing by here
     times = {}
     for key in TIMES:
@@ -282,8 +283,8 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
         # this is the hand-back (messaging.federation.takeover.take), which may come before the gossip that
         # says so.
         held = _held_here_locked(sender)
-        merging = [held or _covered(c["recipient"], c["app"], back) for c in copies]
-        sub_merging = [held or _covered(sub["subscriber"], sub["app"], back) for sub in kept]
+        merging = [held or user_in_ranges(c["recipient"], c["app"], back) for c in copies]
+        sub_merging = [held or user_in_ranges(sub["subscriber"], sub["app"], back) for sub in kept]
         merged = mailbox_merge([Copied(
             app_id=c["app_id"], recipient=c["recipient"], origin_domain=c["origin_domain"],
             origin_message_id=c["origin_message_id"], state=c["state"], delivered_at=c["delivered_at"],
@@ -292,7 +293,7 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
         subscriptions_merge([sub for sub, m in zip(kept, sub_merging, strict=True) if m])
         _copies_write(sender, [c for c, m in zip(copies, merging, strict=True) if not m],
                       [sub for sub, m in zip(kept, sub_merging, strict=True) if not m])
-        waiting = outgoing_accept(sender, outgoing, apps, lambda user, app: _covered(user, app, standing_by))
+        waiting = outgoing_accept(sender, outgoing, apps, lambda user, app: user_in_ranges(user, app, standing_by))
     refused = len(parsed) - len(copies) + len(subs) - len(kept)
     if refused:
         log.warning("%s copied %d changes of users that do not stand by here: not written", sender, refused)
@@ -301,14 +302,14 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
 
 
 def _held_here_locked(home: str) -> bool:
-    """Whether this domain holds `home`'s users, read under a share lock on the takeover's row
+    """Whether this domain holds `home`'s users it stands by for, read under a share lock on the takeover's row
     until the caller's transaction ends: a hand-back (which locks it for update, then clears the
     mailboxes it gives back) waits for a merge under way, or the merge sees it done. Merged into a
     mailbox just given back, a copy would stay here, orphaned, and be routed to the home again."""
     with hot_cursor() as cur:
-        cur.execute("SELECT s.name = %s AND t.held FROM apps_registry_takeover t"
+        cur.execute("SELECT t.held FROM apps_registry_takeover t"
                     " JOIN apps_registry_domain h ON h.id = t.home_id JOIN apps_registry_domain s ON s.id = t.holder_id"
-                    " WHERE h.name = %s FOR SHARE OF t", [settings.DOMAIN_NAME, home])
+                    " WHERE h.name = %s AND s.name = %s FOR SHARE OF t", [home, settings.DOMAIN_NAME])
         row = cur.fetchone()
     return bool(row and row[0])
 
@@ -355,7 +356,7 @@ def _subscription_parse(i: int, item, ranges: dict, apps: dict[str, int]) -> dic
             or not isinstance(item.get("channel"), str) or not 0 < len(item["channel"]) <= 128
             or not isinstance(item.get("subscribed"), bool)):
         raise _refuse(f"{where} must be {{app, subscriber, channel, subscribed}}")
-    if item["app"] not in apps or not _covered(item["subscriber"], item["app"], ranges):
+    if item["app"] not in apps or not user_in_ranges(item["subscriber"], item["app"], ranges):
         return None
     return {**item, "app_id": apps[item["app"]]}
 

@@ -14,7 +14,8 @@ The holder's side, for the moment of a hand-back: while it hands a home's users 
 (Takeover.returning_since, messaging.federation.takeover.take.hand_back), and for a snapshot's lifetime
 after (a web node may still think them served here), it admits none of them either.
 
-Read at most every FENCE_CACHE_SECONDS per process (two queries), so a login costs no query.
+Read at most every FENCE_CACHE_SECONDS per process (two queries), so a login costs no query. A web
+node's /readyz reads the same cache (`logins_fenced`): it is ready only when it would admit them.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
-from apps_registry.models import Domain, DomainLink, Takeover
+from apps_registry.models import Domain, DomainLink, Takeover, UserDistribution
 from apps_registry.selectors import SNAPSHOT_TTL
 from messaging.federation.models import DomainHeard
 
@@ -43,6 +44,7 @@ class Fence:
 
 _cache: tuple[float, Fence] | None = None
 _lock = threading.Lock()
+process_started = time.monotonic()  # (imported as a web node starts: its login path reads the fence)
 
 
 def fence_seconds() -> float:
@@ -79,6 +81,29 @@ def fence() -> Fence:
 def cut_off() -> bool:
     """Whether this domain is cut off from the network now (cached for FENCE_CACHE_SECONDS)."""
     return fence().cut_off
+
+
+def logins_fenced() -> bool:
+    """Whether this web node refuses users it serves for being cut off from the network (the fence
+    AUTH_CLIENT reads, messaging.gateway.authentication, from this process's same cache): it is cut
+    off, and it serves users with a standby (a range homed here that has one, or a home's users
+    held here)."""
+    if not fence().cut_off:
+        return False
+    here = settings.DOMAIN_NAME
+    return (UserDistribution.objects.filter(domain__name=here, standby__isnull=False).exists()
+            or Takeover.objects.filter(holder__name=here, held=True).exists())
+
+
+def starting_fenced() -> bool:
+    """/readyz's "network": this web node started less than fence_seconds() ago and refuses those
+    logins (`logins_fenced`): a fresh domain is cut off until the first gossip reaches it, and used
+    to answer ready a gossip round before it admitted them. Only while it starts: what ends a
+    cut-off is the neighbours' calls reaching this domain, and where they come through a load
+    balancer that sends nothing to a node that is not ready, a readiness that waited for them would
+    never end (a partition of a running domain would become an outage). Past the window a node
+    still cut off is ready, and its refusals say why (1013, retry)."""
+    return time.monotonic() - process_started < fence_seconds() and logins_fenced()
 
 
 def fence_known() -> Fence | None:

@@ -91,8 +91,8 @@ def record_refusal(record: dict, *, here: str, standbys: set[tuple[str, str]], h
     what the receiver checks is what its own configuration and clock say every genuine record is:
 
     - its holder is a standby of its home here (only a standby takes a home over: `take_over`), or,
-      for a hand-back, the domain this domain knows holds that home (its standby may have changed
-      since it took the home over);
+      for a hand-back, a domain this domain knows took that home over (`holder_now`: the record's
+      holder when this domain has a row of that home and holder; its standby may have changed since);
     - its holder is not this domain: only this domain writes what it holds (`take_over`,
       `hand_back`); a neighbour cannot make it hold users it never merged, or give back users it holds;
     - its epoch is no further ahead of this domain's clock than TAKEOVER_EPOCH_MAX_AHEAD_SECONDS
@@ -117,12 +117,14 @@ def network_accept(network: dict, *, sender: str) -> Accepted:
     here = settings.DOMAIN_NAME
     out = Accepted()
     domains = dict(Domain.objects.values_list("name", "pk"))
-    held_here = ({home: (epoch, holder) for home, epoch, holder in
-                  Takeover.objects.values_list("home__name", "epoch", "holder__name")} if network["takeovers"] else {})
+    # One record per home and holder: each standby's takeover is of its own ranges.
+    held_here = ({(home, holder): epoch for home, holder, epoch in
+                  Takeover.objects.values_list("home__name", "holder__name", "epoch")} if network["takeovers"] else {})
     standbys: set[tuple[str, str]] | None = None
     ceiling = epoch_ceiling()
     for index, r in enumerate(network["takeovers"]):
-        epoch, holder_now = held_here.get(r["home"], (0, None))
+        known = (r["home"], r["holder"]) in held_here
+        epoch, holder_now = held_here.get((r["home"], r["holder"]), 0), r["holder"] if known else None
         if r["home"] not in domains or r["holder"] not in domains or (epoch <= ceiling and epoch >= r["epoch"]):
             continue  # (no lock taken for what is known: every forward call from a holder tells it)
         if standbys is None:
@@ -133,12 +135,13 @@ def network_accept(network: dict, *, sender: str) -> Accepted:
             out.refused.append({"index": index, "reason": why})
             continue
         with transaction.atomic():
-            current = Takeover.objects.select_for_update().filter(home_id=domains[r["home"]]).first()
+            current = Takeover.objects.select_for_update().filter(home_id=domains[r["home"]],
+                                                                  holder_id=domains[r["holder"]]).first()
             if epoch_of(current) >= r["epoch"]:
                 continue
             returned = parse_datetime(r["returned_at"]) if isinstance(r.get("returned_at"), str) else None
-            Takeover.objects.update_or_create(home_id=domains[r["home"]], defaults={
-                "holder_id": domains[r["holder"]], "held": r["held"], "epoch": r["epoch"],
+            Takeover.objects.update_or_create(home_id=domains[r["home"]], holder_id=domains[r["holder"]], defaults={
+                "held": r["held"], "epoch": r["epoch"],
                 "taken_at": parse_datetime(r["taken_at"]), "returned_at": returned,
                 "manual": bool(r.get("manual")), "reason": str(r.get("reason", ""))[:300],
                 "learned_at": timezone.now()})

@@ -1,8 +1,10 @@
 """A standby domain takes its home's users over when the home is lost, and hands them back (issue 27).
 
-Who serves a home's users is the registry's Takeover row (apps_registry.takeover): while `held`, the
-app snapshots name the holder where the users live, so every domain redirects their logins there and
-routes their messages there.
+Who serves a home's users is the registry's Takeover row of the home and a standby
+(apps_registry.takeover): while `held`, the app snapshots name the holder where the users of the
+ranges it stands by for live, so every domain redirects their logins there and routes their
+messages there. A standby takes over exactly those ranges (the copy it holds is of them alone): a
+range with another standby is that one's to take, and one with none waits for its home.
 
 Liveness. Every domain tells its neighbours, with each presence gossip round (every
 PRESENCE_GOSSIP_SECONDS), its own clock and every other domain's last clock it heard, and the
@@ -45,13 +47,13 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps_registry.models import Domain, Takeover, UserDistribution
+from apps_registry.models import ClientApp, Domain, Takeover, UserDistribution
 from apps_registry.selectors import takeover_records
 from foundation import handoff
 from foundation.db import hot_cursor
 from foundation.transport.frames import CLOSE_RESTART
 from messaging.federation.models import LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
-from messaging.federation.standby.copy import ANY_STANDBY, feed_send_last, standby_ranges
+from messaging.federation.standby.copy import ANY_STANDBY, feed_send_last, standby_ranges, user_in_ranges
 from messaging.federation.standby.mailbox_merge import Copied, mailbox_merge, subscriptions_merge
 from messaging.federation.standby.outgoing_copy import outgoing_take
 from messaging.federation.takeover.fence import cut_off, fence_forget, fence_seconds
@@ -80,7 +82,8 @@ def given_back(holder: str) -> dict:
     """At a home given its users back: what it was forwarding them meanwhile into their mailboxes
     (and what it forwarded them whose only mailbox row was the holder's), each origin's messages in
     its order, and their mailboxes to the standby again."""
-    taken = Takeover.objects.filter(home__name=settings.DOMAIN_NAME).values_list("taken_at", flat=True).first()
+    taken = (Takeover.objects.filter(home__name=settings.DOMAIN_NAME, holder__name=holder)
+             .values_list("taken_at", flat=True).first())
     with transaction.atomic():
         queued = queued_into_mailboxes(holder, back=True)
         if queued is None:  # the link's sender is sending now: again in a moment
@@ -116,7 +119,7 @@ def takeover_watch() -> dict[str, str]:
         out[here] = f"cut off from the network: {closed} connections of users with a standby closed"
     homes = sorted(set(UserDistribution.objects.filter(standby__name=here).values_list("domain__name", flat=True)))
     for home in homes:
-        current = Takeover.objects.select_related("holder").filter(home__name=home).first()
+        current = Takeover.objects.select_related("holder").filter(home__name=home, holder__name=here).first()
         if current is not None and current.held:
             if current.holder.name == here and (queued := queued_into_mailboxes(home)):
                 handoff.routing_enqueue(queued)  # rows that joined the link to the home since the takeover
@@ -147,14 +150,17 @@ def _late_reorder() -> int | None:
     neighbour's link queue held back while it was away) into its origin's order, each look (None:
     not given back lately)."""
     lately = timezone.now() - timedelta(seconds=REORDER_AFTER_SECONDS)
-    row = (Takeover.objects.filter(home__name=settings.DOMAIN_NAME, held=False, returned_at__gt=lately)
-           .values_list("holder__name", "taken_at").first())
-    if row is None:
+    rows = list(Takeover.objects.filter(home__name=settings.DOMAIN_NAME, held=False, returned_at__gt=lately)
+                .order_by("holder__name").values_list("holder__name", "taken_at"))
+    if not rows:
         return None
-    with transaction.atomic():
-        moved = mailboxes_reorder(row[0], row[1] - timedelta(seconds=REORDER_MARGIN_SECONDS))
-    if moved:
-        handoff.standby_senders_kick([row[0]])
+    moved = 0
+    for holder, taken in rows:  # each standby that gave back the ranges it held
+        with transaction.atomic():
+            moved_here = mailboxes_reorder(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS))
+        if moved_here:
+            handoff.standby_senders_kick([holder])
+        moved += moved_here
     return moved
 
 
@@ -176,31 +182,38 @@ def _epoch_next(current: Takeover | None) -> int:
 
 
 def take_over(home: str, *, manual: bool = False, reason: str = "") -> dict:
-    """Serve `home`'s users here (this domain must be their standby): record it and merge the copy."""
+    """Serve here the users of the ranges homed at `home` that this domain stands by for (and no
+    others: those have another standby, or none): record it and merge the copy, which is of those
+    users alone. Another standby of `home` may hold its own ranges meanwhile."""
     here = settings.DOMAIN_NAME
     ranges = standby_ranges(home)
     if not ranges:
         raise ValueError(f"{here} is not the standby of any range homed at {home}")
     with transaction.atomic():
-        current = Takeover.objects.select_for_update().filter(home__name=home).first()
+        current = Takeover.objects.select_for_update().filter(home__name=home, holder__name=here).first()
         if current is not None and current.held:
-            return {"state": "held" if current.holder.name == here else f"held by {current.holder.name}"}
-        Takeover.objects.update_or_create(home=Domain.objects.get(name=home), defaults={
-            "holder": Domain.objects.get(name=here), "held": True, "epoch": _epoch_next(current),
-            "taken_at": timezone.now(), "returned_at": None, "manual": manual, "reason": reason[:300],
-            "learned_at": timezone.now()})
+            return {"state": "held"}
+        Takeover.objects.update_or_create(home=Domain.objects.get(name=home), holder=Domain.objects.get(name=here),
+                                          defaults={"held": True, "epoch": _epoch_next(current),
+                                                    "taken_at": timezone.now(), "returned_at": None, "manual": manual,
+                                                    "reason": reason[:300], "learned_at": timezone.now()})
+        # The copy is of those users (the home feeds each standby its own ranges); what a range's
+        # standby before a change of it left here is not, and stays inert.
+        apps = dict(ClientApp.objects.values_list("pk", "app_name"))
         copies = [Copied(app_id=c.app_id, recipient=c.recipient, origin_domain=c.origin_domain,
                          origin_message_id=c.origin_message_id, state=c.state, delivered_at=c.delivered_at,
                          dead_at=c.dead_at, expired_at=c.expired_at, origin_seq=c.origin_seq,
                          message={"sender": c.sender, "kind": c.kind, "content": c.content, "reference": c.reference,
                                   "confirmation_requested": c.confirmation_requested})
-                  for c in StandbyCopy.objects.filter(home=home).order_by("app_id", "recipient", "seq").iterator()]
+                  for c in StandbyCopy.objects.filter(home=home).order_by("app_id", "recipient", "seq").iterator()
+                  if user_in_ranges(c.recipient, apps.get(c.app_id, ""), ranges)]
         merged = mailbox_merge(copies)
         sent_on = outgoing_take(home)  # what the home's users sent that waited on its links: before what they send here
         queued = queued_into_mailboxes(home) or []
         subscriptions_merge([{"app_id": app, "subscriber": sub, "channel": ch, "subscribed": True} for app, sub, ch
                              in StandbySubscription.objects.filter(home=home).values_list("app_id", "subscriber",
-                                                                                          "channel")])
+                                                                                          "channel")
+                             if user_in_ranges(sub, apps.get(app, ""), ranges)])
     log.warning("%s took over %s's users (%s): %d deliveries merged, %d waiting here for %s put in their mailboxes,"
                 " %d of their messages that waited there sent on", here, home, reason or "by hand", merged.appended,
                 len(queued), home, sent_on)
@@ -223,8 +236,8 @@ def hand_back(home: str, *, manual: bool = False) -> dict:
         _users_close(home, f"{here} is handing your users back to {home}; reconnect")  # also those admitted since
         return {"state": "closing", "seconds_left": round(left, 1)}
     with transaction.atomic(), hot_cursor() as cur:
-        current = Takeover.objects.select_for_update().select_related("holder").filter(home__name=home).first()
-        if current is None or not current.held or current.holder.name != here:
+        current = Takeover.objects.select_for_update().filter(home__name=home, holder__name=here).first()
+        if current is None or not current.held:
             return {"state": "not held here"}
         # No change can join the feed between this look and the commit: whoever stores one waits.
         # What is left goes to the home now, in this call, when one call takes it: the users'
@@ -257,8 +270,9 @@ def _returning_start(home: str):
     connections close, and no web node here admits them from its next look at the fence); None
     when it does not hold them."""
     with transaction.atomic():
-        current = Takeover.objects.select_for_update().select_related("holder").filter(home__name=home).first()
-        if current is None or not current.held or current.holder.name != settings.DOMAIN_NAME:
+        current = (Takeover.objects.select_for_update()
+                   .filter(home__name=home, holder__name=settings.DOMAIN_NAME).first())
+        if current is None or not current.held:
             return None
         if current.returning_since is None:
             current.returning_since = timezone.now()

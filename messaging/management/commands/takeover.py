@@ -55,8 +55,9 @@ class Command(BaseCommand):
         here = settings.DOMAIN_NAME
         rows = takeovers_shown()
         held = [r["home"] for r in rows if r["held"] and r["holder"] == here]
-        self.stdout.write(f"{here} serves its own users" + (f" and those of {', '.join(held)}" if held else ""))
-        for r in rows:
+        self.stdout.write(f"{here} serves its own users" + (f" and those of {', '.join(held)} it stands by for"
+                                                             if held else ""))
+        for r in rows:  # one line per home and standby: each holds the home's ranges it stands by for
             state = f"held by {r['holder']} since {r['taken_at']}" if r["held"] else \
                 f"at home (last held by {r['holder']} {r['taken_at']} - {r['returned_at']})"
             self.stdout.write(f"  {r['home']}: {state}{' (by hand)' if r['manual'] else ''}")
