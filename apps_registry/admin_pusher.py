@@ -13,10 +13,10 @@ from .services import pusher_secret_rotate
 
 @admin.register(PusherCredentials)
 class PusherCredentialsAdmin(admin.ModelAdmin):
-    list_display = ["app", "pusher_app_id", "key", "client_events", "secret_rotated_at"]
+    list_display = ["app", "pusher_app_id", "key", "client_events", "enabled", "secret_rotated_at"]
     list_select_related = ["app"]
     search_fields = ["app__app_name", "pusher_app_id", "key"]
-    fields = ["app", "pusher_app_id", "key", "secret_shown", "client_events", "secret_rotated_at"]
+    fields = ["app", "pusher_app_id", "key", "secret_shown", "client_events", "enabled", "secret_rotated_at"]
     readonly_fields = ["app", "pusher_app_id", "key", "secret_shown", "secret_rotated_at"]
     actions = ["rotate_secret"]
 

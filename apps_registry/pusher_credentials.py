@@ -7,7 +7,8 @@ as their Pusher server (docs/protocol.md, "Pusher protocol").
 - `secret` signs the HTTP API's queries and the channel authorizations an app's server gives its
   clients (HMAC-SHA256). Like the app's token secret it is kept in clear (an HMAC needs it), shown
   in the console only when it is made (rotated), and in exports only with include_secrets;
-- `client_events`: whether clients may send `client-*` events on private and presence channels.
+- `client_events`: whether clients may send `client-*` events on private and presence channels;
+- `enabled`: off refuses the app's Pusher clients (4003) and its Pusher HTTP API calls (403).
 
 Every app has one row (created with the app, ClientApp.save; migration 0015 made them for the apps
 that existed). The key and the Pusher app id are unique across apps: a web node finds an app by its key
@@ -42,6 +43,8 @@ class PusherCredentials(models.Model):
     client_events = models.BooleanField(
         "client events", default=False,
         help_text="Clients may send client-* events to the other subscribers of private and presence channels.")
+    enabled = models.BooleanField(
+        default=True, help_text="Off: Pusher clients are refused (close 4003) and the Pusher HTTP API answers 403.")
     secret_rotated_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:

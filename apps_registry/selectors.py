@@ -178,6 +178,7 @@ class AppSnapshot:
     pusher_key: str = ""
     pusher_secret: str = ""
     pusher_client_events: bool = False
+    pusher_enabled: bool = False
 
     def endpoint(self, name: str) -> EndpointSpec | None:
         return next((e for e in self.endpoints if e.name == name), None)
@@ -343,7 +344,7 @@ def _pusher_fields(app: ClientApp) -> dict:
     if creds is None:
         return {}
     return {"pusher_app_id": creds.pusher_app_id, "pusher_key": creds.key, "pusher_secret": creds.secret,
-            "pusher_client_events": creds.client_events}
+            "pusher_client_events": creds.client_events, "pusher_enabled": creds.enabled}
 
 
 def app_snapshots_clear() -> None:

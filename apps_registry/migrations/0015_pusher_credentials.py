@@ -30,6 +30,7 @@ class Migration(migrations.Migration):
                 ('key', models.CharField(default=apps_registry.pusher_credentials.new_pusher_key, max_length=64, unique=True, verbose_name='Pusher key')),
                 ('secret', models.CharField(default=apps_registry.pusher_credentials.new_pusher_secret, max_length=128, verbose_name='Pusher secret')),
                 ('client_events', models.BooleanField(default=False, help_text='Clients may send client-* events to the other subscribers of private and presence channels.', verbose_name='client events')),
+                ('enabled', models.BooleanField(default=True, help_text='Off: Pusher clients are refused (close 4003) and the Pusher HTTP API answers 403.')),
                 ('secret_rotated_at', models.DateTimeField(blank=True, editable=False, null=True)),
                 ('app', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='pusher', to='apps_registry.clientapp')),
             ],
