@@ -225,3 +225,20 @@ def test_resume_replays_what_came_after_an_offset(node):
     client.send("pusher:resume", {"channel": "feed", "since": offsets[0]})
     assert [client.recv("e")["data"] for _ in range(2)] == ["1", "2"]
     assert json.loads(client.recv("pusher:resumed")["data"]) == {"offset": offsets[2]}
+
+
+def test_the_http_api_lists_occupied_channels_and_presence_members(node, client):
+    from tests.pusher import ANZ_APP_ID, signed_query
+
+    def get(path, params=None):
+        return client.get(f"{path}?{signed_query('GET', path, params)}").json()
+
+    alice, bob = Pusher(node), Pusher(node)
+    ch = "presence-api.1"
+    alice.subscribe(ch, **channel_auth(alice.socket_id, ch, {"user_id": "a"}))
+    bob.subscribe(ch, **channel_auth(bob.socket_id, ch, {"user_id": "b"}))
+    listed = get(f"/apps/{ANZ_APP_ID}/channels", {"filter_by_prefix": "presence-api", "info": "user_count"})
+    assert listed == {"channels": {ch: {"user_count": 2}}}
+    assert get(f"/apps/{ANZ_APP_ID}/channels/{ch}", {"info": "subscription_count,user_count"}) == {
+        "occupied": True, "subscription_count": 2, "user_count": 2}
+    assert get(f"/apps/{ANZ_APP_ID}/channels/{ch}/users") == {"users": [{"id": "a"}, {"id": "b"}]}
