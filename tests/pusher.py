@@ -46,7 +46,7 @@ class PusherJs:
     DRIVER = Path(__file__).resolve().parent / "node" / "pusher_driver.mjs"
 
     def __init__(self, host: str, port: int, *, user: dict | None = None, echo: bool = False, key: str = ANZ_KEY,
-                 secret: str = ANZ_SECRET, app_id: str = ANZ_APP_ID) -> None:
+                 secret: str = ANZ_SECRET, app_id: str = ANZ_APP_ID, signin_as: dict | None = None) -> None:
         self.proc = subprocess.Popen(["node", str(self.DRIVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, bufsize=1)
         self.lines: queue.Queue[dict] = queue.Queue()
@@ -54,7 +54,8 @@ class PusherJs:
         threading.Thread(target=self._read, daemon=True).start()
         self.wait(lambda e: e.get("event") == "ready")
         self.calls = 0
-        self.command(op="connect", host=host, port=port, key=key, secret=secret, appId=app_id, user=user, echo=echo)
+        self.command(op="connect", host=host, port=port, key=key, secret=secret, appId=app_id, user=user, echo=echo,
+                     signinAs=signin_as)
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -113,3 +114,10 @@ class PusherJs:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def user_auth(socket_id: str, user_data: dict, *, key: str = ANZ_KEY, secret: str = ANZ_SECRET) -> dict:
+    """The body of an app server's answer to pusher-js's user authentication request (pusher:signin)."""
+    data = json.dumps(user_data)
+    signature = hmac.new(secret.encode(), f"{socket_id}::user::{data}".encode(), hashlib.sha256).hexdigest()
+    return {"auth": f"{key}:{signature}", "user_data": data}

@@ -40,6 +40,8 @@ urlpatterns = [
     path("apps/<str:app_id>/channels", pusher_api.channels, name="pusher-channels"),
     path("apps/<str:app_id>/channels/<str:name>", pusher_api.channel, name="pusher-channel"),
     path("apps/<str:app_id>/channels/<str:name>/users", pusher_api.channel_users, name="pusher-channel-users"),
+    path("apps/<str:app_id>/users/<str:user_id>/terminate_connections", pusher_api.terminate_connections,
+         name="pusher-terminate-connections"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     re_path(r"^api/", api_not_found, name="api-not-found-root"),

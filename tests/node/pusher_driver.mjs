@@ -2,9 +2,9 @@
 // for a Python test (tests/system/test_pusher_node.py): commands as JSON lines on stdin, everything the
 // client sees as JSON lines on stdout. Channel authorizations are made by the `pusher` library's
 // authorizeChannel with the app's secret, as the app's server would make them.
-//   {"op": "connect", "host", "port", "key", "secret", "appId", "user": {...}?, "echo": false}
+//   {"op": "connect", "host", "port", "key", "secret", "appId", "user": {...}?, "signinAs": {...}?, "echo": false}
 //   {"op": "subscribe", "channel"} / {"op": "unsubscribe", "channel"} / {"op": "trigger", "channel", "event", "data"}
-//   {"op": "bind", "channel", "event"}
+//   {"op": "bind", "channel", "event"} / {"op": "signin"} (as connect's "signinAs": {id, ...})
 //   {"op": "echo", "how": "listen"|"private"|"join"|"whisper"|"listenForWhisper", "channel", "event"?, "data"?}
 //   {"op": "api", "n", "call": "trigger"|"triggerBatch"|"get"|"post", "args": [...]}  -> {"api": n, "status", "body"}
 //   {"op": "disconnect"} / {"op": "exit"}
@@ -28,6 +28,9 @@ function connect(cmd) {
         const presence = channelName.startsWith("presence-") ? (user ?? { user_id: "anonymous" }) : undefined;
         callback(null, server.authorizeChannel(socketId, channelName, presence));
       },
+    },
+    userAuthentication: {
+      customHandler: ({ socketId }, callback) => callback(null, server.authenticateUser(socketId, cmd.signinAs)),
     },
   };
   if (cmd.echo) {
@@ -94,6 +97,11 @@ rl.on("line", (line) => {
     case "trigger": out({ event: "triggered", ok: client.channel(cmd.channel).trigger(cmd.event, cmd.data) }); break;
     case "echo": echoCommand(cmd); break;
     case "api": api(cmd); break;
+    case "signin":
+      client.user.bind_global((name, data) => out({ event: "user_event", name, data }));
+      client.signin();
+      client.user.signinDonePromise.then(() => out({ event: "signed_in", id: client.user.user_data.id }));
+      break;
     case "disconnect": client.disconnect(); break;
     case "exit": process.exit(0);
   }

@@ -115,3 +115,15 @@ def test_the_api_lists_occupied_channels_and_refuses_a_wrong_secret(web):
         assert listed["status"] == 200 and listed["body"]["channels"]["listed.1"] == {"subscription_count": 1}
     with PusherJs(HOST, web.port, secret="wrong-secret") as forger:
         assert forger.api("trigger", "listed.1", "e", "d")["status"] == 401
+
+
+def test_a_signed_in_user_gets_server_to_user_events_and_the_app_terminates_its_connections(web):
+    with PusherJs(HOST, web.port, signin_as={"id": "u-42", "name": "Uma"}) as uma:
+        uma.connected()
+        uma.command(op="signin")
+        uma.next("signed_in")
+        assert uma.api("sendToUser", "u-42", "notice", {"text": "hi"})["status"] == 200
+        got = uma.next("user_event")
+        assert (got["name"], got["data"]) == ("notice", {"text": "hi"})
+        assert uma.api("terminateUserConnections", "u-42")["status"] == 200
+        assert uma.next("connection_error")["data"]["code"] == 4009

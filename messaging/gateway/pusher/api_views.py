@@ -6,7 +6,9 @@ for the `pusher` server libraries (Python, Node, PHP, Laravel's broadcaster) unc
 - `POST /apps/{app_id}/batch_events` `{batch: [{channel, name, data, socket_id?, info?}]}` (≤ 10) → `{}` or `{"batch": [...]}`;
 - `GET /apps/{app_id}/channels?filter_by_prefix=&info=user_count,subscription_count` → `{"channels": {name: {...}}}`;
 - `GET /apps/{app_id}/channels/{name}?info=…` → `{"occupied", "subscription_count"?, "user_count"?}`;
-- `GET /apps/{app_id}/channels/{name}/users` → `{"users": [{"id"}]}` (presence channels).
+- `GET /apps/{app_id}/channels/{name}/users` → `{"users": [{"id"}]}` (presence channels);
+- `POST /apps/{app_id}/users/{user_id}/terminate_connections` → `{}`: the user's signed-in
+  connections, on every node, get `pusher:error` 4009 and are closed with it.
 
 Every request is signed (messaging.gateway.pusher.api_auth). Errors are the API's: 400 with a text
 reason, 401 (signature, key, timestamp, body_md5), 403 (credentials disabled), 404 (unknown app_id),
@@ -32,6 +34,7 @@ from messaging.gateway.pusher.services import (
     subscription_count,
     user_count,
     users_of,
+    users_terminate,
 )
 
 MAX_CHANNELS = 100
@@ -79,7 +82,7 @@ def _event(item: dict, *, many: bool) -> EventToPublish:
     if not isinstance(channels, list) or not 0 < len(channels) <= MAX_CHANNELS:
         raise BadRequest(f"channels must be a list of 1 to {MAX_CHANNELS} channel names")
     for channel in channels:
-        if (problem := p.channel_name_problem(channel)) is not None:
+        if (problem := p.api_channel_problem(channel)) is not None:
             raise BadRequest(f"{str(channel)[:200]!r}: {problem}")
     if socket_id is not None and (not isinstance(socket_id, str) or not SOCKET_ID.fullmatch(socket_id)):
         raise BadRequest("socket_id must be a socket id (digits.digits)")
@@ -170,3 +173,13 @@ def channel_users(request: HttpRequest, app: AppSnapshot, name: str) -> HttpResp
     if not p.channel_kind(name).presence:
         raise BadRequest("users are listed for presence channels only")
     return JsonResponse({"users": [{"id": user} for user in users_of(app.pk, name)]})
+
+
+@_api
+def terminate_connections(request: HttpRequest, app: AppSnapshot, user_id: str) -> HttpResponse:
+    if request.method != "POST":
+        return _error(405, "POST to terminate")
+    if p.user_channel(user_id) is None:
+        raise BadRequest("the user id is not one this server can name")
+    users_terminate(app.pk, user_id)
+    return JsonResponse({})

@@ -30,6 +30,9 @@ from typing import Any
 from messaging.channels.names import channel_name_valid
 
 PREFIX = "pusher."
+# A signed-in user's own channel (pusher:signin): `#server-to-user-<id>` is Switchboard's `pusher-user.<id>`.
+USER_CHANNEL = "#server-to-user-"
+USER_PREFIX = "pusher-user."
 PUSHER_NAME = re.compile(r"[A-Za-z0-9_\-=@,.;]+")
 PUSHER_NAME_MAX = 200
 DEFAULT_EVENT = "message"  # what a native publish that names no Pusher event is called
@@ -119,11 +122,36 @@ def channel_name_problem(name: object) -> str | None:
 
 
 def switchboard_channel(name: str) -> str:
+    if name.startswith(USER_CHANNEL):
+        return USER_PREFIX + name[len(USER_CHANNEL):]
     return PREFIX + name
 
 
 def pusher_channel(switchboard_name: str) -> str | None:
+    if switchboard_name.startswith(USER_PREFIX):
+        return USER_CHANNEL + switchboard_name[len(USER_PREFIX):]
     return switchboard_name[len(PREFIX):] if switchboard_name.startswith(PREFIX) else None
+
+
+def user_channel(user_id: str) -> str | None:
+    """The Switchboard channel of a signed-in user's `#server-to-user-<id>`; None for an id it cannot name."""
+    name = USER_PREFIX + user_id
+    return name if channel_name_valid(name) else None
+
+
+def api_channel_problem(name: object) -> str | None:
+    """Why the HTTP API cannot publish on `name` (a user's channel too), or None."""
+    if isinstance(name, str) and name.startswith(USER_CHANNEL):
+        return None if user_channel(name[len(USER_CHANNEL):]) else "the user id is not one this server can name"
+    return channel_name_problem(name)
+
+
+def signin_valid(*, key: str, secret: str, socket_id: str, user_data: object, auth: object) -> bool:
+    """Whether `auth` is the app's signature of `<socket_id>::user::<user_data>` (pusher:signin)."""
+    if not isinstance(auth, str) or not isinstance(user_data, str):
+        return False
+    expected = f"{key}:{sign(secret, f'{socket_id}::user::{user_data}')}"
+    return hmac.compare_digest(auth.encode(), expected.encode())
 
 
 # --- signatures ------------------------------------------------------------------------------------

@@ -77,5 +77,12 @@ def channels_occupied(app_id: int, prefix: str = "") -> dict[str, int]:
     return out
 
 
+def users_terminate(app_id: int, user_id: str) -> None:
+    """Close the user's signed-in connections wherever they are: a signal on its user channel
+    (messaging.gateway.pusher.presence.channel_signal), which every such connection reads."""
+    client = sync_client()
+    client.publish(registry.fanout_key(app_id, p.user_channel(user_id)), '{"s":{"e":"terminate"}}')
+
+
 def _glob_escape(text: str) -> str:
     return "".join(f"\\{c}" if c in "*?[]\\" else c for c in text)

@@ -57,6 +57,7 @@ class Subscriptions:
         self.memberships: dict[str, Membership] = {}  # presence channel -> this connection's user
         self.client_events = TokenBucket(settings.PUSHER_CLIENT_EVENTS_PER_SECOND, settings.PUSHER_CLIENT_EVENTS_BURST)
         self.flooding = 0
+        self.user_id: str | None = None  # signed in (pusher:signin)
 
     async def handle(self, message: dict) -> None:
         event, data = message["event"], message.get("data")
@@ -77,6 +78,8 @@ class Subscriptions:
                 await self.leave(name)
         elif event == "pusher:resume":
             await self.resume(data if isinstance(data, dict) else {})
+        elif event == "pusher:signin":
+            await self.signin(data if isinstance(data, dict) else {})
         elif event.startswith("client-"):
             await self.client_event(event, message.get("channel"), message.get("data"))
         elif event.startswith("pusher:"):
@@ -93,6 +96,14 @@ class Subscriptions:
 
     async def subscribe(self, data: dict) -> None:
         name = data.get("channel")
+        if isinstance(name, str) and name.startswith(p.USER_CHANNEL):
+            # pusher-js subscribes to its user's channel once signed in: read since the signin.
+            if self.user_id is not None and name == p.USER_CHANNEL + self.user_id:
+                await self.send(p.frame("pusher_internal:subscription_succeeded", {}, channel=name))
+            else:
+                await self._refuse(name, "AuthError", "a user's channel is read by its signed-in connections only",
+                                   p.CLOSE_UNAUTHORIZED)
+            return
         if (problem := p.channel_name_problem(name)) is not None:
             await self._refuse(name, "InvalidChannel", problem, p.ERROR_BAD_INPUT)
             return
@@ -190,6 +201,7 @@ class Subscriptions:
     async def leave_all(self) -> None:
         for name in list(self.names):
             await self.leave(name)
+        await self.cursor.leave_all()  # (a signed-in user's channel)
 
     # --- what the channels bring ------------------------------------------------------------------
 
@@ -208,7 +220,12 @@ class Subscriptions:
                                 channel=name))
 
     async def signal(self, sb: str, data: dict) -> None:
-        """A member came or went somewhere in the cluster (presence.channel_signal)."""
+        """A member came or went somewhere in the cluster (presence.channel_signal), or the app's
+        server ended the signed-in user's connections (terminate_connections)."""
+        if isinstance(data, dict) and data.get("e") == "terminate" and sb.startswith(p.USER_PREFIX):
+            await self.send(p.error_frame(p.CLOSE_UNAUTHORIZED, "You got disconnected by the app."))
+            await self.reader.close(code=p.CLOSE_UNAUTHORIZED, reason="disconnected by the app")
+            return
         name = p.pusher_channel(sb)
         membership = self.memberships.get(name or "")
         if membership is None or not isinstance(data, dict):
@@ -273,6 +290,28 @@ class Subscriptions:
                              user_id=membership.user_id if membership is not None else None)
         await run_db(channel_publish_and_fanout, app_id=self.app.pk, channel=p.switchboard_channel(name),
                      content=content, publisher=f"pusher:{self.socket_id}")
+
+    async def signin(self, data: dict) -> None:
+        """`pusher:signin {user_data, auth}`: the app's server signed `<socket_id>::user::<user_data>`; the
+        connection then reads its user's `#server-to-user-<id>` and terminate_connections reaches it.
+        A bad signature or user data without an `id` closes the connection (4009), as Pusher does."""
+        user_data, user = data.get("user_data"), None
+        if p.signin_valid(key=self.app.pusher_key, secret=self.app.pusher_secret, socket_id=self.socket_id,
+                          user_data=user_data, auth=data.get("auth")):
+            try:
+                parsed = json.loads(user_data)
+            except ValueError:
+                parsed = None
+            user = parsed.get("id") if isinstance(parsed, dict) else None
+        sb = p.user_channel(str(user)) if isinstance(user, (str, int)) and not isinstance(user, bool) else None
+        if sb is None or self.user_id is not None:
+            reason = "Connection not authorized" if self.user_id is None else "Already signed in"
+            await self.send(p.error_frame(p.CLOSE_UNAUTHORIZED, reason))
+            await self.reader.close(code=p.CLOSE_UNAUTHORIZED, reason=reason)
+            return
+        self.user_id = str(user)
+        await self.cursor.join(sb)
+        await self.send(p.frame("pusher:signin_success", {"user_data": user_data}))
 
     async def resume(self, data: dict) -> None:
         """`pusher:resume {channel, since}` (extension): the channel's events after offset `since`, in order,

@@ -11,7 +11,7 @@ import pytest
 from foundation.asyncdb import run_db
 from messaging.channels.services import channel_publish_and_fanout
 from tests.inprocess import Closed
-from tests.pusher import ANZ_KEY, BNZ_KEY, BNZ_SECRET, PATH, channel_auth
+from tests.pusher import ANZ_APP_ID, ANZ_KEY, BNZ_KEY, BNZ_SECRET, PATH, channel_auth, signed_query, user_auth
 
 pytestmark = pytest.mark.django_db
 
@@ -228,7 +228,6 @@ def test_resume_replays_what_came_after_an_offset(node):
 
 
 def test_the_http_api_lists_occupied_channels_and_presence_members(node, client):
-    from tests.pusher import ANZ_APP_ID, signed_query
 
     def get(path, params=None):
         return client.get(f"{path}?{signed_query('GET', path, params)}").json()
@@ -242,3 +241,34 @@ def test_the_http_api_lists_occupied_channels_and_presence_members(node, client)
     assert get(f"/apps/{ANZ_APP_ID}/channels/{ch}", {"info": "subscription_count,user_count"}) == {
         "occupied": True, "subscription_count": 2, "user_count": 2}
     assert get(f"/apps/{ANZ_APP_ID}/channels/{ch}/users") == {"users": [{"id": "a"}, {"id": "b"}]}
+
+
+def test_a_signed_in_user_gets_its_server_to_user_events_until_the_app_terminates_it(node, client):
+
+    ann = Pusher(node)
+    ann.send("pusher:signin", user_auth(ann.socket_id, {"id": "ann-1", "name": "Ann"}))
+    success = ann.recv("pusher:signin_success")
+    assert json.loads(json.loads(success["data"])["user_data"]) == {"id": "ann-1", "name": "Ann"}
+    # (pusher-js subscribes to its user's channel once signed in; another user's is refused)
+    assert ann.subscribe("#server-to-user-ann-1")["event"] == "pusher_internal:subscription_succeeded"
+    assert ann.subscribe("#server-to-user-bob-2")["event"] == "pusher:subscription_error"
+    path = f"/apps/{ANZ_APP_ID}/events"
+    body = json.dumps({"name": "notice", "data": "for ann", "channel": "#server-to-user-ann-1"}).encode()
+    response = client.post(f"{path}?{signed_query('POST', path, body=body)}", data=body, content_type="application/json")
+    assert response.status_code == 200, response.content
+    assert ann.recv("notice") == {"event": "notice", "channel": "#server-to-user-ann-1", "data": "for ann"}
+    path = f"/apps/{ANZ_APP_ID}/users/ann-1/terminate_connections"
+    response = client.post(f"{path}?{signed_query('POST', path, body=b'{}')}", data=b"{}", content_type="application/json")
+    assert response.status_code == 200
+    assert ann.recv("pusher:error")["data"]["code"] == 4009
+    with pytest.raises(Closed) as closed:
+        ann.recv()
+    assert closed.value.code == 4009
+
+
+def test_a_signin_the_app_did_not_sign_closes_with_4009(node):
+    client = Pusher(node)
+    client.send("pusher:signin", user_auth("1.1", {"id": "x"}))
+    assert client.recv("pusher:error")["data"]["code"] == 4009
+    with pytest.raises(Closed):
+        client.recv()
