@@ -12,19 +12,23 @@ for the `pusher` server libraries (Python, Node, PHP, Laravel's broadcaster) unc
 
 Every request is signed (messaging.gateway.pusher.api_auth). Errors are the API's: 400 with a text
 reason, 401 (signature, key, timestamp, body_md5), 403 (credentials disabled), 404 (unknown app_id),
-413 (an event's data over PUSHER_MAX_EVENT_BYTES).
+413 (an event's data over PUSHER_MAX_EVENT_BYTES), 429 with Retry-After past the app's API rate limit (the
+budget the native REST API draws on too).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
+from redis.exceptions import RedisError
 
 from apps_registry.selectors import AppSnapshot, app_snapshot_by_pusher_app_id
+from messaging.gateway.pusher import metrics
 from messaging.gateway.pusher import protocol as p
 from messaging.gateway.pusher.api_auth import api_request_check
 from messaging.gateway.pusher.services import (
@@ -36,6 +40,7 @@ from messaging.gateway.pusher.services import (
     users_of,
     users_terminate,
 )
+from messaging.intake.throttling import rate_limit_take
 
 MAX_CHANNELS = 100
 MAX_BATCH = 10
@@ -102,12 +107,27 @@ def _wanted(info: object) -> set[str]:
     return {part.strip() for part in info.split(",")} if isinstance(info, str) else set()
 
 
+def _throttled(app: AppSnapshot) -> HttpResponse | None:
+    """The app's server API budget (messaging.intake.throttling), shared with the native REST API."""
+    try:
+        wait = rate_limit_take(app_pk=app.pk, rate=app.api_rate_limit_per_second, burst=app.api_rate_limit_burst)
+    except RedisError:
+        return None  # the limit protects the platform; a request needs Redis anyway to reach anyone
+    if not wait:
+        return None
+    response = _error(429, "Too many requests: the app's API rate limit")
+    response["Retry-After"] = str(max(1, math.ceil(wait)))
+    return response
+
+
 def _api(view):
     @csrf_exempt
     def wrapped(request: HttpRequest, app_id: str, **kwargs) -> HttpResponse:
         signed = _signed(request, app_id)
         if isinstance(signed, HttpResponse):
             return signed
+        if (throttled := _throttled(signed)) is not None:
+            return throttled
         try:
             return view(request, signed, **kwargs)
         except BadRequest as exc:
@@ -122,6 +142,7 @@ def events(request: HttpRequest, app: AppSnapshot) -> HttpResponse:
     body = _body(request)
     event = _event(body, many=True)
     pusher_events_publish(app_id=app.pk, events=[event])
+    metrics.PUBLISHED.labels(app.app_name, "api").inc(len(event.channels))
     wanted = _wanted(body.get("info"))
     if not wanted:
         return JsonResponse({})
@@ -139,6 +160,7 @@ def batch_events(request: HttpRequest, app: AppSnapshot) -> HttpResponse:
         raise BadRequest("every batch item must be an object")
     items = [_event(item, many=False) for item in batch]
     pusher_events_publish(app_id=app.pk, events=items)
+    metrics.PUBLISHED.labels(app.app_name, "api").inc(len(items))
     if not any(item.get("info") for item in batch):
         return JsonResponse({})
     return JsonResponse({"batch": [_info(app, e.channels[0], _wanted(item.get("info")))

@@ -18,6 +18,7 @@ from foundation.draining import draining
 from messaging.core import metrics
 from messaging.gateway.connection.inbox import ChannelReaderConsumer
 from messaging.gateway.limits import TokenBucket
+from messaging.gateway.pusher import metrics as pusher_metrics
 from messaging.gateway.pusher import protocol as p
 from messaging.gateway.pusher.node import pusher_node
 from messaging.gateway.pusher.subscriptions import Subscriptions
@@ -76,6 +77,7 @@ class PusherConsumer(ChannelReaderConsumer):
         await runtime().ensure_started()
         runtime().drainable_add(self.channel_name, self._drain)
         metrics.TRANSPORT_CONNECTIONS.labels(TRANSPORT).inc()
+        pusher_metrics.CONNECTIONS.labels(app.app_name).inc()
         self.socket_id = node.socket_id()
         self.subs = Subscriptions(app=app, socket_id=self.socket_id, reader=self, send=self._send_text,
                                   gone=self._gone, offsets=params.get("offsets") == "1")
@@ -174,6 +176,7 @@ class PusherConsumer(ChannelReaderConsumer):
             return
         pusher_node().leave(self.address, self.app.pk)
         metrics.TRANSPORT_CONNECTIONS.labels(TRANSPORT).dec()
+        pusher_metrics.CONNECTIONS.labels(self.app.app_name).dec()
         try:
             if self.subs is not None:
                 await self.subs.leave_all()

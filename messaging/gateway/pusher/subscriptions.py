@@ -16,9 +16,8 @@ from apps_registry.selectors import AppSnapshot
 from foundation.asyncdb import run_db
 from messaging.channels.cursor import ChannelCursor
 from messaging.channels.services import channel_history, channel_publish_and_fanout
-from messaging.core import metrics
 from messaging.gateway.limits import TokenBucket
-from messaging.gateway.pusher import presence
+from messaging.gateway.pusher import metrics, presence
 from messaging.gateway.pusher import protocol as p
 from messaging.gateway.pusher.node import pusher_node
 from messaging.gateway.runtime import runtime
@@ -90,7 +89,7 @@ class Subscriptions:
     # --- subscribing --------------------------------------------------------------------------------
 
     async def _refuse(self, channel: Any, kind: str, error: str, status: int) -> None:
-        metrics.STREAM_REFUSED.labels("pusher", "subscription").inc()
+        metrics.REFUSED.labels(self.app.app_name, kind).inc()
         name = channel if isinstance(channel, str) else ""
         await self.send(p.subscription_error_frame(name[:p.PUSHER_NAME_MAX], kind, error, status))
 
@@ -153,12 +152,13 @@ class Subscriptions:
     async def join(self, name: str, kind: p.ChannelKind, membership: Membership | None, info: Any) -> None:
         sb = p.switchboard_channel(name)
         self.names[name] = kind
+        metrics.SUBSCRIPTIONS.labels(self.app.app_name).inc()
         head = await self.cursor.join(sb)
         if membership is not None:
             self.memberships[name] = membership
             node = pusher_node()
             if await node.member_join((self.app.pk, sb), membership.user_id, info):
-                metrics.CHANNEL_OCCUPANCY.labels("member_added").inc()
+                metrics.MEMBERS.labels(self.app.app_name, "added").inc()
                 await presence.channel_signal(app_id=self.app.pk, channel=sb,
                                               data={"e": "added", "u": membership.user_id, "i": info})
             membership.known = await presence.members_read(self.app.pk, sb)
@@ -186,7 +186,8 @@ class Subscriptions:
             await self.send(p.dumps({"event": "pusher:cache_miss", "channel": name}))
 
     async def leave(self, name: str) -> None:
-        self.names.pop(name, None)
+        if self.names.pop(name, None) is not None:
+            metrics.SUBSCRIPTIONS.labels(self.app.app_name).dec()
         sb = p.switchboard_channel(name)
         await self.cursor.leave(sb)
         membership = self.memberships.pop(name, None)
@@ -194,7 +195,7 @@ class Subscriptions:
             node = pusher_node()
             node.unwatch((self.app.pk, sb), self.reader)
             if await node.member_leave((self.app.pk, sb), membership.user_id):
-                metrics.CHANNEL_OCCUPANCY.labels("member_removed").inc()
+                metrics.MEMBERS.labels(self.app.app_name, "removed").inc()
                 await presence.channel_signal(app_id=self.app.pk, channel=sb,
                                               data={"e": "removed", "u": membership.user_id})
 
@@ -212,6 +213,7 @@ class Subscriptions:
         event = _event_of(self.app.pk, sb, offset, content)
         if name is None or event.socket_id == self.socket_id:
             return True  # (the publisher's own connection: never echoed)
+        metrics.WRITTEN.labels(self.app.app_name).inc()
         return await self.send(p.event_frame(name, event, offset if self.offsets else None))
 
     async def _missed(self, notice: dict) -> None:
@@ -262,7 +264,7 @@ class Subscriptions:
 
     async def client_event(self, event: str, name: Any, data: Any) -> None:
         kind = self.names.get(name) if isinstance(name, str) else None
-        refusal = None
+        refusal, code = None, p.CLOSE_UNAUTHORIZED  # not allowed: 4009; too large: 4300
         if not self.app.pusher_client_events:
             refusal = "Client events are not enabled for this app"
         elif kind is None:
@@ -270,15 +272,15 @@ class Subscriptions:
         elif not kind.client_events:
             refusal = "Client events are allowed on private and presence channels only (not encrypted ones)"
         elif len(event) > p.PUSHER_NAME_MAX:
-            refusal = f"Event names are at most {p.PUSHER_NAME_MAX} characters"
+            refusal, code = f"Event names are at most {p.PUSHER_NAME_MAX} characters", p.ERROR_BAD_INPUT
         elif len(p.dumps(data).encode()) > settings.PUSHER_MAX_EVENT_BYTES:
-            refusal = f"Event data is larger than {settings.PUSHER_MAX_EVENT_BYTES} bytes"
+            refusal, code = f"Event data is larger than {settings.PUSHER_MAX_EVENT_BYTES} bytes", p.ERROR_BAD_INPUT
         if refusal is not None:
-            await self.send(p.error_frame(4009 if kind is None or not kind.client_events or
-                                          not self.app.pusher_client_events else p.ERROR_BAD_INPUT, refusal, name
-                                          if isinstance(name, str) else None))
+            metrics.REFUSED.labels(self.app.app_name, "client_event").inc()
+            await self.send(p.error_frame(code, refusal, name if isinstance(name, str) else None))
             return
         if self.client_events.take(1):
+            metrics.REFUSED.labels(self.app.app_name, "client_event_rate").inc()
             self.flooding += 1
             await self.send(p.error_frame(p.CLOSE_CLIENT_EVENT_RATE, "Client event rejected due to rate limit", name))
             if self.flooding >= settings.PUSHER_FLOOD_CLOSE_AFTER:
@@ -290,6 +292,7 @@ class Subscriptions:
                              user_id=membership.user_id if membership is not None else None)
         await run_db(channel_publish_and_fanout, app_id=self.app.pk, channel=p.switchboard_channel(name),
                      content=content, publisher=f"pusher:{self.socket_id}")
+        metrics.PUBLISHED.labels(self.app.app_name, "client").inc()
 
     async def signin(self, data: dict) -> None:
         """`pusher:signin {user_data, auth}`: the app's server signed `<socket_id>::user::<user_data>`; the

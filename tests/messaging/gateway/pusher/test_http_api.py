@@ -106,3 +106,12 @@ def test_disabled_credentials_are_403(client, app):
     PusherCredentials.objects.filter(app=app).update(enabled=False)
     app_snapshots_clear()
     assert post(client, f"/apps/{APP_ID}/events", {"name": "e", "data": "d", "channel": "c"}).status_code == 403
+
+
+def test_the_apps_api_rate_limit_applies_to_the_pusher_api_too(client, app):
+    from apps_registry.models import ClientApp
+
+    ClientApp.objects.filter(pk=app.pk).update(api_rate_limit_per_second=0.1, api_rate_limit_burst=2)
+    app_snapshots_clear()
+    statuses = [get(client, f"/apps/{APP_ID}/channels").status_code for _ in range(4)]
+    assert statuses[:2] == [200, 200] and statuses[-1] == 429

@@ -272,3 +272,18 @@ def test_a_signin_the_app_did_not_sign_closes_with_4009(node):
     assert client.recv("pusher:error")["data"]["code"] == 4009
     with pytest.raises(Closed):
         client.recv()
+
+
+def test_pusher_connections_subscriptions_and_events_are_counted_per_app(node):
+    from foundation.metrics import REGISTRY
+
+    def sample(name: str, **labels) -> float:
+        return REGISTRY.get_sample_value(name, {"app": "ANZ", **labels}) or 0.0
+
+    before = sample("switchboard_pusher_events_written_total")
+    client = Pusher(node)
+    client.subscribe("counted")
+    assert sample("switchboard_pusher_connections") >= 1 and sample("switchboard_pusher_subscriptions") >= 1
+    publish(node, "pusher.counted", json.dumps({"event": "e", "data": "d"}))
+    client.recv("e")
+    assert sample("switchboard_pusher_events_written_total") == before + 1
