@@ -50,6 +50,7 @@ from messaging.gateway.connection.admission import (
     sessions_open_batch,
 )
 from messaging.gateway.limits import UserWorkLimits
+from messaging.gateway.pusher.webhooks import pusher_occupancy_changed
 from messaging.intake.batching import Batcher, LoopBatcher
 from messaging.intake.group_commit import Intake
 from messaging.requests.submit import requests_submit
@@ -77,6 +78,7 @@ def _release(claims: list[tuple[int, int]]) -> None:
 
 async def _occupancy_changed(app_id: int, channel: str, occupied: bool) -> None:
     await run_db(channel_occupancy_record, app_id=app_id, channel=channel, occupied=occupied)
+    await pusher_occupancy_changed(app_id, channel, occupied)  # (a Pusher channel's, in Pusher's format)
 
 
 class NodeRuntime:

@@ -20,6 +20,7 @@ from messaging.gateway.limits import TokenBucket
 from messaging.gateway.pusher import metrics, presence
 from messaging.gateway.pusher import protocol as p
 from messaging.gateway.pusher.node import pusher_node
+from messaging.gateway.pusher.webhooks import pusher_webhook
 from messaging.gateway.runtime import runtime
 
 Send = Callable[[str], Awaitable[bool]]
@@ -159,6 +160,7 @@ class Subscriptions:
             node = pusher_node()
             if await node.member_join((self.app.pk, sb), membership.user_id, info):
                 metrics.MEMBERS.labels(self.app.app_name, "added").inc()
+                await pusher_webhook(self.app.pk, "member_added", channel=name, user_id=membership.user_id)
                 await presence.channel_signal(app_id=self.app.pk, channel=sb,
                                               data={"e": "added", "u": membership.user_id, "i": info})
             membership.known = await presence.members_read(self.app.pk, sb)
@@ -184,6 +186,7 @@ class Subscriptions:
             await self.send(p.event_frame(name, event, items[0].offset if self.offsets else None))
         else:
             await self.send(p.dumps({"event": "pusher:cache_miss", "channel": name}))
+            await pusher_webhook(self.app.pk, "cache_miss", channel=name)
 
     async def leave(self, name: str) -> None:
         if self.names.pop(name, None) is not None:
@@ -196,6 +199,7 @@ class Subscriptions:
             node.unwatch((self.app.pk, sb), self.reader)
             if await node.member_leave((self.app.pk, sb), membership.user_id):
                 metrics.MEMBERS.labels(self.app.app_name, "removed").inc()
+                await pusher_webhook(self.app.pk, "member_removed", channel=name, user_id=membership.user_id)
                 await presence.channel_signal(app_id=self.app.pk, channel=sb,
                                               data={"e": "removed", "u": membership.user_id})
 
@@ -293,6 +297,9 @@ class Subscriptions:
         await run_db(channel_publish_and_fanout, app_id=self.app.pk, channel=p.switchboard_channel(name),
                      content=content, publisher=f"pusher:{self.socket_id}")
         metrics.PUBLISHED.labels(self.app.app_name, "client").inc()
+        await pusher_webhook(self.app.pk, "client_event", channel=name, event=event, socket_id=self.socket_id,
+                             data=data if isinstance(data, str) else p.dumps(data),
+                             user_id=membership.user_id if membership is not None else None)
 
     async def signin(self, data: dict) -> None:
         """`pusher:signin {user_data, auth}`: the app's server signed `<socket_id>::user::<user_data>`; the

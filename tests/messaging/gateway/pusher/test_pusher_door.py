@@ -287,3 +287,45 @@ def test_pusher_connections_subscriptions_and_events_are_counted_per_app(node):
     publish(node, "pusher.counted", json.dumps({"event": "e", "data": "d"}))
     client.recv("e")
     assert sample("switchboard_pusher_events_written_total") == before + 1
+
+
+def test_pusher_webhooks_come_in_pusher_format_signed_with_the_apps_pusher_secret(node):
+    import hashlib
+    import hmac
+
+    from apps_registry.selectors import app_snapshot
+    from messaging.webhooks.models import PUSHER_WEBHOOK_EVENTS
+    from messaging.webhooks.services import webhook_endpoint_create, webhook_endpoint_delete
+    from tests.pusher import ANZ_SECRET
+    from tests.webhook_receiver import WebhookReceiver
+
+    with WebhookReceiver() as receiver:
+        async def register():
+            app = await run_db(app_snapshot, "ANZ")
+            endpoint, _ = await run_db(webhook_endpoint_create, app_id=app.pk, url=receiver.url,
+                                       events=list(PUSHER_WEBHOOK_EVENTS))
+            return app.pk, endpoint.pk
+
+        app_pk, endpoint_pk = node.loop.run(register())
+        try:
+            alice, bob = Pusher(node), Pusher(node)
+            ch = "presence-hooked.1"
+            alice.subscribe(ch, **channel_auth(alice.socket_id, ch, {"user_id": "a"}))
+            bob.subscribe(ch, **channel_auth(bob.socket_id, ch, {"user_id": "b"}))
+            bob.send("client-hi", {"x": 1}, channel=ch)
+            alice.recv("client-hi")
+            bob.ws.close()
+            calls = receiver.wait_for(lambda call: True, count=5)
+        finally:
+            node.loop.run(run_db(webhook_endpoint_delete, app_id=app_pk, endpoint_id=endpoint_pk))
+    for call in calls:
+        expected = hmac.new(ANZ_SECRET.encode(), call.body, hashlib.sha256).hexdigest()
+        assert call.headers["x-pusher-key"] == ANZ_KEY and call.headers["x-pusher-signature"] == expected
+        assert isinstance(call.json["time_ms"], int) and len(call.json["events"]) == 1
+    events = [call.json["events"][0] for call in calls]
+    assert {"name": "channel_occupied", "channel": ch} in events
+    assert {"name": "member_added", "channel": ch, "user_id": "a"} in events
+    assert {"name": "member_added", "channel": ch, "user_id": "b"} in events
+    assert {"name": "client_event", "channel": ch, "event": "client-hi", "data": '{"x":1}', "socket_id": bob.socket_id,
+            "user_id": "b"} in events
+    assert {"name": "member_removed", "channel": ch, "user_id": "b"} in events
