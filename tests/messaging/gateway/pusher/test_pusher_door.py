@@ -329,3 +329,42 @@ def test_pusher_webhooks_come_in_pusher_format_signed_with_the_apps_pusher_secre
     assert {"name": "client_event", "channel": ch, "event": "client-hi", "data": '{"x":1}', "socket_id": bob.socket_id,
             "user_id": "b"} in events
     assert {"name": "member_removed", "channel": ch, "user_id": "b"} in events
+
+
+def test_a_silent_client_is_pinged_and_closed_with_4201_when_no_pong_comes(node, settings):
+    settings.PUSHER_ACTIVITY_TIMEOUT_SECONDS = 1
+    settings.PUSHER_PONG_TIMEOUT_SECONDS = 0.5
+    client = Pusher(node)
+    assert client.recv(timeout=5) == {"event": "pusher:ping", "data": "{}"}
+    assert client.recv(timeout=5)["data"]["code"] == 4201
+    assert client.ws.wait_closed() == 4201
+
+
+def test_a_client_that_answers_the_ping_stays(node, settings):
+    settings.PUSHER_ACTIVITY_TIMEOUT_SECONDS = 1
+    settings.PUSHER_PONG_TIMEOUT_SECONDS = 0.5
+    client = Pusher(node)
+    assert client.recv(timeout=5)["event"] == "pusher:ping"
+    client.send("pusher:pong")
+    assert client.recv(timeout=5)["event"] == "pusher:ping"  # the next silence: pinged again, not closed
+
+
+def test_over_capacity_is_4100_and_disabled_credentials_are_4003(node, settings):
+    from apps_registry.pusher_credentials import PusherCredentials
+    from apps_registry.selectors import app_snapshots_clear
+
+    settings.PUSHER_MAX_PER_ADDRESS = 0
+    ws = node.client(path=PATH.format(key=ANZ_KEY))
+    assert ws.recv()["data"]["code"] == 4100 and ws.wait_closed() == 4100
+    settings.PUSHER_MAX_PER_ADDRESS = 2000
+
+    def enabled(on: bool) -> None:
+        node.loop.run(run_db(lambda: PusherCredentials.objects.filter(key=BNZ_KEY).update(enabled=on)))
+        app_snapshots_clear()
+
+    enabled(False)
+    try:
+        ws = node.client(path=PATH.format(key=BNZ_KEY))
+        assert ws.recv()["data"]["code"] == 4003 and ws.wait_closed() == 4003
+    finally:
+        enabled(True)
