@@ -113,6 +113,7 @@ class NodeRuntime:
         self.work_limits = UserWorkLimits()
         self.hub = ChannelHub(self.node_id, on_occupancy=_occupancy_changed)
         self.tasks: set[asyncio.Task] = set()  # background work (background())
+        self.declared_dead_hooks: list[Callable[[], Awaitable[None]]] = []  # (declared_dead)
         self.request_readers = readers_routed_by(self.route)  # what a request webhook's answer means, here
         self._started: asyncio.Future | None = None
         self._heartbeat: asyncio.Task | None = None
@@ -241,6 +242,8 @@ class NodeRuntime:
                     self.node_id, len(conns))
         await asyncio.gather(*(c.close(CLOSE_RESTART, "this node was declared dead; reconnect") for c in conns),
                              return_exceptions=True)
+        # Doors whose connections are not in `connections` (Pusher clients) end theirs too.
+        await asyncio.gather(*(hook() for hook in self.declared_dead_hooks), return_exceptions=True)
         await self.join()
 
 

@@ -76,6 +76,7 @@ class PusherConsumer(ChannelReaderConsumer):
         self.admitted, self.app = True, app
         await runtime().ensure_started()
         runtime().drainable_add(self.channel_name, self._drain)
+        node.connections[self.channel_name] = self._drain  # (and a node declared dead ends it the same way)
         metrics.TRANSPORT_CONNECTIONS.labels(TRANSPORT).inc()
         pusher_metrics.CONNECTIONS.labels(app.app_name).inc()
         self.socket_id = node.socket_id()
@@ -100,7 +101,8 @@ class PusherConsumer(ChannelReaderConsumer):
         return True
 
     async def _drain(self) -> None:
-        """The node drains: pusher-js reconnects at once after 4200 (to another node behind the balancer)."""
+        """The node drains (or was declared dead): pusher-js reconnects at once after 4200 (to another
+        node behind the balancer)."""
         for timer in self.timers:
             timer.cancel()
         metrics.STREAM_CLOSED.labels(TRANSPORT, "drain").inc()
@@ -175,6 +177,7 @@ class PusherConsumer(ChannelReaderConsumer):
         if not self.admitted:
             return
         pusher_node().leave(self.address, self.app.pk)
+        pusher_node().connections.pop(self.channel_name, None)
         metrics.TRANSPORT_CONNECTIONS.labels(TRANSPORT).dec()
         pusher_metrics.CONNECTIONS.labels(self.app.app_name).dec()
         try:

@@ -8,7 +8,7 @@ import asyncio
 import logging
 import secrets
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +42,15 @@ class PusherNode:
         # The connections subscribed to each presence channel here, told what the heartbeat finds.
         self.watchers: dict[ChannelKey, dict[object, Callable[[dict[str, Any]], None]]] = {}
         self._beat: asyncio.Task | None = None
+        # Each connection's way to be closed with 4200, for a node the reaper declared dead while it
+        # was only paused (messaging.gateway.runtime.declared_dead): its clients reconnect.
+        self.connections: dict[object, Callable[[], Awaitable[None]]] = {}
+        runtime().declared_dead_hooks.append(self._declared_dead)
+
+    async def _declared_dead(self) -> None:
+        ends = list(self.connections.values())
+        self.connections.clear()
+        await asyncio.gather(*(end() for end in ends), return_exceptions=True)
 
     def socket_id(self) -> str:
         self.counter += 1

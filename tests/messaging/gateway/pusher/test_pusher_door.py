@@ -368,3 +368,13 @@ def test_over_capacity_is_4100_and_disabled_credentials_are_4003(node, settings)
         assert ws.recv()["data"]["code"] == 4003 and ws.wait_closed() == 4003
     finally:
         enabled(True)
+
+
+def test_a_node_declared_dead_while_paused_closes_its_pusher_clients_with_4200(node):
+    from messaging.gateway.runtime import runtime
+
+    client = Pusher(node)
+    client.subscribe("ghostly")
+    node.loop.run(runtime().declared_dead())
+    assert client.recv()["data"]["code"] == 4200
+    assert client.ws.wait_closed() == 4200
