@@ -16,6 +16,7 @@ from django.utils.html import escape, format_html
 
 from .admin_endpoints import RequestEndpointInline, endpoint_secrets_show
 from .admin_guards import HomesKeptAdmin, MetaManagedAdmin
+from .admin_pusher import PusherCredentialsAdmin  # noqa: F401  (registers the Pusher credentials page)
 from .meta import meta_state_line
 from .models import (
     OPEN_APP_MEANING,

@@ -7,7 +7,8 @@ an app's distributions are replaced by the file's list. What it does not name is
 Extension keys beyond the linker format: `weight`, `enabled` and `sharedSecret` on links;
 `standby` on user distributions (the domain that keeps a copy of the range's mailboxes and takes
 its users over while their home is lost: another known domain than `domainName`);
-`tokenSecret`, `authMode`, `publicChannels`, `clientSubscriptions`, `pushOpen` (push open mode:
+`tokenSecret`, `authMode`, `publicChannels`, `clientSubscriptions`, `pusher` (the app's Pusher
+credentials, apps_registry.config_pusher), `pushOpen` (push open mode:
 at most one app, ClientApp.push_open; an entry without it has it off) on apps, and `settings`: the
 app's settings that protect its users (allowed origins, token lifetime, limits, attempts,
 retention; APP_SETTINGS), written where they differ from the defaults. Importing an entry without
@@ -51,6 +52,7 @@ from foundation.names import domain_name_valid
 
 from .config_endpoints import EndpointsImported, endpoints_export, endpoints_import
 from .config_entries import ConfigError, entry_int, entry_required, validation_text
+from .config_pusher import pusher_export, pusher_import
 from .config_settings import settings_export, settings_import
 from .models import (
     APP_NAME_RE,
@@ -257,6 +259,8 @@ def _import_apps(entries: list, summary: ImportSummary, default_auth_mode: str |
         if app.push_open:
             summary.push_open_app = app.app_name
         _import_distributions(app, entry.get("userDistributions") or [], where, summary, mirror)
+        if "pusher" in entry and pusher_import(app, entry["pusher"], where, mirror=mirror):
+            summary.updated["apps"] += 1
         if "endpoints" in entry:  # (absent: the app's endpoints are left as they are)
             summary.count(endpoints_import(app, entry.get("endpoints") or [], where))
 
@@ -320,7 +324,7 @@ def config_export(*, include_secrets: bool = False) -> str:
         if include_secrets:
             item["sharedSecret"] = link.shared_secret
         doc["domainLinks"].append(item)
-    apps = ClientApp.objects.prefetch_related("distributions__domain", "distributions__standby",
+    apps = ClientApp.objects.select_related("pusher").prefetch_related("distributions__domain", "distributions__standby",
                                               "request_endpoints").order_by("app_name")
     for app in apps:
         item = {"appName": app.app_name, "appId": app.app_id, "masterUserId": app.master_user_id}
@@ -350,6 +354,8 @@ def config_export(*, include_secrets: bool = False) -> str:
             dists.append(entry)
         if dists:
             item["userDistributions"] = dists
+        if pusher := pusher_export(app, include_secrets=include_secrets):
+            item["pusher"] = pusher
         if endpoints := endpoints_export(app, include_secrets=include_secrets):
             item["endpoints"] = endpoints
         doc["clientApps"].append(item)

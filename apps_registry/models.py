@@ -12,9 +12,8 @@ An app admits anyone only where an operator chose auth mode `none` (a new app ge
 with a generated secret); an app in auth-URL mode with the URL switched off refuses every login
 (`clean` refuses saving it, messaging.gateway.authentication refuses logins to rows saved before).
 
-A user id is `<appName>-<number>` with the number in ASCII digits and no leading zero, so one user
-has exactly one id: `ANZ-0123`, `ANZ-１２３` (full-width) or `ANZ-١٢٣` (Arabic-Indic digits) are
-not ids at all (Python's `\d` would accept the last two).
+A user id is `<appName>-<number>`, ASCII digits without a leading zero: one id per user (`ANZ-0123`,
+full-width or Arabic-Indic digits are not ids; Python's `\d` would accept the last two).
 """
 
 from __future__ import annotations
@@ -26,11 +25,12 @@ from datetime import timedelta
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
-from django.db import models
+from django.db import models, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
+from apps_registry.pusher_credentials import PusherCredentials  # (a model of this app, in its own module)
 from apps_registry.ranges import UserRange
 from apps_registry.takeover import Takeover  # noqa: F401  (a model of this app, in its own module)
 from foundation.names import DOMAIN_NAME_PATTERN
@@ -48,18 +48,13 @@ class AuthMode(models.TextChoices):
     SIGNED_TOKEN = "signed_token", "signed token (HMAC-SHA256)"
 
 
-# What auth mode `none` means, said once: the admin's help text and warning and the deploy check.
+# What auth mode `none` and push open mode mean, said once: the admin's help texts and warnings, the deploy check.
 OPEN_APP_MEANING = "anyone who knows the appId can log in as any user of this app, including its master user"
-# What an app's push open mode means, said once: the admin's help text and warning and the deploy check.
-PUSH_OPEN_MEANING = (
-    "the push service's endpoints serve requests without credentials as this app's: anyone may publish on its "
-    "public channels with POST /messages without an API key, and read them on /sse/messages and /ws/messages "
-    "without ?app= or a token"
-)
-AUTH_URL_DISABLED_REFUSAL = (
-    "The external auth URL mode needs the auth URL enabled: while it is off, every login is refused. "
-    "Enable it, or choose another auth mode."
-)
+PUSH_OPEN_MEANING = ("the push service's endpoints serve requests without credentials as this app's: anyone may "
+                     "publish on its public channels with POST /messages without an API key, and read them on "
+                     "/sse/messages and /ws/messages without ?app= or a token")
+AUTH_URL_DISABLED_REFUSAL = ("The external auth URL mode needs the auth URL enabled: while it is off, every login is "
+                             "refused. Enable it, or choose another auth mode.")
 
 
 def new_token_secret() -> str:
@@ -165,6 +160,13 @@ class ClientApp(models.Model):
 
     def __str__(self) -> str:
         return self.app_name
+
+    def save(self, *args, **kwargs) -> None:  # a new app gets its Pusher credentials in its transaction
+        with transaction.atomic():
+            created = self._state.adding
+            super().save(*args, **kwargs)
+            if created:
+                PusherCredentials.objects.get_or_create(app=self)
 
     def clean(self) -> None:
         # Not a database constraint: rows saved before it may break the rule; login refuses them

@@ -14,6 +14,7 @@ from django.db.models import Case, Exists, F, Max, OuterRef, When
 from django.utils import timezone
 
 from .models import USER_ID_RE, AuthMode, ClientApp, Domain, RequestEndpoint, Takeover, UserDistribution, UserRange
+from .pusher_credentials import PusherCredentials
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,12 @@ class AppSnapshot:
     # The ranges with a standby domain: (range, home, standby) as configured, whoever serves them now.
     with_standby: tuple[tuple[UserRange, str, str], ...] = ()
     endpoints: tuple[EndpointSpec, ...] = ()  # the enabled request endpoints
+    # Pusher credentials (apps_registry.pusher_credentials); "" for an app loaded without a row.
+    pusher_app_id: str = ""
+    pusher_key: str = ""
+    pusher_secret: str = ""
+    pusher_client_events: bool = False
+    pusher_enabled: bool = False
 
     def endpoint(self, name: str) -> EndpointSpec | None:
         return next((e for e in self.endpoints if e.name == name), None)
@@ -265,6 +272,18 @@ def app_snapshot_by_app_id(app_id: str) -> AppSnapshot | None:
     return _cached(("id", app_id), lambda: _snapshot_load(ClientApp.objects.filter(app_id=app_id).first()))
 
 
+def app_snapshot_by_pusher_key(key: str) -> AppSnapshot | None:
+    """The app whose Pusher key is `key` (a Pusher client's `/app/{key}`): cached like the others, a
+    miss too, so connections naming made-up keys cost no query each."""
+    return _cached(("pusher-key", key), lambda: _snapshot_load(ClientApp.objects.filter(pusher__key=key).first()))
+
+
+def app_snapshot_by_pusher_app_id(pusher_app_id: str) -> AppSnapshot | None:
+    """The app whose Pusher app_id is `pusher_app_id` (the Pusher HTTP API's `/apps/{app_id}/…`)."""
+    return _cached(("pusher-id", pusher_app_id),
+                   lambda: _snapshot_load(ClientApp.objects.filter(pusher__pusher_app_id=pusher_app_id).first()))
+
+
 def push_open_app() -> AppSnapshot | None:
     """The app a push-compatible request without a key and without an app belongs to: the one app
     with push open mode (ClientApp.push_open; at most one, a constraint), cached like the other
@@ -315,8 +334,17 @@ def _snapshot_load(app: ClientApp | None) -> AppSnapshot | None:
                                          timeout_ms=e.timeout_ms, max_timeout_ms=e.max_timeout_ms,
                                          max_in_flight_per_user=e.max_in_flight_per_user)
                             for e in RequestEndpoint.objects.filter(app=app, enabled=True).order_by("name")),
+            **_pusher_fields(app),
         )
     return snapshot
+
+
+def _pusher_fields(app: ClientApp) -> dict:
+    creds = PusherCredentials.objects.filter(app=app).first()
+    if creds is None:
+        return {}
+    return {"pusher_app_id": creds.pusher_app_id, "pusher_key": creds.key, "pusher_secret": creds.secret,
+            "pusher_client_events": creds.client_events, "pusher_enabled": creds.enabled}
 
 
 def app_snapshots_clear() -> None:

@@ -17,6 +17,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from .models import ApiKey, AuthMode, ClientApp, Domain, HashedKey, OperatorKey, UserDistribution, UserRange
+from .pusher_credentials import PusherCredentials, new_pusher_secret
 from .selectors import distribution_overlaps
 
 API_KEY_PREFIX_LEN = 10
@@ -236,3 +237,13 @@ def admin_user_ensure(*, username: str, password: str | None) -> str | None:
         password = generated = secrets.token_urlsafe(12)
     user_model.objects.create_superuser(username=username, email="", password=password)
     return generated
+
+
+def pusher_secret_rotate(*, credentials: PusherCredentials) -> str:
+    """Give the app's Pusher credentials a new secret; returns it (the console shows it once). The
+    old one stops working at once: the app's server and its channel authorizations sign with the new
+    one from then on (web nodes see it within the snapshot's few seconds)."""
+    credentials.secret = new_pusher_secret()
+    credentials.secret_rotated_at = timezone.now()
+    credentials.save(update_fields=["secret", "secret_rotated_at"])
+    return credentials.secret

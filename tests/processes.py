@@ -193,6 +193,7 @@ def demo_network(django_db_setup, django_db_blocker):
     tight limits: 3 connections per user, 20 deliveries per second, origin https://good.example.
     """
     from apps_registry.models import ClientApp, Domain, UserDistribution
+    from apps_registry.pusher_credentials import PusherCredentials
     from apps_registry.selectors import app_snapshots_clear
 
     # pytest-django creates the test database only when some selected test is marked django_db (or
@@ -223,6 +224,11 @@ def demo_network(django_db_setup, django_db_blocker):
         rtl = ClientApp.objects.create(app_name="RTL", app_id="app-id-rtl", master_user_id="RTL-1", auth_mode="none",
                                        rate_limit_per_second=2, rate_limit_burst=10)
         UserDistribution.objects.create(app=rtl, domain=here, range_from=0, range_to=999999)
+        # Known Pusher credentials (tests/pusher.py): ANZ allows client events, BNZ does not.
+        PusherCredentials.objects.filter(app=anz).update(pusher_app_id="343", key="anz-pusher-key",
+                                                         secret="anz-pusher-secret", client_events=True)
+        PusherCredentials.objects.filter(app=bnz).update(pusher_app_id="344", key="bnz-pusher-key",
+                                                         secret="bnz-pusher-secret")
         app_snapshots_clear()
     yield {"anz": anz, "bnz": bnz, "lim": lim, "rtl": rtl}
     # Committed rows outlive the module unless removed: later tests expect an empty database.

@@ -132,12 +132,23 @@ class ChannelHub:
             return
         try:
             payload = json.loads(message["data"])
+            if "s" in payload:  # a signal, not a publish (messaging.gateway.pusher.presence.channel_signal)
+                self._signal(key, payload["s"])
+                return
             offset, content = int(payload["o"]), payload["c"]
         except (ValueError, KeyError, TypeError):
             log.warning("malformed publish on %s", name)
             return
         for reader in list(self.readers.get(key, ())):
             reader.channel_event(key, offset, content)
+
+    def _signal(self, key: ChannelKey, data: object) -> None:
+        """Something every reader of the channel that listens for signals is told, outside the
+        channel's history (a presence channel's member came or went): to readers with `channel_signal`."""
+        for reader in list(self.readers.get(key, ())):
+            signal = getattr(reader, "channel_signal", None)
+            if signal is not None:
+                signal(key, data)
 
     async def _reconnect(self) -> None:
         tries = 0

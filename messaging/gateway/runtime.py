@@ -50,6 +50,7 @@ from messaging.gateway.connection.admission import (
     sessions_open_batch,
 )
 from messaging.gateway.limits import UserWorkLimits
+from messaging.gateway.pusher.webhooks import pusher_occupancy_changed
 from messaging.intake.batching import Batcher, LoopBatcher
 from messaging.intake.group_commit import Intake
 from messaging.requests.submit import requests_submit
@@ -77,6 +78,7 @@ def _release(claims: list[tuple[int, int]]) -> None:
 
 async def _occupancy_changed(app_id: int, channel: str, occupied: bool) -> None:
     await run_db(channel_occupancy_record, app_id=app_id, channel=channel, occupied=occupied)
+    await pusher_occupancy_changed(app_id, channel, occupied)  # (a Pusher channel's, in Pusher's format)
 
 
 class NodeRuntime:
@@ -111,6 +113,7 @@ class NodeRuntime:
         self.work_limits = UserWorkLimits()
         self.hub = ChannelHub(self.node_id, on_occupancy=_occupancy_changed)
         self.tasks: set[asyncio.Task] = set()  # background work (background())
+        self.declared_dead_hooks: list[Callable[[], Awaitable[None]]] = []  # (declared_dead)
         self.request_readers = readers_routed_by(self.route)  # what a request webhook's answer means, here
         self._started: asyncio.Future | None = None
         self._heartbeat: asyncio.Task | None = None
@@ -239,6 +242,8 @@ class NodeRuntime:
                     self.node_id, len(conns))
         await asyncio.gather(*(c.close(CLOSE_RESTART, "this node was declared dead; reconnect") for c in conns),
                              return_exceptions=True)
+        # Doors whose connections are not in `connections` (Pusher clients) end theirs too.
+        await asyncio.gather(*(hook() for hook in self.declared_dead_hooks), return_exceptions=True)
         await self.join()
 
 

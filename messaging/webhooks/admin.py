@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from foundation.admin_readonly import ACT, ReadOnlyAdminMixin
-from messaging.webhooks.models import WEBHOOK_ALL_EVENTS, WEBHOOK_SUBSCRIBABLE_EVENTS, WebhookDelivery, WebhookEndpoint
+from messaging.webhooks.models import WEBHOOK_ALL_EVENTS, WEBHOOK_NAMEABLE_EVENTS, WebhookDelivery, WebhookEndpoint
 
 from .selectors import webhook_events_forget
 from .services import (
@@ -36,9 +36,10 @@ def _field_errors(exc: ValidationError, field: str) -> ValidationError:
 class WebhookEndpointForm(forms.ModelForm):
     url = forms.URLField(label="URL", max_length=500, assume_scheme="https")
     events = forms.MultipleChoiceField(
-        choices=[(WEBHOOK_ALL_EVENTS, "every event"), *((e, e) for e in WEBHOOK_SUBSCRIBABLE_EVENTS)],
+        choices=[(WEBHOOK_ALL_EVENTS, "every event"), *((e, e) for e in WEBHOOK_NAMEABLE_EVENTS)],
         widget=forms.CheckboxSelectMultiple, initial=[WEBHOOK_ALL_EVENTS], required=False,
-        help_text="Nothing ticked, or 'every event': all of them (including events added later).",
+        help_text="Nothing ticked, or 'every event': all of Switchboard's events (including events added later). "
+                  "Pusher's (pusher.*) go only where ticked, in Pusher's format, signed with the app's Pusher secret.",
     )
 
     class Meta:

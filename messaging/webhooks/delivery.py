@@ -32,6 +32,8 @@ Switchboard-Delivery header) lets a receiver drop a repeat.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 from collections.abc import Mapping
@@ -56,7 +58,7 @@ from foundation.outbound import (
 from foundation.outgoing import SYNC_GRACE_SECONDS, Answer, OutgoingError, outgoing_client, outgoing_post, run_outgoing
 from foundation.slots import slot_release, slot_take
 from messaging.webhooks import metrics
-from messaging.webhooks.models import WEBHOOK_OPEN_STATES, WebhookState, webhook_states_sql
+from messaging.webhooks.models import PUSHER_EVENT_PREFIX, WEBHOOK_OPEN_STATES, WebhookState, webhook_states_sql
 from messaging.webhooks.signing import DELIVERY_HEADER, EVENT_HEADER, SIGNATURE_HEADER, signature_header
 
 log = logging.getLogger(__name__)
@@ -100,6 +102,8 @@ class Claimed:
     event: str
     payload: dict
     attempts: int
+    pusher_key: str = ""  # the app's Pusher credentials: Pusher-format events are signed with them
+    pusher_secret: str = ""
 
 
 def _take_over(delivery_id: str, claim: int, new_claim: int) -> Claimed | None:
@@ -108,16 +112,18 @@ def _take_over(delivery_id: str, claim: int, new_claim: int) -> Claimed | None:
             f"""
             WITH target AS (
                 SELECT w.id, coalesce(e.app_id, r.app_id) AS app_id, coalesce(e.url, r.webhook_url) AS url,
-                       coalesce(e.secret, r.webhook_secret) AS secret
+                       coalesce(e.secret, r.webhook_secret) AS secret, coalesce(pc.key, '') AS pusher_key,
+                       coalesce(pc.secret, '') AS pusher_secret
                   FROM messaging_webhookdelivery w
                   LEFT JOIN messaging_webhookendpoint e ON e.id = w.endpoint_id
                   LEFT JOIN apps_registry_requestendpoint r ON r.id = w.request_endpoint_id
+                  LEFT JOIN apps_registry_pushercredentials pc ON pc.app_id = e.app_id
                  WHERE w.id = %s
             )
             UPDATE messaging_webhookdelivery w SET claim = %s, next_attempt_at = now() + make_interval(secs => %s)
               FROM target t
              WHERE w.id = t.id AND w.claim = %s AND w.state IN {OPEN}
-            RETURNING t.app_id, t.url, t.secret, w.event, w.payload, w.attempts
+            RETURNING t.app_id, t.url, t.secret, w.event, w.payload, w.attempts, t.pusher_key, t.pusher_secret
             """,
             [delivery_id, new_claim, webhook_lease_seconds(), claim],
         )
@@ -125,7 +131,8 @@ def _take_over(delivery_id: str, claim: int, new_claim: int) -> Claimed | None:
     if row is None:
         return None
     payload = row[4] if isinstance(row[4], dict) else json.loads(row[4])
-    return Claimed(app_id=row[0], url=row[1], secret=row[2], event=row[3], payload=payload, attempts=row[5])
+    return Claimed(app_id=row[0], url=row[1], secret=row[2], event=row[3], payload=payload, attempts=row[5],
+                   pusher_key=row[6], pusher_secret=row[7])
 
 
 def _put_back(delivery_id: str, claim: int) -> bool:
@@ -166,6 +173,8 @@ def call_prepared(claimed: Claimed, delivery_id: str) -> tuple[bytes, dict[str, 
     """The call's body and signed headers, or why it may not be made at all."""
     if claimed.url.lower().startswith("http://") and not settings.WEBHOOKS_ALLOW_HTTP:
         return "plain http:// endpoints are not allowed here (WEBHOOKS_ALLOW_HTTP is off)"
+    if claimed.event.startswith(PUSHER_EVENT_PREFIX):
+        return pusher_call(claimed)
     body = json.dumps(claimed.payload, separators=(",", ":"), ensure_ascii=False).encode()
     return body, {
         "Content-Type": "application/json",
@@ -173,6 +182,24 @@ def call_prepared(claimed: Claimed, delivery_id: str) -> tuple[bytes, dict[str, 
         EVENT_HEADER: claimed.event,
         DELIVERY_HEADER: delivery_id,
         SIGNATURE_HEADER: signature_header(secret=claimed.secret, body=body),
+    }
+
+
+def pusher_call(claimed: Claimed) -> tuple[bytes, dict[str, str]] | str:
+    """A Pusher-format call (pusher.com's webhooks): `{"time_ms", "events": [{"name", ...}]}`, with
+    `X-Pusher-Key` and `X-Pusher-Signature`, the hex HMAC-SHA256 of the body with the app's Pusher
+    secret. The same body on every attempt (its time is when the event was recorded)."""
+    if not claimed.pusher_secret:
+        return "the app has no Pusher credentials to sign this Pusher webhook with"
+    data = dict(claimed.payload.get("data") or {})
+    time_ms = data.pop("time_ms", int(claimed.payload.get("created", 0)) * 1000)
+    event = {"name": claimed.event[len(PUSHER_EVENT_PREFIX):], **data}
+    body = json.dumps({"time_ms": time_ms, "events": [event]}, separators=(",", ":"), ensure_ascii=False).encode()
+    return body, {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "X-Pusher-Key": claimed.pusher_key,
+        "X-Pusher-Signature": hmac.new(claimed.pusher_secret.encode(), body, hashlib.sha256).hexdigest(),
     }
 
 

@@ -27,12 +27,25 @@ class WebhookEvent(models.TextChoices):
     # A client's request, to the webhook URL of the request endpoint it names (messaging.requests),
     # not to the app's webhook endpoints: nobody subscribes to it either.
     REQUEST_RECEIVED = "request.received"
+    # Pusher's webhooks (messaging.gateway.pusher.webhooks): sent in Pusher's format, signed with the
+    # app's Pusher secret, to the endpoints that name them (never to "*").
+    PUSHER_CHANNEL_OCCUPIED = "pusher.channel_occupied"
+    PUSHER_CHANNEL_VACATED = "pusher.channel_vacated"
+    PUSHER_MEMBER_ADDED = "pusher.member_added"
+    PUSHER_MEMBER_REMOVED = "pusher.member_removed"
+    PUSHER_CLIENT_EVENT = "pusher.client_event"
+    PUSHER_CACHE_MISS = "pusher.cache_miss"
 
 
 WEBHOOK_ALL_EVENTS = "*"
-# What an endpoint may list in `events` (besides "*"): the check constraint is built from this.
+PUSHER_EVENT_PREFIX = "pusher."
+PUSHER_WEBHOOK_EVENTS: tuple[str, ...] = tuple(e.value for e in WebhookEvent if e.startswith(PUSHER_EVENT_PREFIX))
+# What "*" means: every Switchboard event an endpoint may want (not Pusher's, nor the two below).
 WEBHOOK_SUBSCRIBABLE_EVENTS: tuple[str, ...] = tuple(
-    e.value for e in WebhookEvent if e not in (WebhookEvent.TEST, WebhookEvent.REQUEST_RECEIVED))
+    e.value for e in WebhookEvent
+    if e not in (WebhookEvent.TEST, WebhookEvent.REQUEST_RECEIVED) and e not in PUSHER_WEBHOOK_EVENTS)
+# What an endpoint may list in `events` (besides "*"): the check constraint is built from this.
+WEBHOOK_NAMEABLE_EVENTS: tuple[str, ...] = (*WEBHOOK_SUBSCRIBABLE_EVENTS, *PUSHER_WEBHOOK_EVENTS)
 
 
 class WebhookState(models.TextChoices):
@@ -89,7 +102,7 @@ class WebhookEndpoint(models.Model):
         verbose_name = "webhook endpoint"
         constraints = [
             models.CheckConstraint(
-                condition=Q(events__len__gt=0) & Q(events__contained_by=[*WEBHOOK_SUBSCRIBABLE_EVENTS,
+                condition=Q(events__len__gt=0) & Q(events__contained_by=[*WEBHOOK_NAMEABLE_EVENTS,
                                                                           WEBHOOK_ALL_EVENTS]),
                 name="webhook_endpoint_known_events",
             ),
@@ -101,7 +114,7 @@ class WebhookEndpoint(models.Model):
         return self.url
 
     def wants(self, event: str) -> bool:
-        return WEBHOOK_ALL_EVENTS in self.events or event in self.events
+        return (WEBHOOK_ALL_EVENTS in self.events and event in WEBHOOK_SUBSCRIBABLE_EVENTS) or event in self.events
 
 
 class WebhookDelivery(models.Model):

@@ -50,7 +50,8 @@ def webhook_events_wanted(app_id: int) -> frozenset[str]:
         return known
     wanted: set[str] = set()
     for events in WebhookEndpoint.objects.filter(app_id=app_id, enabled=True).values_list("events", flat=True):
-        wanted.update(WEBHOOK_SUBSCRIBABLE_EVENTS if WEBHOOK_ALL_EVENTS in events else events)
+        wanted.update(WEBHOOK_SUBSCRIBABLE_EVENTS if WEBHOOK_ALL_EVENTS in events else ())
+        wanted.update(e for e in events if e != WEBHOOK_ALL_EVENTS)  # (Pusher's are always named)
     result = frozenset(wanted)
     with _wanted_lock:
         _wanted[app_id] = (time.monotonic(), result)

@@ -44,8 +44,9 @@ from messaging.webhooks import metrics
 from messaging.webhooks.delivery import Claimed, webhook_lease_seconds
 from messaging.webhooks.inline import InlineCall
 from messaging.webhooks.models import (
+    PUSHER_EVENT_PREFIX,
     WEBHOOK_ALL_EVENTS,
-    WEBHOOK_SUBSCRIBABLE_EVENTS,
+    WEBHOOK_NAMEABLE_EVENTS,
     WebhookDelivery,
     WebhookEndpoint,
     WebhookEvent,
@@ -104,12 +105,12 @@ def webhook_events_clean(events: Sequence[str] | None) -> list[str]:
         return [WEBHOOK_ALL_EVENTS]
     if isinstance(events, str) or not all(isinstance(e, str) for e in events):
         raise ValidationError({"events": "A list of event names."})
-    unknown = sorted(set(events) - {*WEBHOOK_SUBSCRIBABLE_EVENTS, WEBHOOK_ALL_EVENTS})
+    unknown = sorted(set(events) - {*WEBHOOK_NAMEABLE_EVENTS, WEBHOOK_ALL_EVENTS})
     if unknown:
         raise ValidationError({"events": f"Unknown event(s) {', '.join(unknown)}; known: "
-                                         f"{', '.join(WEBHOOK_SUBSCRIBABLE_EVENTS)} (or {WEBHOOK_ALL_EVENTS})."})
-    if not events or WEBHOOK_ALL_EVENTS in events:
-        return [WEBHOOK_ALL_EVENTS]
+                                         f"{', '.join(WEBHOOK_NAMEABLE_EVENTS)} (or {WEBHOOK_ALL_EVENTS})."})
+    if not events or WEBHOOK_ALL_EVENTS in events:  # ("*" is every Switchboard event; Pusher's are named)
+        return [WEBHOOK_ALL_EVENTS, *(e for e in dict.fromkeys(events) if e.startswith(PUSHER_EVENT_PREFIX))]
     return list(dict.fromkeys(events))
 
 
@@ -148,7 +149,9 @@ _RECORD_SQL = f"""
         SELECT gen_random_uuid() AS id, e.id AS endpoint_id, n.event, n.data, a.app_id AS app_key
           FROM notice n
           JOIN messaging_webhookendpoint e
-            ON e.app_id = n.app_id AND e.enabled AND ('{WEBHOOK_ALL_EVENTS}' = ANY(e.events) OR n.event = ANY(e.events))
+            ON e.app_id = n.app_id AND e.enabled
+               AND (('{WEBHOOK_ALL_EVENTS}' = ANY(e.events) AND n.event NOT LIKE '{PUSHER_EVENT_PREFIX}%%')
+                    OR n.event = ANY(e.events))
           JOIN apps_registry_clientapp a ON a.id = n.app_id
            FOR KEY SHARE OF e
     )

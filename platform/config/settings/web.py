@@ -71,3 +71,4 @@ WEB_GIL_SWITCH_SECONDS = env_float("WEB_GIL_SWITCH_SECONDS", 0.0005)
 # A pooled database connection idle this long is checked (SELECT 1) before the intake's next batch
 # runs on it (messaging.intake.group_commit): one dropped by a Postgres restart no longer fails that batch.
 INTAKE_IDLE_CHECK_SECONDS = env_float("INTAKE_IDLE_CHECK_SECONDS", 1.0)
+from .pusher import *  # noqa: E402, F403  (the Pusher protocol door)
