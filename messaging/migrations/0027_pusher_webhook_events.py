@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('apps_registry', '0015_pusher_credentials'),
+        ('apps_registry', '0016_pusher_credentials'),
         ('messaging', '0026_requests'),
     ]
 

@@ -18,7 +18,7 @@ def credentials_for_existing_apps(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('apps_registry', '0014_requests'),
+        ('apps_registry', '0015_takeover_per_standby'),
     ]
 
     operations = [
