@@ -69,8 +69,14 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns if isinstance(p, str))
 
 
+# Channels only the Pusher door's signatures open (docs/protocol.md, "Pusher protocol"): its private,
+# private-encrypted and presence channels and its signed-in users' own. Never public, whatever the
+# app's patterns say (a bare `*` would otherwise open them to every native reader and publisher).
+PUSHER_SIGNED_PREFIXES = ("pusher.private-", "pusher.presence-", "pusher-user.")
+
+
 def channel_is_public(app: AppSnapshot, name: str) -> bool:
-    return _matches(name, app.public_channel_patterns)
+    return not name.startswith(PUSHER_SIGNED_PREFIXES) and _matches(name, app.public_channel_patterns)
 
 
 class GrantError(Exception):

@@ -57,3 +57,13 @@ def test_a_channel_name_is_checked_against_the_app(anz):
         with pytest.raises(SendRefused) as refused:
             channel_name_require(anz, name)
         assert refused.value.code == code
+
+
+def test_an_apps_bare_star_opens_its_pusher_public_channels_but_never_the_signed_ones():
+    make_app(token_secret=SECRET, public_channel_patterns=["*"])
+    everything = app_snapshot("ANZ")
+    assert _refusal(everything, "pusher.scores") is None
+    for signed in ("pusher.private-orders", "pusher.private-encrypted-dm", "pusher.presence-room", "pusher-user.7"):
+        assert _refusal(everything, signed) == "not_public", signed
+    assert _refusal(everything, "pusher.private-orders",
+                    grant=Grant(everything, channel_grant_sign(secret=SECRET, channels=["pusher.private-*"]))) is None
