@@ -127,3 +127,13 @@ def test_a_signed_in_user_gets_server_to_user_events_and_the_app_terminates_its_
         assert (got["name"], got["data"]) == ("notice", {"text": "hi"})
         assert uma.api("terminateUserConnections", "u-42")["status"] == 200
         assert uma.next("connection_error")["data"]["code"] == 4009
+
+
+def test_pusher_js_over_the_apps_connection_quota_is_told_4004_and_does_not_reconnect(module_processes):
+    quota = module_processes.web("quota", PUSHER_MAX_PER_APP="1")
+    with PusherJs(HOST, quota.port) as first, PusherJs(HOST, quota.port) as over:
+        first.connected()
+        error = over.next("connection_error")
+        assert error["data"]["code"] == 4004 and "connection quota" in error["data"]["message"]
+        states = [e["current"] for e in over.quiet(3.0) if e.get("event") == "state"]
+        assert states == ["disconnected"]  # refused (4000-4099): no attempt again, unlike 4100's backoff

@@ -70,8 +70,9 @@ class PusherConsumer(ChannelReaderConsumer):
         node = pusher_node()
         refusal = node.admit(self.address, app.pk)
         if refusal is not None:
-            metrics.STREAM_REFUSED.labels(TRANSPORT, "capacity").inc()
-            await self._refuse(p.CLOSE_OVER_CAPACITY, refusal)
+            code, why = refusal
+            metrics.STREAM_REFUSED.labels(TRANSPORT, "capacity" if code == p.CLOSE_OVER_CAPACITY else "quota").inc()
+            await self._refuse(code, why)
             return
         self.admitted, self.app = True, app
         await runtime().ensure_started()

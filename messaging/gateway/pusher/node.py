@@ -15,6 +15,7 @@ from typing import Any
 from django.conf import settings
 
 from messaging.gateway.pusher import presence
+from messaging.gateway.pusher import protocol as p
 from messaging.gateway.runtime import runtime
 
 log = logging.getLogger(__name__)
@@ -58,12 +59,15 @@ class PusherNode:
 
     # --- caps -------------------------------------------------------------------------------------
 
-    def admit(self, address: str, app_pk: int) -> str | None:
-        """Count a connection in; None, or why it is refused (over capacity)."""
+    def admit(self, address: str, app_pk: int) -> tuple[int, str] | None:
+        """Count a connection in; None, or the close code and why it is refused: 4100 (over capacity,
+        one address's share of this node) or 4004 (the app is over its connection quota here)."""
         if self.by_address[address] >= settings.PUSHER_MAX_PER_ADDRESS:
-            return f"over capacity: {settings.PUSHER_MAX_PER_ADDRESS} connections from your address on this server"
+            return p.CLOSE_OVER_CAPACITY, (f"over capacity: {settings.PUSHER_MAX_PER_ADDRESS} connections from your "
+                                           "address on this server")
         if self.by_app[app_pk] >= settings.PUSHER_MAX_PER_APP:
-            return f"over capacity: {settings.PUSHER_MAX_PER_APP} connections of this app on this server"
+            return p.CLOSE_OVER_QUOTA, (f"Application is over its connection quota: {settings.PUSHER_MAX_PER_APP} "
+                                        "connections on this server")
         self.by_address[address] += 1
         self.by_app[app_pk] += 1
         return None

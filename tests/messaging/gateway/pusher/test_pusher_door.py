@@ -349,6 +349,25 @@ def test_a_client_that_answers_the_ping_stays(node, settings):
     assert client.recv(timeout=5)["event"] == "pusher:ping"  # the next silence: pinged again, not closed
 
 
+def test_an_app_over_its_connection_quota_is_refused_with_4004_and_other_apps_are_not(node, settings):
+    settings.PUSHER_MAX_PER_APP = _open_connections(node, "ANZ") + 1  # (earlier tests' clients are still open)
+    first = Pusher(node)
+    over = node.client(path=PATH.format(key=ANZ_KEY))
+    error = over.recv()
+    assert error["event"] == "pusher:error" and error["data"]["code"] == 4004
+    assert "connection quota" in error["data"]["message"] and over.wait_closed() == 4004
+    Pusher(node, key=BNZ_KEY)  # another app's quota is its own
+    first.ws.close()
+    Pusher(node)  # the place it left is taken again
+
+
+def _open_connections(node, app_name: str) -> int:
+    from apps_registry.selectors import app_snapshot
+    from messaging.gateway.pusher.node import pusher_node
+
+    return pusher_node().by_app[node.loop.run(run_db(app_snapshot, app_name)).pk]
+
+
 def test_over_capacity_is_4100_and_disabled_credentials_are_4003(node, settings):
     from apps_registry.pusher_credentials import PusherCredentials
     from apps_registry.selectors import app_snapshots_clear
