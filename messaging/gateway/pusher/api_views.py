@@ -28,7 +28,7 @@ from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
 from apps_registry.selectors import AppSnapshot, app_snapshot_by_pusher_app_id
-from messaging.gateway.pusher import metrics
+from messaging.gateway.pusher import figures, metrics
 from messaging.gateway.pusher import protocol as p
 from messaging.gateway.pusher.api_auth import api_request_check
 from messaging.gateway.pusher.services import (
@@ -135,6 +135,11 @@ def _api(view):
     return wrapped
 
 
+def _published(app: AppSnapshot, count: int) -> None:
+    metrics.PUBLISHED.labels(app.app_name, "api").inc(count)
+    figures.published_count(app_id=app.pk, count=count)
+
+
 @_api
 def events(request: HttpRequest, app: AppSnapshot) -> HttpResponse:
     if request.method != "POST":
@@ -142,7 +147,7 @@ def events(request: HttpRequest, app: AppSnapshot) -> HttpResponse:
     body = _body(request)
     event = _event(body, many=True)
     pusher_events_publish(app_id=app.pk, events=[event])
-    metrics.PUBLISHED.labels(app.app_name, "api").inc(len(event.channels))
+    _published(app, len(event.channels))
     wanted = _wanted(body.get("info"))
     if not wanted:
         return JsonResponse({})
@@ -160,7 +165,7 @@ def batch_events(request: HttpRequest, app: AppSnapshot) -> HttpResponse:
         raise BadRequest("every batch item must be an object")
     items = [_event(item, many=False) for item in batch]
     pusher_events_publish(app_id=app.pk, events=items)
-    metrics.PUBLISHED.labels(app.app_name, "api").inc(len(items))
+    _published(app, len(items))
     if not any(item.get("info") for item in batch):
         return JsonResponse({})
     return JsonResponse({"batch": [_info(app, e.channels[0], _wanted(item.get("info")))

@@ -78,6 +78,7 @@ class PusherConsumer(ChannelReaderConsumer):
         await runtime().ensure_started()
         runtime().drainable_add(self.channel_name, self._drain)
         node.connections[self.channel_name] = self._drain  # (and a node declared dead ends it the same way)
+        node.ensure_beating()  # (its heartbeat writes the node's connections for the console)
         metrics.TRANSPORT_CONNECTIONS.labels(TRANSPORT).inc()
         pusher_metrics.CONNECTIONS.labels(app.app_name).inc()
         self.socket_id = node.socket_id()

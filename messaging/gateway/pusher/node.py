@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from redis.exceptions import RedisError
 
-from messaging.gateway.pusher import presence
+from messaging.gateway.pusher import figures, presence
 from messaging.gateway.pusher import protocol as p
 from messaging.gateway.runtime import runtime
 
@@ -135,11 +136,15 @@ class PusherNode:
                 log.exception("the Pusher presence heartbeat failed")
 
     async def heartbeat(self) -> None:
-        """Re-assert this node's fields, then tell each presence subscriber here the members as Redis
+        """Re-assert this node's fields and write its connections per app (the console's figures), then tell each presence subscriber here the members as Redis
         has them now: members a dead node took with it are told member_removed by the subscriber."""
         fields = {key: local.field_value() for key, local in list(self.members.items())
                   if local.users and not local.lock.locked()}
         await presence.node_members_reassert(node_id=runtime().node_id, fields=fields)
+        try:
+            await figures.node_connections_write(node_id=runtime().node_id, by_app=dict(self.by_app))
+        except RedisError:  # (a console figure: the members' reconciliation below goes on)
+            log.warning("this node's Pusher connections were not written for the console: Redis is away")
         keys = list(self.watchers)
         if not keys:
             return

@@ -17,7 +17,7 @@ from foundation.asyncdb import run_db
 from messaging.channels.cursor import ChannelCursor
 from messaging.channels.services import channel_history, channel_publish_and_fanout
 from messaging.gateway.limits import TokenBucket
-from messaging.gateway.pusher import metrics, presence
+from messaging.gateway.pusher import figures, metrics, presence
 from messaging.gateway.pusher import protocol as p
 from messaging.gateway.pusher.node import pusher_node
 from messaging.gateway.pusher.webhooks import pusher_webhook
@@ -297,6 +297,7 @@ class Subscriptions:
         await run_db(channel_publish_and_fanout, app_id=self.app.pk, channel=p.switchboard_channel(name),
                      content=content, publisher=f"pusher:{self.socket_id}")
         metrics.PUBLISHED.labels(self.app.app_name, "client").inc()
+        await figures.published_count_async(app_id=self.app.pk)
         await pusher_webhook(self.app.pk, "client_event", channel=name, event=event, socket_id=self.socket_id,
                              data=data if isinstance(data, str) else p.dumps(data),
                              user_id=membership.user_id if membership is not None else None)

@@ -39,3 +39,6 @@ PUSHER_MAX_PER_APP = env_int("PUSHER_MAX_PER_APP", 20_000)
 PUSHER_MAX_PRESENCE_MEMBERS = env_int("PUSHER_MAX_PRESENCE_MEMBERS", 100)
 # The HTTP API: how far an auth_timestamp may be from the server's clock.
 PUSHER_API_TIMESTAMP_GRACE_SECONDS = env_int("PUSHER_API_TIMESTAMP_GRACE_SECONDS", 600)
+# The console's Pusher figures (messaging.gateway.pusher.figures): a node's connection counts in Redis
+# live this long unless its heartbeat (PRESENCE_HEARTBEAT_SECONDS) writes them again.
+PUSHER_FIGURES_TTL_SECONDS = env_int("PUSHER_FIGURES_TTL_SECONDS", 30)
