@@ -250,6 +250,14 @@ def machine_info() -> dict[str, str]:
     return info
 
 
+def results_write(path: Path, *, command: str, summary: Any, runs: Any) -> None:
+    """A benchmark's results as JSON at `path` (its folder made): the command, this machine, the
+    summary and every run."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"command": command, "machine": machine_info(), "summary": summary, "runs": runs},
+                               indent=2) + "\n")
+
+
 def _coverage_note(rows: list[Row]) -> str:
     measured = list(dict.fromkeys(row.label for row in rows))
     if any(row.target in ("platform", "socketio") for row in rows):

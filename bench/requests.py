@@ -47,7 +47,7 @@ import websockets
 from bench.compare import settle
 from bench.cpu import CpuProbe
 from bench.platform_proc import platform_processes
-from bench.report import machine_info
+from bench.report import results_write
 from bench.server_sends import _manage
 from bench.servers import find_postgres, find_redis
 from devstack.embedded import free_port
@@ -251,9 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                     runs[mode]["cpu_ms_per_round_trip"]["total"] / runs[baseline]["cpu_ms_per_round_trip"]["total"], 2)
     print(json.dumps(summary, indent=2))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"command": command, "machine": machine_info(), "summary": summary,
-                                         "runs": runs}, indent=2) + "\n")
+        results_write(args.json, command=command, summary=summary, runs=runs)
     return 0
 
 

@@ -44,7 +44,7 @@ from bench.cpu import CpuProbe
 from bench.loadtest import WindowHooks, run_loadtest
 from bench.model import LoadConfig
 from bench.platform_proc import REPO_ROOT, platform_processes
-from bench.report import machine_info
+from bench.report import results_write
 from bench.rest import RestConfig
 from bench.rest import run as rest_run
 from bench.servers import find_postgres, find_redis
@@ -211,9 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                "batch_messages_per_second": runs["rest-batch"]["sends_per_second"]}
     print(json.dumps(summary, indent=2))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"command": command, "machine": machine_info(), "summary": summary,
-                                         "runs": runs}, indent=2) + "\n")
+        results_write(args.json, command=command, summary=summary, runs=runs)
     return 0
 
 

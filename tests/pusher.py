@@ -7,10 +7,10 @@ import hashlib
 import hmac
 import json
 import queue
-import subprocess
-import threading
 import time
 from pathlib import Path
+
+from tests.sioclients import NodeDriver
 
 ANZ_KEY, ANZ_SECRET, ANZ_APP_ID = "anz-pusher-key", "anz-pusher-secret", "343"
 BNZ_KEY, BNZ_SECRET = "bnz-pusher-key", "bnz-pusher-secret"
@@ -39,7 +39,7 @@ def signed_query(method: str, path: str, params: dict | None = None, body: bytes
     return "&".join(f"{k}={v}" for k, v in sorted(query.items()))
 
 
-class PusherJs:
+class PusherJs(NodeDriver):
     """A real pusher-js client (or Laravel Echo on one) and the official `pusher` server library in a
     Node process (tests/node/pusher_driver.mjs), commanded line by line."""
 
@@ -47,32 +47,9 @@ class PusherJs:
 
     def __init__(self, host: str, port: int, *, user: dict | None = None, echo: bool = False, key: str = ANZ_KEY,
                  secret: str = ANZ_SECRET, app_id: str = ANZ_APP_ID, signin_as: dict | None = None) -> None:
-        self.proc = subprocess.Popen(["node", str(self.DRIVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, bufsize=1)
-        self.lines: queue.Queue[dict] = queue.Queue()
-        self.seen: list[dict] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        self.wait(lambda e: e.get("event") == "ready")
-        self.calls = 0
+        super().__init__(self.DRIVER)
         self.command(op="connect", host=host, port=port, key=key, secret=secret, appId=app_id, user=user, echo=echo,
                      signinAs=signin_as)
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(json.loads(line))
-
-    def command(self, **cmd) -> None:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-
-    def wait(self, predicate, timeout: float = 15) -> dict:
-        from tests.sioclients import take
-
-        for seen in self.seen:
-            if predicate(seen):
-                self.seen.remove(seen)
-                return seen
-        return take(self.lines, predicate, timeout, self.seen.append)
 
     def next(self, event: str, timeout: float = 15, **fields) -> dict:
         return self.wait(lambda e: e.get("event") == event and all(e.get(k) == v for k, v in fields.items()), timeout)
@@ -100,20 +77,6 @@ class PusherJs:
             except queue.Empty:
                 break
         return got
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.command(op="exit")
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-    def __enter__(self) -> PusherJs:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
 
 def user_auth(socket_id: str, user_data: dict, *, key: str = ANZ_KEY, secret: str = ANZ_SECRET) -> dict:

@@ -73,16 +73,17 @@ class SioUser:
         return take(self.events, lambda event: event[0] == name, timeout, lambda event: None)[1]
 
 
-class NodeClient:
-    """One socket.io-client in a Node process (tests/node/driver.mjs), commanded line by line."""
+class NodeDriver:
+    """A Node process running one of tests/node's drivers, commanded a JSON line at a time; what it
+    reports, a JSON line at a time, is waited for with `wait` (what comes before is kept for later)."""
 
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(["node", str(DRIVER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    def __init__(self, driver: Path) -> None:
+        self.proc = subprocess.Popen(["node", str(driver)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, bufsize=1)
         self.lines: queue.Queue[dict] = queue.Queue()
         self.seen: list[dict] = []
         threading.Thread(target=self._read, daemon=True).start()
-        self.wait_event("ready")
+        self.wait(lambda e: e.get("event") == "ready")
         self.calls = 0
 
     def _read(self) -> None:
@@ -92,6 +93,34 @@ class NodeClient:
     def command(self, **cmd: Any) -> None:
         self.proc.stdin.write(json.dumps(cmd) + "\n")
         self.proc.stdin.flush()
+
+    def wait(self, predicate: Callable[[dict], bool], timeout: float = 15) -> dict:
+        for seen in self.seen:
+            if predicate(seen):
+                self.seen.remove(seen)
+                return seen
+        return take(self.lines, predicate, timeout, self.seen.append)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.command(op="exit")
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class NodeClient(NodeDriver):
+    """One socket.io-client in a Node process (tests/node/driver.mjs), commanded line by line."""
+
+    def __init__(self) -> None:
+        super().__init__(DRIVER)
 
     def connect(self, url: str, user_id: str, *, app_id: str = APP_ID, ack_messages: bool = True,
                 opts: dict | None = None, **auth: Any) -> dict:
@@ -108,23 +137,3 @@ class NodeClient:
     def wait_event(self, name: str, timeout: float = 15) -> dict:
         return self.wait(lambda e: e.get("event") == name, timeout)
 
-    def wait(self, predicate, timeout: float = 15) -> dict:
-        for seen in self.seen:
-            if predicate(seen):
-                self.seen.remove(seen)
-                return seen
-        return take(self.lines, predicate, timeout, self.seen.append)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.command(op="exit")
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-    def __enter__(self) -> NodeClient:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()

@@ -42,12 +42,14 @@ class _Stale(Exception):
 Connect = Callable[[str, int, ssl.SSLContext | None], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Answer:
+    """An answer as foundation.outgoing gives it to its callers."""
+
     status: int
-    headers: dict[str, str]
-    body: bytes
-    complete: bool
+    body: bytes  # at most the caller's max_bytes
+    complete: bool  # False: the answer was longer than max_bytes and was cut off
+    headers: dict[str, str] = field(default_factory=dict)  # lower-cased names (the last of a repeated one)
 
 
 @dataclass(eq=False)
@@ -157,10 +159,10 @@ class Http1Pool:
                 if isinstance(event, h11.Data):
                     body += event.data
                     if len(body) > max_bytes:
-                        return Answer(response.status_code, _headers(response), bytes(body[:max_bytes]), False)
+                        return Answer(response.status_code, bytes(body[:max_bytes]), False, _headers(response))
                 elif isinstance(event, h11.EndOfMessage):
                     keep = proto.our_state is h11.DONE and proto.their_state is h11.DONE
-                    return Answer(response.status_code, _headers(response), bytes(body), True)
+                    return Answer(response.status_code, bytes(body), True, _headers(response))
                 elif isinstance(event, h11.ConnectionClosed):
                     raise HttpError("the connection was closed in the middle of the answer")
         except h11.LocalProtocolError as exc:

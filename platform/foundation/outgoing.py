@@ -31,14 +31,13 @@ import socket
 import ssl
 import threading
 from collections.abc import Coroutine, Sequence
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 import certifi
 from django.conf import settings
 
-from foundation.http1 import Http1Pool, HttpError
+from foundation.http1 import Answer, Http1Pool, HttpError  # (Answer: what every caller imports from here)
 from foundation.loop_local import loop_local
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -56,14 +55,6 @@ class OutgoingError(Exception):
 
 class OutgoingRefused(OutgoingError):
     """The destination's address is not one the platform calls."""
-
-
-@dataclass(frozen=True)
-class Answer:
-    status: int
-    body: bytes  # at most the caller's max_bytes
-    complete: bool  # False: the answer was longer than max_bytes and was cut off
-    headers: dict[str, str] = field(default_factory=dict)  # lower-cased names (the last of a repeated one)
 
 
 # --- the address filter ----------------------------------------------------------------------------
@@ -171,14 +162,13 @@ async def outgoing_request(client: Http1Pool, method: str, url: str, *, content:
     headers = {**headers, "Accept-Encoding": "identity"}
     try:
         async with asyncio.timeout(deadline):
-            answer = await client.request(method, url, content=content, headers=headers, max_bytes=max_bytes)
+            return await client.request(method, url, content=content, headers=headers, max_bytes=max_bytes)
     except TimeoutError:
         raise OutgoingError(f"no answer within {deadline:g} s") from None
     except OutgoingError:
         raise
     except (HttpError, OSError) as exc:
         raise OutgoingError(str(exc)[:500] or type(exc).__name__) from None
-    return Answer(answer.status, answer.body, complete=answer.complete, headers=answer.headers)
 
 
 # --- from sync code (workers) ----------------------------------------------------------------------
