@@ -52,9 +52,10 @@ USER = OpenApiParameter("user_id", {"type": "string", "pattern": USER_PATTERN, "
                         OpenApiParameter.PATH, description="A user of your app: `<appName>-<number>`.")
 TARGET = OpenApiParameter("target_id", {"type": "string", "pattern": USER_PATTERN, "example": "ANZ-1003"},
                           OpenApiParameter.PATH, description="The user to follow.")
-CHANNEL = OpenApiParameter("channel", {"type": "string", "pattern": f"^{CHANNEL_NAME.pattern}$", "example": "news"},
+CHANNEL = OpenApiParameter("channel", {"type": "string", "pattern": f"^(?:{CHANNEL_NAME.pattern})$", "example": "news"},
                            OpenApiParameter.PATH, description="A channel of your app: 1 to 128 of `A-Z a-z 0-9 _ . "
-                                                              "- @`; `@<userId>` is a user's own channel.")
+                                                              "- @`; `@<userId>` is a user's own channel; "
+                                                              "`pusher.<name>` a Pusher channel's (up to 407).")
 MESSAGE_ID = OpenApiParameter("message_id", {"type": "string", "pattern": "^[1-9][0-9]{0,18}$", "example": "8812"},
                               OpenApiParameter.PATH, description="A message id, as a send answered it.")
 

@@ -9,6 +9,7 @@ from django.conf import settings
 from drf_spectacular.utils import OpenApiExample, extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
+from messaging.channels.models import CHANNEL_NAME_MAX
 from messaging.core.accept import USER_ID_MAX
 from messaging.core.protocol import BIGINT_MAX, FEATURE_FAST, FEATURE_RELIABLE, REFERENCE_MAX
 from messaging.federation.whereabouts import delivery_where
@@ -112,7 +113,7 @@ class ChannelPublishSerializer(serializers.Serializer):
                    value={"channel": "prices", "message": {"sku": 7, "price": 9.5}}),
 ])
 class PushPublishSerializer(serializers.Serializer):
-    channel = serializers.CharField(max_length=128, trim_whitespace=False)
+    channel = serializers.CharField(max_length=CHANNEL_NAME_MAX, trim_whitespace=False)
     message = serializers.JSONField(help_text="Any JSON value; anything but a string is delivered as its JSON text.")
 
 

@@ -32,7 +32,8 @@ from messaging.channels.names import (
 )
 from messaging.core.accept import SendRefused
 
-CHANNEL_NAME_RULE = "a channel name is 1 to 128 of A-Z a-z 0-9 _ . - @"
+CHANNEL_NAME_RULE = ("a channel name is 1 to 128 of A-Z a-z 0-9 _ . - @ "
+                     "(a Pusher channel's, pusher.<name>, up to 407)")
 
 
 def channel_name_require(app: AppSnapshot, name: object) -> str:

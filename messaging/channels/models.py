@@ -9,13 +9,17 @@ from django.db import models
 
 from apps_registry.models import ClientApp
 
+# The longest channel name (messaging.channels.names): a Pusher channel's, `pusher.` and 200 characters
+# each escaped in at most two.
+CHANNEL_NAME_MAX = len("pusher.") + 400
+
 
 class Channel(models.Model):
     """A channel of one app. `last_offset` hands out gap-free, increasing offsets: the upsert that
     bumps it holds the channel row lock until the transaction ends (as a mailbox's `last_seq`)."""
 
     app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="+", db_index=False)
-    name = models.CharField(max_length=128)
+    name = models.CharField(max_length=CHANNEL_NAME_MAX)
     last_offset = models.BigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -60,7 +64,7 @@ class Subscription(models.Model):
 
     app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="+", db_index=False)
     subscriber = models.CharField(max_length=96)
-    channel = models.CharField(max_length=128)
+    channel = models.CharField(max_length=CHANNEL_NAME_MAX)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -2,7 +2,9 @@
 
 A channel name is 1 to 128 of `A-Z a-z 0-9 _ . - @`; no ':' or ',' (they separate channels and
 offsets in stream URLs and SSE event ids). `@<userId>` is a user's own channel: subscribing to it
-is following that user.
+is following that user. A Pusher channel's name (`pusher.` and the Pusher name, escaped:
+messaging.gateway.pusher.protocol) may be up to CHANNEL_NAME_MAX: Pusher names are up to 200
+characters, and each of `@ = , ;` in one takes two.
 
 A client may read a channel when the app allows client subscriptions and the channel matches one
 of the app's public patterns (`news.*`), or when the client shows a grant: an HS256 JWT signed
@@ -29,7 +31,7 @@ import jwt
 
 from apps_registry.selectors import AppSnapshot, user_id_parse
 
-CHANNEL_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,128}")
+CHANNEL_NAME = re.compile(r"pusher\.[A-Za-z0-9_.@-]{1,400}|[A-Za-z0-9_.@-]{1,128}")
 # The `typ` claim of what an app's server signs with its token secret (see the module doc).
 CHANNEL_GRANT_TYPE = "channel-grant"
 LOGIN_TOKEN_TYPE = "login"

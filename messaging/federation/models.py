@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from messaging.channels.models import ChannelMessage
+from messaging.channels.models import CHANNEL_NAME_MAX, ChannelMessage
 
 
 class LinkHealth(models.Model):
@@ -171,7 +171,7 @@ class StandbyFeed(models.Model):
     new = models.BooleanField()
     app_id = models.BigIntegerField(null=True, blank=True)  # a subscription's
     subscriber = models.CharField(max_length=96, blank=True, default="", db_default="")
-    channel = models.CharField(max_length=128, blank=True, default="", db_default="")
+    channel = models.CharField(max_length=CHANNEL_NAME_MAX, blank=True, default="", db_default="")
     subscribed = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField()
     attempts = models.PositiveIntegerField(default=0, db_default=0)
@@ -238,7 +238,7 @@ class StandbySubscription(models.Model):
     home = models.CharField(max_length=64)
     app = models.ForeignKey("apps_registry.ClientApp", on_delete=models.CASCADE, related_name="+", db_index=False)
     subscriber = models.CharField(max_length=96)
-    channel = models.CharField(max_length=128)
+    channel = models.CharField(max_length=CHANNEL_NAME_MAX)
     copied_at = models.DateTimeField()
 
     class Meta:

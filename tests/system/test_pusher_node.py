@@ -86,6 +86,19 @@ def test_a_private_channel_with_a_signature_from_the_server_library_and_a_cache_
         assert late.next("event", channel="cache-scores")["data"] == "2-1"
 
 
+def test_every_name_the_protocol_allows_works_up_to_200_characters_and_longer_is_refused(web):
+    name = "private-a=1,b;c@d." + "x" * 182
+    with PusherJs(HOST, web.port) as client:
+        client.connected()
+        assert client.subscribe(name)["event"] == "subscribed"
+        client.api("trigger", name, "Named", "ok")
+        assert client.next("event", channel=name)["data"] == "ok"
+        listed = client.api("get", {"path": "/channels", "params": {"filter_by_prefix": "private-a="}})
+        assert listed["body"] == {"channels": {name: {}}}
+        too_long = "y" * 201  # (a public one: the server library would not sign a name over 200)
+        assert client.subscribe(too_long)["event"] == "subscription_error"
+
+
 def test_laravel_echo_listens_joins_and_whispers(web):
     with PusherJs(HOST, web.port, echo=True, user={"user_id": "11", "user_info": {"name": "Eve"}}) as eve, \
             PusherJs(HOST, web.port, echo=True, user={"user_id": "12", "user_info": {"name": "Fay"}}) as fay:

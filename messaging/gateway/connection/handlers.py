@@ -279,7 +279,8 @@ async def on_pong(conn: Connection, frame: Frame) -> None:
 
 # --- channels --------------------------------------------------------------------------------------
 
-_CHANNEL_NAME = "'channel' must be a channel name of this app (A-Z a-z 0-9 _ . - @, at most 128)"
+_CHANNEL_NAME = ("'channel' must be a channel name of this app (A-Z a-z 0-9 _ . - @, at most 128; "
+                 "pusher.<name>, at most 407)")
 
 
 def _channel_name(app: AppSnapshot, data: dict) -> str:

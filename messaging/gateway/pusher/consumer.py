@@ -67,15 +67,17 @@ class PusherConsumer(ChannelReaderConsumer):
         if origin is not None and app.allowed_origins and origin.decode(errors="replace") not in app.allowed_origins:
             await self._refuse(p.CLOSE_UNAUTHORIZED, "Origin not allowed for this app")
             return
+        # (started first: a node's start drops what its earlier life registered in Redis, and the
+        # quota's count is such a registration)
+        await runtime().ensure_started()
         node = pusher_node()
-        refusal = node.admit(self.address, app.pk)
+        refusal = await node.admit(self.address, app.pk)
         if refusal is not None:
             code, why = refusal
             metrics.STREAM_REFUSED.labels(TRANSPORT, "capacity" if code == p.CLOSE_OVER_CAPACITY else "quota").inc()
             await self._refuse(code, why)
             return
         self.admitted, self.app = True, app
-        await runtime().ensure_started()
         runtime().drainable_add(self.channel_name, self._drain)
         node.connections[self.channel_name] = self._drain  # (and a node declared dead ends it the same way)
         node.ensure_beating()  # (its heartbeat writes the node's connections for the console)
@@ -178,7 +180,7 @@ class PusherConsumer(ChannelReaderConsumer):
             timer.cancel()
         if not self.admitted:
             return
-        pusher_node().leave(self.address, self.app.pk)
+        await pusher_node().leave(self.address, self.app.pk)
         pusher_node().connections.pop(self.channel_name, None)
         metrics.TRANSPORT_CONNECTIONS.labels(TRANSPORT).dec()
         pusher_metrics.CONNECTIONS.labels(self.app.app_name).dec()

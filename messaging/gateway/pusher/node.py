@@ -1,5 +1,5 @@
 """What one web node keeps for its Pusher connections: their socket ids, the caps on how many it
-holds, and its side of the presence channels (members per channel, written to Redis whole under a
+holds (per address here; per app across the cluster, messaging.gateway.pusher.quota), and its side of the presence channels (members per channel, written to Redis whole under a
 lock per channel, re-asserted and reconciled at every heartbeat)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from messaging.gateway.pusher import figures, presence
+from messaging.gateway.pusher import figures, presence, quota
 from messaging.gateway.pusher import protocol as p
 from messaging.gateway.runtime import runtime
 
@@ -40,6 +40,7 @@ class PusherNode:
         self.counter = 0
         self.by_address: Counter[str] = Counter()
         self.by_app: Counter[int] = Counter()
+        self.quota_apps: set[int] = set()  # apps whose quota field this node writes at its heartbeat
         self.members: dict[ChannelKey, LocalMembers] = {}
         # The connections subscribed to each presence channel here, told what the heartbeat finds.
         self.watchers: dict[ChannelKey, dict[object, Callable[[dict[str, Any]], None]]] = {}
@@ -60,24 +61,35 @@ class PusherNode:
 
     # --- caps -------------------------------------------------------------------------------------
 
-    def admit(self, address: str, app_pk: int) -> tuple[int, str] | None:
+    async def admit(self, address: str, app_pk: int) -> tuple[int, str] | None:
         """Count a connection in; None, or the close code and why it is refused: 4100 (over capacity,
-        one address's share of this node) or 4004 (the app is over its connection quota here)."""
+        one address's share of this node) or 4004 (the app is over its connection quota in the
+        cluster; with Redis away, on this node)."""
         if self.by_address[address] >= settings.PUSHER_MAX_PER_ADDRESS:
             return p.CLOSE_OVER_CAPACITY, (f"over capacity: {settings.PUSHER_MAX_PER_ADDRESS} connections from your "
                                            "address on this server")
-        if self.by_app[app_pk] >= settings.PUSHER_MAX_PER_APP:
+        self.by_address[address] += 1  # (held while the quota is asked: the address's next connection sees it)
+        try:
+            counted = await quota.connection_count_in(app_id=app_pk, node_id=runtime().node_id,
+                                                      quota=settings.PUSHER_MAX_PER_APP)
+        except RedisError:
+            log.warning("the Pusher connection quota of app %s was checked on this node alone: Redis is away", app_pk)
+            counted = self.by_app[app_pk] < settings.PUSHER_MAX_PER_APP
+        if not counted:
+            _drop(self.by_address, address)
             return p.CLOSE_OVER_QUOTA, (f"Application is over its connection quota: {settings.PUSHER_MAX_PER_APP} "
-                                        "connections on this server")
-        self.by_address[address] += 1
+                                        "connections")
         self.by_app[app_pk] += 1
+        self.quota_apps.add(app_pk)
         return None
 
-    def leave(self, address: str, app_pk: int) -> None:
-        for counts, key in ((self.by_address, address), (self.by_app, app_pk)):
-            counts[key] -= 1
-            if counts[key] <= 0:
-                del counts[key]
+    async def leave(self, address: str, app_pk: int) -> None:
+        _drop(self.by_address, address)
+        _drop(self.by_app, app_pk)
+        try:
+            await quota.connection_count_out(app_id=app_pk, node_id=runtime().node_id)
+        except RedisError:
+            pass  # (the heartbeat writes the node's counts whole)
 
     # --- presence ---------------------------------------------------------------------------------
 
@@ -143,14 +155,23 @@ class PusherNode:
         await presence.node_members_reassert(node_id=runtime().node_id, fields=fields)
         try:
             await figures.node_connections_write(node_id=runtime().node_id, by_app=dict(self.by_app))
-        except RedisError:  # (a console figure: the members' reconciliation below goes on)
-            log.warning("this node's Pusher connections were not written for the console: Redis is away")
+            apps = {app: self.by_app.get(app, 0) for app in self.quota_apps}
+            await quota.connections_reassert(node_id=runtime().node_id, by_app=apps)
+            self.quota_apps.difference_update(app for app, count in apps.items() if count <= 0)
+        except RedisError:  # (the members' reconciliation below goes on)
+            log.warning("this node's Pusher connections were not written (console, quota): Redis is away")
         keys = list(self.watchers)
         if not keys:
             return
         for key, members in zip(keys, await presence.members_read_many(keys), strict=True):
             for told in list(self.watchers.get(key, {}).values()):
                 told(members)
+
+
+def _drop(counts: Counter, key: object) -> None:
+    counts[key] -= 1
+    if counts[key] <= 0:
+        del counts[key]
 
 
 _node: PusherNode | None = None

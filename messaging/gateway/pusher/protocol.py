@@ -5,9 +5,11 @@ onto a Switchboard channel and its messages: pure functions (tests/messaging/gat
 with offsets, fanned out across nodes and flooded to the network like any channel, and readable
 by the app's native clients under the native access rule (a grant or a public pattern naming
 `pusher.X`). The prefix keeps the two namespaces apart: a Pusher public channel (anyone with the
-app's key may read it) can never be a native channel the app guards with grants. A Pusher name
-must also be a native name once prefixed: `A-Z a-z 0-9 _ - . @`, at most 121 characters (Pusher
-also allows `= , ;` and 200 characters: such names are refused, `pusher:subscription_error`).
+app's key may read it) can never be a native channel the app guards with grants. A Pusher name is
+what the protocol allows: 1 to 200 of `A-Z a-z 0-9 _ - = @ , . ;`. Native names have no `= , ;`
+(`,` separates channels in stream URLs), so `@` escapes them in the native name: `@@` is `@`, `@e`
+`=`, `@c` `,` and `@s` `;` (`presence-room;1` is `pusher.presence-room@s1`; a name with none of the
+four is itself). A native `pusher.` name that is no such escape is no Pusher channel.
 
 **Events.** A Pusher event published on a channel is stored as the message content
 `{"event": name, "data": data}` (JSON text; `data` as the publisher gave it, usually a string),
@@ -25,6 +27,7 @@ import hmac
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from messaging.channels.names import channel_name_valid
@@ -115,22 +118,50 @@ def channel_name_problem(name: object) -> str | None:
         return f"the channel name is longer than {PUSHER_NAME_MAX} characters"
     if not PUSHER_NAME.fullmatch(name):
         return "the channel name has characters other than A-Z a-z 0-9 _ - = @ , . ;"
-    if not channel_name_valid(PREFIX + name):
-        return (f"channel names here are at most {128 - len(PREFIX)} of A-Z a-z 0-9 _ - . @ "
-                "(Switchboard channel names)")
     return None
+
+
+_ESCAPE = str.maketrans({"@": "@@", "=": "@e", ",": "@c", ";": "@s"})
+_UNESCAPE = {"@": "@", "e": "=", "c": ",", "s": ";"}
+
+
+def name_escape(name: str) -> str:
+    """A Pusher name as it is in a native name (the module doc); a prefix of a name escapes to a
+    prefix of its escape (what filter_by_prefix relies on)."""
+    return name.translate(_ESCAPE)
+
+
+def name_unescape(text: str) -> str | None:
+    """The Pusher name `text` escapes, or None when it escapes none (a lone `@`, or `@x`)."""
+    if "@" not in text:
+        return text
+    out, i = [], 0
+    while i < len(text):
+        if text[i] != "@":
+            out.append(text[i])
+            i += 1
+            continue
+        if (char := _UNESCAPE.get(text[i + 1:i + 2])) is None:
+            return None
+        out.append(char)
+        i += 2
+    return "".join(out)
 
 
 def switchboard_channel(name: str) -> str:
     if name.startswith(USER_CHANNEL):
         return USER_PREFIX + name[len(USER_CHANNEL):]
-    return PREFIX + name
+    return PREFIX + name_escape(name)
 
 
+@lru_cache(maxsize=4096)
 def pusher_channel(switchboard_name: str) -> str | None:
     if switchboard_name.startswith(USER_PREFIX):
         return USER_CHANNEL + switchboard_name[len(USER_PREFIX):]
-    return switchboard_name[len(PREFIX):] if switchboard_name.startswith(PREFIX) else None
+    if not switchboard_name.startswith(PREFIX):
+        return None
+    name = name_unescape(switchboard_name[len(PREFIX):])
+    return name if name and channel_name_problem(name) is None else None
 
 
 def user_channel(user_id: str) -> str | None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from foundation.transport.redis_clients import sync_client
 from messaging.channels import registry
-from messaging.channels.services import channel_fanout, channel_publish, channels_lock
+from messaging.channels.services import HistoryItem, channel_fanout, channel_publish, channels_lock
 from messaging.gateway.pusher import presence
 from messaging.gateway.pusher import protocol as p
 
@@ -45,6 +45,23 @@ def pusher_events_publish(*, app_id: int, events: Sequence[EventToPublish]) -> N
             pass
 
 
+def cached_event(*, app_id: int, channel: str, offset: int, ttl_seconds: int) -> HistoryItem | None:
+    """A cache channel's last event (the message at `offset`, its head) when it was stored within
+    `ttl_seconds`; None when older, gone or never there (pusher:cache_miss)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT m."offset", m.content FROM messaging_channelmessage m
+              JOIN messaging_channel c ON c.id = m.channel_id
+             WHERE c.app_id = %s AND c.name = %s AND m."offset" = %s
+               AND m.created_at > now() - make_interval(secs => %s)
+            """,
+            [app_id, channel, offset, ttl_seconds],
+        )
+        row = cur.fetchone()
+    return HistoryItem(*row) if row else None
+
+
 def subscription_count(app_id: int, channel: str) -> int:
     return registry.readers_count(app_id, p.switchboard_channel(channel))
 
@@ -61,19 +78,20 @@ def channels_occupied(app_id: int, prefix: str = "") -> dict[str, int]:
     """The app's Pusher channels with at least one subscriber in the cluster (any reader of pusher.X:
     Pusher connections and native ones), each with its subscription count; names starting with `prefix`."""
     client = sync_client()
-    match = registry.registry_key(app_id, p.switchboard_channel(_glob_escape(prefix))) + "*"
+    match = registry.registry_key(app_id, _glob_escape(p.switchboard_channel(prefix))) + "*"
     keys = list(client.scan_iter(match=match, count=1000))
     if not keys:
         return {}
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.hvals(key)
-    head = len(registry.registry_key(app_id, p.PREFIX))
+    head = len(registry.registry_key(app_id, ""))
     out = {}
     for key, values in zip(keys, pipe.execute(), strict=True):
         count = sum(int(v) for v in values)
-        if count > 0:
-            out[(key.decode() if isinstance(key, bytes) else key)[head:]] = count
+        name = p.pusher_channel((key.decode() if isinstance(key, bytes) else key)[head:])
+        if count > 0 and name is not None:
+            out[name] = count
     return out
 
 

@@ -15,11 +15,12 @@ from django.conf import settings
 from apps_registry.selectors import AppSnapshot
 from foundation.asyncdb import run_db
 from messaging.channels.cursor import ChannelCursor
-from messaging.channels.services import channel_history, channel_publish_and_fanout
+from messaging.channels.services import channel_publish_and_fanout
 from messaging.gateway.limits import TokenBucket
 from messaging.gateway.pusher import figures, metrics, presence
 from messaging.gateway.pusher import protocol as p
 from messaging.gateway.pusher.node import pusher_node
+from messaging.gateway.pusher.services import cached_event
 from messaging.gateway.pusher.webhooks import pusher_webhook
 from messaging.gateway.runtime import runtime
 
@@ -91,8 +92,10 @@ class Subscriptions:
 
     async def _refuse(self, channel: Any, kind: str, error: str, status: int) -> None:
         metrics.REFUSED.labels(self.app.app_name, kind).inc()
+        # The name as the client sent it, too long or not (its frame's size is capped): pusher-js finds
+        # the channel the refusal is for by it.
         name = channel if isinstance(channel, str) else ""
-        await self.send(p.subscription_error_frame(name[:p.PUSHER_NAME_MAX], kind, error, status))
+        await self.send(p.subscription_error_frame(name, kind, error, status))
 
     async def subscribe(self, data: dict) -> None:
         name = data.get("channel")
@@ -177,13 +180,13 @@ class Subscriptions:
         await self.send(p.frame("pusher_internal:subscription_succeeded", data, channel=name))
 
     async def _cached(self, name: str, sb: str, head: int) -> None:
-        """A cache channel's last event, or `pusher:cache_miss` when it has none (kept as long as the
-        channel's history: the app's retention)."""
-        items = await run_db(channel_history, app_id=self.app.pk, channel=sb, after=head - 1, upto=head, limit=1) \
-            if head > 0 else []
-        if items:
-            event = _event_of(self.app.pk, sb, items[0].offset, items[0].content)
-            await self.send(p.event_frame(name, event, items[0].offset if self.offsets else None))
+        """A cache channel's last event, or `pusher:cache_miss` when it has none published within
+        PUSHER_CACHE_TTL_SECONDS (Pusher's 30 minutes)."""
+        item = await run_db(cached_event, app_id=self.app.pk, channel=sb, offset=head,
+                            ttl_seconds=settings.PUSHER_CACHE_TTL_SECONDS) if head > 0 else None
+        if item is not None:
+            event = _event_of(self.app.pk, sb, item.offset, item.content)
+            await self.send(p.event_frame(name, event, item.offset if self.offsets else None))
         else:
             await self.send(p.dumps({"event": "pusher:cache_miss", "channel": name}))
             await pusher_webhook(self.app.pk, "cache_miss", channel=name)

@@ -26,14 +26,18 @@ PUSHER_FLOOD_CLOSE_AFTER = env_int("PUSHER_FLOOD_CLOSE_AFTER", 100)
 # (pusher:error 4301) unanswered otherwise.
 PUSHER_FRAMES_PER_SECOND = env_float("PUSHER_FRAMES_PER_SECOND", 50.0)
 PUSHER_FRAMES_BURST = env_int("PUSHER_FRAMES_BURST", 200)
+# How long a cache channel's last event is sent to new subscribers (Pusher's: 30 minutes); older, or
+# none: pusher:cache_miss.
+PUSHER_CACHE_TTL_SECONDS = env_int("PUSHER_CACHE_TTL_SECONDS", 30 * 60)
 # Channels one Pusher connection may be subscribed to.
 PUSHER_MAX_CHANNELS = env_int("PUSHER_MAX_CHANNELS", 100)
 # Pusher connections one web node holds per client address; beyond: 4100 (over capacity, the client
 # reconnects after a backoff).
 PUSHER_MAX_PER_ADDRESS = env_int("PUSHER_MAX_PER_ADDRESS", 2000)
-# Pusher connections of one app one web node holds (the native door has no per-app connection cap,
-# only maxConnectionsPerUser, which a Pusher connection has no user for); beyond: pusher:error and
-# close 4004, the protocol's "over the app's connection quota" (pusher-js does not reconnect).
+# Pusher connections of one app the cluster holds (messaging.gateway.pusher.quota; the native door
+# has no per-app connection cap, only maxConnectionsPerUser, which a Pusher connection has no user
+# for); beyond: pusher:error and close 4004, the protocol's "over the app's connection quota"
+# (pusher-js does not reconnect).
 PUSHER_MAX_PER_APP = env_int("PUSHER_MAX_PER_APP", 20_000)
 # A presence channel's members, counted by user (Pusher's limit: 100); the next user is refused.
 PUSHER_MAX_PRESENCE_MEMBERS = env_int("PUSHER_MAX_PRESENCE_MEMBERS", 100)

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from apps_registry.selectors import AppSnapshot
+from messaging.channels.names import channel_name_valid
 from messaging.gateway.pusher import protocol as p
 from messaging.gateway.pusher.api_auth import api_request_check, string_to_sign
 from tests.pusher import channel_auth
@@ -18,20 +19,33 @@ from tests.pusher import channel_auth
     ("orders", "pusher.orders"),
     ("private-encrypted-x", "pusher.private-encrypted-x"),
     ("#server-to-user-42", "pusher-user.42"),
+    ("presence-room;1", "pusher.presence-room@s1"),
+    ("a=b,c@d", "pusher.a@eb@cc@@d"),
+    ("@@", "pusher.@@@@"),
+    ("x" * 200, "pusher." + "x" * 200),
+    (";" * 200, "pusher." + "@s" * 200),
 ])
 def test_a_pusher_channel_is_a_switchboard_channel_of_its_own_namespace_and_back(name, sb):
     assert p.switchboard_channel(name) == sb and p.pusher_channel(sb) == name
+    assert p.channel_name_problem(name) is None or name.startswith("#")
+    assert channel_name_valid(sb)
 
 
-def test_native_channels_outside_the_namespaces_are_no_pusher_channels():
-    assert p.pusher_channel("news.sport") is None and p.pusher_channel("@ANZ-1") is None
+@pytest.mark.parametrize("native", ["news.sport", "@ANZ-1", "pusher.a@", "pusher.a@x", "pusher." + "x" * 201])
+def test_native_channels_that_escape_no_pusher_name_are_no_pusher_channels(native):
+    assert p.pusher_channel(native) is None
+
+
+def test_a_prefix_of_a_name_escapes_to_a_prefix_of_its_escape_so_filter_by_prefix_finds_it():
+    assert p.switchboard_channel("presence-a=b;c").startswith(p.switchboard_channel("presence-a="))
+    assert not p.switchboard_channel("presence-a@eb").startswith(p.switchboard_channel("presence-a="))
 
 
 @pytest.mark.parametrize(("name", "problem"), [
     ("x" * 201, "longer than 200"),
     ("a b", "characters other than"),
-    ("a=b", "Switchboard channel names"),
-    ("x" * 122, "Switchboard channel names"),
+    ("a:b", "characters other than"),
+    ("a#b", "characters other than"),
     ("", "required"),
 ])
 def test_names_the_protocol_or_switchboard_cannot_carry_are_refused_with_a_reason(name, problem):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import pytest
 
@@ -179,6 +180,18 @@ def test_a_cache_channel_tells_a_miss_then_keeps_the_last_event(node):
     assert late.recv() == {"event": "score", "channel": "cache-scores", "data": "2-0"}
 
 
+def test_a_cache_channels_last_event_is_kept_for_the_cache_ttl_then_it_is_a_miss(node, settings):
+    settings.PUSHER_CACHE_TTL_SECONDS = 1  # (Pusher's 30 minutes by default)
+    publish(node, "pusher.cache-ttl", json.dumps({"event": "score", "data": "1-0"}))
+    soon = Pusher(node)
+    soon.subscribe("cache-ttl")
+    assert soon.recv() == {"event": "score", "channel": "cache-ttl", "data": "1-0"}
+    time.sleep(1.5)
+    late = Pusher(node)
+    late.subscribe("cache-ttl")
+    assert late.recv() == {"event": "pusher:cache_miss", "channel": "cache-ttl"}
+
+
 @pytest.mark.parametrize(("frame", "code"), [
     ("not json", 4300),
     ('["an", "array"]', 4300),
@@ -241,6 +254,32 @@ def test_the_http_api_lists_occupied_channels_and_presence_members(node, client)
     assert get(f"/apps/{ANZ_APP_ID}/channels/{ch}", {"info": "subscription_count,user_count"}) == {
         "occupied": True, "subscription_count": 2, "user_count": 2}
     assert get(f"/apps/{ANZ_APP_ID}/channels/{ch}/users") == {"users": [{"id": "a"}, {"id": "b"}]}
+
+
+def test_any_name_the_protocol_allows_up_to_200_characters_is_a_channel_the_api_publishes_on_and_lists(node, client):
+    names = ["presence-a=1,b;2@c" + "x" * 182, "cache-room;1"]
+    assert len(names[0]) == 200
+    subscribers = []
+    for name in names:
+        sub = Pusher(node)
+        auth = channel_auth(sub.socket_id, name, {"user_id": "u"}) if name.startswith("presence-") else {}
+        assert sub.subscribe(name, **auth)["event"] == "pusher_internal:subscription_succeeded"
+        subscribers.append(sub)
+    assert subscribers[1].recv() == {"event": "pusher:cache_miss", "channel": names[1]}
+    path = f"/apps/{ANZ_APP_ID}/events"
+    body = json.dumps({"name": "e", "data": "d", "channel": names[0]}).encode()
+    response = client.post(f"{path}?{signed_query('POST', path, body=body)}", data=body, content_type="application/json")
+    assert response.status_code == 200, response.content
+    assert subscribers[0].recv("e") == {"event": "e", "channel": names[0], "data": "d"}
+    path = f"/apps/{ANZ_APP_ID}/channels"
+    listed = client.get(f"{path}?{signed_query('GET', path, {'filter_by_prefix': 'presence-a='})}").json()
+    assert listed == {"channels": {names[0]: {}}}
+    # Natively, `cache-room;1` is `pusher.cache-room@s1` (`@` escapes what native names lack)
+    publish(node, "pusher.cache-room@s1", json.dumps({"event": "native", "data": "n"}))
+    assert subscribers[1].recv() == {"event": "native", "channel": names[1], "data": "n"}
+    late = Pusher(node)
+    late.subscribe(names[1])
+    assert late.recv() == {"event": "native", "channel": names[1], "data": "n"}  # the cache channel's last event
 
 
 def test_a_signed_in_user_gets_its_server_to_user_events_until_the_app_terminates_it(node, client):
@@ -359,6 +398,26 @@ def test_an_app_over_its_connection_quota_is_refused_with_4004_and_other_apps_ar
     Pusher(node, key=BNZ_KEY)  # another app's quota is its own
     first.ws.close()
     Pusher(node)  # the place it left is taken again
+
+
+def test_the_quota_counts_the_apps_connections_on_every_node_until_a_dead_nodes_are_reaped(node, settings):
+    from apps_registry.selectors import app_snapshot
+    from messaging.gateway.pusher import quota
+    from presence.cache import node_forget
+
+    anz = node.loop.run(run_db(app_snapshot, "ANZ")).pk
+    settings.PUSHER_MAX_PER_APP = 1_000
+    for _ in range(2):  # another web node holds two of ANZ's connections
+        assert node.loop.run(quota.connection_count_in(app_id=anz, node_id="other-node", quota=1_000))
+    here = _open_connections(node, "ANZ")
+    assert node.loop.run(quota.app_connections(anz)) == here + 2
+    settings.PUSHER_MAX_PER_APP = here + 2  # full: this node's and the other's
+    over = node.client(path=PATH.format(key=ANZ_KEY))
+    assert over.recv()["data"]["code"] == 4004 and over.wait_closed() == 4004
+    node_forget(node_id="other-node")  # the reaper declares it dead: its places are free again
+    assert node.loop.run(quota.app_connections(anz)) == here
+    Pusher(node)
+    Pusher(node)
 
 
 def _open_connections(node, app_name: str) -> int:
