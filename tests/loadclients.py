@@ -70,6 +70,7 @@ class Record:
     redirects: list[str] = field(default_factory=list)  # where AUTH_CLIENT refusals sent it
     # Each time a connection was lost (not asked for): how long until it was authenticated again, anywhere.
     outages: list[float] = field(default_factory=list)
+    outage_spans: list[tuple[float, float]] = field(default_factory=list)  # (lost, back): monotonic times
 
 
 class Peer(threading.Thread):
@@ -145,6 +146,7 @@ class Peer(threading.Thread):
                     attempt, redirected = 0, False
                     if lost_at is not None:
                         self.record.outages.append(time.monotonic() - lost_at)
+                        self.record.outage_spans.append((lost_at, time.monotonic()))
                     lost_at = None
                     self._session(client)
                     return  # left

@@ -25,6 +25,7 @@ from django.conf import settings
 from apps_registry.models import ClientApp
 from foundation.logs import loggable
 from messaging.core.next_hop import neighbours
+from messaging.federation.takeover.liveness import domain_serves
 from messaging.federation.takeover.records import network_gossip
 from messaging.federation.wire.transport import FORWARD_PATH, PeerError, peer_call_prepare, peer_calls_send
 from presence import remote
@@ -49,7 +50,7 @@ def presence_gossip() -> dict[str, str]:
         lists.append((app_name, remote.RemoteList(here, time.time_ns(), app_online_users_sync(app_name)[:MAX_USERS])))
         lists += [(app_name, heard) for heard in remote.remote_lists(app_name)]
     calls, out = [], {}
-    network = network_gossip()
+    network = network_gossip(speaking=domain_serves())
     for peer in peers:
         items = [{"app": app_name, "domain": heard.domain, "version": heard.version, "users": heard.users}
                  for app_name, heard in lists if heard.domain != peer]

@@ -18,6 +18,7 @@ from foundation.handoff import (
     FLOOD_TASK,
     FORWARD_LINK_TASK,
     FORWARD_RECEIPTS_TASK,
+    FORWARDING_QUEUE,
     ROUTING_QUEUE,
     STANDBY_TASK,
     flood_links_enqueue,
@@ -32,6 +33,7 @@ from messaging.core.delivery.expiry import deliveries_expire
 from messaging.core.delivery.lost_nodes import lost_nodes_settle
 from messaging.core.delivery.retry import deliveries_sweep
 from messaging.core.idempotency import idempotency_keys_expire
+from messaging.federation.control_loop import control_loop_start, control_loop_stop
 from messaging.federation.links import links_held_back
 from messaging.federation.presence_gossip import presence_gossip
 from messaging.federation.senders.fast_forward import fast_forward
@@ -195,7 +197,8 @@ def probe_links() -> dict:
 
 @shared_task
 def gossip_presence() -> dict:
-    """Beat: tell every neighbour who is online here and what this domain heard of the others
+    """(A gossip round asked for by a process that runs none itself, foundation.handoff.gossip_now;
+    the rounds due run in messaging.federation.control_loop.) Tell every neighbour who is online here and what this domain heard of the others
     (messaging.federation.presence_gossip); best effort, the next round says it all again."""
     return presence_gossip()
 
@@ -272,7 +275,7 @@ def standby_sweep() -> list[str]:
 
 @shared_task
 def takeover_watch() -> dict[str, str]:
-    """Beat: take over a lost home this domain stands by for, or hand one back that answers again
+    """(By hand; the looks due run in messaging.federation.control_loop.) Take over a lost home this domain stands by for, or hand one back that answers again
     (messaging.federation.takeover.take). Each look decides afresh: a lost run is made up by the next."""
     return takeover.takeover_watch()
 
@@ -305,6 +308,19 @@ def queue_intake_start(sender=None, **_) -> None:
 def queue_intake_stop(**_) -> None:
     """Its batch in hand finished first; what it has pending waits for the next consumer."""
     queue_consumer_stop()
+
+
+@worker_ready.connect
+def network_rounds_start(sender=None, **_) -> None:
+    """A worker serving the forwarding queue runs the network's gossip round and takeover watch on
+    threads of its own, on time whatever that queue holds (messaging.federation.control_loop)."""
+    if sender is not None and FORWARDING_QUEUE in sender.app.amqp.queues.consume_from:
+        control_loop_start()
+
+
+@worker_shutting_down.connect
+def network_rounds_stop(**_) -> None:
+    control_loop_stop()
 
 
 @shared_task

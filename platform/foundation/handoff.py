@@ -265,8 +265,21 @@ def given_back_enqueue(holder: str, *, countdown: float = 0.0) -> None:
     _dispatcher.dispatch(GIVEN_BACK_TASK, [holder], FORWARDING_QUEUE, countdown=countdown)
 
 
+# Set by a process that runs the gossip round on a thread of its own (messaging.federation.control_loop):
+# gossip_now wakes it there instead of queueing a task behind the forwarding queue's senders.
+_gossip_here: Callable[[], object] | None = None
+
+
+def gossip_here_set(wake: Callable[[], object] | None) -> None:
+    global _gossip_here
+    _gossip_here = wake
+
+
 def gossip_now() -> None:
-    """A gossip round now, not at the next beat (a takeover or a hand-back to tell the neighbours)."""
+    """A gossip round now, not at the next one due (a takeover or a hand-back to tell the neighbours)."""
+    if _gossip_here is not None:
+        _gossip_here()
+        return
     _dispatcher.dispatch(GOSSIP_TASK, [], FORWARDING_QUEUE)
 
 

@@ -5,28 +5,60 @@ Every domain tells its neighbours, with each gossip round, its own clock and eve
 last clock it heard (messaging.federation.takeover.records.network_gossip). A domain records, by its own clock,
 when each newer clock of each domain reached it (DomainHeard): "silent for" is how long no newer
 word of a domain came, by whatever path, so no two clocks are ever compared.
+
+A domain tells its own clock only while it serves: while its own address answers `/healthz`
+(`domain_serves`). Its workers can be back before its web nodes (a restarted domain's web node
+may take many seconds more to start on a busy machine); a domain heard from then would hold off its
+standby's takeover while none of its users could log in anywhere (issue 46, item 3).
 """
 
 from __future__ import annotations
 
+import logging
 import time
+import urllib.error
+import urllib.request
 
 from django.conf import settings
 from django.utils import timezone
 
+from apps_registry.models import Domain
+from apps_registry.selectors import domain_call_url
 from foundation.db import hot_cursor
 from messaging.core.next_hop import neighbours
 from messaging.federation.models import DomainHeard
 from messaging.federation.wire.transport import WITNESS_PATH, PeerError, PeerRefused, peer_call_prepare, peer_calls_send
 
+log = logging.getLogger(__name__)
+SERVES_TIMEOUT_SECONDS = 1.0
+
 # --- liveness ------------------------------------------------------------------------------------
 
 
-def heard_versions() -> dict[str, int]:
-    """Every domain's last clock heard here, and this domain's own now."""
+def heard_versions(*, speaking: bool = True) -> dict[str, int]:
+    """Every domain's last clock heard here, and (`speaking`) this domain's own now."""
     heard = dict(DomainHeard.objects.values_list("domain", "version"))
-    heard[settings.DOMAIN_NAME] = time.time_ns()
+    if speaking:
+        heard[settings.DOMAIN_NAME] = time.time_ns()
+    else:
+        heard.pop(settings.DOMAIN_NAME, None)
     return heard
+
+
+def domain_serves() -> bool:
+    """Whether this domain's own address (its first http(s) URL in the registry) answers /healthz:
+    a web node of it serves. True where the registry names no address for it (nothing to ask)."""
+    urls = Domain.objects.filter(name=settings.DOMAIN_NAME).values_list("urls", flat=True).first()
+    base = domain_call_url(urls)
+    if base is None:
+        return True
+    try:
+        with urllib.request.urlopen(base + "/healthz", timeout=SERVES_TIMEOUT_SECONDS) as answer:  # noqa: S310
+            return answer.status == 200
+    except (OSError, urllib.error.URLError) as exc:
+        log.info("%s does not serve yet (%s/healthz: %s): not telling its own clock", settings.DOMAIN_NAME,
+                 base, exc)
+        return False
 
 
 def heard_apply(heard: dict[str, int]) -> None:

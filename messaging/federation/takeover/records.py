@@ -34,9 +34,10 @@ from presence.services import users_close_sync
 log = logging.getLogger(__name__)
 
 
-def network_gossip() -> dict:
-    """What this domain tells each neighbour of the network's state, with its presence round."""
-    return {"heard": heard_versions(),
+def network_gossip(*, speaking: bool = True) -> dict:
+    """What this domain tells each neighbour of the network's state, with its presence round (its
+    own clock only while `speaking`: messaging.federation.takeover.liveness.domain_serves)."""
+    return {"heard": heard_versions(speaking=speaking),
             "takeovers": takeover_records()}
 
 

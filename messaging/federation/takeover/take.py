@@ -103,10 +103,14 @@ def given_back(holder: str) -> dict:
 
 
 def _down_for(peer: str) -> float:
-    row = LinkHealth.objects.filter(peer=peer).values_list("up", "down_since").first()
+    """How long the link to `peer` has been down, from the last answer before it went down (not from
+    the first call that failed after it: that came up to a probe period later)."""
+    row = LinkHealth.objects.filter(peer=peer).values_list("up", "down_since", "last_ok_at").first()
     if row is None or row[0] or row[1] is None:
         return 0.0
-    return (timezone.now() - row[1]).total_seconds()
+    up, down_since, last_ok = row
+    since = last_ok if last_ok is not None and last_ok < down_since else down_since
+    return (timezone.now() - since).total_seconds()
 
 
 def takeover_watch() -> dict[str, str]:

@@ -83,12 +83,8 @@ NETWORK_BEAT_SCHEDULE: dict[str, dict] = {
     # The live copy of the mailboxes of users with a standby domain, sent (messaging.federation.standby.copy).
     "standby-sweep": {"task": "messaging.tasks.standby_sweep", "schedule": STANDBY_COPY_SECONDS,
                       "options": {"expires": STANDBY_COPY_SECONDS}},
-    # Homes this domain stands by for, taken over when lost and handed back when they answer again.
-    "takeover-watch": {"task": "messaging.tasks.takeover_watch", "schedule": TAKEOVER_WATCH_SECONDS,
-                       "options": {"expires": TAKEOVER_WATCH_SECONDS}},
-    # Who is online, told to the neighbours (messaging.federation.presence_gossip); a late round is worthless.
-    "gossip-presence": {"task": "messaging.tasks.gossip_presence", "schedule": PRESENCE_GOSSIP_SECONDS,
-                        "options": {"expires": PRESENCE_GOSSIP_SECONDS}},
+    # (The gossip round, PRESENCE_GOSSIP_SECONDS, and the takeover watch, TAKEOVER_WATCH_SECONDS, are
+    # no beat tasks: the outbound worker runs them on threads of their own, messaging.federation.control_loop.)
 }
 if META_URL:
     # A pull that waited longer than its period is worthless: the next one is already due.
