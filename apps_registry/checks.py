@@ -14,7 +14,7 @@ from django.core.checks import Error, Tags, register
 from django.core.checks import Warning as CheckWarning
 from django.db import DatabaseError
 
-from .models import OPEN_APP_MEANING, PUSH_OPEN_MEANING, DomainLink, UserDistribution
+from .models import OPEN_APP_MEANING, PUSH_OPEN_MEANING, Domain, DomainLink, UserDistribution
 from .selectors import app_names_admitting_anyone, app_names_push_open, app_names_with_auth_url_off, domain_call_url
 
 # What a shared secret must have at least: 32 bytes (HMAC-SHA256's own size; the generated ones have 43).
@@ -140,3 +140,22 @@ def check_standbys_reachable(app_configs, **kwargs):
         "mailboxes cannot reach it and waits here.",
         hint=f"Link {here} and {name} (or name a neighbour as the standby).", id="switchboard.W018")
         for name in sorted(standbys - linked)]
+
+
+@register(Tags.database, deploy=True)
+def check_domain_number(app_configs, **kwargs):
+    """A domain without a number draws its message ids from block 0, which no other domain keeps:
+    each shows its own id for those messages (docs/architecture.md, "One id per message"), and a
+    client reading them at a standby or after a hand-back sees one message under two ids."""
+    here = settings.DOMAIN_NAME
+    try:
+        numbered = set(Domain.objects.filter(number__isnull=False).values_list("name", flat=True))
+    except DatabaseError:
+        return []  # check_open_apps already says the database could not be read
+    if not numbered or here in numbered:
+        return []
+    return [CheckWarning(
+        f"{here} has no number while other domains of the network have one: its messages take another id in "
+        "every other domain that stores them.",
+        hint=f"Give {here} a number no other domain has (the configuration file's `number`, or the admin), once.",
+        id="switchboard.W019")]

@@ -4,7 +4,9 @@ Import is all-or-nothing (one transaction; the first bad entry is named and noth
 and idempotent (natural keys: domain name, link pair, app name). What a file names, it owns:
 an app's distributions are replaced by the file's list. What it does not name is left alone.
 
-Extension keys beyond the linker format: `weight`, `enabled` and `sharedSecret` on links;
+Extension keys beyond the linker format: `number` on domains (its block of message ids, unique in the
+network and given once: an entry without it keeps the domain's, one that would change it is refused);
+`weight`, `enabled` and `sharedSecret` on links;
 `standby` on user distributions (the domain that keeps a copy of the range's mailboxes and takes
 its users over while their home is lost: another known domain than `domainName`);
 `tokenSecret`, `authMode`, `publicChannels`, `clientSubscriptions`, `pusher` (the app's Pusher
@@ -44,9 +46,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 
 from foundation.names import domain_name_valid
 
@@ -56,6 +59,7 @@ from .config_pusher import pusher_export, pusher_import
 from .config_settings import settings_export, settings_import
 from .models import (
     APP_NAME_RE,
+    DOMAIN_NUMBER_MAX,
     AuthMode,
     ClientApp,
     Domain,
@@ -110,6 +114,7 @@ def config_import(*, text: str, default_auth_mode: str | None = None, mirror: bo
 
 def _import_domains(entries: list, summary: ImportSummary) -> dict[str, Domain]:
     by_name = {d.name: d for d in Domain.objects.all()}
+    numbered = {d.number: d.name for d in by_name.values() if d.number is not None}
     for i, entry in enumerate(entries):
         where = f"domains[{i}]"
         name = str(entry_required(entry, "name", where))
@@ -120,14 +125,37 @@ def _import_domains(entries: list, summary: ImportSummary) -> dict[str, Domain]:
         if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
             raise ConfigError(f"{where}: 'urls' must be a list of strings")
         domain = by_name.get(name)
+        number = _domain_number(entry, domain, where, numbered)
         if domain is None:
-            by_name[name] = Domain.objects.create(name=name, urls=urls)
+            by_name[name] = Domain.objects.create(name=name, urls=urls, number=number)
             summary.created["domains"] += 1
-        elif domain.urls != urls:
-            domain.urls = urls
-            domain.save(update_fields=["urls"])
+        elif domain.urls != urls or domain.number != number:
+            domain.urls, domain.number = urls, number
+            domain.save(update_fields=["urls", "number"])
             summary.updated["domains"] += 1
+    # This domain's row written again, changed or not: its database moves its message id sequence
+    # into the block on that write (messaging migration 0029's trigger), also when the row came with
+    # the database itself (one copied from another domain's, a restore) and so was never written here.
+    Domain.objects.filter(name=settings.DOMAIN_NAME, number__isnull=False).update(number=F("number"))
     return by_name
+
+
+def _domain_number(entry: dict, domain: Domain | None, where: str, numbered: dict[int, str]) -> int | None:
+    """The domain's number (Domain.number): the entry's, checked, or the one it has. `numbered`: which
+    domain has each number, this file's entries so far included."""
+    number = domain.number if domain is not None else None
+    if entry.get("number") is None:
+        return number
+    given = entry["number"]
+    if isinstance(given, bool) or not isinstance(given, int) or not 1 <= given <= DOMAIN_NUMBER_MAX:
+        raise ConfigError(f"{where}: 'number' must be a whole number from 1 to {DOMAIN_NUMBER_MAX}")
+    if number is not None and given != number:
+        raise ConfigError(f"{where}: its number is {number} and is never changed (its messages' ids are in that block)")
+    name = str(entry["name"])
+    if numbered.get(given, name) != name:
+        raise ConfigError(f"{where}: number {given} is {numbered[given]}'s")
+    numbered[given] = name
+    return given
 
 
 def _import_links(entries: list, domains: dict[str, Domain], summary: ImportSummary) -> None:
@@ -311,7 +339,8 @@ def _distribution_order(row: tuple) -> tuple:
 
 def config_export(*, include_secrets: bool = False) -> str:
     doc: dict[str, Any] = {
-        "domains": [{"name": d.name, "urls": list(d.urls)} for d in Domain.objects.order_by("name")],
+        "domains": [{"name": d.name, "urls": list(d.urls), **({"number": d.number} if d.number is not None else {})}
+                    for d in Domain.objects.order_by("name")],
         "domainLinks": [],
         "clientApps": [],
     }

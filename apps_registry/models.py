@@ -4,6 +4,7 @@ What the database guarantees (not just the forms):
 - an app name (the user-id prefix) and an appId belong to one app;
 - an API key is stored only as a SHA-256 digest; its short prefix is unique and shown;
 - a domain link joins two different domains, and a pair is linked at most once in either order;
+- a domain's number (its block of message ids) belongs to one domain and lies in 1..DOMAIN_NUMBER_MAX;
 - within one app, user distributions never overlap: a trigger (migration 0002) locks the app row and
   refuses an overlapping range, so two concurrent admins cannot both win. (An exclusion constraint
   would need btree_gist, which the embedded Postgres and many managed ones lack.)
@@ -24,7 +25,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Greatest, Least
@@ -237,15 +238,36 @@ class ApiKey(HashedKey):
         verbose_name = "API key"
 
 
+# A message has one id in every domain that holds it: each domain draws the ids of the messages
+# stored there first from a block of its own, block N being the ids from N * 2**MESSAGE_ID_BLOCK_BITS
+# up (its Domain.number; block 0 for a domain with none, as every id was before), and a copy of a
+# message elsewhere keeps that id (messaging.core.store.carried_id_sql). The largest number keeps
+# every id below 2**53, so a client that reads ids as JSON numbers (JavaScript's) reads them exactly.
+MESSAGE_ID_BLOCK_BITS = 40
+DOMAIN_NUMBER_MAX = 2 ** (53 - MESSAGE_ID_BLOCK_BITS) - 1
+
+
 class Domain(models.Model):
     """One cluster (its own Postgres and Redis). This node's domain is settings.DOMAIN_NAME."""
 
     name = models.CharField(max_length=64, unique=True, validators=[RegexValidator(DOMAIN_NAME_RE)])
     urls = models.JSONField(default=list, blank=True, help_text="e.g. ws://host:8000/ws, http://host:8000")
+    # Given once and never changed or reused: the domain's database moves its message id sequence
+    # into the block when it learns its own number (a trigger, messaging migration 0029).
+    number = models.PositiveIntegerField(
+        null=True, blank=True, unique=True,
+        validators=[MinValueValidator(1), MaxValueValidator(DOMAIN_NUMBER_MAX)],
+        help_text=f"1 to {DOMAIN_NUMBER_MAX}, unique in the network, given once and never changed: the domain's "
+                  f"messages take their ids from block N (N × 2^{MESSAGE_ID_BLOCK_BITS} upward), and keep them in "
+                  "every domain that holds a copy. Empty: block 0, ids as a lone domain has them.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=Q(number__gte=1) & Q(number__lte=DOMAIN_NUMBER_MAX),
+                                   name="domain_number_in_range"),
+        ]
 
     def __str__(self) -> str:
         return self.name

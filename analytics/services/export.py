@@ -3,7 +3,9 @@
 What is exported, and how each table is followed without a new index on a hot table:
 
 - messages and presence events are append-only: each run takes the ids after the table's
-  watermark, up to a horizon (below), and moves the watermark there.
+  watermark, up to a horizon (below), and moves the watermark there. A message that came from
+  another domain and kept its id there (docs/architecture.md, "One id per message") has an id no
+  sequence here hands out: it goes with its first delivery here, found in the deliveries' range.
 - deliveries change state until they are delivered or expired, which happens once and for good
   (delivered and expired rows never move again; dead ones can be re-queued, so they are not final).
   A final row is exported once, into `deliveries/`. Every row not final yet is in the live snapshot
@@ -55,6 +57,7 @@ from django.utils import timezone
 
 from analytics.jobs import datasets as ds
 from analytics.models import ExportTable, ExportWatermark, JobKind, JobRun, JobState
+from apps_registry.models import MESSAGE_ID_BLOCK_BITS
 from foundation.locks import one_at_a_time
 from messaging.models import UNDELIVERED_STATES, DeliveryState
 from presence.models import PresenceEventKind, Transport
@@ -97,11 +100,20 @@ _DELIVERY_SELECT = """
       JOIN messaging_message m ON m.id = d.message_id
       JOIN apps_registry_clientapp a ON a.id = d.app_id
 """
-SQL_MESSAGES = """
+_MESSAGE_SELECT = """
     SELECT m.id, m.app_id, a.app_name, m.sender, m.kind, m.confirmation_requested, m.client_message_id IS NOT NULL,
            m.origin_domain, octet_length(m.content), m.created_at
       FROM messaging_message m JOIN apps_registry_clientapp a ON a.id = m.app_id
-     WHERE m.id > %s AND m.id <= %s
+"""
+# A message that came from another domain keeps its id there (messaging.core.store.carried_id_sql),
+# which no sequence of this database hands out: it is followed by its deliveries instead, and taken
+# with the first of them (stored in the same transaction, so under the same horizon).
+_CARRIED = "m.origin_message_id = m.id"
+SQL_MESSAGES = _MESSAGE_SELECT + " WHERE m.id > %s AND m.id <= %s AND m.origin_message_id IS DISTINCT FROM m.id"
+SQL_MESSAGES_CARRIED = _MESSAGE_SELECT + f"""
+     WHERE m.id IN (SELECT d.message_id FROM messaging_delivery d WHERE d.id > %(from)s AND d.id <= %(to)s)
+       AND {_CARRIED}
+       AND NOT EXISTS (SELECT 1 FROM messaging_delivery e WHERE e.message_id = m.id AND e.id <= %(from)s)
 """
 SQL_DELIVERIES_NEW = _DELIVERY_SELECT.format(extra="") + (
     f" WHERE d.id > %s AND d.id <= %s AND d.state IN ({_in(FINAL_DELIVERY_STATES)})")
@@ -287,9 +299,13 @@ def _export_rows(lake: Lake, run: JobRun, horizons: dict[str, int] | None, progr
         upto[ExportTable.SESSIONS] = upto[ExportTable.PRESENCE_EVENTS]
 
         m = marks[ExportTable.MESSAGES]
-        writer.stream(ds.MESSAGES, SQL_MESSAGES, [m.position, upto[m.table]], upto[m.table] - m.position)
-
         d = marks[ExportTable.DELIVERIES]
+        # No estimate across a jump into the domain's block of ids (apps_registry Domain.number).
+        estimate = upto[m.table] - m.position
+        writer.stream(ds.MESSAGES, SQL_MESSAGES, [m.position, upto[m.table]],
+                      estimate if estimate < 2 ** MESSAGE_ID_BLOCK_BITS else None)
+        writer.stream(ds.MESSAGES, SQL_MESSAGES_CARRIED, {"from": d.position, "to": upto[d.table]})
+
         carried = _carried_ids(lake, d)
         writer.stream(ds.DELIVERIES, SQL_DELIVERIES_NEW, [d.position, upto[d.table]],
                       upto[d.table] - d.position + len(carried))

@@ -12,8 +12,9 @@ send for ever. A row goes only when all of these hold:
   it passed on, stays); a message with no delivery, no confirmation and no held arrival left; a
   session closed;
 - the export has it: its id is at or below the export's watermark (for a session, its disconnect
-  event's), and a delivery was final before that export's snapshot, so the lake holds its final
-  state (analytics.services.export).
+  event's; for a message that kept its id from another domain, none of its deliveries is left, the
+  first of which took it to the lake), and a delivery was final before that export's snapshot, so
+  the lake holds its final state (analytics.services.export).
 
 A standby's copy of another domain's mailboxes (StandbyCopy, messaging.federation.standby.copy) goes
 by the home's rule for its own deliveries, read from the copy: older than the app's retention (by
@@ -45,6 +46,10 @@ from messaging.models import DeliveryState
 log = logging.getLogger(__name__)
 
 _FINAL = f"('{DeliveryState.DELIVERED.value}', '{DeliveryState.EXPIRED.value}')"
+_MESSAGE_GONE = """m.created_at < now() - a.retention_days * %(day)s
+               AND NOT EXISTS (SELECT 1 FROM messaging_delivery d WHERE d.message_id = m.id)
+               AND NOT EXISTS (SELECT 1 FROM messaging_message c WHERE c.confirms_id = m.id)
+               AND NOT EXISTS (SELECT 1 FROM messaging_heldinorder h WHERE h.message_id = m.id)"""
 
 # Each statement deletes one batch and returns how many rows went. %(upto)s: the export's watermark;
 # %(as_of)s: its snapshot's time; %(batch)s: the batch size; %(orphan_days)s: for presence events;
@@ -58,14 +63,18 @@ _DELETES: dict[str, str] = {
                AND coalesce(d.delivered_at, d.expired_at, d.created_at) < %(as_of)s
              ORDER BY d.id LIMIT %(batch)s)
         DELETE FROM messaging_delivery d USING doomed WHERE d.id = doomed.id""",
-    "messages": """
+    # A message that came from another domain keeps its id there, above the watermark when its
+    # origin's block is above this domain's (messaging.core.store.carried_id_sql): the export took it
+    # with its first delivery, so with no delivery left it has it.
+    "messages": f"""
         WITH doomed AS (
-            SELECT m.id FROM messaging_message m JOIN apps_registry_clientapp a ON a.id = m.app_id
-             WHERE m.id <= %(upto)s AND m.created_at < now() - a.retention_days * %(day)s
-               AND NOT EXISTS (SELECT 1 FROM messaging_delivery d WHERE d.message_id = m.id)
-               AND NOT EXISTS (SELECT 1 FROM messaging_message c WHERE c.confirms_id = m.id)
-               AND NOT EXISTS (SELECT 1 FROM messaging_heldinorder h WHERE h.message_id = m.id)
-             ORDER BY m.id LIMIT %(batch)s)
+            (SELECT m.id FROM messaging_message m JOIN apps_registry_clientapp a ON a.id = m.app_id
+              WHERE m.id <= %(upto)s AND {_MESSAGE_GONE}
+              ORDER BY m.id LIMIT %(batch)s)
+            UNION ALL
+            (SELECT m.id FROM messaging_message m JOIN apps_registry_clientapp a ON a.id = m.app_id
+              WHERE m.id > %(upto)s AND m.origin_message_id = m.id AND {_MESSAGE_GONE}
+              ORDER BY m.id LIMIT %(batch)s))
         DELETE FROM messaging_message m USING doomed WHERE m.id = doomed.id""",
     "sessions": """
         WITH doomed AS (

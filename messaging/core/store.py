@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import transaction
 
+from apps_registry.models import MESSAGE_ID_BLOCK_BITS
 from foundation.db import hot_cursor
 from foundation.handoff import Route, routing_enqueue
 from messaging.models import DeliveryState, MessageKind, states_sql
@@ -42,6 +43,27 @@ class SendResult:
     duplicate: bool  # the clientMessageId was seen before: nothing new was stored or routed
 
 
+DRAWN_ID_SQL = "nextval('messaging_message_id_seq'::regclass)"
+
+
+def carried_id_sql(origin_id: str) -> str:
+    """SQL: the id a message that came from another domain takes here, `origin_id` being its id where
+    it was stored first (docs/architecture.md, "One id per message").
+
+    That id itself where it lies in another domain's block (apps_registry Domain.number): blocks are
+    disjoint, so it is no id this domain draws, and the message is stored once per origin
+    (message_forwarded_once), so no other copy takes it. An id in block 0 (from a domain with no
+    number, or drawn before it had one) or in this domain's own block (two domains given one number
+    by mistake), or one another message here already has, is not carried: the copy draws an id here,
+    as every copy did before, rather than be lost to the collision.
+    """
+    bits = MESSAGE_ID_BLOCK_BITS
+    return f"""CASE WHEN {origin_id} >> {bits} > 0
+                     AND {origin_id} >> {bits} <> (SELECT last_value >> {bits} FROM messaging_message_id_seq)
+                     AND NOT EXISTS (SELECT 1 FROM messaging_message x WHERE x.id = {origin_id})
+                    THEN {origin_id} ELSE {DRAWN_ID_SQL} END"""
+
+
 def messages_insert_sql(messages: str, *, forwarded: bool = False, given_ids: bool = False) -> str:
     """CTEs that store the messages of relation `messages`, ending in `stored` (ord, id, app_id).
 
@@ -49,14 +71,16 @@ def messages_insert_sql(messages: str, *, forwarded: bool = False, given_ids: bo
     confirms) and, when `forwarded` (a message that came from another domain, messaging.federation),
     also (origin_id, path, confirms_origin). Ids are drawn before the insert, so each input row
     knows its message id (with `given_ids`, a row's `given_id` when it has one: drawn from the same
-    sequence before); a row that collides with a stored one (the same clientMessageId from the same
-    sender, a second confirmation of one message, a forwarded message already stored here) inserts
-    nothing.
+    sequence before; a forwarded message keeps its origin's id, `carried_id_sql`); a row that
+    collides with a stored one (the same clientMessageId from the same sender, a second
+    confirmation of one message, a forwarded message already stored here) inserts nothing.
     """
     extra_cols = ", origin_message_id, forward_path, confirms_origin" if forwarded else ""
     extra_vals = ", s.origin_id, s.path, s.confirms_origin" if forwarded else ""
-    drawn = "nextval('messaging_message_id_seq'::regclass)"
-    id_of = f"coalesce(given_id, {drawn})" if given_ids else drawn
+    if forwarded:
+        id_of = carried_id_sql("origin_id")
+    else:
+        id_of = f"coalesce(given_id, {DRAWN_ID_SQL})" if given_ids else DRAWN_ID_SQL
     return f"""
     ids AS MATERIALIZED (
         SELECT ord, {id_of} AS id FROM {messages}

@@ -148,8 +148,9 @@ def link_secrets_read(path: Path) -> dict[tuple[str, str], str]:
 def ring_config(ports: list[int], link_secrets: dict[tuple[str, str], str]) -> dict:
     """The seed's meta example on this machine's ports; a link with no secret in `link_secrets`
     gets a new one (and `link_secrets` gains it)."""
-    domains = [{"name": domain_name(n), "urls": [f"ws://127.0.0.1:{port}/ws", f"http://127.0.0.1:{port}"]}
-               for n, port in enumerate(ports, 1)]
+    # Beyond the seed: domain-0N's number is N (its block of message ids, apps_registry Domain.number).
+    domains = [{"name": domain_name(n), "urls": [f"ws://127.0.0.1:{port}/ws", f"http://127.0.0.1:{port}"],
+                "number": n} for n, port in enumerate(ports, 1)]
     links = []
     for a, b in LINKS:
         key = link_key(domain_name(a), domain_name(b))
@@ -179,14 +180,14 @@ HEADER = ("# The four-domain ring of `make network` (devstack.ring_plan): the li
 
 def _domain_urls(path: Path) -> list:
     doc = yaml.safe_load(path.read_text()) or {}
-    return [(d.get("name"), d.get("urls")) for d in doc.get("domains") or [] if isinstance(d, dict)]
+    return [(d.get("name"), d.get("urls"), d.get("number")) for d in doc.get("domains") or [] if isinstance(d, dict)]
 
 
 def ring_config_write(path: Path, ports: list[int]) -> Path:
-    """Write the ring file if it is missing or names other ports (the links' secrets of the old
-    file kept); an existing file for these ports is left as it is, edits included."""
+    """Write the ring file if it is missing or names other ports or domain numbers (the links' secrets
+    of the old file kept); an existing file for these ports is left as it is, edits included."""
     config = ring_config(ports, link_secrets_read(path))
-    if path.exists() and _domain_urls(path) == [(d["name"], d["urls"]) for d in config["domains"]]:
+    if path.exists() and _domain_urls(path) == [(d["name"], d["urls"], d["number"]) for d in config["domains"]]:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

@@ -243,3 +243,27 @@ def test_a_row_committed_after_a_newer_one_is_exported_by_a_later_run_not_skippe
     assert held.rows["messages"] == 0  # the open transaction kept the watermark where it was
     assert caught_up.rows["messages"] == 2
     assert exported(lake, ds.MESSAGES) == sorted([slow[0], quick])
+
+
+
+def _carried(app, origin_id: int, when: datetime, *, to: str = "ANZ-20", seq: int = 1) -> Delivery:
+    """A message that came from another domain with its id there (messaging.core.store.carried_id_sql),
+    in a recipient's mailbox here."""
+    message = Message.objects.filter(pk=origin_id).first() or Message.objects.create(
+        id=origin_id, app=app, sender="ANZ-1", content="secret words", created_at=when,
+        origin_domain="domain-02", origin_message_id=origin_id)
+    return Delivery.objects.create(message=message, app=app, recipient=to, seq=seq, created_at=when)
+
+
+def test_a_message_that_kept_its_id_from_another_domain_is_exported_once_with_its_first_delivery(lake, anz,
+                                                                                             activity):
+    # Its id lies in domain-02's block, far above and apart from the ids this domain draws.
+    carried = _carried(anz, (2 << 40) + 7, DAY).message_id
+    local = activity.delivery(anz, DAY).message_id
+    assert lake_export().rows["messages"] == 2
+    assert exported(lake, ds.MESSAGES) == sorted([local, carried])
+    # A later recipient of it here, and a message drawn here after it: only the new message goes.
+    _carried(anz, carried, DAY, to="ANZ-30")
+    later = activity.delivery(anz, DAY).message_id
+    assert lake_export().rows["messages"] == 1
+    assert exported(lake, ds.MESSAGES) == sorted([local, carried, later])

@@ -135,3 +135,16 @@ def test_a_standbys_copies_past_the_apps_retention_go_as_the_homes_own_messages_
     assert RetentionDay.objects.get(source="standby_copies").removed == 2
     page = admin_client.get("/admin/").content.decode().replace("\n", "")
     assert f"<td>standby_copies</td><td>{OLD:%Y-%m-%d}" in page  # the oldest kept: the waiting one
+
+
+def test_a_message_that_kept_its_id_from_another_domain_goes_once_exported_and_past_retention(lake, anz, activity):
+    # Its id (in domain-02's block) is above every id this domain draws, so above the export's watermark.
+    carried = (2 << 40) + 7
+    message = Message.objects.create(id=carried, app=anz, sender="ANZ-1", content="x", created_at=OLD,
+                                     origin_domain="domain-02", origin_message_id=carried)
+    Delivery.objects.create(message=message, app=anz, recipient="ANZ-9", seq=1, created_at=OLD, state="delivered",
+                            delivered_at=OLD)
+    kept = activity.delivery(anz, OLD, state="delivered", delivered_at=OLD)  # its message drawn here
+    lake_export()
+    assert rows_past_retention_delete().removed["messages"] == 2
+    assert not Message.objects.filter(pk__in=[carried, kept.message_id]).exists()

@@ -122,3 +122,17 @@ def test_the_domain_graph_page_draws_the_network_and_previews_a_route(operator):
     assert page.count("<line") == 4
     assert "domain-01 -&gt; domain-04" in page
     assert page.count('class="link on-route"') == 1
+
+
+def test_a_domains_number_is_listed_and_given_once_in_the_admin(operator):
+    domain = make_domain("domain-02")
+    page = operator.get(f"/admin/apps_registry/domain/{domain.pk}/change/").content.decode()
+    assert 'name="number"' in page  # not given yet: the operator may give it
+    response = operator.post(f"/admin/apps_registry/domain/{domain.pk}/change/",
+                             {"name": "domain-02", "urls": "[]", "number": 2})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    domain.refresh_from_db()
+    assert domain.number == 2
+    page = operator.get(f"/admin/apps_registry/domain/{domain.pk}/change/").content.decode()
+    assert 'name="number"' not in page  # given: shown, never changed
+    assert ">2<" in operator.get("/admin/apps_registry/domain/").content.decode()

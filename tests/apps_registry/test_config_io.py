@@ -270,3 +270,40 @@ def test_a_standby_that_is_the_home_itself_or_unknown_is_refused_by_name(standby
         config_import(text=_with_standbys({"domain-03": standby}))
     assert "userDistributions[2]" in str(refused.value)
     assert not Domain.objects.exists()  # all or nothing
+
+
+# Numbers on domain-02 and -03 only: the test database is domain-01's, whose number would move its
+# message ids into block 1 for every test after this one.
+def _numbered(numbers: dict[str, int]) -> str:
+    text = EXAMPLE.read_text()
+    for name, number in numbers.items():
+        text = text.replace(f"  - name: {name}\n", f"  - name: {name}\n    number: {number}\n")
+    return text
+
+
+def test_a_domains_number_is_imported_exported_and_kept_by_a_file_that_does_not_name_it():
+    config_import(text=_numbered({"domain-02": 2, "domain-03": 3}))
+    assert dict(Domain.objects.values_list("name", "number")) == {
+        "domain-01": None, "domain-02": 2, "domain-03": 3, "domain-04": None}
+    exported = yaml.safe_load(config_export())["domains"]
+    assert [d.get("number") for d in exported] == [None, 2, 3, None]
+    assert sum(config_import(text=EXAMPLE.read_text()).updated.values()) == 0
+    assert Domain.objects.get(name="domain-03").number == 3
+
+
+@pytest.mark.parametrize(("numbers", "error"), [
+    ({"domain-02": 2, "domain-03": 2}, r"domains\[2\] \(domain-03\): number 2 is domain-02's"),
+    ({"domain-02": 0}, r"domains\[1\] \(domain-02\): 'number' must be a whole number from 1 to 8191"),
+    ({"domain-02": 8192}, r"'number' must be a whole number from 1 to 8191"),
+])
+def test_a_number_out_of_range_or_given_twice_is_refused_by_name(numbers, error):
+    with pytest.raises(ConfigError, match=error):
+        config_import(text=_numbered(numbers))
+    assert Domain.objects.count() == 0
+
+
+def test_a_domains_number_is_never_changed_by_a_later_file():
+    config_import(text=_numbered({"domain-02": 2}))
+    with pytest.raises(ConfigError, match=r"domain-02\): its number is 2 and is never changed"):
+        config_import(text=_numbered({"domain-02": 5}))
+    assert Domain.objects.get(name="domain-02").number == 2

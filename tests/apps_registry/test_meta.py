@@ -353,3 +353,21 @@ def test_check_deploy_warns_of_a_standby_that_is_not_a_neighbour_of_its_home(set
                           "live copy of their mailboxes cannot reach it and waits here."]
     UserDistribution.objects.filter(app=app).update(standby=linked)
     assert warnings() == []
+
+
+def test_check_deploy_warns_of_a_domain_without_a_number_in_a_network_that_numbers_its_domains(settings):
+    from django.core.checks import run_checks
+
+    # Not domain-01: the test database is domain-01's, and its number would move its message ids.
+    settings.DOMAIN_NAME = "domain-05"
+    here, other = make_domain("domain-05"), make_domain("domain-06")
+
+    def warnings() -> list[str]:
+        return [m.msg for m in run_checks(include_deployment_checks=True) if m.id == "switchboard.W019"]
+
+    assert warnings() == []  # nobody has a number: every domain draws ids as before
+    Domain.objects.filter(pk=other.pk).update(number=6)
+    assert warnings() == ["domain-05 has no number while other domains of the network have one: its messages "
+                          "take another id in every other domain that stores them."]
+    Domain.objects.filter(pk=here.pk).update(number=5)
+    assert warnings() == []

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.db import connection
 
 from apps_registry.config_io import config_import
-from apps_registry.models import ClientApp, DomainLink, UserDistribution
+from apps_registry.models import ClientApp, Domain, DomainLink, UserDistribution
 from apps_registry.selectors import user_home_domain
 from devstack import network
 from devstack.ring_plan import WORKER_QUEUES, domain_number, ring_config_write
@@ -101,9 +102,23 @@ def test_the_ring_file_keeps_its_secrets_and_its_edits_and_follows_new_ports(rin
     assert again["domainLinks"] == first["domainLinks"]
 
 
+@pytest.fixture
+def message_ids_kept():
+    """The test database is domain-01's: importing the ring file gives it number 1, which moves its
+    message ids into block 1 (messaging migration 0029) for every test after this one. Put back."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT last_value, is_called FROM messaging_message_id_seq")
+        last, called = cur.fetchone()
+    yield
+    with connection.cursor() as cur:
+        cur.execute("SELECT setval('messaging_message_id_seq', %s, %s)", [last, called])
+
+
 @pytest.mark.django_db
-def test_the_ring_file_imports_with_anz_users_homed_as_in_the_seed(ring):
+def test_the_ring_file_imports_with_anz_users_homed_as_in_the_seed(ring, message_ids_kept):
     summary = config_import(text=ring_config_write(ring.config_path, ring.ports).read_text())
+    # Beyond the seed: domain-0N's number is N, its block of message ids.
+    assert dict(Domain.objects.values_list("name", "number")) == {f"domain-0{n}": n for n in range(1, 5)}
     assert summary.open_apps == ["domain1", "domain2", "domain3", "domain4", "ANZ"]
     assert DomainLink.objects.count() == 4 and ClientApp.objects.count() == 5
     homes = {user: user_home_domain(user).name for user in ("ANZ-1", "ANZ-2000000", "ANZ-3123456", "ANZ-9000000")}

@@ -776,3 +776,65 @@ def test_a_home_split_three_ways_is_taken_over_range_by_range_by_each_ranges_own
     finally:
         _configured_everywhere(ring, UNSPLIT_03, [(3000000, "domain-04")])
         _links_up_everywhere(ring)
+
+
+# --- one id per message (issue 46, item 1) -------------------------------------------------------
+# make network gives domain-0N number N: its messages' ids are drawn from block N and kept wherever
+# a copy of them is stored (docs/architecture.md, "One id per message").
+
+
+def _sent(client: WsClient, to: str, content: str) -> str:
+    """Send as an ACK-mode client and return the id its MESSAGE_ACCEPTED names."""
+    client.message(to, content, reference=content)
+    accepted = client.recv_until(lambda f: f["type"] == "MESSAGE_ACCEPTED" and f.get("reference") == content, 30)
+    return accepted["data"]["id"]
+
+
+def _ids(frames: list[dict]) -> dict[str, str]:
+    return {f["data"]["content"]: f["data"]["id"] for f in frames if f["type"] == "MESSAGE"}
+
+
+def test_a_message_has_one_id_at_home_at_the_standby_that_holds_its_user_and_at_home_again(failover_ring):
+    ring = failover_ring
+    alice, erin, dave = "ANZ-33", "ANZ-3000034", "ANZ-6000033"  # homed at domain-01, -03 and -04
+    carol = "ANZ-3000033"  # homed at domain-03, standing by at domain-04
+    sent: dict[str, str] = {}
+    with ring.client(1, alice, acks=True) as a, ring.client(3, carol, acks=True) as c:
+        sent["ids live"] = _sent(a, carol, "ids live")
+        # The ordinary federated path: the id alice was given is the one carol is shown at domain-03.
+        assert _ids(_frames_from(c, alice, 1)) == {"ids live": sent["ids live"]}
+        c.send("ACK", {"ids": [sent["ids live"]]})
+        c.recv_all(quiet=1)
+    with ring.client(1, alice, acks=True) as a, ring.client(3, erin, acks=True) as e:
+        sent["ids before from 01"] = _sent(a, carol, "ids before from 01")  # stored while carol is away
+        sent["ids before from 03"] = _sent(e, carol, "ids before from 03")  # stored first at her home
+    copied = "select count(*) from messaging_standbycopy where recipient = %s and state <> 'delivered'"
+    assert _eventually(lambda: ring.query(4, copied, (carol,)) == [(2,)], 15)
+    ring.stop_domain(3)
+    try:
+        assert _eventually(lambda: _held_by(ring, 4) == "domain-04", 40), "domain-04 did not take over"
+        assert _eventually(lambda: _held_by(ring, 1) == "domain-04", 15)
+        time.sleep(5.5)  # every process's app snapshot (SNAPSHOT_TTL 5 s) names domain-04 for carol
+        with ring.client(4, carol, acks=True) as c:
+            # What was stored at home before the loss has the same ids at the holder.
+            assert _ids(_fetched(c)) == {k: sent[k] for k in ("ids before from 01", "ids before from 03")}
+            with ring.client(1, alice, acks=True) as a, ring.client(4, dave, acks=True) as d:
+                sent["ids during from 01"] = _sent(a, carol, "ids during from 01")
+                sent["ids during from 04"] = _sent(d, carol, "ids during from 04")  # stored first at the holder
+            got = c.collect_frames(lambda frames: {f["data"].get("from") for f in frames
+                                                   if f["type"] == "MESSAGE"} >= {alice, dave}, 30)
+            # Shown at the holder with the ids their senders were given; none acknowledged here.
+            assert _ids(got) == {k: sent[k] for k in ("ids during from 01", "ids during from 04")}
+    finally:
+        ring.start_domain(3)
+    assert _eventually(lambda: _held_by(ring, 4) is None and _held_by(ring, 3) is None, 60), "not handed back"
+    time.sleep(5.5)
+    with ring.client(3, carol, acks=True) as c:
+        # Home again: every message she has not acknowledged comes with the one id it had everywhere.
+        assert _ids(_fetched(c)) == {k: v for k, v in sent.items() if k != "ids live"}
+    # Every domain that holds one of them (on the way, at home, at the holder) holds it by that id.
+    held = "select content, id::text from messaging_message where content like %s"
+    assert dict(ring.query(3, held, ("ids %",))) == sent
+    for n in (1, 2, 4):
+        assert dict(ring.query(n, held, ("ids %",))).items() <= sent.items()
+    _links_up_everywhere(ring)

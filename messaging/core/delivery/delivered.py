@@ -47,9 +47,13 @@ def deliveries_mark_delivered(*, delivery_ids: list[int] | None = None, message_
                    SET state = {DELIVERED}, delivered_at = now(), next_attempt_at = NULL, claim = NULL
                   FROM locked l
                  WHERE d.id = l.id AND d.state IN {DELIVERABLE}
-                RETURNING d.id, d.message_id, d.app_id, d.recipient
+                RETURNING d.id, d.message_id, d.app_id, d.recipient, d.seq
             ), conf AS MATERIALIZED (
-                SELECT (row_number() OVER (ORDER BY m.app_id, m.sender, m.id))::int AS ord, m.app_id,
+                -- Each sender's confirmations in the order of its messages in the recipient's
+                -- mailbox, not of their ids: a message keeps the id of the domain that stored it
+                -- first, so one sender's ids jump between blocks across a takeover.
+                SELECT (row_number() OVER (ORDER BY m.app_id, m.sender, done.recipient, done.seq))::int AS ord,
+                       m.app_id,
                        done.recipient AS sender, '{confirmation}'::text AS kind, ''::text AS content, m.reference,
                        false AS confirm, NULL::text AS cmid, ''::text AS origin, m.id AS confirms, m.sender AS to_user
                   FROM done JOIN messaging_message m ON m.id = done.message_id

@@ -32,7 +32,7 @@ from foundation.db import hot_cursor
 from foundation.handoff import routing_enqueue
 from messaging.core.delivery.sql import DELIVERED, UNDELIVERED
 from messaging.core.next_hop import destination
-from messaging.core.store import deliveries_append_sql
+from messaging.core.store import carried_id_sql, deliveries_append_sql
 from messaging.models import DeliveryState
 
 FINAL = (DeliveryState.DELIVERED.value, DeliveryState.DEAD.value, DeliveryState.EXPIRED.value)
@@ -70,12 +70,15 @@ SELECT t.i, m.id
   JOIN messaging_message m ON t.od = %(here)s AND m.id = t.oid AND m.origin_message_id IS NULL
 """
 
-_MESSAGES_SQL = """
-INSERT INTO messaging_message (app_id, sender, kind, content, reference, confirmation_requested, client_message_id,
+# Each keeps its id where it was stored first (carried_id_sql): a message is shown with one id at its
+# home, at the standby that took its users over and back home after the hand-back.
+_MESSAGES_SQL = f"""
+INSERT INTO messaging_message (id, app_id, sender, kind, content, reference, confirmation_requested, client_message_id,
                                origin_domain, origin_message_id, forward_path, confirms_origin, created_at)
-SELECT * , '', '', now() FROM unnest(%(app)s::bigint[], %(sender)s::text[], %(kind)s::text[], %(content)s::text[],
-                                     %(ref)s::text[], %(confirm)s::bool[], %(cmid)s::text[], %(od)s::text[],
-                                     %(oid)s::bigint[])
+SELECT {carried_id_sql("t.oid")}, t.*, '', '', now()
+  FROM unnest(%(app)s::bigint[], %(sender)s::text[], %(kind)s::text[], %(content)s::text[], %(ref)s::text[],
+              %(confirm)s::bool[], %(cmid)s::text[], %(od)s::text[], %(oid)s::bigint[])
+       AS t(app, sender, kind, content, ref, confirm, cmid, od, oid)
 ON CONFLICT DO NOTHING
 """
 

@@ -19,7 +19,7 @@ from django.db import transaction
 
 from foundation.db import hot_cursor
 from foundation.handoff import routing_enqueue
-from messaging.core.store import deliveries_append_sql
+from messaging.core.store import carried_id_sql, deliveries_append_sql
 from messaging.federation.wire.transport import PeerRefused
 from messaging.models import DeliveryState
 
@@ -100,13 +100,15 @@ def outgoing_accept(home: str, items: list, apps: dict[str, int], covered) -> in
     return len(parsed)
 
 
-_MESSAGES_SQL = """
-INSERT INTO messaging_message (app_id, sender, kind, content, reference, confirmation_requested, client_message_id,
+# Each keeps its id at the home (carried_id_sql): the recipient sees the id the sender was given.
+_MESSAGES_SQL = f"""
+INSERT INTO messaging_message (id, app_id, sender, kind, content, reference, confirmation_requested, client_message_id,
                                origin_domain, origin_message_id, forward_path, confirms_origin, created_at)
+SELECT {carried_id_sql("o.origin_message_id")}, * FROM (
 SELECT DISTINCT ON (o.origin_message_id) o.app_id, o.sender, o.kind, o.content, o.reference,
        o.confirmation_requested, NULL, o.home, o.origin_message_id, o.home, '', now()
   FROM messaging_standbyoutgoing o WHERE o.home = %(home)s
- ORDER BY o.origin_message_id
+ ORDER BY o.origin_message_id) o
 ON CONFLICT DO NOTHING
 """
 
