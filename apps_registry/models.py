@@ -244,7 +244,8 @@ class ApiKey(HashedKey):
 # message elsewhere keeps that id (messaging.core.store.carried_id_sql). The largest number keeps
 # every id below 2**53, so a client that reads ids as JSON numbers (JavaScript's) reads them exactly.
 MESSAGE_ID_BLOCK_BITS = 40
-DOMAIN_NUMBER_MAX = 2 ** (53 - MESSAGE_ID_BLOCK_BITS) - 1
+MESSAGE_ID_BLOCK_SIZE = 1 << 40  # (ids per block: 2**MESSAGE_ID_BLOCK_BITS)
+DOMAIN_NUMBER_MAX = 8191  # (2**(53 - MESSAGE_ID_BLOCK_BITS) - 1)
 
 
 class Domain(models.Model):

@@ -273,10 +273,12 @@ def _latency(peers: list[Peer]) -> dict:
             "over_10_s": sum(w > 10 for w in waits), "over_30_s": sum(w > 30 for w in waits)}
 
 
-def _copy_mismatch(ring: Ring, users: dict[int, list[str]], timeout: float = 60) -> dict[str, int]:
+def _copy_mismatch(ring: Ring, users: dict[int, list[str]], timeout: float = 60,
+                   detail: dict | None = None) -> dict[str, int]:
     """Per domain: how many rows of its users' mailboxes the standby's live copy does not hold as
     they are at home (content and state, in mailbox order: after a takeover the home and the standby
-    number the messages each their own way), once every feed has drained (at most `timeout`)."""
+    number the messages each their own way), once every feed has drained (at most `timeout`).
+    `detail`, if given, takes the rows only one side has (at most 20 a domain)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         waiting = 0
@@ -298,7 +300,11 @@ def _copy_mismatch(ring: Ring, users: dict[int, list[str]], timeout: float = 60)
         with psycopg.connect(ring.database_url(STANDBY[n]), autocommit=True) as conn:
             copy = conn.execute(copy_sql, [f"domain-0{n}", users[n]]).fetchall()
         if home != copy:
-            wrong[f"domain-0{n} on domain-0{STANDBY[n]}"] = len(set(home) ^ set(copy)) or -1  # -1: order only
+            name = f"domain-0{n} on domain-0{STANDBY[n]}"
+            wrong[name] = len(set(home) ^ set(copy)) or -1  # -1: order only
+            if detail is not None:
+                detail[name] = {"home_only": sorted(set(home) - set(copy))[:20],
+                                "copy_only": sorted(set(copy) - set(home))[:20]}
     return wrong
 
 
@@ -424,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
             wrong_order = _out_of_order(ring, users, order_detail)
             if wrong_order:
                 say(f"out of order: {wrong_order}")
-            copy_wrong = _copy_mismatch(ring, users)
+            copy_detail: dict = {}
+            copy_wrong = _copy_mismatch(ring, users, detail=copy_detail)
             if copy_wrong:
                 say(f"standby copies that differ from the home's mailbox: {copy_wrong}")
             again_detail = _again_detail(peers, ring, began)
@@ -443,6 +450,7 @@ def main(argv: list[str] | None = None) -> int:
                 "again_after_an_ack_in_the_copy_lag_before_a_kill": len(in_lag),
                 "out_of_order": sum(len(v) for v in wrong_order.values()),
                 "standby_copy_differs": copy_wrong,
+                "standby_copy_detail": copy_detail,
                 "closes": sum(len(p.record.close_codes) for p in peers),
                 "settled_seconds": settled, "latency_seconds": _latency(peers),
                 "standby": args.standby, "failover_seconds": args.failover if args.standby else None,

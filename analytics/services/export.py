@@ -57,7 +57,7 @@ from django.utils import timezone
 
 from analytics.jobs import datasets as ds
 from analytics.models import ExportTable, ExportWatermark, JobKind, JobRun, JobState
-from apps_registry.models import MESSAGE_ID_BLOCK_BITS
+from apps_registry.models import MESSAGE_ID_BLOCK_SIZE
 from foundation.locks import one_at_a_time
 from messaging.models import UNDELIVERED_STATES, DeliveryState
 from presence.models import PresenceEventKind, Transport
@@ -303,7 +303,7 @@ def _export_rows(lake: Lake, run: JobRun, horizons: dict[str, int] | None, progr
         # No estimate across a jump into the domain's block of ids (apps_registry Domain.number).
         estimate = upto[m.table] - m.position
         writer.stream(ds.MESSAGES, SQL_MESSAGES, [m.position, upto[m.table]],
-                      estimate if estimate < 2 ** MESSAGE_ID_BLOCK_BITS else None)
+                      estimate if estimate < MESSAGE_ID_BLOCK_SIZE else None)
         writer.stream(ds.MESSAGES, SQL_MESSAGES_CARRIED, {"from": d.position, "to": upto[d.table]})
 
         carried = _carried_ids(lake, d)
