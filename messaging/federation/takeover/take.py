@@ -150,9 +150,13 @@ def takeover_watch() -> dict[str, str]:
 
 
 def _late_reorder() -> int | None:
-    """For REORDER_AFTER_SECONDS after this domain got its users back: what still comes late (a
-    neighbour's link queue held back while it was away) into its origin's order, each look (None:
-    not given back lately)."""
+    """For REORDER_AFTER_SECONDS after this domain got its users back, each look (None: not given
+    back lately): its records of messages it forwarded to the holder that have no mailbox row here
+    put into the mailbox (as `given_back` does once: a forward that was on its way as the holder
+    handed back was answered as a duplicate of the holder's own record of passing that message on,
+    once it no longer served the user, after `given_back` had run: lost, in a fault run, 30 times in
+    one hand-back), and what still comes late (a neighbour's link queue held back while it was
+    away) into its origin's order."""
     lately = timezone.now() - timedelta(seconds=REORDER_AFTER_SECONDS)
     rows = list(Takeover.objects.filter(home__name=settings.DOMAIN_NAME, held=False, returned_at__gt=lately)
                 .order_by("holder__name").values_list("holder__name", "taken_at"))
@@ -161,6 +165,10 @@ def _late_reorder() -> int | None:
     moved = 0
     for holder, taken in rows:  # each standby that gave back the ranges it held
         with transaction.atomic():
+            if back := records_back_into_mailboxes(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS)):
+                log.warning("%s: %d messages it had forwarded to %s, which took them for duplicates, put in the"
+                            " mailbox", settings.DOMAIN_NAME, len(back), holder)
+                transaction.on_commit(lambda back=back: handoff.routing_enqueue(back))
             moved_here = mailboxes_reorder(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS))
         if moved_here:
             handoff.standby_senders_kick([holder])

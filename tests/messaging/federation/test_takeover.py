@@ -251,6 +251,30 @@ def test_a_home_given_its_users_back_keeps_a_message_it_forwarded_whose_only_mai
     assert mailbox(net, "domain-03") == [("came both ways", "pending")]
 
 
+def test_a_forward_to_the_holder_it_took_for_a_duplicate_as_it_handed_back_goes_into_the_mailbox_at_the_next_look(
+        standby_ring):
+    net = standby_ring
+    lost(net)
+    with net.at("domain-04"):
+        assert take_over("domain-03")["state"] == "taken"
+    net.down.clear()
+    with net.at("domain-04"):
+        assert hand_back("domain-03")["state"] == "handed back"
+        record = network_gossip()["takeovers"]
+    with net.at("domain-03"):
+        network_accept({"heard": {}, "takeovers": record}, sender="domain-04")
+    net.pump()  # the home's given_back has run
+    # A forward to the holder still on its way as the holder handed back: the former holder, serving
+    # carol no more, took it for a duplicate of its own record of passing the message on. Here: a
+    # record of it only, made after given_back looked.
+    sent = net.send("ANZ-3000001", CAROL, "in flight", at="domain-03")
+    with net.at("domain-03"):
+        Delivery.objects.filter(message_id=sent).update(state="forwarded", forward_to="domain-04")
+        takeover_watch()  # the home's next look
+    net.pump()
+    assert mailbox(net, "domain-03") == [("in flight", "pending")]
+
+
 def test_a_former_holder_feeds_the_home_nothing_of_what_it_stores_on_its_way_to_the_homes_users(standby_ring):
     net = standby_ring
     lost(net)
