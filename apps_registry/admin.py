@@ -15,7 +15,7 @@ from django.urls import path
 from django.utils.html import escape, format_html
 
 from .admin_endpoints import RequestEndpointInline, endpoint_secrets_show
-from .admin_guards import HomesKeptAdmin, MetaManagedAdmin
+from .admin_guards import HomesKeptAdmin, MetaManagedAdmin, NumberGivenOnceAdmin
 from .admin_pusher import PusherCredentialsAdmin  # noqa: F401  (registers the Pusher credentials page)
 from .meta import meta_state_line
 from .models import (
@@ -327,15 +327,10 @@ class DomainLinkAdmin(MetaManagedAdmin):
 
 
 @admin.register(Domain)
-class DomainAdmin(MetaManagedAdmin):
+class DomainAdmin(NumberGivenOnceAdmin, MetaManagedAdmin):
     list_display = ["name", "number", "url_list", "this_node"]
     search_fields = ["name"]
     change_list_template = "admin/apps_registry/domain/change_list.html"
-
-    def get_readonly_fields(self, request, obj=None):
-        # A number is given once: the domain's messages already carry ids of its block.
-        fields = list(super().get_readonly_fields(request, obj))
-        return [*fields, "number"] if obj is not None and obj.number is not None else fields
 
     def changelist_view(self, request, extra_context=None):
         return super().changelist_view(request, {**(extra_context or {}), "meta_state": meta_state_line()})

@@ -69,3 +69,12 @@ class HomesKeptAdmin(MetaManagedAdmin):
             func, name, description = actions["delete_selected"]
             actions["delete_selected"] = (homes_kept(func), name, description)
         return actions
+
+
+class NumberGivenOnceAdmin:
+    """A domain's number is given once: read-only once set (its messages already carry ids of its
+    block, apps_registry.id_blocks)."""
+
+    def get_readonly_fields(self, request, obj=None):
+        fields = list(super().get_readonly_fields(request, obj))
+        return [*fields, "number"] if obj is not None and obj.number is not None else fields

@@ -31,6 +31,7 @@ from django.db.models import F, Q
 from django.db.models.functions import Greatest, Least
 from django.utils import timezone
 
+from apps_registry.id_blocks import DOMAIN_NUMBER_MAX, MESSAGE_ID_BLOCK_BITS, MESSAGE_ID_BLOCK_SIZE  # noqa: F401
 from apps_registry.pusher_credentials import PusherCredentials  # (a model of this app, in its own module)
 from apps_registry.ranges import UserRange
 from apps_registry.takeover import Takeover  # noqa: F401  (a model of this app, in its own module)
@@ -238,16 +239,6 @@ class ApiKey(HashedKey):
         verbose_name = "API key"
 
 
-# A message has one id in every domain that holds it: each domain draws the ids of the messages
-# stored there first from a block of its own, block N being the ids from N * 2**MESSAGE_ID_BLOCK_BITS
-# up (its Domain.number; block 0 for a domain with none, as every id was before), and a copy of a
-# message elsewhere keeps that id (messaging.core.store.carried_id_sql). The largest number keeps
-# every id below 2**53, so a client that reads ids as JSON numbers (JavaScript's) reads them exactly.
-MESSAGE_ID_BLOCK_BITS = 40
-MESSAGE_ID_BLOCK_SIZE = 1 << 40  # (ids per block: 2**MESSAGE_ID_BLOCK_BITS)
-DOMAIN_NUMBER_MAX = 8191  # (2**(53 - MESSAGE_ID_BLOCK_BITS) - 1)
-
-
 class Domain(models.Model):
     """One cluster (its own Postgres and Redis). This node's domain is settings.DOMAIN_NAME."""
 
@@ -375,29 +366,6 @@ class OperatorKey(HashedKey):
         verbose_name = "operator key"
 
 
-class SelftestRun(models.Model):
-    """What one `manage.py selftest` run was given, so that ending it removes exactly that: a
-    throwaway app it created (`app_created`, the whole app goes), or, on an operator's existing app,
-    the temporary API key, the throwaway users' traffic, the test channel and webhook endpoint.
-    A run whose client died without ending it stays listed in the admin until ended there."""
-
-    name = models.CharField(max_length=64, unique=True)
-    app = models.ForeignKey(ClientApp, on_delete=models.CASCADE, related_name="+")
-    app_created = models.BooleanField()
-    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    users = models.JSONField(default=list, help_text="The throwaway user ids this run logs in.")
-    channel = models.CharField(max_length=128)
-    webhook_endpoint_id = models.BigIntegerField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["-created_at"]
-        verbose_name = "selftest run"
-
-    def __str__(self) -> str:
-        return f"{self.name} on {self.app_id}"
-
-
 class MetaState(models.Model):
     """The meta role on a domain that pulls its configuration (settings.META_URL): one row, what the
     last pull applied and what went wrong since. The digests are of exported YAML, so an unchanged
@@ -421,3 +389,4 @@ class MetaState(models.Model):
 
 
 from apps_registry.endpoints import RequestEndpoint  # noqa: E402, F401  (a model of this app, in its own module)
+from apps_registry.selftest_runs import SelftestRun  # noqa: E402, F401  (a model of this app, in its own module)
