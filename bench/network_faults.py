@@ -71,7 +71,8 @@ LINK_SQL = """update apps_registry_domainlink l set enabled = %s from apps_regis
                  and ((d1.name = %s and d2.name = %s) or (d1.name = %s and d2.name = %s))"""
 RING_LINKS = [(1, 2), (2, 3), (3, 4), (1, 4)]
 LOGIN_REFUSED_ALLOWED = 15.0  # seconds: issue 46, item 3 (--standby)
-COPY_LAG_ALLOWED = 2.0  # seconds: issue 27's copy target, the window a home killed without warning may lose
+COPY_LAG_ALLOWED = 2.0
+KILL_HOLD_MIN = 5.0  # seconds: the shortest a --standby fault keeps a domain away  # seconds: issue 27's copy target, the window a home killed without warning may lose
 
 
 def say(text: str) -> None:
@@ -437,8 +438,11 @@ def main(argv: list[str] | None = None) -> int:
             again_detail = _again_detail(peers, ring, began)
             kills = [(t - began, name) for t, name in faults.kills]
             # An ACK its home read in the last copy lag before it was killed without warning may not
-            # have reached the standby: the one loss the issue allows (its copy target, 2 s). Apart.
-            in_lag = [a for a in again_detail if any(name == a["acked_at"] and 0 <= k - a["acked"] <= COPY_LAG_ALLOWED
+            # have reached the standby: the one loss the issue allows (its copy target, 2 s). Apart,
+            # too, an ACK the client sent as (or just after) the domain was killed, which it never
+            # read (a killed domain stays down KILL_HOLD_MIN seconds at least).
+            in_lag = [a for a in again_detail if any(name == a["acked_at"]
+                                                     and -KILL_HOLD_MIN <= k - a["acked"] <= COPY_LAG_ALLOWED
                                                      for k, name in kills)]
             again_after_ack = len(again_detail) - len(in_lag)
             result = {
