@@ -62,14 +62,17 @@ class Round:
                 self.wake.wait(left)
 
     def _once(self) -> None:
+        working = False
         try:
             with lease(f"{settings.DOMAIN_NAME}:{self.name}", ttl=max(30, int(self.period() * 10))) as mine:
                 if mine:
+                    working = True
                     self.work()
                 return
         except RedisError:
-            pass
-        self.work()  # Redis away: run it anyway (see the module doc)
+            if working:  # (the round's own Redis error: not run a second time)
+                raise
+        self.work()  # Redis away, no lease to take: run it anyway (see the module doc)
 
 
 class ControlLoop:

@@ -37,11 +37,9 @@ SERVES_TIMEOUT_SECONDS = 1.0
 
 def heard_versions(*, speaking: bool = True) -> dict[str, int]:
     """Every domain's last clock heard here, and (`speaking`) this domain's own now."""
-    heard = dict(DomainHeard.objects.values_list("domain", "version"))
+    heard = dict(DomainHeard.objects.values_list("domain", "version"))  # (never this domain: heard_apply)
     if speaking:
         heard[settings.DOMAIN_NAME] = time.time_ns()
-    else:
-        heard.pop(settings.DOMAIN_NAME, None)
     return heard
 
 

@@ -78,6 +78,23 @@ def lost(net, home: str = "domain-03") -> None:
                 "up": False, "down_since": timezone.now() - timedelta(seconds=60), "last_error": f"{home}: refused"})
 
 
+def taken_over_and_back(net) -> None:
+    """domain-03 lost, its users taken over by domain-04, and domain-03 answering again (still held)."""
+    lost(net)
+    with net.at("domain-04"):
+        assert take_over("domain-03")["state"] == "taken"
+    net.down.clear()
+
+
+def handed_back_and_told(net) -> None:
+    """domain-04 hands carol back, and domain-03 hears so from its gossip."""
+    with net.at("domain-04"):
+        assert hand_back("domain-03")["state"] == "handed back"
+        record = network_gossip()["takeovers"]
+    with net.at("domain-03"):
+        network_accept({"heard": {}, "takeovers": record}, sender="domain-04")
+
+
 def mailbox(net, at: str) -> list[tuple[str, str]]:
     with net.at(at):
         return list(Delivery.objects.filter(recipient=CAROL).order_by("seq").values_list("message__content", "state"))
@@ -231,10 +248,7 @@ def test_the_holder_hands_back_once_the_home_has_every_change_and_nothing_comes_
 def test_a_home_given_its_users_back_keeps_a_message_it_forwarded_whose_only_mailbox_row_was_the_holders(
         standby_ring):
     net = standby_ring
-    lost(net)
-    with net.at("domain-04"):
-        assert take_over("domain-03")["state"] == "taken"
-    net.down.clear()
+    taken_over_and_back(net)
     # The home, back but still held, stored a message for carol. Its copy reached the holder first and
     # was merged there, so the forward that followed was a duplicate: here, a record of it only.
     sent = net.send("ANZ-3000001", CAROL, "came both ways", at="domain-03")
@@ -243,10 +257,7 @@ def test_a_home_given_its_users_back_keeps_a_message_it_forwarded_whose_only_mai
     with net.at("domain-04"):
         mailbox_merge([Copied(app_id=net.app.pk, recipient=CAROL, origin_domain="domain-03", origin_message_id=sent,
                               state="pending", message={"sender": "ANZ-3000001", "content": "came both ways"})])
-        assert hand_back("domain-03")["state"] == "handed back"  # its rows of carol's are cleared
-        record = network_gossip()["takeovers"]
-    with net.at("domain-03"):
-        network_accept({"heard": {}, "takeovers": record}, sender="domain-04")
+    handed_back_and_told(net)  # the holder's rows of carol's are cleared
     net.pump()
     assert mailbox(net, "domain-03") == [("came both ways", "pending")]
 
@@ -254,15 +265,8 @@ def test_a_home_given_its_users_back_keeps_a_message_it_forwarded_whose_only_mai
 def test_a_forward_to_the_holder_it_took_for_a_duplicate_as_it_handed_back_goes_into_the_mailbox_at_the_next_look(
         standby_ring):
     net = standby_ring
-    lost(net)
-    with net.at("domain-04"):
-        assert take_over("domain-03")["state"] == "taken"
-    net.down.clear()
-    with net.at("domain-04"):
-        assert hand_back("domain-03")["state"] == "handed back"
-        record = network_gossip()["takeovers"]
-    with net.at("domain-03"):
-        network_accept({"heard": {}, "takeovers": record}, sender="domain-04")
+    taken_over_and_back(net)
+    handed_back_and_told(net)
     net.pump()  # the home's given_back has run
     # A forward to the holder still on its way as the holder handed back: the former holder, serving
     # carol no more, took it for a duplicate of its own record of passing the message on. Here: a
