@@ -1,6 +1,7 @@
 """What one web node keeps for its Pusher connections: their socket ids, the caps on how many it
-holds (per address here; per app across the cluster, messaging.gateway.pusher.quota), and its side of the presence channels (members per channel, written to Redis whole under a
-lock per channel, re-asserted and reconciled at every heartbeat)."""
+holds (per address here; per app across the cluster, messaging.gateway.pusher.quota), and its side
+of the presence channels (members per channel, written to Redis whole under a lock per channel,
+re-asserted and reconciled at every heartbeat)."""
 
 from __future__ import annotations
 
