@@ -184,6 +184,18 @@ def arrivals_put_in_order(arrivals: list[Arrival], *, maybe_here: set[int] = fro
     incoming: dict[Key, list[Arrival]] = defaultdict(list)
     for a in arrivals:
         incoming[a.key].append(a)
+    delivery_ids, to_hold = _place(incoming)
+    if to_hold:
+        log.info("%d message(s) held for earlier ones from their origin still on their way", len(to_hold))
+    return Placed(delivery_ids, len(to_hold))
+
+
+def _place(incoming: dict[Key, list[Arrival]], *, release_all: bool = False) -> tuple[list[int], list[Arrival]]:
+    """For each key of `incoming` (its arrivals, or none: what is held for it is looked at again),
+    under its locked mark: what is now in order (late, or the next one, and those held behind it
+    that it lets go) appended to the mailbox, the rest of the new arrivals held. `release_all`:
+    everything held for the keys goes in, in its origin's order, the gaps before it taken for lost.
+    Returns the new delivery ids and the arrivals held."""
     marks = _marks_lock(sorted(incoming))
     held = _held_of([k for k, (_, n) in marks.items() if n])
     in_order: list[tuple[int, int, str, int | None]] = []
@@ -195,7 +207,7 @@ def arrivals_put_in_order(arrivals: list[Arrival], *, maybe_here: set[int] = fro
         waiting = sorted([(h.origin_seq, 0, h) for h in held.get(key, [])]
                          + [(a.origin_seq, 1, a) for a in incoming[key]], key=lambda t: t[:2])
         for seq, is_new, item in waiting:
-            if seq <= last or seq == last + 1:  # late (its gap was given up on), or the next one
+            if release_all or seq <= last or seq == last + 1:  # late (its gap was given up on), or the next one
                 in_order.append((item.message_id, app_id, recipient, seq))
                 last = max(last, seq)
                 if not is_new:
@@ -208,9 +220,22 @@ def arrivals_put_in_order(arrivals: list[Arrival], *, maybe_here: set[int] = fro
     delivery_ids = _append(in_order)
     _held_write(to_hold, released)
     _marks_write(marks)
-    if to_hold:
-        log.info("%d message(s) held for earlier ones from their origin still on their way", len(to_hold))
-    return Placed(delivery_ids, len(to_hold))
+    return delivery_ids, to_hold
+
+
+def held_let_go(keys: list[Key]) -> list[int]:
+    """Inside the caller's transaction: what is held for `keys` that is in order now (their marks
+    were raised: the gap before it was filled another way, e.g. rows a hand-back put in the
+    mailbox), into the mailboxes. Returns the new delivery ids (the caller routes them)."""
+    return _place({k: [] for k in keys})[0] if keys else []
+
+
+def held_release(keys: list[Key]) -> list[int]:
+    """Inside the caller's transaction: everything held for `keys` into the mailboxes, each key's in
+    its origin's order, the gaps before it taken for lost (a holder handing its users back gives
+    the home what it held for them: the home may have what they wait for). Returns the new delivery
+    ids (the caller routes them, or not)."""
+    return _place({k: [] for k in keys}, release_all=True)[0] if keys else []
 
 
 def _held_write(to_hold: list[Arrival], released: list[int]) -> None:
@@ -245,22 +270,10 @@ def held_release_overdue() -> int:
     released = 0
     for start in range(0, len(keys), 200):
         with transaction.atomic():
-            marks = _marks_lock(keys[start:start + 200])
-            held = _held_of(sorted(marks))
-            in_order, ids = [], []
-            for key, rows in held.items():
-                last = marks[key][0]
-                for h in rows:
-                    in_order.append((h.message_id, key[0], key[1], h.origin_seq))
-                    ids.append(h.held_id)
-                    last = max(last, h.origin_seq)
-                marks[key] = (last, 0)
-            delivery_ids = _append(in_order)
-            _held_write([], ids)
-            _marks_write(marks)
+            delivery_ids = held_release(keys[start:start + 200])
             if delivery_ids:
                 transaction.on_commit(lambda d=delivery_ids: routing_enqueue(d))
-        released += len(in_order)
+        released += len(delivery_ids)
     if released:
         log.warning("gave up waiting for earlier messages: %d held message(s) put in their mailboxes", released)
     return released

@@ -38,7 +38,7 @@ from foundation.db import hot_cursor
 from foundation.outbound import Batch, CallFailed, Failed, Limits, Settled, head_sql, send_batches
 from messaging.federation.links import LinkQueueSender, link_failed, link_succeeded
 from messaging.federation.models import StandbyFeed
-from messaging.federation.standby.mailbox_merge import Copied, mailbox_merge, subscriptions_merge
+from messaging.federation.standby.mailbox_merge import Copied, handback_in_turn, mailbox_merge, subscriptions_merge
 from messaging.federation.standby.outgoing_copy import outgoing_accept, outgoing_item
 from messaging.federation.wire.transport import STANDBY_PATH, PeerRefused, peer_call
 
@@ -284,6 +284,8 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
         # says so.
         held = _held_here_locked(sender)
         merging = [held or user_in_ranges(c["recipient"], c["app"], back) for c in copies]
+        if not held and any(merging):  # the hand-back's rows, at the home
+            handback_in_turn(here, sender)
         sub_merging = [held or user_in_ranges(sub["subscriber"], sub["app"], back) for sub in kept]
         merged = mailbox_merge([Copied(
             app_id=c["app_id"], recipient=c["recipient"], origin_domain=c["origin_domain"],

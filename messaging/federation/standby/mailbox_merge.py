@@ -30,6 +30,7 @@ from django.db import transaction
 
 from foundation.db import hot_cursor
 from foundation.handoff import routing_enqueue
+from foundation.locks import in_turn
 from messaging.core.delivery.sql import DELIVERED, UNDELIVERED
 from messaging.core.next_hop import destination
 from messaging.core.store import carried_id_sql, deliveries_append_sql
@@ -227,3 +228,11 @@ def subscriptions_merge(subs: list[dict]) -> None:
                 cur.execute("DELETE FROM messaging_subscription WHERE app_id = %s AND subscriber = %s"
                             " AND channel = %s", [sub["app_id"], sub["subscriber"], sub["channel"]])
         cur.execute("SELECT set_config('switchboard.no_copy', '', true)")
+
+
+def handback_in_turn(home: str, holder: str) -> None:
+    """In the caller's transaction, at a home: one at a time, what puts into its mailboxes the rows of
+    the users `holder` gives back (the hand-back's merge here, `given_back`, the late look after it).
+    Each looks for the message's row in the mailbox before it adds one; two at once did not see each
+    other's, and a message stood twice in a mailbox (once in a fault run)."""
+    in_turn(f"handback:{home}:{holder}")

@@ -13,6 +13,7 @@ from foundation import handoff
 from foundation.db import hot_cursor
 from foundation.locks import one_at_a_time
 from messaging.core.delivery.sql import DELIVERED, FORWARDED, FORWARDING, PENDING, in_mailbox_sql
+from messaging.federation.order import held_let_go
 from messaging.federation.senders.outbox import link_lock_key
 
 
@@ -96,6 +97,45 @@ def records_back_into_mailboxes(holder: str, since) -> list[int]:
     with hot_cursor() as cur:
         cur.execute(_RECORDS_BACK_SQL, {"since": since, **_ranges_of(settings.DOMAIN_NAME, holder)})
         return [row[0] for row in cur.fetchall()]
+
+
+# At a holder handing users back: the (app, recipient, origin) of what it holds for them until an
+# earlier message of its origin comes (messaging.federation.order): the home may have that one.
+HELD_KEYS_SQL = f"""
+SELECT DISTINCT h.app_id, h.recipient, h.origin_domain FROM messaging_heldinorder h {in_ranges("h", "recipient")}
+ ORDER BY 1, 2, 3
+"""
+
+# At a home given its users back: what stands in their mailboxes now (a hand-back's rows, records put
+# back, rows reordered) counts as placed in its origin's order, as a merge's rows do: each mark raised
+# to the highest origin_seq there; the keys raised that have arrivals held (some may go in now).
+_MARKS_RAISE_SQL = f"""
+WITH top AS (
+    SELECT d.app_id, d.recipient, m.origin_domain AS origin, max(d.origin_seq) AS seq
+      FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id {in_ranges("d", "recipient")}
+     WHERE d.forward_to = '' AND d.origin_seq IS NOT NULL AND m.origin_domain <> '' AND d.created_at >= %(since)s
+     GROUP BY 1, 2, 3
+), raised AS (
+    INSERT INTO messaging_ordermark (app_id, recipient, origin_domain, last_seq, held)
+    SELECT app_id, recipient, origin, seq, 0 FROM top ORDER BY 1, 2, 3
+    ON CONFLICT (app_id, recipient, origin_domain) DO UPDATE SET last_seq = EXCLUDED.last_seq
+     WHERE messaging_ordermark.last_seq < EXCLUDED.last_seq
+    RETURNING app_id, recipient, origin_domain, held
+)
+SELECT app_id, recipient, origin_domain FROM raised WHERE held > 0 ORDER BY 1, 2, 3
+"""
+
+
+def marks_raise(holder: str, since) -> list[int]:
+    """At a home given its users back by `holder`: _MARKS_RAISE_SQL over their rows stored since
+    `since`, then what was held for them that is in order now into the mailboxes; the new delivery
+    ids (to route). Without it, a record put back into the mailbox (or a row the holder gave back)
+    left its origin's mark behind it, and the next arrival from that origin waited
+    NETWORK_ORDER_WAIT_SECONDS for a message that was already there (36 messages in one fault run)."""
+    with hot_cursor() as cur:
+        cur.execute(_MARKS_RAISE_SQL, {"since": since, **_ranges_of(settings.DOMAIN_NAME, holder)})
+        keys = [tuple(row) for row in cur.fetchall()]
+    return held_let_go(keys)
 
 
 HELD_HERE = f"""

@@ -53,16 +53,24 @@ from foundation import handoff
 from foundation.db import hot_cursor
 from foundation.transport.frames import CLOSE_RESTART
 from messaging.federation.models import LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
-from messaging.federation.standby.copy import ANY_STANDBY, feed_send_last, standby_ranges, user_in_ranges
-from messaging.federation.standby.mailbox_merge import Copied, mailbox_merge, subscriptions_merge
+from messaging.federation.order import held_release
+from messaging.federation.standby.copy import (
+    ANY_STANDBY,
+    feed_send_last,
+    standby_ranges,
+    user_in_ranges,
+)
+from messaging.federation.standby.mailbox_merge import Copied, handback_in_turn, mailbox_merge, subscriptions_merge
 from messaging.federation.standby.outgoing_copy import outgoing_take
 from messaging.federation.takeover.fence import cut_off, fence_forget, fence_seconds
 from messaging.federation.takeover.held_rows import (
     HELD_HERE,
+    HELD_KEYS_SQL,
     RESEED_SQL,
     copy_again,
     in_ranges,
     mailboxes_reorder,
+    marks_raise,
     queued_into_mailboxes,
     records_back_into_mailboxes,
 )
@@ -85,16 +93,19 @@ def given_back(holder: str) -> dict:
     taken = (Takeover.objects.filter(home__name=settings.DOMAIN_NAME, holder__name=holder)
              .values_list("taken_at", flat=True).first())
     with transaction.atomic():
+        handback_in_turn(settings.DOMAIN_NAME, holder)
         queued = queued_into_mailboxes(holder, back=True)
         if queued is None:  # the link's sender is sending now: again in a moment
             transaction.on_commit(lambda: handoff.given_back_enqueue(holder, countdown=1.0))
             return {"queued": None}
         if taken:
             queued += records_back_into_mailboxes(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS))
-        if queued:
-            transaction.on_commit(lambda: handoff.routing_enqueue(queued))
         moved = (mailboxes_reorder(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS), copy=False)
                  if taken else 0)  # (copy_again copies every row next)
+        if taken:
+            queued += marks_raise(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS))
+        if queued:
+            transaction.on_commit(lambda: handoff.routing_enqueue(queued))
         copied = copy_again(holder)
     return {"queued": len(queued), "reordered": moved, "copied": copied}
 
@@ -164,12 +175,15 @@ def _late_reorder() -> int | None:
         return None
     moved = 0
     for holder, taken in rows:  # each standby that gave back the ranges it held
+        since = taken - timedelta(seconds=REORDER_MARGIN_SECONDS)
         with transaction.atomic():
-            if back := records_back_into_mailboxes(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS)):
+            handback_in_turn(settings.DOMAIN_NAME, holder)
+            if back := records_back_into_mailboxes(holder, since):
                 log.warning("%s: %d messages it had forwarded to %s, which took them for duplicates, put in the"
                             " mailbox", settings.DOMAIN_NAME, len(back), holder)
-                transaction.on_commit(lambda back=back: handoff.routing_enqueue(back))
-            moved_here = mailboxes_reorder(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS))
+            moved_here = mailboxes_reorder(holder, since)
+            if routed := back + marks_raise(holder, since):  # (and what waited for those, in order now)
+                transaction.on_commit(lambda routed=routed: handoff.routing_enqueue(routed))
         if moved_here:
             handoff.standby_senders_kick([holder])
         moved += moved_here
@@ -256,12 +270,19 @@ def hand_back(home: str, *, manual: bool = False) -> dict:
         # messages keep coming while they are handed back, so the feed is seldom empty at a look
         # (waiting for an empty one took up to two minutes under load).
         cur.execute("LOCK TABLE messaging_standbyfeed IN SHARE ROW EXCLUSIVE MODE")
+        params = {"home": current.home_id, "standby": current.holder_id, "home_name": home, "here_name": here}
+        # What it holds for them behind an earlier message of its origin (messaging.federation.order)
+        # goes into their mailboxes, and so home with the rest: the home may have that earlier one
+        # (it was stored there just before the loss, past the copy); left here, it waited
+        # NETWORK_ORDER_WAIT_SECONDS and came home after the users' later messages.
+        cur.execute(HELD_KEYS_SQL, params)
+        if keys := [tuple(row) for row in cur.fetchall()]:
+            held_release(keys)
         if not feed_send_last(standby=home):
             waiting = StandbyFeed.objects.filter(standby=home).count()
             transaction.on_commit(lambda: _kick(home))
             return {"state": "waiting", "changes_waiting": waiting}
         cur.execute("SELECT set_config('switchboard.no_copy', 'on', true)")
-        params = {"home": current.home_id, "standby": current.holder_id, "home_name": home, "here_name": here}
         cur.execute(RESEED_SQL, params)
         cur.execute(f"DELETE FROM messaging_delivery WHERE id IN (SELECT d.id {HELD_HERE})", params)
         cleared = cur.rowcount
