@@ -384,7 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--log-dir", type=Path)
     parser.add_argument("--wider", action="store_true",
-                        help="also stop the meta domain, and two domains that are not neighbours at once")
+                        help="also stop the meta domain, and two domains that are not neighbours at once; with"
+                             " --standby: bench.standby_faults's faults (and a hand-back's holder or home killed),"
+                             " and FAST traffic")
     parser.add_argument("--standby", action="store_true",
                         help="issue 27: whole domains stopped or killed at random, one at a time, long enough for"
                              " their standby to take their users over (FAILOVER_SECONDS --failover)")
