@@ -96,6 +96,7 @@ class Peer(threading.Thread):
         self.connected = threading.Event()
         self.left_at: float | None = None
         self.fast_rate = fast_rate
+        self.fast_rng = random.Random(f"{user} fast")  # its own: the RELIABLE sends stay as they are without FAST
         self._counter = 0
         self._fast_counter = 0
 
@@ -225,7 +226,7 @@ class Peer(threading.Thread):
     def _send_fast(self, client: WsClient) -> None:
         """One FAST message: sent once, never again (nothing tells the sender whether it arrived)."""
         self._fast_counter += 1
-        to = self.rng.choice(self.recipients)
+        to = self.fast_rng.choice(self.recipients)
         content = f"{self.user} to {to} fast {self._fast_counter}"  # no " #": not a RELIABLE counter
         client.message(to, content, feature="FAST")
         with self.lock:
