@@ -43,7 +43,7 @@ killed with SIGKILL while a hand-back is under way, the home (`handback_kill_hom
 (`handback_kill_holder`); each fault in `faults` has its `kind`. The first user of each domain also
 sends FAST messages (`--fast-rate` a second, never stored): counted apart (`fast_sent`,
 `fast_received`), in none of the RELIABLE checks; the run fails if any user got an error frame
-(INVALID_MESSAGE, GENERAL_ERROR: `error_frames`) or a hand-back did not end (`still_held`). Logins
+(INVALID_MESSAGE, GENERAL_ERROR: `error_frames`) or a hand-back did not end (`still_held`) or a process crashed (`crashes`: the ring's crash watch runs, as under `make network`). Logins
 refused during a `pair` fault, where no domain can take the lost ones over, are counted apart
 (`login_refused_in_pair_faults`) from the 15 s check.
 
@@ -517,13 +517,14 @@ def main(argv: list[str] | None = None) -> int:
     ok = (result["missing"] == 0 and not any(dead.values()) and result["unaccepted"] == 0
           and result["out_of_order"] == 0 and not copy_wrong and result["delivered_again_after_ack"] == 0
           and (not args.standby or result["longest_login_refused_seconds"] <= LOGIN_REFUSED_ALLOWED)
-          and (faults.more is None or (result["error_frames"] == 0 and result["still_held"] == 0)))
+          and (faults.more is None or (result["error_frames"] == 0 and result["still_held"] == 0
+                                       and not result["crashes"])))
     say(("PASS: " if ok else "FAIL: ") + f"{result['missing']} missing, dead {dead}, {result['unaccepted']} never"
         f" accepted, {result['out_of_order']} out of order, standby copies differing {copy_wrong},"
         f" {result['delivered_again_after_ack']} delivered again after an ACK; logins refused everywhere for at most"
         f" {result['longest_login_refused_seconds']} s (tried every {LoginProbe.PROBE_SECONDS} s), the users' longest"
         f" time without a login {result['longest_outage_seconds']} s (with their own pauses between tries)"
-        + (f"; faults {result['fault_kinds']}, {result['still_held']} never handed back, FAST sent"
+        + (f"; faults {result['fault_kinds']}, {len(result['crashes'])} crashes, {result['still_held']} never handed back, FAST sent"
            f" {result['fast_sent']} received {result['fast_received']}, {result['error_frames']} error frames, logins"
            f" refused during pair faults at most {result['login_refused_in_pair_faults_seconds']} s"
            if faults.more is not None else ""))

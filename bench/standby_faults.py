@@ -1,7 +1,7 @@
 """The wider faults of `python -m bench.network_faults --standby --wider` (issue 46, item 8): besides
 one whole domain lost at a time (bench.network_faults.Faults._domain_lost, kind `lost`), each of
-these at least once a run (the run goes on past `--minutes` until each has happened), in a random
-order, then at random among all five:
+these at least once a run (the run goes on past `--minutes` until each has happened as meant, a
+kind at most three times: `fault_kinds_as_meant`), in a random order, then at random among all five:
 
 - `meta_stopped`: the meta domain (domain-01) stopped, not killed, for FAILOVER_SECONDS + 5-20 s:
   its standby takes its users over, and the others go on with the configuration they pulled from it
@@ -23,7 +23,10 @@ order, then at random among all five:
   recorded (`killed_while_returning`), with the holder's row just after.
 
 Each fault is logged in the run's `faults` with its `kind`; every SIGKILL joins the run's `kills` (an
-ACK the killed domain read in the copy lag before may be lost, as for `lost`).
+ACK the killed domain read in the copy lag before may be lost, as for `lost`). The ring's crash watch
+runs meanwhile, as under `make network` (`CrashWatch`): a process that exits by itself is started
+again and listed in `crashes` (a domain's web node that segfaulted was otherwise lost unnoticed for
+the rest of a run), and the run fails on any.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ KINDS = ("meta_stopped", "pair", "handback_kill_home", "handback_kill_holder")
 HAND_BACK_GRACE = 3.0  # seconds: the ring's HAND_BACK_GRACE_SECONDS (its default)
 TAKEN_WAIT = 60.0  # seconds a lost domain is kept away at most, waiting for its standby to take it over
 BACK_WAIT = 180.0  # seconds the run waits for a hand-back
+TRIES = 3  # a kind that did not happen as meant (no takeover) is tried again, at most this often a run
 CONFIG_SQL = ("select (select count(*) from apps_registry_domain), (select count(*) from apps_registry_clientapp),"
               " (select count(*) from apps_registry_userdistribution)")
 RETURNING_SQL = ("select t.held, t.returning_since is not null from apps_registry_takeover t"
@@ -74,22 +78,28 @@ class WiderFaults:
     def __init__(self, faults, failover: float) -> None:  # faults: bench.network_faults.Faults
         self.f, self.ring, self.rng, self.failover = faults, faults.ring, faults.rng, failover
         self.todo = list(KINDS)
+        self.tries: dict[str, int] = {}
+        self.done: set[str] = set()  # the kinds that happened as meant (taken over; killed in a hand-back)
         self.rng.shuffle(self.todo)
         self.pair_windows: list[tuple[float, float]] = []  # (began, ended): monotonic
+        self.watch = CrashWatch(self.ring)
+        self.watch.start()
 
     def covered(self) -> bool:
-        return not self.todo
+        return not self.todo  # (a kind tried TRIES times without happening as meant is given up: see `done`)
 
     def one(self) -> None:
         kind = self.todo.pop(0) if self.todo else self.rng.choice(["lost", *KINDS])
+        self.tries[kind] = self.tries.get(kind, 0) + 1
         if kind == "lost":
             self.f._domain_lost()
-        elif kind == "meta_stopped":
-            self._meta_stopped()
-        elif kind == "pair":
-            self._pair()
-        else:
-            self._handback_kill(victim_is_home=kind == "handback_kill_home")
+            return
+        done = (self._meta_stopped() if kind == "meta_stopped" else self._pair() if kind == "pair"
+                else self._handback_kill(victim_is_home=kind == "handback_kill_home"))
+        if not done and kind not in self.todo and self.tries[kind] < TRIES and kind not in self.done:
+            self.todo.append(kind)  # not taken over (or the hand-back not seen): again, later
+        if done:
+            self.done.add(kind)
 
     # --- helpers ---------------------------------------------------------------------------------
 
@@ -135,7 +145,7 @@ class WiderFaults:
 
     # --- the faults ------------------------------------------------------------------------------
 
-    def _meta_stopped(self) -> None:
+    def _meta_stopped(self) -> bool:
         n, hold, others = META_DOMAIN, self._hold(), [m for m in self.ring.domains() if m != META_DOMAIN]
         before = {m: self._config(m) for m in others}
         began = time.monotonic()
@@ -149,8 +159,9 @@ class WiderFaults:
                      taken_over=taken is not None, taken_after=taken, handed_back=back if taken is not None else None,
                      config_kept=all(before[m] == during[m] for m in others),
                      config={name(m): [list(before[m]), list(during[m])] for m in others})
+        return taken is not None
 
-    def _pair(self) -> None:
+    def _pair(self) -> bool:
         pair, hold = list(self.rng.choice(pairs_apart())), self._hold()
         crash = {n: self.rng.random() < 0.5 for n in pair}
         how = {n: "killed" if crash[n] else "stopped" for n in pair}
@@ -168,8 +179,9 @@ class WiderFaults:
                      taken_over={name(n): taken[n] is not None for n in pair},
                      taken_after={name(n): taken[n] for n in pair},
                      handed_back=back if any(t is not None for t in taken.values()) else None)
+        return True
 
-    def _handback_kill(self, *, victim_is_home: bool) -> None:
+    def _handback_kill(self, *, victim_is_home: bool) -> bool:
         kind = "handback_kill_home" if victim_is_home else "handback_kill_holder"
         n, crash, hold = self.rng.randint(1, DOMAIN_COUNT), self.rng.random() < 0.5, self._hold()
         holder = STANDBY[n]
@@ -184,7 +196,7 @@ class WiderFaults:
         if taken is None:  # nothing to hand back: the fault is only a loss
             self.ring.start_domain(n)
             self._record(kind, f"{name(n)} lost, not taken over: no hand-back to kill in", began, **fields)
-            return
+            return False
         starting = _Starter(self.ring, n)  # start_domain waits until n is ready: the hand-back may begin first
         hand_back = _until(lambda: (self._returning(n) or (False, False)) != (True, False), BACK_WAIT, step=0.1)
         state = self._returning(n)
@@ -194,7 +206,7 @@ class WiderFaults:
             fields.update(killed_while_returning=False, handed_back=self._home_again([n]),
                           note="the hand-back was not seen under way: no kill")
             self._record(kind, f"{name(n)} taken over and back, no kill", began, **fields)
-            return
+            return False
         time.sleep(self.rng.uniform(0, HAND_BACK_GRACE))
         state = self._returning(n)
         down = self.rng.uniform(3, 8)
@@ -210,6 +222,7 @@ class WiderFaults:
         fields["errors"] = starting.errors
         self._record(kind, f"{name(n)} taken over, {name(victim)} killed {down:.0f} s during the hand-back", began,
                      **fields)
+        return True
 
 
 class _Starter(threading.Thread):
@@ -229,6 +242,31 @@ class _Starter(threading.Thread):
 
     def join(self, timeout: float | None = 5.0) -> None:
         super().join(timeout)
+
+
+class CrashWatch(threading.Thread):
+    """The crash watch `make network` runs (devstack.ring.Ring.restart_crashed, every half second): a
+    process of a running domain that exited on its own (a segfault, say) is started again, and
+    recorded (`crashes`), instead of leaving that domain lost unnoticed for the rest of the run."""
+
+    def __init__(self, ring) -> None:
+        super().__init__(daemon=True, name="crash-watch")
+        self.ring, self.stopping, self.crashes = ring, threading.Event(), []
+        self.seen: set[int] = set()  # pids recorded
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.5):
+            with self.ring.lock:  # (a domain stopped or killed on purpose is in ring.stopped first)
+                for n, children in self.ring.children.items():
+                    for child in children:
+                        proc = child.proc
+                        if (n not in self.ring.stopped and proc is not None and proc.poll() is not None
+                                and proc.pid not in self.seen):
+                            self.seen.add(proc.pid)
+                            self.crashes.append({"process": child.name, "exit": proc.returncode,
+                                                 "at": round(time.monotonic(), 1)})
+                            say(f"  {child.name} exited by itself ({proc.returncode}): started again")
+                self.ring.restart_crashed()
 
 
 def _until(done: Callable[[], bool], timeout: float, step: float = 0.5) -> bool:
@@ -270,6 +308,10 @@ def wider_report(faults, spans: list[tuple[float, float]]) -> tuple[dict, list[t
               "still_held": sum(f.get("handed_back") is False for f in faults.log)}
     if faults.more is None:
         return fields, spans
+    faults.more.watch.stopping.set()
+    fields["fault_kinds_as_meant"] = sorted(faults.more.done)  # taken over; killed while handed back
+    fields["fault_kinds_never_as_meant"] = sorted(set(KINDS) - faults.more.done)
+    fields["crashes"] = faults.more.watch.crashes
     outside, inside = split_spans(spans, faults.more.pair_windows)
     fields["login_refused_in_pair_faults_seconds"] = round(max((b - a for a, b in inside), default=0.0), 1)
     fields["pair_faults"] = [{"from": round(a, 1), "to": round(b, 1)} for a, b in faults.more.pair_windows]
