@@ -111,10 +111,11 @@ class WiderFaults:
             self.f.kills.append((time.monotonic(), name(n)))
         (self.ring.kill_domain if crash else self.ring.stop_domain)(n)
 
-    def _away(self, domains: list[int], hold: float, *, until_taken: bool = False) -> dict[int, float | None]:
-        """Keep `domains` away for `hold` s (`until_taken`: longer, until each is taken over, at most
-        TAKEN_WAIT); when each was taken over (seconds after the loss), None if it was not."""
-        began = time.monotonic()
+    def _away(self, domains: list[int], hold: float, began: float, *,
+              until_taken: bool = False) -> dict[int, float | None]:
+        """Keep `domains` away for `hold` s from `began`, as they were being lost (`until_taken`: longer,
+        until each is taken over, at most TAKEN_WAIT); when each was taken over (seconds after
+        `began`: a stopped domain's web node drains a few seconds first), None if it was not."""
         taken: dict[int, float | None] = dict.fromkeys(domains)
         while True:
             for n in domains:
@@ -151,7 +152,7 @@ class WiderFaults:
         began = time.monotonic()
         say(f"fault (meta_stopped): {name(n)}, the meta, stopped for {hold:.0f} s")
         self._lose(n, crash=False)
-        taken = self._away([n], hold)[n]
+        taken = self._away([n], hold, began)[n]
         during = {m: self._config(m) for m in others}
         self.ring.start_domain(n)
         back = self._home_again([n])
@@ -170,7 +171,7 @@ class WiderFaults:
         say(f"fault (pair): {what}")
         for n in pair:
             self._lose(n, crash[n])
-        taken = self._away(pair, hold)
+        taken = self._away(pair, hold, began)
         for n in pair:
             self.ring.start_domain(n)
         back = self._home_again(pair)
@@ -189,7 +190,7 @@ class WiderFaults:
         began = time.monotonic()
         say(f"fault ({kind}): {name(n)} {'killed' if crash else 'stopped'} until taken over by {name(holder)}")
         self._lose(n, crash)
-        taken = self._away([n], hold, until_taken=True)[n]
+        taken = self._away([n], hold, began, until_taken=True)[n]
         fields: dict = {"home": name(n), "holder": name(holder), "victim": name(victim),
                         "lost": "killed" if crash else "stopped", "taken_over": taken is not None,
                         "taken_after": taken}
