@@ -37,15 +37,16 @@ their home cannot be reached at all, try the other domains in turn (any of them 
 domain that serves them); the run reports the longest time a user could not log in anywhere.
 
 `--standby --wider` (issue 46, item 8) adds, each at least once a run (it goes on past `--minutes`
-until each has happened), the faults of bench.standby_faults: the meta domain stopped and taken
-over (`meta_stopped`), two domains that are not neighbours lost together (`pair`), and a domain
-killed with SIGKILL while a hand-back is under way, the home (`handback_kill_home`) or its holder
+until each has happened), the faults of bench.standby_faults: the meta domain stopped and taken over
+(`meta_stopped`), two domains that are not neighbours lost together (`pair`), and a domain killed
+with SIGKILL while a hand-back is under way, the home (`handback_kill_home`) or its holder
 (`handback_kill_holder`); each fault in `faults` has its `kind`. The first user of each domain also
 sends FAST messages (`--fast-rate` a second, never stored): counted apart (`fast_sent`,
 `fast_received`), in none of the RELIABLE checks; the run fails if any user got an error frame
-(INVALID_MESSAGE, GENERAL_ERROR: `error_frames`) or a hand-back did not end (`still_held`) or a process crashed (`crashes`: the ring's crash watch runs, as under `make network`). Logins
-refused during a `pair` fault, where no domain can take the lost ones over, are counted apart
-(`login_refused_in_pair_faults`) from the 15 s check.
+(INVALID_MESSAGE, GENERAL_ERROR: `error_frames`) or a hand-back did not end (`still_held`) or a
+process crashed (`crashes`: the ring's crash watch runs, as under `make network`). Logins refused
+during a `pair` fault, where no domain can take the lost ones over, are counted apart
+(`login_refused_in_pair_faults_seconds`) from the 15 s check.
 
 It also reports how long the network took to settle and each accepted message's time from its
 first send to its first arrival (p50, p99, max, how many over 10 s and 30 s): a message held at
