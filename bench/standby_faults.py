@@ -13,7 +13,7 @@ kind at most three times: `fault_kinds_as_meant`), in a random order, then at ra
   answer, recorded, not assumed: in a four-domain ring each survivor then has lost both its
   neighbours, so no third domain can witness a takeover (takeover.liveness.witnesses_agree asks a
   neighbour) and each survivor is cut off and stops admitting its own users (takeover.fence). The
-  probes' login refusals during a pair fault are counted apart (`login_refused_in_pair_faults`).
+  probes' login refusals during a pair fault are counted apart (`login_refused_in_pair_faults_seconds`).
 - `handback_kill_home` and `handback_kill_holder`: a domain (any) lost for as long (stopped or
   killed) and taken over by its standby; started again; as soon as the standby is handing its users
   back (its Takeover row held, with `returning_since`), after a random 0-3 s (HAND_BACK_GRACE_SECONDS
