@@ -7,12 +7,13 @@ kind at most three times: `fault_kinds_as_meant`), in a random order, then at ra
   its standby takes its users over, and the others go on with the configuration they pulled from it
   (each one's count of domains, apps and user distributions is compared before and during).
 - `pair`: two domains that are not neighbours lost together (each stopped or killed at random), for
-  as long. The pairs are those of devstack.ring_plan where the two are not linked, neither is the
+  as long, and started again together. The pairs are those of devstack.ring_plan where the two are not linked, neither is the
   other's standby and neither's standby is lost with it (`pairs_apart`): with the ring's LINKS and
   STANDBY, 01 with 03 and 02 with 04. Whether a standby can take either over is the product's
   answer, recorded, not assumed: in a four-domain ring each survivor then has lost both its
   neighbours, so no third domain can witness a takeover (takeover.liveness.witnesses_agree asks a
-  neighbour) and each survivor is cut off and stops admitting its own users (takeover.fence). The
+  neighbour) and each survivor is cut off and stops admitting its own users (takeover.fence); one
+  that is back first can witness the other's takeover (`taken_over` is watched until both are). The
   probes' login refusals during a pair fault are counted apart (`login_refused_in_pair_faults_seconds`).
 - `handback_kill_home` and `handback_kill_holder`: a domain (any) lost for as long (stopped or
   killed) and taken over by its standby; started again; as soon as the standby is handing its users
@@ -172,11 +173,16 @@ class WiderFaults:
         for n in pair:
             self._lose(n, crash[n])
         taken = self._away(pair, hold, began)
-        for n in pair:
-            self.ring.start_domain(n)
+        starters = [_Starter(self.ring, n) for n in pair]  # together: one's start must not keep the other away
+        while any(s.is_alive() for s in starters):  # a takeover may come once one is back to witness it
+            for n in pair:
+                if taken[n] is None and self.f._held(n):
+                    taken[n] = round(time.monotonic() - began, 1)
+            time.sleep(0.5)
         back = self._home_again(pair)
         self.pair_windows.append((began, time.monotonic()))
         self._record("pair", what, began, domains=[name(n) for n in pair], back=round(began + hold, 1),
+                     errors=[e for s in starters for e in s.errors],
                      taken_over={name(n): taken[n] is not None for n in pair},
                      taken_after={name(n): taken[n] for n in pair},
                      handed_back=back if any(t is not None for t in taken.values()) else None)
