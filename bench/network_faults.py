@@ -4,6 +4,7 @@ killed and links are disabled and enabled, at random, for `--minutes`.
 
     python -m bench.network_faults [--minutes 5] [--users 3] [--rate 1.5] [--seed 7] [--json FILE]
     python -m bench.network_faults --standby [--failover 10] ...   # issue 27: domains lost and taken over
+    python -m bench.network_faults --standby --wider [--fast-rate 1.5] ...   # issue 46, item 8: and more
 
 The ring (devstack.ring) runs on databases of its own (`switchboard_faults_ring_*`, on the Postgres
 server `make run` uses, dropped after) and a Redis server of its own. The users are the protocol
@@ -35,6 +36,18 @@ their standby), each back and handed back before the next. The users follow redi
 their home cannot be reached at all, try the other domains in turn (any of them redirects to the
 domain that serves them); the run reports the longest time a user could not log in anywhere.
 
+`--standby --wider` (issue 46, item 8) adds, each at least once a run (it goes on past `--minutes`
+until each has happened), the faults of bench.standby_faults: the meta domain stopped and taken over
+(`meta_stopped`), two domains that are not neighbours lost together (`pair`), and a domain killed
+with SIGKILL while a hand-back is under way, the home (`handback_kill_home`) or its holder
+(`handback_kill_holder`); each fault in `faults` has its `kind`. The first user of each domain also
+sends FAST messages (`--fast-rate` a second, never stored): counted apart (`fast_sent`,
+`fast_received`), in none of the RELIABLE checks; the run fails if any user got an error frame
+(INVALID_MESSAGE, GENERAL_ERROR: `error_frames`) or a hand-back did not end (`still_held`) or a
+process crashed (`crashes`: the ring's crash watch runs, as under `make network`). Logins refused
+during a `pair` fault, where no domain can take the lost ones over, are counted apart
+(`login_refused_in_pair_faults_seconds`) from the 15 s check.
+
 It also reports how long the network took to settle and each accepted message's time from its
 first send to its first arrival (p50, p99, max, how many over 10 s and 30 s): a message held at
 its home for an earlier one from its origin (messaging.federation.order) shows there.
@@ -57,6 +70,7 @@ import psycopg
 
 from bench.network import ring_ports
 from bench.platform_proc import platform_env, private_redis
+from bench.standby_faults import WiderFaults, fast_report, wider_report
 from devstack.ring import Ring
 from devstack.ring_plan import DOMAIN_COUNT, STANDBY
 from tests.loadclients import Peer
@@ -80,15 +94,23 @@ def say(text: str) -> None:
 
 
 class Faults:
-    def __init__(self, ring: Ring, rng: random.Random, *, wider: bool = False, standby: bool = False):
+    def __init__(self, ring: Ring, rng: random.Random, *, wider: bool = False, standby: bool = False,
+                 failover: float = 10.0):
         self.ring, self.rng, self.wider, self.standby = ring, rng, wider, standby
         self.log: list[dict] = []
         self.kills: list[tuple[float, str]] = []  # (monotonic time, domain) of each domain killed with SIGKILL
+        self.more = WiderFaults(self, failover) if standby and wider else None  # issue 46, item 8
+
+    def covered(self) -> bool:
+        """Whether every fault kind of the run has happened (--standby --wider: each at least once)."""
+        return self.more is None or self.more.covered()
 
     def _name(self, n: int) -> str:
         return f"domain-0{n}"
 
     def one(self) -> None:
+        if self.more is not None:
+            return self.more.one()
         if self.standby:
             return self._domain_lost()
         kind = self.rng.choice(["stop", "stop", "two", "kill", "link"] if self.wider else ["stop", "kill", "link"])
@@ -153,7 +175,7 @@ class Faults:
         back = not self._held(n)
         say(f"  {self._name(n)} back; {'taken over, ' if taken else ''}"
             f"{'at home' if back else 'STILL HELD'} after {time.monotonic() - began:.0f} s")
-        self.log.append({"fault": f"{self._name(n)} {'killed' if crash else 'stopped'} {hold:.0f} s",
+        self.log.append({"kind": "lost", "fault": f"{self._name(n)} {'killed' if crash else 'stopped'} {hold:.0f} s",
                          "began": round(began, 1), "back": round(began + hold, 1),
                          "taken_over": taken, "handed_back": back if taken else None,
                          "seconds": round(time.monotonic() - began, 1)})
@@ -363,14 +385,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--log-dir", type=Path)
     parser.add_argument("--wider", action="store_true",
-                        help="also stop the meta domain, and two domains that are not neighbours at once")
+                        help="also stop the meta domain, and two domains that are not neighbours at once; with"
+                             " --standby: bench.standby_faults's faults (and a hand-back's holder or home killed),"
+                             " and FAST traffic")
     parser.add_argument("--standby", action="store_true",
                         help="issue 27: whole domains stopped or killed at random, one at a time, long enough for"
                              " their standby to take their users over (FAILOVER_SECONDS --failover)")
     parser.add_argument("--failover", type=float, default=10.0, help="--standby: FAILOVER_SECONDS of the ring")
+    parser.add_argument("--fast-rate", type=float, default=None,
+                        help="--standby --wider: FAST messages a second sent by the first user of each domain"
+                             " (default --rate)")
     parser.add_argument("--keep", action="store_true", help="keep the ring's databases afterwards, to look into")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
+    fast_rate = (args.rate if args.fast_rate is None else args.fast_rate) if args.standby and args.wider else 0.0
     env = platform_env()
     fault_env = {**FAULT_ENV, **({"FAILOVER_SECONDS": str(args.failover), "TAKEOVER_WATCH_SECONDS": "1"}
                                  if args.standby else {})}
@@ -389,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
             for n, mine in users.items():
                 others = [u for u in everyone if u not in mine]
                 fallbacks = tuple(ring.ws_url(m) for m in ring.domains() if m != n)  # where a lost home's users try
-                peers += [Peer(u, ring.ws_url(n), others, args.rate, fallbacks=fallbacks) for u in mine]
+                peers += [Peer(u, ring.ws_url(n), others, args.rate, fallbacks=fallbacks,
+                               fast_rate=fast_rate if i == 0 else 0.0) for i, u in enumerate(mine)]
             for peer in peers:
                 peer.start()
             probes = [LoginProbe(f"ANZ-{HOMES[n] + 90}", [ring.ws_url(n), *(ring.ws_url(m) for m in ring.domains()
@@ -403,11 +432,11 @@ def main(argv: list[str] | None = None) -> int:
                 peer.sending.set()
             say(f"{len(peers)} users sending {args.rate}/s each for {args.minutes} minutes, with faults")
             began = time.monotonic()
-            faults = Faults(ring, rng, wider=args.wider, standby=args.standby)
+            faults = Faults(ring, rng, wider=args.wider, standby=args.standby, failover=args.failover)
             end = time.monotonic() + args.minutes * 60
-            while time.monotonic() < end:
+            while time.monotonic() < end or not faults.covered():
                 time.sleep(rng.uniform(3, 8))
-                if time.monotonic() < end - 10:
+                if time.monotonic() < end - 10 or not faults.covered():
                     faults.one()
             for peer in peers:
                 peer.sending.clear()
@@ -445,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
                                                      and -KILL_HOLD_MIN <= k - a["acked"] <= COPY_LAG_ALLOWED
                                                      for k, name in kills)]
             again_after_ack = len(again_detail) - len(in_lag)
+            spans = [(a, b) for p in probes for a, b in p.spans]
+            wider, checked_spans = wider_report(faults, spans)  # with --standby --wider: refusals in a pair fault apart
             result = {
                 "minutes": args.minutes, "users": len(peers), "rate_per_user": args.rate, "seed": args.seed,
                 "wider": args.wider,
@@ -463,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
                 "outages_over_30_s": sum(o > 30 for p in peers for o in p.record.outages),
                 "outages": _outages(peers),
                 # The same, tried every 0.5 s by a user of each home that sends nothing (LoginProbe).
-                "longest_login_refused_seconds": round(max((b - a for p in probes for a, b in p.spans), default=0.0), 1),
+                "longest_login_refused_seconds": round(max((b - a for a, b in checked_spans), default=0.0), 1),
                 "login_refused": sorted(({"user": p.user, "from": round(a, 1), "to": round(b, 1),
                                           "seconds": round(b - a, 1)} for p in probes for a, b in p.spans),
                                         key=lambda s: -s["seconds"]),
@@ -472,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
                 "kills": [{"domain": name, "at": round(k, 1)} for k, name in kills],
                 "out_of_order_detail": order_detail,
                 "began": round(began, 1),
+                **wider, "fast_rate": fast_rate, **fast_report(peers),
                 "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()},
             }
             for peer in peers:
@@ -485,12 +517,18 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(result, indent=2))
     ok = (result["missing"] == 0 and not any(dead.values()) and result["unaccepted"] == 0
           and result["out_of_order"] == 0 and not copy_wrong and result["delivered_again_after_ack"] == 0
-          and (not args.standby or result["longest_login_refused_seconds"] <= LOGIN_REFUSED_ALLOWED))
+          and (not args.standby or result["longest_login_refused_seconds"] <= LOGIN_REFUSED_ALLOWED)
+          and (faults.more is None or (result["error_frames"] == 0 and result["still_held"] == 0
+                                       and not result["crashes"])))
     say(("PASS: " if ok else "FAIL: ") + f"{result['missing']} missing, dead {dead}, {result['unaccepted']} never"
         f" accepted, {result['out_of_order']} out of order, standby copies differing {copy_wrong},"
         f" {result['delivered_again_after_ack']} delivered again after an ACK; logins refused everywhere for at most"
         f" {result['longest_login_refused_seconds']} s (tried every {LoginProbe.PROBE_SECONDS} s), the users' longest"
-        f" time without a login {result['longest_outage_seconds']} s (with their own pauses between tries)")
+        f" time without a login {result['longest_outage_seconds']} s (with their own pauses between tries)"
+        + (f"; faults {result['fault_kinds']}, {len(result['crashes'])} crashes, {result['still_held']} never handed back, FAST sent"
+           f" {result['fast_sent']} received {result['fast_received']}, {result['error_frames']} error frames, logins"
+           f" refused during pair faults at most {result['login_refused_in_pair_faults_seconds']} s"
+           if faults.more is not None else ""))
     return 0 if ok else 1
 
 

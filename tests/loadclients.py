@@ -6,7 +6,8 @@ restart or kill web nodes under them (tests/system/test_rolling_restart.py).
   close it did not ask for reconnects with jitter, authenticates again, fetches what it missed and
   resends what never got a MESSAGE_ACCEPTED (same clientMessageId: stored once). It records what a
   user would see: what was accepted, every delivery (and whether it came again after its ACK), and
-  every close code.
+  every close code. With a `fast_rate` it also sends FAST messages (best effort, never stored: no
+  clientMessageId, no MESSAGE_ACCEPTED, no ACK), counted apart from the RELIABLE ones.
 - `Master`: the app's master user, reconnecting the same way; it keeps the view a master app
   would (ONLINE_USERS pages, then USER_CONNECTED / USER_DISCONNECTED in order) and a timed log of
   it, so a test can tell when a user left that view.
@@ -71,12 +72,17 @@ class Record:
     # Each time a connection was lost (not asked for): how long until it was authenticated again, anywhere.
     outages: list[float] = field(default_factory=list)
     outage_spans: list[tuple[float, float]] = field(default_factory=list)  # (lost, back): monotonic times
+    # FAST messages (never stored, so in none of the above): each sent one's content, each received one's.
+    fast_sent: list[str] = field(default_factory=list)
+    fast_seen: list[str] = field(default_factory=list)
 
 
 class Peer(threading.Thread):
-    def __init__(self, user: str, url: str, recipients: list[str], rate: float, *, fallbacks: tuple[str, ...] = ()):
+    def __init__(self, user: str, url: str, recipients: list[str], rate: float, *, fallbacks: tuple[str, ...] = (),
+                 fast_rate: float = 0.0):
         """`fallbacks`: other domains' URLs, tried in turn while `url` cannot be reached at all (a
-        domain that does not serve the user redirects it to the one that does)."""
+        domain that does not serve the user redirects it to the one that does). `fast_rate`: FAST
+        messages per second, besides the RELIABLE ones (none by default)."""
         super().__init__(daemon=True, name=user)
         self.user, self.url, self.rate = user, url, rate
         self.fallbacks = list(fallbacks)
@@ -89,7 +95,10 @@ class Peer(threading.Thread):
         self._leave = threading.Event()
         self.connected = threading.Event()
         self.left_at: float | None = None
+        self.fast_rate = fast_rate
+        self.fast_rng = random.Random(f"{user} fast")  # its own: the RELIABLE sends stay as they are without FAST
         self._counter = 0
+        self._fast_counter = 0
 
     # --- asked by the test -------------------------------------------------------------------
 
@@ -183,7 +192,7 @@ class Peer(threading.Thread):
         for cmid in self.unaccepted():  # sent on a connection that closed before MESSAGE_ACCEPTED
             sent = self.record.sent[cmid]
             client.message(sent.to, sent.content, clientMessageId=cmid)
-        next_send = time.monotonic()
+        next_send = next_fast = time.monotonic()
         while True:
             if self._leave.is_set():
                 self.left_at = time.monotonic()
@@ -196,6 +205,9 @@ class Peer(threading.Thread):
             if self.rate and self.sending.is_set() and now >= next_send:
                 self._send_new(client)
                 next_send = max(next_send + 1 / self.rate, now - 1.0)
+            if self.fast_rate and self.sending.is_set() and now >= next_fast:
+                self._send_fast(client)
+                next_fast = max(next_fast + 1 / self.fast_rate, now - 1.0)
             try:
                 frame = json.loads(client.ws.recv(timeout=RECV_SLICE))
             except TimeoutError:
@@ -211,9 +223,21 @@ class Peer(threading.Thread):
             self.record.sent[cmid] = sent  # before sending: a close while sending leaves it to resend
         client.message(to, sent.content, clientMessageId=cmid)
 
+    def _send_fast(self, client: WsClient) -> None:
+        """One FAST message: sent once, never again (nothing tells the sender whether it arrived)."""
+        self._fast_counter += 1
+        to = self.fast_rng.choice(self.recipients)
+        content = f"{self.user} to {to} fast {self._fast_counter}"  # no " #": not a RELIABLE counter
+        client.message(to, content, feature="FAST")
+        with self.lock:
+            self.record.fast_sent.append(content)
+
     def _handle(self, client: WsClient, frame: dict) -> None:
         kind, data = frame["type"], frame.get("data") or {}
-        if kind == "MESSAGE_ACCEPTED":
+        if kind == "MESSAGE" and data.get("id") is None and "content" in data:  # FAST: no id, nothing to ACK
+            with self.lock:
+                self.record.fast_seen.append(data["content"])
+        elif kind == "MESSAGE_ACCEPTED":
             with self.lock:
                 self.record.sent[data["clientMessageId"]].message_id = data["id"]
         elif kind in ("MESSAGE", "MESSAGE_CONFIRMATION") and "id" in data:
