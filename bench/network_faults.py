@@ -26,7 +26,10 @@ the network to settle. It answers (exit 1 if any fails):
   which its standby may never have been told of: what the issue allows a home lost without
   warning to lose);
 - in every recipient's mailbox at its home, each sender's messages stand in the order they were
-  sent (by the sender's counter in the content);
+  sent (by the sender's counter in the content; with `--standby`, a message stored at its home in
+  the COPY_LAG_ALLOWED seconds before the home was killed is counted apart, bench.fault_order: its
+  standby may never have had it, and the sender's next messages from there went first), and each
+  message stands there once;
 - every user's standby domain (make network's ring gives every range one) holds a live copy of
   the user's mailbox as it is at home (seq, content, state), once the copies have caught up.
 
@@ -68,6 +71,7 @@ from pathlib import Path
 
 import psycopg
 
+from bench.fault_order import order_in_kill_window, twice_in_a_mailbox
 from bench.network import ring_ports
 from bench.platform_proc import platform_env, private_redis
 from bench.standby_faults import WiderFaults, fast_report, wider_report
@@ -474,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
                                                      and -KILL_HOLD_MIN <= k - a["acked"] <= COPY_LAG_ALLOWED
                                                      for k, name in kills)]
             again_after_ack = len(again_detail) - len(in_lag)
+            # The same window for order: a message stored at a home as it was killed, past its copy.
+            order_apart = order_in_kill_window(ring, wrong_order, faults.kills, COPY_LAG_ALLOWED)
+            twice = twice_in_a_mailbox(ring, users)
             spans = [(a, b) for p in probes for a, b in p.spans]
             wider, checked_spans = wider_report(faults, spans)  # with --standby --wider: refusals in a pair fault apart
             result = {
@@ -483,7 +490,10 @@ def main(argv: list[str] | None = None) -> int:
                 "missing": sum(len(v) for v in missing.values()), "dead": dead,
                 "delivered_again_after_ack": again_after_ack,
                 "again_after_an_ack_in_the_copy_lag_before_a_kill": len(in_lag),
-                "out_of_order": sum(len(v) for v in wrong_order.values()),
+                "out_of_order": sum(len(v) for v in wrong_order.values()) - len(order_apart),
+                "out_of_order_in_the_copy_lag_before_a_kill": len(order_apart),
+                "out_of_order_in_the_copy_lag_detail": order_apart,
+                "twice_in_a_mailbox": twice,
                 "standby_copy_differs": copy_wrong,
                 "standby_copy_detail": copy_detail,
                 "closes": sum(len(p.record.close_codes) for p in peers),
@@ -517,11 +527,13 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(result, indent=2))
     ok = (result["missing"] == 0 and not any(dead.values()) and result["unaccepted"] == 0
           and result["out_of_order"] == 0 and not copy_wrong and result["delivered_again_after_ack"] == 0
+          and not twice
           and (not args.standby or result["longest_login_refused_seconds"] <= LOGIN_REFUSED_ALLOWED)
           and (faults.more is None or (result["error_frames"] == 0 and result["still_held"] == 0
                                        and not result["crashes"])))
     say(("PASS: " if ok else "FAIL: ") + f"{result['missing']} missing, dead {dead}, {result['unaccepted']} never"
-        f" accepted, {result['out_of_order']} out of order, standby copies differing {copy_wrong},"
+        f" accepted, {result['out_of_order']} out of order (and {len(order_apart)} stored as their home was"
+        f" killed), {sum(twice.values())} twice in a mailbox, standby copies differing {copy_wrong},"
         f" {result['delivered_again_after_ack']} delivered again after an ACK; logins refused everywhere for at most"
         f" {result['longest_login_refused_seconds']} s (tried every {LoginProbe.PROBE_SECONDS} s), the users' longest"
         f" time without a login {result['longest_outage_seconds']} s (with their own pauses between tries)"
