@@ -10,10 +10,14 @@ figures show it (served at /metrics with the node's others):
 - `switchboard_gc_pause_seconds{generation}`: every garbage collection of the process, timed
   (gc.callbacks). A collection runs on whichever thread allocated last, the loop's or not, and holds
   the GIL for all of them.
-- stalls logged: a watchdog thread samples the loop thread's stack every LOOP_STALL_SAMPLE_SECONDS
-  while the loop is late by more than LOOP_STALL_LOG_SECONDS, and logs the stall once it ends, with
-  its length, the collections that ran in it, and the stack seen most often (what the loop ran).
-  The watchdog needs the GIL to look: a stall inside one C call is seen only as its end.
+- stalls logged: a watchdog thread looks every LOOP_STALL_SAMPLE_SECONDS, and logs a stall longer
+  than LOOP_STALL_LOG_SECONDS once it ends, with its length and the collections that ran in it;
+  with LOOP_STALL_STACKS on, also the loop thread's stack seen most often meanwhile (what the loop
+  ran). Off by default: reading a running thread's frames from another (sys._current_frames) has
+  crashed CPython 3.11 processes (uWSGI's tracebacker, Sentry's profiler), and a web node of a fault
+  run died of a segfault in PyCode_Addr2Line off its main thread with it on; turn it on for a
+  diagnosis, not in service. The watchdog needs the GIL to look: a stall inside one C call is seen
+  only as its end.
 
 Started with the node's runtime (messaging.gateway.runtime), once per process.
 """
@@ -111,9 +115,10 @@ class LoopWatch:
             if late > self.stall_after:
                 if stall_started is None:
                     stall_started = self.ticked + self.interval
-                frame = sys._current_frames().get(self.thread_id)
-                if frame is not None:
-                    stacks["".join(traceback.format_stack(frame, limit=12))] += 1
+                if settings.LOOP_STALL_STACKS:
+                    frame = sys._current_frames().get(self.thread_id)
+                    if frame is not None:
+                        stacks["".join(traceback.format_stack(frame, limit=12))] += 1
             elif stall_started is not None:
                 self._log_stall(stall_started, self.ticked, stacks)
                 stall_started, stacks = None, collections.Counter()
@@ -121,7 +126,9 @@ class LoopWatch:
     def _log_stall(self, start: float, end: float, stacks: collections.Counter[str]) -> None:
         collections_in = self.gc.within(start, end)
         gc_part = ", ".join(f"gen {gen} {took * 1000:.0f} ms" for gen, took in collections_in) or "none"
-        stack, seen = stacks.most_common(1)[0] if stacks else ("(not sampled: the GIL was held throughout)\n", 0)
+        unseen = ("(not sampled: the GIL was held throughout)\n" if settings.LOOP_STALL_STACKS
+                  else "(not sampled: LOOP_STALL_STACKS is off)\n")
+        stack, seen = stacks.most_common(1)[0] if stacks else (unseen, 0)
         log.warning("event loop stalled %.0f ms; garbage collections in it: %s; the loop's stack in %d of %d "
                     "samples:\n%s", (end - start) * 1000, gc_part, seen, sum(stacks.values()), stack)
 

@@ -57,13 +57,22 @@ def test_a_loop_that_runs_freely_fires_its_timer_on_time(watched):
     assert _lag_ticks("0.01") - on_time >= 0.8 * fired  # (a busy machine may delay one now and then)
 
 
-def test_a_synchronous_call_on_the_loop_shows_as_lag_and_is_logged_with_the_stack_that_held_it(watched, caplog):
+def test_a_synchronous_call_on_the_loop_shows_as_lag_and_is_logged_with_the_stack_that_held_it(
+        watched, settings, caplog):
+    settings.LOOP_STALL_STACKS = True  # (a diagnosis: off in service)
     over_quarter = _lag_ticks() - _lag_ticks("0.25")
     with caplog.at_level(logging.WARNING, logger="foundation.loop_watch"):
         _run_watched(lambda: _the_loop_blocked_by_a_synchronous_call(0.3))
     assert (_lag_ticks() - _lag_ticks("0.25")) - over_quarter >= 1  # the tick due in it, 300 ms late
     stalls = [r.getMessage() for r in caplog.records if "event loop stalled" in r.getMessage()]
     assert any("_the_loop_blocked_by_a_synchronous_call" in s and "time.sleep(seconds)" in s for s in stalls)
+
+
+def test_a_stall_is_logged_without_reading_the_loop_threads_frames_unless_stacks_are_asked_for(watched, caplog):
+    with caplog.at_level(logging.WARNING, logger="foundation.loop_watch"):
+        _run_watched(lambda: _the_loop_blocked_by_a_synchronous_call(0.3))
+    stalls = [r.getMessage() for r in caplog.records if "event loop stalled" in r.getMessage()]
+    assert stalls and all("LOOP_STALL_STACKS is off" in s and "time.sleep" not in s for s in stalls)
 
 
 def test_a_full_garbage_collection_in_a_stall_is_named_in_its_log_and_timed(watched, caplog):

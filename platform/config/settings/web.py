@@ -57,11 +57,13 @@ SOCKETIO_MAX_OUTBOX_PACKETS = env_int("SOCKETIO_MAX_OUTBOX_PACKETS", 10_000)
 SOCKETIO_MAX_OUTBOX_BYTES = env_int("SOCKETIO_MAX_OUTBOX_BYTES", 8 * 1024 * 1024)
 # The event loop watched (foundation.loop_watch): a timer every LOOP_LAG_INTERVAL_SECONDS measures how
 # late the loop runs what is due (switchboard_event_loop_lag_seconds); a stall longer than
-# LOOP_STALL_LOG_SECONDS (0: not logged) is logged with the loop thread's stack, sampled every
-# LOOP_STALL_SAMPLE_SECONDS while it lasts, and the garbage collections that ran in it.
+# LOOP_STALL_LOG_SECONDS (0: not logged) is logged with the garbage collections that ran in it (looked
+# at every LOOP_STALL_SAMPLE_SECONDS) and, with LOOP_STALL_STACKS, the loop thread's stack sampled
+# meanwhile: for a diagnosis only (reading a running thread's frames can crash CPython 3.11).
 LOOP_LAG_INTERVAL_SECONDS = env_float("LOOP_LAG_INTERVAL_SECONDS", 0.01)
 LOOP_STALL_LOG_SECONDS = env_float("LOOP_STALL_LOG_SECONDS", 0.05)
 LOOP_STALL_SAMPLE_SECONDS = env_float("LOOP_STALL_SAMPLE_SECONDS", 0.005)
+LOOP_STALL_STACKS = env_bool("LOOP_STALL_STACKS", False)
 # Once the node's runtime has started, what it holds is frozen out of the garbage collector's full
 # passes (foundation.heap), which otherwise walk it all on the event loop's thread.
 WEB_HEAP_FREEZE = env_bool("WEB_HEAP_FREEZE", True)
