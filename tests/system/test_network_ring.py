@@ -838,3 +838,58 @@ def test_a_message_has_one_id_at_home_at_the_standby_that_holds_its_user_and_at_
     for n in (1, 2, 4):
         assert dict(ring.query(n, held, ("ids %",))).items() <= sent.items()
     _links_up_everywhere(ring)
+
+
+def _mailbox_contents(ring, n: int, user: str) -> list[str]:
+    return [c for (c,) in ring.query(n, "select m.content from messaging_delivery d join messaging_message m"
+                                        " on m.id = d.message_id where d.recipient = %s and d.forward_to = ''"
+                                        " order by d.seq", (user,))]
+
+
+def test_a_message_the_holder_held_for_one_only_the_lost_home_had_reaches_the_user_at_home_with_the_hand_back(
+        failover_ring):
+    ring = failover_ring
+    alice, carol = "ANZ-35", "ANZ-3000035"  # homed at domain-01 and domain-03 (standing by at domain-04)
+    with ring.client(1, alice) as a:
+        a.message(carol, "order 1")
+    copied = "select count(*) from messaging_standbycopy where recipient = %s"
+    assert _eventually(lambda: ring.query(4, copied, (carol,)) == [(1,)], 15)
+    urls = ring.query(1, "select urls from apps_registry_domain where name = %s", ("domain-04",))[0][0]
+    with LinkFault(upstream_port=ring.plan(4).port) as to_04:
+        _set_urls(ring, "domain-04", [to_04.url, *urls])
+        try:
+            to_04.drop_from("domain-03")  # domain-03's copies stop reaching its standby
+            assert _eventually(lambda: _link_down_at(ring, 3, "domain-04"), 30)
+            with ring.client(1, alice) as a:
+                a.message(carol, "order 2")  # stored at home, never copied: only domain-03 has it
+            assert _eventually(lambda: _mailbox_contents(ring, 3, carol) == ["order 1", "order 2"], 15)
+            time.sleep(2)
+            assert ring.query(4, copied, (carol,)) == [(1,)]  # (the copy still lacks it)
+            ring.kill_domain(3)
+            assert _eventually(lambda: _held_by(ring, 4) == "domain-04", 40), "domain-04 did not take over"
+            assert _eventually(lambda: _held_by(ring, 1) == "domain-04", 15)
+            time.sleep(5.5)  # every process's app snapshot names domain-04 for carol
+            with ring.client(1, alice) as a:
+                a.message(carol, "order 3")
+            # At the holder it waits for "order 2", which only the lost home has (its origin's order).
+            held = "select count(*) from messaging_heldinorder where recipient = %s"
+            assert _eventually(lambda: ring.query(4, held, (carol,)) == [(1,)], 30), (
+                _mailbox_contents(ring, 4, carol), ring.query(4, "select content, state, origin_seq from"
+                                                              " messaging_standbycopy where recipient = %s", (carol,)))
+        finally:
+            to_04.heal()
+            _set_urls(ring, "domain-04", urls)
+            ring.start_domain(3)
+    assert _eventually(lambda: _held_by(ring, 4) is None and _held_by(ring, 3) is None, 60), "not handed back"
+    # Home with the hand-back, after "order 2": not NETWORK_ORDER_WAIT_SECONDS (60 s) later, from the
+    # holder, after what alice sends next.
+    assert _eventually(lambda: _mailbox_contents(ring, 3, carol) == ["order 1", "order 2", "order 3"], 20), \
+        _mailbox_contents(ring, 3, carol)
+    assert ring.query(4, held, (carol,)) == [(0,)]
+    time.sleep(5.5)
+    with ring.client(1, alice) as a:
+        a.message(carol, "order 4")
+    assert _eventually(lambda: _mailbox_contents(ring, 3, carol)[-1:] == ["order 4"], 15)
+    with ring.client(3, carol, acks=True) as c:
+        assert [f["data"]["content"] for f in _fetched(c)] == [f"order {i}" for i in (1, 2, 3, 4)]
+    _links_up_everywhere(ring)
