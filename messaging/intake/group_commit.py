@@ -23,18 +23,24 @@ replay of the first. A batch without keys is one statement in autocommit, as bef
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
-from django.db import DataError, IntegrityError, connection, transaction
+from django.db import DataError, IntegrityError, OperationalError, connection, transaction
+from psycopg.errors import DeadlockDetected, SerializationFailure
 
 from foundation.handoff import Route
 from messaging.core.idempotency import IdempotencyConflict, header_reused, idempotency_claims_many
 from messaging.core.store import OutgoingMessage, SendResult, messages_store
 from messaging.intake.batching import Batcher
+
+log = logging.getLogger(__name__)
+
+STORE_ATTEMPTS = 3  # a batch the database ended as a deadlock's victim is stored again, whole
 
 
 @dataclass(frozen=True)
@@ -84,17 +90,32 @@ class Intake:
         one to find it."""
         _connection_checked()
         try:
-            return self._store_batch(items)
+            return self._store_again_if_deadlocked(items)
         except (DataError, IntegrityError) as exc:
             if len(items) == 1:
                 return [exc]
         results: list[Result] = []
         for item in items:
             try:
-                results.extend(self._store_batch([item]))
+                results.extend(self._store_again_if_deadlocked([item]))
             except (DataError, IntegrityError) as exc:
                 results.append(exc)
         return results
+
+    def _store_again_if_deadlocked(self, items: list[Item]) -> list[Result]:
+        """`_store_batch`, again (at most STORE_ATTEMPTS in all) when Postgres ended its transaction as
+        a deadlock's victim or a serialization failure: nothing of it was stored, and nothing is wrong
+        with its messages (a hand-back holding the standby feed's table while it took a mailbox's row,
+        once, made every sender of that batch a GENERAL_ERROR)."""
+        for attempt in range(1, STORE_ATTEMPTS + 1):
+            try:
+                return self._store_batch(items)
+            except OperationalError as exc:
+                if attempt == STORE_ATTEMPTS or not isinstance(exc.__cause__, (DeadlockDetected, SerializationFailure)):
+                    raise
+                log.warning("a batch of %d message(s) ended as a deadlock's victim; storing it again (%s)",
+                            len(items), type(exc.__cause__).__name__)
+        raise AssertionError("unreachable")
 
     def _store_batch(self, items: list[Item]) -> list[Result]:
         if not any(isinstance(item, KeyedSend) for item in items):

@@ -25,7 +25,7 @@ def in_ranges(table: str, user: str) -> str:
              AND (ud.range_to IS NULL OR messaging_user_number({table}.{user}) <= ud.range_to)"""
 
 
-def _ranges_of(home: str, standby: str) -> dict[str, int]:
+def ranges_params(home: str, standby: str) -> dict[str, int]:
     """The parameters that name the users of the ranges homed at `home` with standby `standby`."""
     ids = dict(Domain.objects.filter(name__in=[home, standby]).values_list("name", "pk"))
     return {"home": ids[home], "standby": ids[standby]}
@@ -68,7 +68,7 @@ def queued_into_mailboxes(home: str, *, back: bool = False) -> list[int] | None:
     next watch does it). `back`: at a home given its users back, the rows it was forwarding to their
     holder (`home` then names the holder), the same way."""
     here = settings.DOMAIN_NAME
-    params = {"peer": home, **(_ranges_of(here, home) if back else _ranges_of(home, here))}
+    params = {"peer": home, **(ranges_params(here, home) if back else ranges_params(home, here))}
     with one_at_a_time(link_lock_key(home)) as held:
         if not held:
             return None
@@ -95,7 +95,7 @@ def records_back_into_mailboxes(holder: str, since) -> list[int]:
     """At a home given its users back by `holder`: _RECORDS_BACK_SQL for the records made since
     `since`; the ids of the rows it put back (to route)."""
     with hot_cursor() as cur:
-        cur.execute(_RECORDS_BACK_SQL, {"since": since, **_ranges_of(settings.DOMAIN_NAME, holder)})
+        cur.execute(_RECORDS_BACK_SQL, {"since": since, **ranges_params(settings.DOMAIN_NAME, holder)})
         return [row[0] for row in cur.fetchall()]
 
 
@@ -133,7 +133,7 @@ def marks_raise(holder: str, since) -> list[int]:
     left its origin's mark behind it, and the next arrival from that origin waited
     NETWORK_ORDER_WAIT_SECONDS for a message that was already there (36 messages in one fault run)."""
     with hot_cursor() as cur:
-        cur.execute(_MARKS_RAISE_SQL, {"since": since, **_ranges_of(settings.DOMAIN_NAME, holder)})
+        cur.execute(_MARKS_RAISE_SQL, {"since": since, **ranges_params(settings.DOMAIN_NAME, holder)})
         keys = [tuple(row) for row in cur.fetchall()]
     return held_let_go(keys)
 
@@ -175,7 +175,7 @@ def copy_again(holder: str) -> int:
     """At a home given its users back: their whole mailboxes to the standby's copy (which takes each
     row's place and state from it), after everything it had queued for it."""
     with hot_cursor() as cur:
-        cur.execute(_COPY_AGAIN_SQL, {"peer": holder, **_ranges_of(settings.DOMAIN_NAME, holder)})
+        cur.execute(_COPY_AGAIN_SQL, {"peer": holder, **ranges_params(settings.DOMAIN_NAME, holder)})
         copied = cur.rowcount
     transaction.on_commit(lambda: handoff.standby_senders_kick([holder]))
     return copied
@@ -207,7 +207,7 @@ def mailboxes_reorder(holder: str, since, *, copy: bool = True) -> int:
     (their rows stored since `since`), and (`copy`) copy the rows moved to the standby (`holder`)
     with their new places; returns how many rows moved."""
     with hot_cursor() as cur:
-        cur.execute(_REORDER_SQL, {"since": since, **_ranges_of(settings.DOMAIN_NAME, holder)})
+        cur.execute(_REORDER_SQL, {"since": since, **ranges_params(settings.DOMAIN_NAME, holder)})
         moves = cur.fetchall()
         if not moves:
             return 0

@@ -72,6 +72,7 @@ from messaging.federation.takeover.held_rows import (
     mailboxes_reorder,
     marks_raise,
     queued_into_mailboxes,
+    ranges_params,
     records_back_into_mailboxes,
 )
 from messaging.federation.takeover.liveness import silent_seconds, witnesses_agree
@@ -261,6 +262,7 @@ def hand_back(home: str, *, manual: bool = False) -> dict:
     if (left := settings.HAND_BACK_GRACE_SECONDS - (timezone.now() - since).total_seconds()) > 0:
         _users_close(home, f"{here} is handing your users back to {home}; reconnect")  # also those admitted since
         return {"state": "closing", "seconds_left": round(left, 1)}
+    _held_out(home)
     with transaction.atomic(), hot_cursor() as cur:
         current = Takeover.objects.select_for_update().filter(home__name=home, holder__name=here).first()
         if current is None or not current.held:
@@ -271,13 +273,10 @@ def hand_back(home: str, *, manual: bool = False) -> dict:
         # (waiting for an empty one took up to two minutes under load).
         cur.execute("LOCK TABLE messaging_standbyfeed IN SHARE ROW EXCLUSIVE MODE")
         params = {"home": current.home_id, "standby": current.holder_id, "home_name": home, "here_name": here}
-        # What it holds for them behind an earlier message of its origin (messaging.federation.order)
-        # goes into their mailboxes, and so home with the rest: the home may have that earlier one
-        # (it was stored there just before the loss, past the copy); left here, it waited
-        # NETWORK_ORDER_WAIT_SECONDS and came home after the users' later messages.
         cur.execute(HELD_KEYS_SQL, params)
-        if keys := [tuple(row) for row in cur.fetchall()]:
-            held_release(keys)
+        if cur.fetchone() is not None:  # held since `_held_out`: out at the next look, before the lock
+            transaction.on_commit(lambda: _kick(home))
+            return {"state": "waiting", "held_for_order": True}
         if not feed_send_last(standby=home):
             waiting = StandbyFeed.objects.filter(standby=home).count()
             transaction.on_commit(lambda: _kick(home))
@@ -296,6 +295,19 @@ def hand_back(home: str, *, manual: bool = False) -> dict:
     changed_here(home, here, False)
     _tell_now()
     return {"state": "handed back", "deliveries": cleared}
+
+
+def _held_out(home: str) -> int:
+    """At a holder handing `home`'s users back: what it holds for them behind an earlier message of its
+    origin (messaging.federation.order) into their mailboxes, and so home with the rest: the home may
+    have that earlier one (stored there just before the loss, past the copy); left here, it waited
+    NETWORK_ORDER_WAIT_SECONDS and came home after the users' later messages. In a transaction of its
+    own, before the hand-back's: that one holds the feed's table, which a mailbox row's feed trigger
+    needs (taking the mailbox rows after it deadlocked with a store that held one)."""
+    with transaction.atomic(), hot_cursor() as cur:
+        cur.execute(HELD_KEYS_SQL, ranges_params(home, settings.DOMAIN_NAME))
+        keys = [tuple(row) for row in cur.fetchall()]
+        return len(held_release(keys)) if keys else 0
 
 
 def _returning_start(home: str):

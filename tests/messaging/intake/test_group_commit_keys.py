@@ -9,9 +9,11 @@ import time
 
 import psycopg
 import pytest
+from django.db import OperationalError
 
 from messaging.core.idempotency import IdempotencyConflict
 from messaging.core.store import OutgoingMessage, SendResult
+from messaging.intake import group_commit
 from messaging.intake.group_commit import Intake, KeyedSend, Replayed
 from messaging.intake.throttling import KEY, Bucket, rate_limit_take_many
 from messaging.models import IdempotencyKey, Message
@@ -101,3 +103,32 @@ def test_a_batch_on_a_connection_postgres_dropped_while_it_was_idle_is_stored(an
     assert isinstance(result, SendResult)
     assert connection.connection.info.backend_pid != backend
     assert sorted(Message.objects.filter(app=anz).values_list("content", flat=True)) == ["after", "before"]
+
+
+def test_a_batch_that_a_deadlock_ended_is_stored_again_whole_and_once(anz, intake, monkeypatch, caplog):
+    real, calls = group_commit.messages_store, []
+
+    def store_once_a_deadlocks_victim(**kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:  # as Postgres ends a deadlock: the statement rolled back, nothing stored
+            raise OperationalError("deadlock detected") from psycopg.errors.DeadlockDetected("deadlock detected")
+        return real(**kwargs)
+
+    monkeypatch.setattr(group_commit, "messages_store", store_once_a_deadlocks_victim)
+    results = intake._store([_message(anz, "first"), _message(anz, "second")])
+    assert [type(r) for r in results] == [SendResult, SendResult]  # no GENERAL_ERROR for either sender
+    assert sorted(Message.objects.filter(app=anz).values_list("content", flat=True)) == ["first", "second"]
+    assert len(calls) == 2 and "deadlock" in caplog.text
+
+
+def test_a_batch_that_fails_for_another_operational_reason_is_not_stored_again(anz, intake, monkeypatch):
+    calls = []
+
+    def store_with_the_server_gone(**kwargs):
+        calls.append(kwargs)
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(group_commit, "messages_store", store_with_the_server_gone)
+    with pytest.raises(OperationalError):
+        intake._store([_message(anz, "lost connection")])
+    assert len(calls) == 1
