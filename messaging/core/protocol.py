@@ -63,6 +63,10 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# Made once (json.loads with parse_constant builds a decoder per call, on every client frame).
+_DECODER = json.JSONDecoder(parse_constant=_no_constants)
+
+
 def _strings(value: Any, depth: int = 0) -> Iterator[str]:
     if isinstance(value, str):
         yield value
@@ -91,7 +95,7 @@ def parse_frame(text: str | None) -> Frame:
     if text is None:
         raise FrameError("binary frames are not supported; send JSON text")
     try:
-        raw = json.loads(text, parse_constant=_no_constants)
+        raw = _DECODER.decode(text)
     except (ValueError, RecursionError):
         raise FrameError("malformed JSON") from None
     # Only escapes (\u0000, \udc00) can put these characters into decoded strings: the raw text

@@ -11,7 +11,7 @@
   batcher is given, as `route`, to everything the node stores or confirms with. Every one of them is
   in `batchers` (what a drain flushes). Beside them, a connection's once-per-life work is batched
   too (messaging.gateway.connection.admission): session rows and first reads in `batchers`, and, on the
-  event loop, presence entries and the master's lookups in `loop_batchers`;
+  event loop, presence entries, the master's lookups and FAST sends' lookups in `loop_batchers`;
 - knows the connections this process holds, and the per-user delivery budgets;
 - knows what a drain must end (`drainable`): every /ws socket from its connect on (authenticated
   or not) and every channel stream, each with the coroutine that ends it asking its client to
@@ -43,6 +43,7 @@ from messaging.core.delivery.lost_nodes import lost_nodes_settle
 from messaging.core.presence_notices import user_presence_announce
 from messaging.gateway.connection.admission import (
     connections_lookup_batch,
+    fast_lookups_batch,
     first_reads,
     presence_add_batch,
     presence_remove_batch,
@@ -108,7 +109,10 @@ class NodeRuntime:
         self.presence_adds = LoopBatcher("presence adds", presence_add_batch)
         self.presence_removes = LoopBatcher("presence removes", presence_remove_batch)
         self.master_lookups = LoopBatcher("master lookups", connections_lookup_batch)
-        self.loop_batchers: list[LoopBatcher] = [self.presence_adds, self.presence_removes, self.master_lookups]
+        # The recipients' connections of the FAST sends of one turn of the loop, in one round trip.
+        self.fast_lookups = LoopBatcher("FAST lookups", fast_lookups_batch)
+        self.loop_batchers: list[LoopBatcher] = [self.presence_adds, self.presence_removes, self.master_lookups,
+                                                 self.fast_lookups]
         self.drainable: dict[object, Callable[[], Awaitable[None]]] = {}
         self.work_limits = UserWorkLimits()
         self.hub = ChannelHub(self.node_id, on_occupancy=_occupancy_changed)

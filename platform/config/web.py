@@ -17,7 +17,8 @@ stops at once, with a message saying which and how to override (DAPHNE_ALLOW_UNT
 ALLOW_UNTESTED_VERSIONS), instead of failing inside daphne's import of config.asgi with a traceback.
 
 Before it listens, everything imported so far is frozen out of the garbage collector's full passes
-(foundation.heap, WEB_HEAP_FREEZE), which would otherwise walk it all on the event loop's thread.
+(foundation.heap, WEB_HEAP_FREEZE), which would otherwise walk it all on the event loop's thread, and
+the young generation is collected less often (WEB_GC_THRESHOLDS).
 
 SIGTERM (or SIGINT) drains the node before it exits (foundation.drain_server, messaging.gateway.drain):
 /readyz 503, no new sockets, clients closed with 1012 spread over DRAIN_SECONDS, everything batched
@@ -57,13 +58,14 @@ def main(argv: list[str]) -> None:
     # by default) per statement. A shorter interval shortens every group commit under load.
     sys.setswitchinterval(settings.WEB_GIL_SWITCH_SECONDS)
 
+    from foundation.heap import gc_thresholds, heap_freeze  # (after django.setup(): it logs through Django's)
     from messaging.gateway.drain import node_drain  # imports models: only once django.setup() has run
 
     if settings.WEB_HEAP_FREEZE:
         import config.asgi  # noqa: F401  (what daphne imports next: its objects frozen with the rest)
-        from foundation.heap import heap_freeze  # (after django.setup(): it logs through Django's logging)
 
         heap_freeze()  # before the node listens: no client waits for it
+    gc_thresholds(settings.WEB_GC_THRESHOLDS)
 
     interface = known.bind.strip("[]").replace(":", r"\:")
     cli = CommandLineInterface()

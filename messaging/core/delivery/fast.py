@@ -8,7 +8,7 @@ with the same promise."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from django.conf import settings
 
@@ -17,6 +17,11 @@ from foundation import handoff
 from foundation.transport import sockets
 from messaging.core.protocol import fast_frame
 from presence import cache
+
+# Looks the live connections of a list of users up (presence.cache.connections_of_many_async's answer);
+# a web node's batches the lookups of one turn of its loop into one Redis round trip
+# (messaging.gateway.runtime, `fast_lookups`).
+Lookup = Callable[[Sequence[str]], Awaitable[dict[str, list[cache.LiveConnection]]]]
 
 
 def fast_item(*, app_name: str, sender: str, content: str, reference: str, recipients: Sequence[str],
@@ -56,13 +61,14 @@ def message_fast_send(*, app: AppSnapshot, sender: str, recipients: Sequence[str
 
 
 async def message_fast_send_async(*, app: AppSnapshot, sender: str, recipients: Sequence[str], content: str,
-                                  reference: str | None = None) -> int:
+                                  reference: str | None = None, lookup: Lookup | None = None) -> int:
     """The same from an event loop (a /ws client's FAST MESSAGE, the REST API's FAST send): how
-    many connections took it."""
+    many connections took it. `lookup`: how the recipients' connections are looked up (default: a
+    Redis round trip of this send's own)."""
     here, elsewhere = _split(app, recipients, sender=sender, content=content, reference=reference, path=())
     if elsewhere:
         await asyncio.to_thread(handoff.fast_forward_enqueue, elsewhere)
     event = sockets.message_fast_event(fast_frame(sender=sender, content=content, reference=reference or None))
-    connections = await cache.connections_of_many_async(here)
+    connections = await (lookup or cache.connections_of_many_async)(here)
     sends = [(c.channel_name, event) for conns in connections.values() for c in conns]
     return len(sends) - len(await sockets.send_many(sends))

@@ -170,7 +170,7 @@ async def on_message(conn: Connection, frame: Frame) -> None:
     charge(conn, 1, data)
     if frame.feature == FEATURE_FAST:
         await message_fast_send_async(app=app, sender=conn.life.user_id, recipients=[to], content=content,
-                                      reference=frame.reference)
+                                      reference=frame.reference, lookup=conn.life.node.fast_lookups.submit)
         return
     await _store(conn, frame, data, OutgoingMessage(
         app_id=app.pk, sender=conn.life.user_id, recipients=(to,), content=content, reference=frame.reference or "",
@@ -191,7 +191,7 @@ async def on_group_message(conn: Connection, frame: Frame) -> None:
     charge(conn, len(recipients), data)
     if frame.feature == FEATURE_FAST:
         await message_fast_send_async(app=app, sender=conn.life.user_id, recipients=recipients, content=content,
-                                      reference=frame.reference)
+                                      reference=frame.reference, lookup=conn.life.node.fast_lookups.submit)
         return
     # One message row with a delivery per recipient: its clientMessageId is held to the same
     # (app, sender, clientMessageId) constraint as MESSAGE's, so a resend stores and routes nothing.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .env import env_bool, env_float, env_int
+from .env import env_bool, env_float, env_int, env_list
 
 # The browser client is a package of its own (clients/js, the npm package switchboard-client) and its
 # one source: every web node serves it as /static/switchboard/switchboard.js from there (through the
@@ -67,6 +67,12 @@ LOOP_STALL_STACKS = env_bool("LOOP_STALL_STACKS", False)
 # Once the node's runtime has started, what it holds is frozen out of the garbage collector's full
 # passes (foundation.heap), which otherwise walk it all on the event loop's thread.
 WEB_HEAP_FREEZE = env_bool("WEB_HEAP_FREEZE", True)
+# The web node's garbage collector thresholds (gc.set_threshold; Python's are 700,10,10; empty leaves
+# them): at 700 a node under traffic collected its young objects 25 times a second and promoted what
+# was in flight, so a full pass came every few seconds. 10000,7,0 collects the young generation
+# rarely and considers a full pass every 80,000 allocations, about as often as Python's own (85,000)
+# (foundation.heap; issue 47).
+WEB_GC_THRESHOLDS = tuple(int(n) for n in env_list("WEB_GC_THRESHOLDS", ["10000", "7", "0"]))
 # The web node's GIL switch interval (sys.setswitchinterval), in seconds: how long a database thread
 # whose answer has come may wait for the event loop's thread (config.web).
 WEB_GIL_SWITCH_SECONDS = env_float("WEB_GIL_SWITCH_SECONDS", 0.0005)

@@ -182,3 +182,33 @@ def test_a_loop_batch_answers_each_item_alone_and_a_failed_flush_refuses_all_of_
     assert first[0] == "A" and first[2] == "B" and isinstance(first[1], ValueError)
     assert all(isinstance(r, ConnectionError) for r in second)
     assert flushed == [["a", "bad", "b"], ["c", "boom"]]  # what one turn of the loop queues goes together
+
+
+def test_the_fast_sends_of_one_loop_turn_find_their_recipients_connections_in_one_redis_round_trip(monkeypatch):
+    node = NodeRuntime()
+    reads: list[list[str]] = []
+    real = cache.connections_of_many_async
+
+    async def counted(user_ids):
+        users = list(user_ids)
+        reads.append(users)
+        return await real(users)
+
+    monkeypatch.setattr(cache, "connections_of_many_async", counted)
+
+    async def run() -> list[dict]:
+        added = await cache.connections_add(entries=[
+            cache.ConnectionEntry(user_id="ANZ-1", channel_name="specific.a!1", node_id="n1", limit=5),
+            cache.ConnectionEntry(user_id="ANZ-1", channel_name="specific.b!2", node_id="n2", acks=True, limit=5),
+            cache.ConnectionEntry(user_id="ANZ-2", channel_name="specific.a!3", node_id="n1", limit=5),
+        ])
+        assert added == [True, False, True]
+        return await asyncio.gather(*(node.fast_lookups.submit(users)
+                                      for users in (["ANZ-1"], ["ANZ-2", "ANZ-9"], ["ANZ-1", "ANZ-2"])))
+
+    one, two, both = asyncio.run(run())
+
+    assert sorted(c.channel_name for c in one["ANZ-1"]) == ["specific.a!1", "specific.b!2"]
+    assert [c.channel_name for c in two["ANZ-2"]] == ["specific.a!3"] and two["ANZ-9"] == []  # offline: nobody
+    assert both.keys() == {"ANZ-1", "ANZ-2"} and both["ANZ-1"] == one["ANZ-1"]
+    assert reads == [["ANZ-1", "ANZ-2", "ANZ-9", "ANZ-1", "ANZ-2"]]  # three sends, one pipeline (each user read once)
