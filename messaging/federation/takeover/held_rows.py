@@ -73,8 +73,17 @@ def queued_into_mailboxes(home: str, *, back: bool = False) -> list[int] | None:
         if not held:
             return None
         with hot_cursor() as cur:
+            cur.execute(_QUEUED_LOCK_SQL, params)  # (as _RECORDS_LOCK_SQL, below)
             cur.execute(_QUEUED_SQL, params)
             return [row[0] for row in cur.fetchall()]
+
+
+_QUEUED_LOCK_SQL = f"""
+SELECT m.id FROM messaging_message m
+ WHERE m.id IN (SELECT d.message_id FROM messaging_delivery d {in_ranges("d", "recipient")}
+                 WHERE d.state = {FORWARDING} AND d.forward_to = %(peer)s)
+ ORDER BY m.id FOR UPDATE OF m
+"""
 
 
 # At a home given its users back: its records of messages it forwarded to them while they were held
@@ -91,11 +100,27 @@ RETURNING id
 """
 
 
+# Their messages' rows locked first, in id order, as the forward intake and a merge lock them: an
+# arrival of the same message (the former holder passing it back) goes in one after the other, and
+# the second sees the first's mailbox row (two at once put one message twice in a mailbox, 3 times
+# in one fault run).
+_RECORDS_LOCK_SQL = f"""
+SELECT m.id FROM messaging_message m
+ WHERE m.id IN (SELECT d.message_id FROM messaging_delivery d {in_ranges("d", "recipient")}
+                 WHERE d.state = {FORWARDED} AND d.forward_to <> '' AND d.created_at >= %(since)s)
+ ORDER BY m.id FOR UPDATE OF m
+"""
+
+
 def records_back_into_mailboxes(holder: str, since) -> list[int]:
     """At a home given its users back by `holder`: _RECORDS_BACK_SQL for the records made since
-    `since`; the ids of the rows it put back (to route)."""
+    `since`, their messages locked first; the ids of the rows it put back (to route)."""
+    params = {"since": since, **ranges_params(settings.DOMAIN_NAME, holder)}
     with hot_cursor() as cur:
-        cur.execute(_RECORDS_BACK_SQL, {"since": since, **ranges_params(settings.DOMAIN_NAME, holder)})
+        cur.execute(_RECORDS_LOCK_SQL, params)
+        if cur.fetchone() is None:
+            return []
+        cur.execute(_RECORDS_BACK_SQL, params)
         return [row[0] for row in cur.fetchall()]
 
 
