@@ -133,7 +133,7 @@ SELECT DISTINCT h.app_id, h.recipient, h.origin_domain FROM messaging_heldinorde
 
 # At a home given its users back: what stands in their mailboxes now (a hand-back's rows, records put
 # back, rows reordered) counts as placed in its origin's order, as a merge's rows do: each mark raised
-# to the highest origin_seq there; the keys raised that have arrivals held (some may go in now).
+# to the highest origin_seq there.
 _MARKS_RAISE_SQL = f"""
 WITH top AS (
     SELECT d.app_id, d.recipient, m.origin_domain AS origin, max(d.origin_seq) AS seq
@@ -145,9 +145,16 @@ WITH top AS (
     SELECT app_id, recipient, origin, seq, 0 FROM top ORDER BY 1, 2, 3
     ON CONFLICT (app_id, recipient, origin_domain) DO UPDATE SET last_seq = EXCLUDED.last_seq
      WHERE messaging_ordermark.last_seq < EXCLUDED.last_seq
-    RETURNING app_id, recipient, origin_domain, held
+    RETURNING 1
 )
-SELECT app_id, recipient, origin_domain FROM raised WHERE held > 0 ORDER BY 1, 2, 3
+SELECT count(*) FROM raised
+"""
+
+# ... and the marks of those users with arrivals held behind them (raised now, or by the hand-back's
+# merge before: some may go in now).
+_HELD_BEHIND_SQL = f"""
+SELECT m.app_id, m.recipient, m.origin_domain FROM messaging_ordermark m {in_ranges("m", "recipient")}
+ WHERE m.held > 0 ORDER BY 1, 2, 3
 """
 
 
@@ -158,7 +165,9 @@ def marks_raise(holder: str, since) -> list[int]:
     left its origin's mark behind it, and the next arrival from that origin waited
     NETWORK_ORDER_WAIT_SECONDS for a message that was already there (36 messages in one fault run)."""
     with hot_cursor() as cur:
-        cur.execute(_MARKS_RAISE_SQL, {"since": since, **ranges_params(settings.DOMAIN_NAME, holder)})
+        params = {"since": since, **ranges_params(settings.DOMAIN_NAME, holder)}
+        cur.execute(_MARKS_RAISE_SQL, params)
+        cur.execute(_HELD_BEHIND_SQL, params)
         keys = [tuple(row) for row in cur.fetchall()]
     return held_let_go(keys)
 

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from messaging.federation.models import HeldInOrder, OrderMark
 from messaging.federation.order import Arrival, arrivals_put_in_order
+from messaging.federation.standby.mailbox_merge import Copied, mailbox_merge
 from messaging.federation.takeover.records import network_accept
 from messaging.federation.takeover.take import given_back, take_over
 from messaging.models import Delivery, Mailbox, Message
@@ -108,3 +109,15 @@ def test_an_arrival_held_at_a_home_before_its_hand_back_goes_in_once_the_hand_ba
         given_back("domain-04")
         assert not HeldInOrder.objects.exists()
     assert [c for c, _ in mailbox(net, "domain-03")] == ["k1", "k2"]
+
+
+def test_an_arrival_held_for_a_message_a_merge_brings_goes_in_with_the_merge(standby_ring):
+    net = standby_ring
+    with net.at("domain-03"), override_settings(NETWORK_ORDER_WAIT_SECONDS=3600):
+        second = from_01(net, "p2", 9202)
+        assert arrivals_put_in_order([Arrival(second.id, net.app.pk, CAROL, "domain-01", 2)]).held == 1
+        # the holder's rows come home: among them the first, which the second waited for
+        mailbox_merge([Copied(app_id=net.app.pk, recipient=CAROL, origin_domain="domain-01", origin_message_id=9201,
+                              state="pending", origin_seq=1, message={"sender": ALICE, "content": "p1"})])
+        assert not HeldInOrder.objects.exists()  # not NETWORK_ORDER_WAIT_SECONDS later
+    assert [c for c, _ in mailbox(net, "domain-03")] == ["p1", "p2"]
