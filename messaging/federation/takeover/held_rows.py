@@ -73,17 +73,24 @@ def queued_into_mailboxes(home: str, *, back: bool = False) -> list[int] | None:
         if not held:
             return None
         with hot_cursor() as cur:
-            cur.execute(_QUEUED_LOCK_SQL, params)  # (as _RECORDS_LOCK_SQL, below)
+            cur.execute(_QUEUED_LOCK_SQL, params)
             cur.execute(_QUEUED_SQL, params)
             return [row[0] for row in cur.fetchall()]
 
 
-_QUEUED_LOCK_SQL = f"""
+def _messages_lock_sql(where: str) -> str:
+    """SQL: the messages of the users' delivery rows `d` matching `where`, locked in id order, as the
+    forward intake and a merge lock them: an arrival of the same message (the former holder passing
+    it back) goes in one after the other, and the second sees the first's mailbox row (two at once
+    put one message twice in a mailbox, 3 times in one fault run)."""
+    return f"""
 SELECT m.id FROM messaging_message m
- WHERE m.id IN (SELECT d.message_id FROM messaging_delivery d {in_ranges("d", "recipient")}
-                 WHERE d.state = {FORWARDING} AND d.forward_to = %(peer)s)
+ WHERE m.id IN (SELECT d.message_id FROM messaging_delivery d {in_ranges("d", "recipient")} WHERE {where})
  ORDER BY m.id FOR UPDATE OF m
 """
+
+
+_QUEUED_LOCK_SQL = _messages_lock_sql(f"d.state = {FORWARDING} AND d.forward_to = %(peer)s")
 
 
 # At a home given its users back: its records of messages it forwarded to them while they were held
@@ -100,16 +107,7 @@ RETURNING id
 """
 
 
-# Their messages' rows locked first, in id order, as the forward intake and a merge lock them: an
-# arrival of the same message (the former holder passing it back) goes in one after the other, and
-# the second sees the first's mailbox row (two at once put one message twice in a mailbox, 3 times
-# in one fault run).
-_RECORDS_LOCK_SQL = f"""
-SELECT m.id FROM messaging_message m
- WHERE m.id IN (SELECT d.message_id FROM messaging_delivery d {in_ranges("d", "recipient")}
-                 WHERE d.state = {FORWARDED} AND d.forward_to <> '' AND d.created_at >= %(since)s)
- ORDER BY m.id FOR UPDATE OF m
-"""
+_RECORDS_LOCK_SQL = _messages_lock_sql(f"d.state = {FORWARDED} AND d.forward_to <> '' AND d.created_at >= %(since)s")
 
 
 def records_back_into_mailboxes(holder: str, since) -> list[int]:
@@ -135,19 +133,13 @@ SELECT DISTINCT h.app_id, h.recipient, h.origin_domain FROM messaging_heldinorde
 # back, rows reordered) counts as placed in its origin's order, as a merge's rows do: each mark raised
 # to the highest origin_seq there.
 _MARKS_RAISE_SQL = f"""
-WITH top AS (
-    SELECT d.app_id, d.recipient, m.origin_domain AS origin, max(d.origin_seq) AS seq
-      FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id {in_ranges("d", "recipient")}
-     WHERE d.forward_to = '' AND d.origin_seq IS NOT NULL AND m.origin_domain <> '' AND d.created_at >= %(since)s
-     GROUP BY 1, 2, 3
-), raised AS (
-    INSERT INTO messaging_ordermark (app_id, recipient, origin_domain, last_seq, held)
-    SELECT app_id, recipient, origin, seq, 0 FROM top ORDER BY 1, 2, 3
-    ON CONFLICT (app_id, recipient, origin_domain) DO UPDATE SET last_seq = EXCLUDED.last_seq
-     WHERE messaging_ordermark.last_seq < EXCLUDED.last_seq
-    RETURNING 1
-)
-SELECT count(*) FROM raised
+INSERT INTO messaging_ordermark (app_id, recipient, origin_domain, last_seq, held)
+SELECT d.app_id, d.recipient, m.origin_domain, max(d.origin_seq), 0
+  FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id {in_ranges("d", "recipient")}
+ WHERE d.forward_to = '' AND d.origin_seq IS NOT NULL AND m.origin_domain <> '' AND d.created_at >= %(since)s
+ GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+ON CONFLICT (app_id, recipient, origin_domain) DO UPDATE
+   SET last_seq = greatest(messaging_ordermark.last_seq, EXCLUDED.last_seq)
 """
 
 # ... and the marks of those users with arrivals held behind them (raised now, or by the hand-back's

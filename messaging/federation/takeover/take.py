@@ -99,12 +99,12 @@ def given_back(holder: str) -> dict:
         if queued is None:  # the link's sender is sending now: again in a moment
             transaction.on_commit(lambda: handoff.given_back_enqueue(holder, countdown=1.0))
             return {"queued": None}
+        moved = 0
         if taken:
-            queued += records_back_into_mailboxes(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS))
-        moved = (mailboxes_reorder(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS), copy=False)
-                 if taken else 0)  # (copy_again copies every row next)
-        if taken:
-            queued += marks_raise(holder, taken - timedelta(seconds=REORDER_MARGIN_SECONDS))
+            since = taken - timedelta(seconds=REORDER_MARGIN_SECONDS)
+            queued += records_back_into_mailboxes(holder, since)
+            moved = mailboxes_reorder(holder, since, copy=False)  # (copy_again copies every row next)
+            queued += marks_raise(holder, since)
         if queued:
             transaction.on_commit(lambda: handoff.routing_enqueue(queued))
         copied = copy_again(holder)
