@@ -363,4 +363,5 @@ def takeover_records(*, changed_within: float | None = None) -> list[dict]:
         rows = rows.filter(learned_at__gte=timezone.now() - timedelta(seconds=changed_within))
     return [{"home": t.home.name, "holder": t.holder.name, "held": t.held, "epoch": t.epoch,
              "taken_at": t.taken_at.isoformat(), "returned_at": t.returned_at.isoformat() if t.returned_at else None,
-             "manual": t.manual, "reason": t.reason} for t in rows[:MAX_TAKEOVERS]]
+             "manual": t.manual, "reason": t.reason, "returning": t.held and t.returning_since is not None}
+            for t in rows[:MAX_TAKEOVERS]]

@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 
 from foundation.signed_calls import signed_headers
 from tests.link_fault import LinkFault
-from tests.ring import RingRefused
+from tests.ring import RING_ENV, RingRefused
 from tests.webhook_receiver import WebhookReceiver
 from tests.wsclient import WsClient
 
@@ -892,4 +892,71 @@ def test_a_message_the_holder_held_for_one_only_the_lost_home_had_reaches_the_us
     assert _eventually(lambda: _mailbox_contents(ring, 3, carol)[-1:] == ["order 4"], 15)
     with ring.client(3, carol, acks=True) as c:
         assert [f["data"]["content"] for f in _fetched(c)] == [f"order {i}" for i in (1, 2, 3, 4)]
+    _links_up_everywhere(ring)
+
+
+def _admitted(ring, n: int, user: str) -> bool:
+    try:
+        ring.client(n, user).close()
+        return True
+    except (RingRefused, OSError):
+        return False
+
+
+RETURNING_SQL = """select t.returning_since is not null from apps_registry_takeover t
+                     join apps_registry_domain d on d.id = t.home_id join apps_registry_domain h on h.id = t.holder_id
+                    where d.name = 'domain-03' and h.name = 'domain-04' and t.held"""
+
+
+def test_a_home_whose_holder_is_killed_while_handing_its_users_back_takes_them_back_without_it(failover_ring):
+    ring = failover_ring
+    alice, carol = "ANZ-36", "ANZ-3000036"
+    with ring.client(1, alice) as a:
+        a.message(carol, "before")
+    copied = "select count(*) from messaging_standbycopy where recipient = %s"
+    assert _eventually(lambda: ring.query(4, copied, (carol,)) == [(1,)], 15)
+    ring.kill_domain(3)
+    try:
+        assert _eventually(lambda: _held_by(ring, 4) == "domain-04", 40), "domain-04 did not take over"
+        assert _eventually(lambda: _held_by(ring, 1) == "domain-04", 15)
+        time.sleep(5.5)  # every process's app snapshot names domain-04 for carol
+        with ring.client(1, alice) as a:
+            a.message(carol, "during")  # stored at the holder
+        assert _eventually(lambda: _mailbox_contents(ring, 4, carol) == ["before", "during"], 15)
+    finally:
+        # (with FAST_FAILOVER it takes its users back after FAILOVER_SECONDS / 2 of silence). On a
+        # thread: the hand-back may begin before domain-03 says it is ready.
+        starting = threading.Thread(target=ring.start_domain, args=(3,), kwargs={"env": FAST_FAILOVER})
+        starting.start()
+    # domain-04 hears domain-03 again and begins to hand carol back: killed just then.
+    assert _eventually(lambda: ring.query(4, RETURNING_SQL) == [(True,)], 60, every=0.05), "no hand-back begun"
+    ring.kill_domain(4)
+    starting.join()
+    killed = time.monotonic()
+    try:
+        # Before, carol was refused everywhere until domain-04 came back and finished.
+        assert _eventually(lambda: _admitted(ring, 3, carol), 40), "domain-03 did not take carol back"
+        print(f"{carol} admitted at home {time.monotonic() - killed:.1f} s after her holder was killed")
+        assert _eventually(lambda: _held_by(ring, 1) is None and _held_by(ring, 2) is None, 15)
+        time.sleep(5.5)  # domain-01's app snapshots name carol's home again
+        with ring.client(1, alice) as a:
+            a.message(carol, "after")
+        with ring.client(3, carol, acks=True) as c:
+            read = _fetched(c)
+            c.send("ACK", {"ids": [f["data"]["id"] for f in read]})  # what she has at home, read there
+            c.recv_all(quiet=1)
+    finally:
+        ring.start_domain(4, env=FAST_FAILOVER)
+    # Back, domain-04 finishes its hand-back (its own record, a later epoch): what it had not sent
+    # home yet comes now; nothing is there twice, nothing read at home comes again.
+    assert _eventually(lambda: _held_by(ring, 4) is None, 60), "domain-04 never finished its hand-back"
+    assert _eventually(lambda: _mailbox_contents(ring, 3, carol) == ["before", "during", "after"], 30), \
+        _mailbox_contents(ring, 3, carol)
+    time.sleep(5.5)
+    with ring.client(3, carol, acks=True) as c:
+        again = [f["data"]["content"] for f in _fetched(c)]
+    assert sorted(again) == sorted({"before", "during", "after"} - set(_contents(read, alice))), again
+    # (domain-03 takes its users back after 150 s again, as the ring's other tests expect)
+    ring.stop_domain(3)
+    ring.start_domain(3, env={"FAILOVER_SECONDS": RING_ENV["FAILOVER_SECONDS"], "TAKEOVER_WATCH_SECONDS": "2"})
     _links_up_everywhere(ring)

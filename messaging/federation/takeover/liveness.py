@@ -26,7 +26,7 @@ from apps_registry.models import Domain
 from apps_registry.selectors import domain_call_url
 from foundation.db import hot_cursor
 from messaging.core.next_hop import neighbours
-from messaging.federation.models import DomainHeard
+from messaging.federation.models import DomainHeard, LinkHealth
 from messaging.federation.wire.transport import WITNESS_PATH, PeerError, PeerRefused, peer_call_prepare, peer_calls_send
 
 log = logging.getLogger(__name__)
@@ -89,9 +89,21 @@ def witness_answer(*, sender: str, payload: dict) -> dict:
     return {"home": home, "silent_seconds": silent_seconds(home)}
 
 
-def witnesses_agree(home: str) -> tuple[bool, str]:
-    """Whether a third domain agrees that `home` has been silent for FAILOVER_SECONDS (and none heard it)."""
-    threshold = settings.FAILOVER_SECONDS
+def link_down_for(peer: str) -> float:
+    """How long the link to `peer` has been down, from the last answer before it went down (not from
+    the first call that failed after it: that came up to a probe period later)."""
+    row = LinkHealth.objects.filter(peer=peer).values_list("up", "down_since", "last_ok_at").first()
+    if row is None or row[0] or row[1] is None:
+        return 0.0
+    up, down_since, last_ok = row
+    since = last_ok if last_ok is not None and last_ok < down_since else down_since
+    return (timezone.now() - since).total_seconds()
+
+
+def witnesses_agree(home: str, threshold: float | None = None) -> tuple[bool, str]:
+    """Whether a third domain agrees that `home` (a home, or a holder its home takes its users back
+    from) has been silent for `threshold` (FAILOVER_SECONDS), and none heard it since."""
+    threshold = settings.FAILOVER_SECONDS if threshold is None else threshold
     calls = []
     for peer in (p for p in neighbours() if p != home):
         try:

@@ -55,7 +55,8 @@ def network_parse(item) -> dict:
         if (not isinstance(r, dict) or not isinstance(r.get("home"), str) or not isinstance(r.get("holder"), str)
                 or not isinstance(r.get("held"), bool) or not isinstance(r.get("epoch"), int)
                 or isinstance(r.get("epoch"), bool) or not 0 < r["epoch"] < 2**63
-                or not isinstance(r.get("taken_at"), str) or parse_datetime(r["taken_at"]) is None):
+                or not isinstance(r.get("taken_at"), str) or parse_datetime(r["taken_at"]) is None
+                or not isinstance(r.get("returning", False), bool)):
             raise PeerRefused(400, f"network.takeovers[{i}] must be a takeover record")
         records.append(r)
     return {"heard": heard, "takeovers": records}
@@ -63,7 +64,7 @@ def network_parse(item) -> dict:
 
 def epoch_ceiling() -> int:
     """The highest epoch this domain believes: an epoch is its writer's clock in microseconds
-    (`_epoch_next`), so an honest one is never further ahead of this domain's clock than the two
+    (`epoch_next`), so an honest one is never further ahead of this domain's clock than the two
     clocks are apart (signed calls already refuse clocks FORWARD_MAX_SKEW_SECONDS apart). One
     further ahead than TAKEOVER_EPOCH_MAX_AHEAD_SECONDS would beat every record its holder writes
     until then (2^63-1 for ever: the next epoch would not fit a bigint, and takeovers of that home
@@ -74,6 +75,12 @@ def epoch_ceiling() -> int:
 
 def epoch_of(current: Takeover | None) -> int:
     return current.epoch if current is not None and current.epoch <= epoch_ceiling() else 0
+
+
+def epoch_next(current: Takeover | None) -> int:
+    """After `current`'s epoch and at least this domain's clock in microseconds (a row with an epoch
+    past `epoch_ceiling` counts as none: its next would not fit a bigint, or beat honest records)."""
+    return max(epoch_of(current), time.time_ns() // 1000) + 1
 
 
 @dataclass
@@ -119,14 +126,17 @@ def network_accept(network: dict, *, sender: str) -> Accepted:
     out = Accepted()
     domains = dict(Domain.objects.values_list("name", "pk"))
     # One record per home and holder: each standby's takeover is of its own ranges.
-    held_here = ({(home, holder): epoch for home, holder, epoch in
-                  Takeover.objects.values_list("home__name", "holder__name", "epoch")} if network["takeovers"] else {})
+    held_here = ({(home, holder): (epoch, returning is not None) for home, holder, epoch, returning in
+                  Takeover.objects.values_list("home__name", "holder__name", "epoch", "returning_since")}
+                 if network["takeovers"] else {})
     standbys: set[tuple[str, str]] | None = None
     ceiling = epoch_ceiling()
     for index, r in enumerate(network["takeovers"]):
         known = (r["home"], r["holder"]) in held_here
-        epoch, holder_now = held_here.get((r["home"], r["holder"]), 0), r["holder"] if known else None
-        if r["home"] not in domains or r["holder"] not in domains or (epoch <= ceiling and epoch >= r["epoch"]):
+        (epoch, returning), holder_now = held_here.get((r["home"], r["holder"]), (0, False)), r["holder"] if known else None
+        news = r["holder"] != here and _returning_news(r, returning)
+        if r["home"] not in domains or r["holder"] not in domains or (
+                epoch <= ceiling and (epoch > r["epoch"] or (epoch == r["epoch"] and not news))):
             continue  # (no lock taken for what is known: every forward call from a holder tells it)
         if standbys is None:
             standbys = set(UserDistribution.objects.filter(standby__isnull=False)
@@ -138,18 +148,34 @@ def network_accept(network: dict, *, sender: str) -> Accepted:
         with transaction.atomic():
             current = Takeover.objects.select_for_update().filter(home_id=domains[r["home"]],
                                                                   holder_id=domains[r["holder"]]).first()
-            if epoch_of(current) >= r["epoch"]:
+            if epoch_of(current) > r["epoch"]:
+                continue
+            if epoch_of(current) == r["epoch"]:  # the same record, now being handed back
+                if _returning_news(r, current.returning_since is not None):
+                    current.returning_since = timezone.now()
+                    current.save(update_fields=["returning_since"])
+                    out.changed += 1
                 continue
             returned = parse_datetime(r["returned_at"]) if isinstance(r.get("returned_at"), str) else None
             Takeover.objects.update_or_create(home_id=domains[r["home"]], holder_id=domains[r["holder"]], defaults={
                 "held": r["held"], "epoch": r["epoch"],
                 "taken_at": parse_datetime(r["taken_at"]), "returned_at": returned,
                 "manual": bool(r.get("manual")), "reason": str(r.get("reason", ""))[:300],
-                "learned_at": timezone.now()})
+                "learned_at": timezone.now(),
+                "returning_since": timezone.now() if r["held"] and r.get("returning") else None})
         out.changed += 1
         changed_here(r["home"], r["holder"], r["held"])
     heard_apply(network["heard"])
     return out
+
+
+def _returning_news(record: dict, returning_known: bool) -> bool:
+    """Whether `record` tells, at the epoch known here, that its holder has begun handing the users
+    back (`take._returning_start` changes no epoch: a home that took its users back from a holder gone
+    silent meanwhile wrote a later one, which a holder that comes back and begins again must not beat).
+    Only the start is news: a hand-back given up is not told (the home's reclaim, `reclaim`, waits
+    for the holder's silence all the same)."""
+    return bool(record["held"] and record.get("returning")) and not returning_known
 
 
 def changed_here(home: str, holder: str, held: bool) -> None:

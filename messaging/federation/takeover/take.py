@@ -40,7 +40,6 @@ closes its own users' connections the same way (a planned takeover).
 from __future__ import annotations
 
 import logging
-import time
 from datetime import timedelta
 
 from django.conf import settings
@@ -52,7 +51,7 @@ from apps_registry.selectors import takeover_records
 from foundation import handoff
 from foundation.db import hot_cursor
 from foundation.transport.frames import CLOSE_RESTART
-from messaging.federation.models import LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
+from messaging.federation.models import StandbyCopy, StandbyFeed, StandbySubscription
 from messaging.federation.order import held_release
 from messaging.federation.standby.copy import (
     ANY_STANDBY,
@@ -75,8 +74,9 @@ from messaging.federation.takeover.held_rows import (
     ranges_params,
     records_back_into_mailboxes,
 )
-from messaging.federation.takeover.liveness import silent_seconds, witnesses_agree
-from messaging.federation.takeover.records import changed_here, epoch_of, retry_now
+from messaging.federation.takeover.liveness import link_down_for, silent_seconds, witnesses_agree
+from messaging.federation.takeover.reclaim import reclaim_watch
+from messaging.federation.takeover.records import changed_here, epoch_next, retry_now
 from presence.services import users_close_sync
 
 log = logging.getLogger(__name__)
@@ -114,25 +114,14 @@ def given_back(holder: str) -> dict:
 # --- takeover and hand-back -----------------------------------------------------------------------
 
 
-def _down_for(peer: str) -> float:
-    """How long the link to `peer` has been down, from the last answer before it went down (not from
-    the first call that failed after it: that came up to a probe period later)."""
-    row = LinkHealth.objects.filter(peer=peer).values_list("up", "down_since", "last_ok_at").first()
-    if row is None or row[0] or row[1] is None:
-        return 0.0
-    up, down_since, last_ok = row
-    since = last_ok if last_ok is not None and last_ok < down_since else down_since
-    return (timezone.now() - since).total_seconds()
-
-
 def takeover_watch() -> dict[str, str]:
     """One look at every home this domain stands by for: take it over, or hand it back, when due."""
     here = settings.DOMAIN_NAME
-    out: dict[str, str] = {}
+    out: dict[str, str] = reclaim_watch()
     if (moved := _late_reorder()) is not None:
         out[here] = f"{moved} rows of its users given back put in their origin's order"
     if (closed := _fence_close()) is not None:
-        out[here] = f"cut off from the network: {closed} connections of users with a standby closed"
+        out[here] = f"cut off from the network: {closed} connections of users with a standby, or held here, closed"
     homes = sorted(set(UserDistribution.objects.filter(standby__name=here).values_list("domain__name", flat=True)))
     for home in homes:
         current = Takeover.objects.select_related("holder").filter(home__name=home, holder__name=here).first()
@@ -147,14 +136,16 @@ def takeover_watch() -> dict[str, str]:
                     out[home] = hand_back(home)["state"]
                 elif current.returning_since is not None:
                     # Begun: it goes on between two of the home's gossip rounds, and is given up
-                    # only when the home is silent for as long as it would fence itself off.
-                    if silent is None or silent >= fence_seconds():
+                    # only when the home is silent for as long as it would fence itself off, and
+                    # this domain hears others (one that hears nobody, as it starts again, cannot
+                    # tell; it admits none of them meanwhile either).
+                    if (silent is None or silent >= fence_seconds()) and not cut_off():
                         _returning_abandon(home)
                     else:
                         out[home] = hand_back(home)["state"]
             continue
         silent = silent_seconds(home)
-        if (silent is not None and silent < settings.FAILOVER_SECONDS) or _down_for(home) < settings.FAILOVER_SECONDS:
+        if (silent is not None and silent < settings.FAILOVER_SECONDS) or link_down_for(home) < settings.FAILOVER_SECONDS:
             continue
         agreed, why = witnesses_agree(home)
         out[home] = take_over(home, reason=why)["state"] if agreed else f"not taken: {why}"
@@ -193,19 +184,18 @@ def _late_reorder() -> int | None:
 
 def _fence_close() -> int | None:
     """Cut off from the network (messaging.federation.takeover.fence): close the connections of this domain's
-    users that have a standby, which may take them over soon (None: not cut off, or none such)."""
+    users that have a standby, which may take them over soon, and of the users it holds, whose home
+    may take them back (messaging.federation.takeover.reclaim) (None: not cut off, or none such)."""
     fence_forget()
-    ranges = standby_ranges(settings.DOMAIN_NAME, ANY_STANDBY)
+    here = settings.DOMAIN_NAME
+    ranges = standby_ranges(here, ANY_STANDBY)
+    for home in Takeover.objects.filter(holder__name=here, held=True).values_list("home__name", flat=True):
+        for app, held in standby_ranges(home, here).items():
+            ranges.setdefault(app, []).extend(held)
     if not ranges or not cut_off():
         return None
     return users_close_sync(ranges=ranges, code=CLOSE_RESTART,
                             reason=f"{settings.DOMAIN_NAME} is cut off from the network; reconnect")
-
-
-def _epoch_next(current: Takeover | None) -> int:
-    """After `current`'s epoch and at least this domain's clock in microseconds (a row with an epoch
-    past `epoch_ceiling` counts as none: its next would not fit a bigint, or beat honest records)."""
-    return max(epoch_of(current), time.time_ns() // 1000) + 1
 
 
 def take_over(home: str, *, manual: bool = False, reason: str = "") -> dict:
@@ -221,7 +211,7 @@ def take_over(home: str, *, manual: bool = False, reason: str = "") -> dict:
         if current is not None and current.held:
             return {"state": "held"}
         Takeover.objects.update_or_create(home=Domain.objects.get(name=home), holder=Domain.objects.get(name=here),
-                                          defaults={"held": True, "epoch": _epoch_next(current),
+                                          defaults={"held": True, "epoch": epoch_next(current),
                                                     "taken_at": timezone.now(), "returned_at": None, "manual": manual,
                                                     "reason": reason[:300], "learned_at": timezone.now()})
         # The copy is of those users (the home feeds each standby its own ranges); what a range's
@@ -288,7 +278,7 @@ def hand_back(home: str, *, manual: bool = False) -> dict:
         cur.execute(f"DELETE FROM messaging_subscription WHERE id IN (SELECT s.id FROM messaging_subscription s"
                     f" {in_ranges('s', 'subscriber')})", params)
         cur.execute("SELECT set_config('switchboard.no_copy', '', true)")
-        current.held, current.returned_at, current.epoch = False, timezone.now(), _epoch_next(current)
+        current.held, current.returned_at, current.epoch = False, timezone.now(), epoch_next(current)
         current.manual, current.learned_at, current.returning_since = manual or current.manual, timezone.now(), None
         current.save(update_fields=["held", "returned_at", "epoch", "manual", "learned_at", "returning_since"])
     log.warning("%s handed %s's users back (%d deliveries it held)", here, home, cleared)
@@ -323,6 +313,7 @@ def _returning_start(home: str):
             current.returning_since = timezone.now()
             current.save(update_fields=["returning_since"])
             fence_forget()
+            _tell_now()  # (the home may take its users back without this domain if it falls silent now)
         return current.returning_since
 
 

@@ -500,10 +500,16 @@ def test_a_hand_back_is_given_up_when_the_home_falls_silent_again(standby_ring, 
         assert takeover_watch()["domain-03"] == "closing"
         assert Takeover.objects.get(home__name="domain-03").returning_since is not None
     heard(net, "domain-04", "domain-03", 60)  # silent again
+    heard(net, "domain-04", "domain-01", 60)  # ... and so is everyone: domain-04 is cut off (it starts again)
     with net.at("domain-04"):
+        fence_forget()
+        takeover_watch()
+        assert Takeover.objects.get(home__name="domain-03").returning_since is not None  # it cannot tell
+    heard(net, "domain-04", "domain-01", 0)  # it hears the others, not domain-03
+    with net.at("domain-04"):
+        fence_forget()
         takeover_watch()
         assert Takeover.objects.get(home__name="domain-03").returning_since is None
-        heard(net, "domain-04", "domain-01", 0)
         assert login(CAROL, net.app.app_id).ok  # admitted here again
     assert held_by(net, "domain-04") == "domain-04"
 
