@@ -63,6 +63,13 @@ def in_turn(key: str) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [key])
 
 
+def in_turn_shared_sql(key_sql: str) -> str:
+    """A trigger's statement (plpgsql) for writers that may go together but not beside one `in_turn`
+    of the key the SQL expression `key_sql` computes: it waits while that turn is held elsewhere,
+    and holds it off, shared with the other writers, until its own transaction ends."""
+    return f"PERFORM pg_advisory_xact_lock_shared(hashtextextended({key_sql}, 0))"
+
+
 # --- the Postgres advisory lock -------------------------------------------------------------------
 
 _locks = threading.local()

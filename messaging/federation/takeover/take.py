@@ -29,7 +29,7 @@ Hand-back: when the home is heard again and the link to it is up (or an operator
 first stops admitting the users (Takeover.returning_since; messaging.federation.takeover.fence) and closes their
 connections with 1012, for HAND_BACK_GRACE_SECONDS: an ACK read in the moment it gives their
 mailboxes up would never reach the home, which would push that message again. Then, with the
-feed's table locked (none is added in between), it makes sure the home has every change: what is
+feed to the home held in turn (none is added in between: `feed_in_turn`), it makes sure the home has every change: what is
 left of its feed goes in that same call when one call takes it, else it waits for its sender; and,
 in the same transaction, re-seeds its copy (StandbyCopy) from the mailboxes it
 held, clears those mailboxes and subscriptions, and records the hand-back; the users' next login is
@@ -55,6 +55,7 @@ from messaging.federation.models import StandbyCopy, StandbyFeed, StandbySubscri
 from messaging.federation.order import held_release
 from messaging.federation.standby.copy import (
     ANY_STANDBY,
+    feed_in_turn,
     feed_send_last,
     standby_ranges,
     user_in_ranges,
@@ -261,7 +262,7 @@ def hand_back(home: str, *, manual: bool = False) -> dict:
         # What is left goes to the home now, in this call, when one call takes it: the users'
         # messages keep coming while they are handed back, so the feed is seldom empty at a look
         # (waiting for an empty one took up to two minutes under load).
-        cur.execute("LOCK TABLE messaging_standbyfeed IN SHARE ROW EXCLUSIVE MODE")
+        feed_in_turn(home)
         params = {"home": current.home_id, "standby": current.holder_id, "home_name": home, "here_name": here}
         cur.execute(HELD_KEYS_SQL, params)
         if cur.fetchone() is not None:  # held since `_held_out`: out at the next look, before the lock
@@ -292,8 +293,8 @@ def _held_out(home: str) -> int:
     origin (messaging.federation.order) into their mailboxes, and so home with the rest: the home may
     have that earlier one (stored there just before the loss, past the copy); left here, it waited
     NETWORK_ORDER_WAIT_SECONDS and came home after the users' later messages. In a transaction of its
-    own, before the hand-back's: that one holds the feed's table, which a mailbox row's feed trigger
-    needs (taking the mailbox rows after it deadlocked with a store that held one)."""
+    own, before the hand-back's: that one holds the feed to the home in turn, which a mailbox row's
+    feed trigger waits for (taking the mailbox rows after it deadlocked with a store that held one)."""
     with transaction.atomic(), hot_cursor() as cur:
         cur.execute(HELD_KEYS_SQL, ranges_params(home, settings.DOMAIN_NAME))
         keys = [tuple(row) for row in cur.fetchall()]
