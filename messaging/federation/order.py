@@ -223,6 +223,32 @@ def _place(incoming: dict[Key, list[Arrival]], *, release_all: bool = False) -> 
     return delivery_ids, to_hold
 
 
+# Rows put in order another way (a merge's copies, a takeover's outgoing queue, a hand-back's rows):
+# each (app, recipient, origin) mark raised to the highest sequence among them; {source} selects
+# (app_id, recipient, origin_domain, seq).
+_MARKS_RAISE_SQL = """
+WITH source (app_id, recipient, origin_domain, seq) AS ({source})
+INSERT INTO messaging_ordermark (app_id, recipient, origin_domain, last_seq, held)
+SELECT app_id, recipient, origin_domain, max(seq), 0 FROM source
+ WHERE seq IS NOT NULL AND origin_domain <> '' AND origin_domain <> %(marks_here)s
+ GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+ON CONFLICT (app_id, recipient, origin_domain) DO UPDATE
+   SET last_seq = greatest(messaging_ordermark.last_seq, EXCLUDED.last_seq)
+RETURNING app_id, recipient, origin_domain, held
+"""
+
+
+def marks_raise(source: str, params: dict) -> list[Key]:
+    """Inside the caller's transaction: what `source` (SQL selecting app_id, recipient,
+    origin_domain, seq; `params` its parameters) stands for was placed in its origin's order another
+    way, so the next message from each origin to each recipient is expected after it, not from where
+    the mark was. Returns the keys raised with arrivals held behind them: `held_let_go` them (some
+    may be in order now; left, they waited NETWORK_ORDER_WAIT_SECONDS for a gap already filled)."""
+    with hot_cursor() as cur:
+        cur.execute(_MARKS_RAISE_SQL.format(source=source), {**params, "marks_here": settings.DOMAIN_NAME})
+        return [(app, recipient, origin) for app, recipient, origin, held in cur.fetchall() if held]
+
+
 def held_let_go(keys: list[Key]) -> list[int]:
     """Inside the caller's transaction: what is held for `keys` that is in order now (their marks
     were raised: the gap before it was filled another way, e.g. rows a hand-back put in the

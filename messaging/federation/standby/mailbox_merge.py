@@ -34,7 +34,7 @@ from foundation.locks import in_turn
 from messaging.core.delivery.sql import DELIVERED, UNDELIVERED
 from messaging.core.next_hop import destination
 from messaging.core.store import carried_id_sql, deliveries_append_sql
-from messaging.federation.order import held_let_go
+from messaging.federation.order import held_let_go, marks_raise
 from messaging.models import DeliveryState
 
 FINAL = (DeliveryState.DELIVERED.value, DeliveryState.DEAD.value, DeliveryState.EXPIRED.value)
@@ -112,26 +112,15 @@ UPDATE messaging_delivery d
 """
 
 
-_MARKS_SQL = """
-INSERT INTO messaging_ordermark (app_id, recipient, origin_domain, last_seq, held)
-SELECT app, rcpt, od, max(oseq), 0
-  FROM unnest(%(app)s::bigint[], %(rcpt)s::text[], %(od)s::text[], %(oseq)s::bigint[]) AS t(app, rcpt, od, oseq)
- WHERE oseq IS NOT NULL AND od <> %(here)s
- GROUP BY app, rcpt, od ORDER BY app, rcpt, od
-ON CONFLICT (app_id, recipient, origin_domain) DO UPDATE
-   SET last_seq = greatest(messaging_ordermark.last_seq, EXCLUDED.last_seq)
-RETURNING app_id, recipient, origin_domain, held
-"""
+_COPIED_SEQS = "SELECT * FROM unnest(%(app)s::bigint[], %(rcpt)s::text[], %(od)s::text[], %(oseq)s::bigint[])"
 
 
-def _order_marks_raise(cur, copies: list[Copied]) -> list[tuple[int, str, str]]:
+def _order_marks_raise(copies: list[Copied]) -> list[tuple[int, str, str]]:
     """What the other side put in order (messaging.federation.order) counts as in order here too: the
     next message from each origin to each recipient is expected after the last one copied, not from 1.
     Returns the marks raised that have arrivals held behind them (some may go in now)."""
-    cur.execute(_MARKS_SQL, {"app": [c.app_id for c in copies], "rcpt": [c.recipient for c in copies],
-                             "od": [c.origin_domain for c in copies], "oseq": [c.origin_seq for c in copies],
-                             "here": settings.DOMAIN_NAME})
-    return [(app, rcpt, origin) for app, rcpt, origin, held in cur.fetchall() if held]
+    return marks_raise(_COPIED_SEQS, {"app": [c.app_id for c in copies], "rcpt": [c.recipient for c in copies],
+                                      "od": [c.origin_domain for c in copies], "oseq": [c.origin_seq for c in copies]})
 
 
 def _folded(copies: list[Copied]) -> list[Copied]:
@@ -204,7 +193,7 @@ def mailbox_merge(copies: list[Copied]) -> Merged:
                                       "dead_at": [c.dead_at for _, c in final],
                                       "expired_at": [c.expired_at for _, c in final]})
             states = cur.rowcount
-        behind = _order_marks_raise(cur, copies)
+        behind = _order_marks_raise(copies)
         cur.execute("SELECT set_config('switchboard.no_copy', '', true)")
         # What waited for a message this merge brought (an arrival held for its origin's order) goes
         # in now, fed on as any arrival (no_copy is off again): it waited NETWORK_ORDER_WAIT_SECONDS

@@ -20,6 +20,7 @@ from django.db import transaction
 from foundation.db import hot_cursor
 from foundation.handoff import routing_enqueue
 from messaging.core.store import carried_id_sql, deliveries_append_sql
+from messaging.federation.order import held_let_go, marks_raise
 from messaging.federation.wire.transport import PeerRefused
 from messaging.models import DeliveryState
 
@@ -127,14 +128,7 @@ SELECT ARRAY(SELECT id FROM new_deliveries ORDER BY id)
 
 # A recipient homed here (the home's users wrote to this domain's own): the next message from the
 # home to it is expected after the last one stored now (messaging.federation.order), as after a merge.
-_MARKS_SQL = """
-INSERT INTO messaging_ordermark (app_id, recipient, origin_domain, last_seq, held)
-SELECT app_id, recipient, home, max(origin_seq), 0 FROM messaging_standbyoutgoing
- WHERE home = %(home)s AND origin_seq IS NOT NULL
- GROUP BY app_id, recipient, home ORDER BY app_id, recipient
-ON CONFLICT (app_id, recipient, origin_domain) DO UPDATE
-   SET last_seq = greatest(messaging_ordermark.last_seq, EXCLUDED.last_seq)
-"""
+_WAITING_SEQS = "SELECT app_id, recipient, home, origin_seq FROM messaging_standbyoutgoing WHERE home = %(home)s"
 
 
 def outgoing_take(home: str) -> int:
@@ -145,8 +139,9 @@ def outgoing_take(home: str) -> int:
         cur.execute(_MESSAGES_SQL, {"home": home})
         cur.execute(_DELIVERIES_SQL, {"home": home})
         ids = list(cur.fetchone()[0])
-        cur.execute(_MARKS_SQL, {"home": home})
+        behind = marks_raise(_WAITING_SEQS, {"home": home})
         cur.execute("DELETE FROM messaging_standbyoutgoing WHERE home = %s", [home])
-    if ids:
-        transaction.on_commit(lambda: routing_enqueue(ids))
+    routed = ids + held_let_go(behind)  # (what the home sent them after those, held for them, goes in now)
+    if routed:
+        transaction.on_commit(lambda: routing_enqueue(routed))
     return len(ids)

@@ -14,6 +14,7 @@ from foundation.db import hot_cursor
 from foundation.locks import one_at_a_time
 from messaging.core.delivery.sql import DELIVERED, FORWARDED, FORWARDING, PENDING, in_mailbox_sql
 from messaging.federation.order import held_let_go
+from messaging.federation.order import marks_raise as order_marks_raise
 from messaging.federation.senders.outbox import link_lock_key
 
 
@@ -130,16 +131,11 @@ SELECT DISTINCT h.app_id, h.recipient, h.origin_domain FROM messaging_heldinorde
 """
 
 # At a home given its users back: what stands in their mailboxes now (a hand-back's rows, records put
-# back, rows reordered) counts as placed in its origin's order, as a merge's rows do: each mark raised
-# to the highest origin_seq there.
-_MARKS_RAISE_SQL = f"""
-INSERT INTO messaging_ordermark (app_id, recipient, origin_domain, last_seq, held)
-SELECT d.app_id, d.recipient, m.origin_domain, max(d.origin_seq), 0
+# back, rows reordered) counts as placed in its origin's order, as a merge's rows do (order.marks_raise).
+_MAILBOX_SEQS = f"""
+SELECT d.app_id, d.recipient, m.origin_domain, d.origin_seq
   FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id {in_ranges("d", "recipient")}
- WHERE d.forward_to = '' AND d.origin_seq IS NOT NULL AND m.origin_domain <> '' AND d.created_at >= %(since)s
- GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
-ON CONFLICT (app_id, recipient, origin_domain) DO UPDATE
-   SET last_seq = greatest(messaging_ordermark.last_seq, EXCLUDED.last_seq)
+ WHERE d.forward_to = '' AND d.origin_seq IS NOT NULL AND d.created_at >= %(since)s
 """
 
 # ... and the marks of those users with arrivals held behind them (raised now, or by the hand-back's
@@ -151,14 +147,14 @@ SELECT m.app_id, m.recipient, m.origin_domain FROM messaging_ordermark m {in_ran
 
 
 def marks_raise(holder: str, since) -> list[int]:
-    """At a home given its users back by `holder`: _MARKS_RAISE_SQL over their rows stored since
+    """At a home given its users back by `holder`: the marks raised over their rows stored since
     `since`, then what was held for them that is in order now into the mailboxes; the new delivery
     ids (to route). Without it, a record put back into the mailbox (or a row the holder gave back)
     left its origin's mark behind it, and the next arrival from that origin waited
     NETWORK_ORDER_WAIT_SECONDS for a message that was already there (36 messages in one fault run)."""
+    params = {"since": since, **ranges_params(settings.DOMAIN_NAME, holder)}
+    order_marks_raise(_MAILBOX_SEQS, params)
     with hot_cursor() as cur:
-        params = {"since": since, **ranges_params(settings.DOMAIN_NAME, holder)}
-        cur.execute(_MARKS_RAISE_SQL, params)
         cur.execute(_HELD_BEHIND_SQL, params)
         keys = [tuple(row) for row in cur.fetchall()]
     return held_let_go(keys)
