@@ -1,10 +1,10 @@
 from django.db import migrations
 
 from foundation.locks import in_turn_shared_sql
-from messaging.federation.standby.copy import FEED_TURN_PREFIX
+from messaging.federation.standby.feed_turn import FEED_TURN_PREFIX
 
 # Every row joining the feed to a standby waits while a hand-back to that standby holds its turn
-# (messaging.federation.standby.copy.feed_in_turn), and holds it off until its own transaction ends.
+# (messaging.federation.standby.feed_turn), and holds it off until its own transaction ends.
 # A hand-back locked the whole feed table instead (SHARE ROW EXCLUSIVE), across its call to the home:
 # every store of the holder whose deliveries fed any standby waited for that call.
 TURN_SQL = f"""

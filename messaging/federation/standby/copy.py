@@ -35,7 +35,6 @@ from django.utils.dateparse import parse_datetime
 from apps_registry.models import ClientApp, Domain, UserDistribution
 from apps_registry.selectors import user_id_parse
 from foundation.db import hot_cursor
-from foundation.locks import in_turn
 from foundation.outbound import Batch, CallFailed, Failed, Limits, Settled, head_sql, send_batches
 from messaging.federation.links import LinkQueueSender, link_failed, link_succeeded
 from messaging.federation.models import StandbyFeed
@@ -45,12 +44,6 @@ from messaging.federation.wire.transport import STANDBY_PATH, PeerRefused, peer_
 
 log = logging.getLogger(__name__)
 
-# Every row joining the feed to a standby waits while that standby's turn is held (a trigger,
-# migration messaging 0030): a hand-back holds it (`feed_in_turn`) from its last look at the feed to
-# its commit, so no change to the users it gives back joins the feed in between; the feeds to other
-# standbys, and the stores that make them, go on (a table lock held them all, across the hand-back's
-# call to the home).
-FEED_TURN_PREFIX = "standby feed to "
 ROW_OVERHEAD_BYTES = 400  # what a copy counts towards FORWARD_BATCH_BYTES beyond its content
 MAX_COPIES = 10_000
 TIMES = ("created_at", "delivered_at", "dead_at", "expired_at")
@@ -157,11 +150,6 @@ class LastCallSender(StandbySender):
 
     def held_back(self) -> bool:
         return False
-
-
-def feed_in_turn(standby: str) -> None:
-    """Until the caller's transaction ends, nothing joins the feed to `standby` (whoever adds a row waits)."""
-    in_turn(FEED_TURN_PREFIX + standby)
 
 
 def feed_send_last(*, standby: str) -> bool:

@@ -1,5 +1,5 @@
 """A hand-back holds off only the feed to the home it hands back to (migration messaging 0030,
-messaging.federation.standby.copy.feed_in_turn): before, it locked the whole feed table across its
+messaging.federation.standby.feed_turn): before, it locked the whole feed table across its
 call to the home, and every store whose deliveries fed any standby waited for that call."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from messaging.federation.models import StandbyFeed
-from messaging.federation.standby.copy import feed_in_turn
+from messaging.federation.standby.feed_turn import feed_in_turn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
