@@ -908,9 +908,11 @@ RETURNING_SQL = """select t.returning_since is not null from apps_registry_takeo
                     where d.name = 'domain-03' and h.name = 'domain-04' and t.held"""
 
 
-def test_a_home_whose_holder_is_killed_while_handing_its_users_back_takes_them_back_without_it(failover_ring):
-    ring = failover_ring
-    alice, carol = "ANZ-36", "ANZ-3000036"
+def _holder_lost_and_home_back(ring, carol: str, *, while_returning: bool) -> None:
+    """domain-03 killed and taken over by domain-04 (alice's "during" stored there, not yet home);
+    then domain-04 killed as it begins to hand carol back (`while_returning`), or before domain-03
+    is back. domain-03 takes carol back without it; domain-04, back, finishes its hand-back."""
+    alice = "ANZ-36"
     with ring.client(1, alice) as a:
         a.message(carol, "before")
     copied = "select count(*) from messaging_standbycopy where recipient = %s"
@@ -923,20 +925,23 @@ def test_a_home_whose_holder_is_killed_while_handing_its_users_back_takes_them_b
         with ring.client(1, alice) as a:
             a.message(carol, "during")  # stored at the holder
         assert _eventually(lambda: _mailbox_contents(ring, 4, carol) == ["before", "during"], 15)
+        if not while_returning:
+            ring.kill_domain(4)
     finally:
-        # (with FAST_FAILOVER it takes its users back after FAILOVER_SECONDS / 2 of silence). On a
-        # thread: the hand-back may begin before domain-03 says it is ready.
+        # (with FAST_FAILOVER it takes its users back after FAILOVER_SECONDS, or half that while
+        # they are being handed back). On a thread: the hand-back may begin before domain-03 says
+        # it is ready.
         starting = threading.Thread(target=ring.start_domain, args=(3,), kwargs={"env": FAST_FAILOVER})
         starting.start()
-    # domain-04 hears domain-03 again and begins to hand carol back: killed just then.
-    assert _eventually(lambda: ring.query(4, RETURNING_SQL) == [(True,)], 60, every=0.05), "no hand-back begun"
-    ring.kill_domain(4)
+    if while_returning:  # domain-04 hears domain-03 again and begins to hand carol back: killed just then
+        assert _eventually(lambda: ring.query(4, RETURNING_SQL) == [(True,)], 60, every=0.05), "no hand-back begun"
+        ring.kill_domain(4)
     starting.join()
-    killed = time.monotonic()
+    back = time.monotonic()
     try:
         # Before, carol was refused everywhere until domain-04 came back and finished.
         assert _eventually(lambda: _admitted(ring, 3, carol), 40), "domain-03 did not take carol back"
-        print(f"{carol} admitted at home {time.monotonic() - killed:.1f} s after her holder was killed")
+        print(f"{carol} admitted at home {time.monotonic() - back:.1f} s after domain-03 was ready")
         assert _eventually(lambda: _held_by(ring, 1) is None and _held_by(ring, 2) is None, 15)
         time.sleep(5.5)  # domain-01's app snapshots name carol's home again
         with ring.client(1, alice) as a:
@@ -960,3 +965,11 @@ def test_a_home_whose_holder_is_killed_while_handing_its_users_back_takes_them_b
     ring.stop_domain(3)
     ring.start_domain(3, env={"FAILOVER_SECONDS": RING_ENV["FAILOVER_SECONDS"], "TAKEOVER_WATCH_SECONDS": "2"})
     _links_up_everywhere(ring)
+
+
+def test_a_home_whose_holder_is_killed_while_handing_its_users_back_takes_them_back_without_it(failover_ring):
+    _holder_lost_and_home_back(failover_ring, "ANZ-3000036", while_returning=True)
+
+
+def test_a_home_back_while_its_holder_is_lost_takes_its_users_back_after_the_failover_threshold(failover_ring):
+    _holder_lost_and_home_back(failover_ring, "ANZ-3000037", while_returning=False)
