@@ -13,8 +13,7 @@ from foundation import handoff
 from foundation.db import hot_cursor
 from foundation.locks import one_at_a_time
 from messaging.core.delivery.sql import DELIVERED, FORWARDED, FORWARDING, PENDING, in_mailbox_sql
-from messaging.federation.order import held_let_go
-from messaging.federation.order import marks_raise as order_marks_raise
+from messaging.federation.order import held_let_go, marks_raise
 from messaging.federation.senders.outbox import link_lock_key
 
 
@@ -73,7 +72,8 @@ def queued_into_mailboxes(home: str, *, back: bool = False) -> list[int] | None:
     with one_at_a_time(link_lock_key(home)) as held:
         if not held:
             return None
-        with hot_cursor() as cur:
+        # (one transaction: called outside one, by the takeover watch, the lock ended with its statement)
+        with transaction.atomic(), hot_cursor() as cur:
             cur.execute(_QUEUED_LOCK_SQL, params)
             cur.execute(_QUEUED_SQL, params)
             return [row[0] for row in cur.fetchall()]
@@ -146,14 +146,14 @@ SELECT m.app_id, m.recipient, m.origin_domain FROM messaging_ordermark m {in_ran
 """
 
 
-def marks_raise(holder: str, since) -> list[int]:
+def given_back_marks_raise(holder: str, since) -> list[int]:
     """At a home given its users back by `holder`: the marks raised over their rows stored since
     `since`, then what was held for them that is in order now into the mailboxes; the new delivery
     ids (to route). Without it, a record put back into the mailbox (or a row the holder gave back)
     left its origin's mark behind it, and the next arrival from that origin waited
     NETWORK_ORDER_WAIT_SECONDS for a message that was already there (36 messages in one fault run)."""
     params = {"since": since, **ranges_params(settings.DOMAIN_NAME, holder)}
-    order_marks_raise(_MAILBOX_SEQS, params)
+    marks_raise(_MAILBOX_SEQS, params)
     with hot_cursor() as cur:
         cur.execute(_HELD_BEHIND_SQL, params)
         keys = [tuple(row) for row in cur.fetchall()]

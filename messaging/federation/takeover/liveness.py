@@ -100,6 +100,13 @@ def link_down_for(peer: str) -> float:
     return (timezone.now() - since).total_seconds()
 
 
+def silent_here_for(domain: str, threshold: float) -> bool:
+    """Whether `domain` has been silent here, and its link from here down, for `threshold` seconds
+    (before a third domain is asked: `witnesses_agree`)."""
+    silent = silent_seconds(domain)
+    return (silent is None or silent >= threshold) and link_down_for(domain) >= threshold
+
+
 def witnesses_agree(home: str, threshold: float | None = None) -> tuple[bool, str]:
     """Whether a third domain agrees that `home` (a home, or a holder its home takes its users back
     from) has been silent for `threshold` (FAILOVER_SECONDS), and none heard it since."""

@@ -29,13 +29,12 @@ import logging
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
 from apps_registry.models import Takeover
 from foundation import handoff
 from messaging.federation.takeover.fence import cut_off, fence_seconds
-from messaging.federation.takeover.liveness import link_down_for, silent_seconds, witnesses_agree
-from messaging.federation.takeover.records import changed_here, epoch_next
+from messaging.federation.takeover.liveness import silent_here_for, witnesses_agree
+from messaging.federation.takeover.records import changed_here, record_returned
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +54,7 @@ def reclaim_watch() -> dict[str, str]:
         return out
     for holder, returning_since in held:
         threshold = reclaim_seconds(returning_since is not None)
-        silent = silent_seconds(holder)
-        if (silent is not None and silent < threshold) or link_down_for(holder) < threshold:
+        if not silent_here_for(holder, threshold):
             continue
         agreed, why = witnesses_agree(holder, threshold)
         out[f"{holder} holds"] = take_back(holder, reason=why)["state"] if agreed else f"not taken back: {why}"
@@ -71,10 +69,8 @@ def take_back(holder: str, *, reason: str) -> dict:
         if current is None or not current.held:
             return {"state": "not held"}
         returning = current.returning_since is not None
-        current.held, current.returned_at, current.epoch = False, timezone.now(), epoch_next(current)
-        current.learned_at, current.returning_since = timezone.now(), None
-        current.reason = f"taken back by {here}: {holder} {'silent while handing back' if returning else 'silent'}"[:300]
-        current.save(update_fields=["held", "returned_at", "epoch", "learned_at", "returning_since", "reason"])
+        record_returned(current, reason=f"taken back by {here}: {holder} "
+                                        f"{'silent while handing back' if returning else 'silent'}"[:300])
         changed_here(here, holder, False)  # (given_back, after the commit)
         transaction.on_commit(handoff.gossip_now)
     log.warning("%s took its users back from %s, silent%s (%s)", here, holder,

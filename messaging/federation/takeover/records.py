@@ -83,6 +83,17 @@ def epoch_next(current: Takeover | None) -> int:
     return max(epoch_of(current), time.time_ns() // 1000) + 1
 
 
+def record_returned(current: Takeover, **also) -> None:
+    """`current` (locked by the caller) handed back: held no more, at its next epoch, learned now;
+    `also`: other fields to set with it."""
+    now = timezone.now()
+    fields = {"held": False, "returned_at": now, "epoch": epoch_next(current), "learned_at": now,
+              "returning_since": None, **also}
+    for name, value in fields.items():
+        setattr(current, name, value)
+    current.save(update_fields=list(fields))
+
+
 @dataclass
 class Accepted:
     """What a neighbour's takeover records did here: how many changed a record, and those refused

@@ -68,16 +68,16 @@ from messaging.federation.takeover.held_rows import (
     HELD_KEYS_SQL,
     RESEED_SQL,
     copy_again,
+    given_back_marks_raise,
     in_ranges,
     mailboxes_reorder,
-    marks_raise,
     queued_into_mailboxes,
     ranges_params,
     records_back_into_mailboxes,
 )
-from messaging.federation.takeover.liveness import link_down_for, silent_seconds, witnesses_agree
+from messaging.federation.takeover.liveness import silent_here_for, silent_seconds, witnesses_agree
 from messaging.federation.takeover.reclaim import reclaim_watch
-from messaging.federation.takeover.records import changed_here, epoch_next, retry_now
+from messaging.federation.takeover.records import changed_here, epoch_next, record_returned, retry_now
 from presence.services import users_close_sync
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def given_back(holder: str) -> dict:
             since = taken - timedelta(seconds=REORDER_MARGIN_SECONDS)
             queued += records_back_into_mailboxes(holder, since)
             moved = mailboxes_reorder(holder, since, copy=False)  # (copy_again copies every row next)
-            queued += marks_raise(holder, since)
+            queued += given_back_marks_raise(holder, since)
         if queued:
             transaction.on_commit(lambda: handoff.routing_enqueue(queued))
         copied = copy_again(holder)
@@ -145,8 +145,7 @@ def takeover_watch() -> dict[str, str]:
                     else:
                         out[home] = hand_back(home)["state"]
             continue
-        silent = silent_seconds(home)
-        if (silent is not None and silent < settings.FAILOVER_SECONDS) or link_down_for(home) < settings.FAILOVER_SECONDS:
+        if not silent_here_for(home, settings.FAILOVER_SECONDS):
             continue
         agreed, why = witnesses_agree(home)
         out[home] = take_over(home, reason=why)["state"] if agreed else f"not taken: {why}"
@@ -175,7 +174,7 @@ def _late_reorder() -> int | None:
                 log.warning("%s: %d messages it had forwarded to %s, which took them for duplicates, put in the"
                             " mailbox", settings.DOMAIN_NAME, len(back), holder)
             moved_here = mailboxes_reorder(holder, since)
-            if routed := back + marks_raise(holder, since):  # (and what waited for those, in order now)
+            if routed := back + given_back_marks_raise(holder, since):  # (and what waited for those, in order now)
                 transaction.on_commit(lambda routed=routed: handoff.routing_enqueue(routed))
         if moved_here:
             handoff.standby_senders_kick([holder])
@@ -279,9 +278,7 @@ def hand_back(home: str, *, manual: bool = False) -> dict:
         cur.execute(f"DELETE FROM messaging_subscription WHERE id IN (SELECT s.id FROM messaging_subscription s"
                     f" {in_ranges('s', 'subscriber')})", params)
         cur.execute("SELECT set_config('switchboard.no_copy', '', true)")
-        current.held, current.returned_at, current.epoch = False, timezone.now(), epoch_next(current)
-        current.manual, current.learned_at, current.returning_since = manual or current.manual, timezone.now(), None
-        current.save(update_fields=["held", "returned_at", "epoch", "manual", "learned_at", "returning_since"])
+        record_returned(current, manual=manual or current.manual)
     log.warning("%s handed %s's users back (%d deliveries it held)", here, home, cleared)
     changed_here(home, here, False)
     _tell_now()
