@@ -4,19 +4,25 @@ The node times a timer due every LOOP_LAG_INTERVAL_SECONDS (foundation.loop_watc
 histogram `switchboard_event_loop_lag_seconds` on its /metrics; the harness reads it at the window's
 two ends and keeps the difference: how many ticks ran, how many were late by more than 10 ms, and the
 bucket bounds under which 99% and all of them fell. A stall of the loop delays every message the node
-handles meanwhile, so a latency tail that the loop's lag matches is the node's own.
+handles meanwhile, so a latency tail that the loop's lag matches is the node's own. Beside it, the
+garbage collections of the window that took longer than 10 ms, by generation
+(`switchboard_gc_pause_seconds`): a late tick that one of them matches was the collector's; and the
+late ticks by what the node did meanwhile (`switchboard_event_loop_late_ticks_total{cause}`,
+foundation.loop_watch): `not_scheduled` ones were the machine's (the loop waited for a core), not the node's.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 METRIC = "switchboard_event_loop_lag_seconds"
+GC_METRIC = "switchboard_gc_pause_seconds"
+CAUSE_METRIC = "switchboard_event_loop_late_ticks"
 LATE_SECONDS = 0.01
 
 
@@ -26,6 +32,8 @@ class LoopLag:
     late: int  # ticks more than LATE_SECONDS late
     p99_le_ms: float | None  # the bucket bound under which 99% of the ticks fell (None: no ticks)
     max_le_ms: float | None  # the bucket bound under which all of them fell (inf: over the last bound)
+    gc_late: dict[str, int] = field(default_factory=dict)  # collections over LATE_SECONDS, by generation
+    late_by_cause: dict[str, int] = field(default_factory=dict)  # late ticks by what the node did meanwhile
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -43,7 +51,11 @@ class LoopLag:
     def summary(self) -> str:
         """For a run's line: `loop lag p99 ≤ 5 ms, max ≤ 25 ms, 1 of 1936 ticks over 10 ms`."""
         p99, worst = self.text().split(" / ")
-        return f"loop lag p99 {p99} ms, max {worst} ms, {self.late} of {self.ticks} ticks over 10 ms"
+        collections = ", ".join(f"gen {g}: {n}" for g, n in sorted(self.gc_late.items()) if n)
+        causes = ", ".join(f"{c}: {n}" for c, n in sorted(self.late_by_cause.items()) if n)
+        return (f"loop lag p99 {p99} ms, max {worst} ms, {self.late} of {self.ticks} ticks over 10 ms"
+                + (f" ({causes})" if causes else "")
+                + f" (garbage collections over 10 ms: {collections or 'none'})")
 
 
 def metrics_url(ws_url: str) -> str:
@@ -52,30 +64,59 @@ def metrics_url(ws_url: str) -> str:
     return f"{scheme}://{parts.netloc}/metrics"
 
 
-def lag_buckets(ws_url: str) -> dict[float, float] | None:
-    """The node's lag histogram now, as {upper bound (s): cumulative count}; None if unreadable."""
+Buckets = dict[float, float]  # a histogram now, as {upper bound (s): cumulative count}
+
+
+def lag_buckets(ws_url: str) -> tuple[Buckets | None, dict[str, Buckets]]:
+    """The node's lag histogram now (None if unreadable), and its collections' by generation; the late
+    ticks by cause ride along as the generation-like key `cause:<name>` (a count, under +Inf)."""
     try:
         text = httpx.get(metrics_url(ws_url), timeout=5).text
     except httpx.HTTPError:
-        return None
+        return None, {}
+    lag, collections = None, {}
     for family in text_string_to_metric_families(text):
+        if family.name == CAUSE_METRIC:
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    collections[f"cause:{sample.labels['cause']}"] = {math.inf: sample.value}
         if family.name == METRIC:
-            return {float(s.labels["le"]): s.value for s in family.samples if s.name.endswith("_bucket")}
-    return None
+            lag = {float(s.labels["le"]): s.value for s in family.samples if s.name.endswith("_bucket")}
+        elif family.name == GC_METRIC:
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    collections.setdefault(sample.labels["generation"], {})[float(sample.labels["le"])] = sample.value
+    return lag, collections
 
 
-def lag_window(before: dict[float, float] | None, after: dict[float, float] | None) -> LoopLag | None:
+def _over(before: Buckets, after: Buckets, seconds: float) -> int:
+    """How many of the window's observations were over `seconds` (a bucket bound)."""
+    total = max(after) if after else None
+    if total is None:
+        return 0
+    within = after.get(seconds, 0.0) - before.get(seconds, 0.0)
+    return int(after[total] - before.get(total, 0.0) - within)
+
+
+def lag_window(before: Buckets | None, after: Buckets | None, gc_before: dict[str, Buckets] | None = None,
+               gc_after: dict[str, Buckets] | None = None) -> LoopLag | None:
     if not before or not after:
         return None
+    gc_before, gc_after = gc_before or {}, gc_after or {}
+    gc_late = {gen: _over(gc_before.get(gen, {}), buckets, LATE_SECONDS)
+               for gen, buckets in gc_after.items() if not gen.startswith("cause:")}
+    late_by_cause = {key.removeprefix("cause:"): int(counts[math.inf] - gc_before.get(key, {}).get(math.inf, 0.0))
+                     for key, counts in gc_after.items() if key.startswith("cause:")}
     bounds = sorted(after)
     counts = {b: after[b] - before.get(b, 0.0) for b in bounds}
     ticks = counts[bounds[-1]]
     if ticks <= 0:
-        return LoopLag(0, 0, None, None)
+        return LoopLag(0, 0, None, None, gc_late, late_by_cause)
     on_time = max((counts[b] for b in bounds if b <= LATE_SECONDS), default=0.0)
     p99 = next(b for b in bounds if counts[b] >= 0.99 * ticks)
     worst = next(b for b in bounds if counts[b] >= ticks)
-    return LoopLag(ticks=int(ticks), late=int(ticks - on_time), p99_le_ms=p99 * 1000, max_le_ms=worst * 1000)
+    return LoopLag(ticks=int(ticks), late=int(ticks - on_time), p99_le_ms=p99 * 1000, max_le_ms=worst * 1000,
+                   gc_late=gc_late, late_by_cause=late_by_cause)
 
 
 class LagProbe:
@@ -83,7 +124,7 @@ class LagProbe:
 
     def __init__(self, ws_url: str | None) -> None:
         self.ws_url = ws_url
-        self._before: dict[float, float] | None = None
+        self._before: tuple[Buckets | None, dict[str, Buckets]] = (None, {})
         self.window: LoopLag | None = None
 
     def start(self) -> None:
@@ -92,4 +133,5 @@ class LagProbe:
 
     def stop(self) -> None:
         if self.ws_url:
-            self.window = lag_window(self._before, lag_buckets(self.ws_url))
+            lag, collections = lag_buckets(self.ws_url)
+            self.window = lag_window(self._before[0], lag, self._before[1], collections)

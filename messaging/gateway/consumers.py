@@ -131,6 +131,10 @@ class ClientConsumer(ChannelReaderConsumer):
                 self._master_resync_later()
         self.master_timer = asyncio.get_running_loop().call_later(settings.PRESENCE_MASTER_RESYNC_SECONDS, due)
 
+    def _let_go(self, finished: asyncio.Future | None = None) -> None:
+        super()._let_go(finished)
+        self.closing = True  # (a late timer or close finds it closed, not half-made)
+
     async def _drain(self) -> None:
         """The node drains: no more pushes (they go back to the mailbox), the ACKs of what is in
         flight are waited for (DRAIN_ACK_WAIT_SECONDS at most), and what this node has read of the

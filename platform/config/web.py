@@ -18,7 +18,8 @@ ALLOW_UNTESTED_VERSIONS), instead of failing inside daphne's import of config.as
 
 Before it listens, everything imported so far is frozen out of the garbage collector's full passes
 (foundation.heap, WEB_HEAP_FREEZE), which would otherwise walk it all on the event loop's thread, and
-the young generation is collected less often (WEB_GC_THRESHOLDS).
+the young generation is collected less often (WEB_GC_THRESHOLDS), and what each full pass leaves
+alive is frozen after it (WEB_GC_FREEZE_SURVIVORS).
 
 SIGTERM (or SIGINT) drains the node before it exits (foundation.drain_server, messaging.gateway.drain):
 /readyz 503, no new sockets, clients closed with 1012 spread over DRAIN_SECONDS, everything batched
@@ -58,7 +59,7 @@ def main(argv: list[str]) -> None:
     # by default) per statement. A shorter interval shortens every group commit under load.
     sys.setswitchinterval(settings.WEB_GIL_SWITCH_SECONDS)
 
-    from foundation.heap import gc_thresholds, heap_freeze  # (after django.setup(): it logs through Django's)
+    from foundation.heap import gc_thresholds, heap_freeze, survivors_freeze  # (after django.setup(): it logs)
     from messaging.gateway.drain import node_drain  # imports models: only once django.setup() has run
 
     if settings.WEB_HEAP_FREEZE:
@@ -66,6 +67,7 @@ def main(argv: list[str]) -> None:
 
         heap_freeze()  # before the node listens: no client waits for it
     gc_thresholds(settings.WEB_GC_THRESHOLDS)
+    survivors_freeze(settings.WEB_GC_FREEZE_SURVIVORS)
 
     interface = known.bind.strip("[]").replace(":", r"\:")
     cli = CommandLineInterface()

@@ -4,7 +4,7 @@
   have left the node, and whether the socket is gone or was cut off as a slow reader;
 - `FrameLimit`, the scope extension `switchboard.frame_limit`: the largest frame a WebSocket may
   receive, lifted once its client has authenticated;
-- `IncomingBytes`: the bytes of received frames waiting in a WebSocket's application queue.
+- `IncomingQueue`: a WebSocket's application queue, counting the bytes of the received frames in it.
 
 `OutgoingBuffer` reads Twisted's private write buffer (`dataBuffer`, `offset`, `_tempDataLen`),
 wraps its `doWrite`, and writes a frame to the socket at once when nothing waits before it
@@ -18,6 +18,8 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
+
+from foundation.slim_queue import SlimQueue
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,14 @@ class OutgoingBuffer:
                 return result
 
             transport.doWrite = do_write
+
+    def detach(self) -> None:
+        """The socket is gone: its transport's own write methods back. The wrappers above are
+        stored on the transport and hold it (a reference cycle, left for the collector's full pass
+        by every closed connection, issue 47). What was counted stays readable."""
+        for name in ("write", "writeSequence", "doWrite"):
+            self.transport.__dict__.pop(name, None)
+        self._direct = False
 
     def _idle(self) -> bool:
         """Nothing of this socket waits in Twisted's buffer, and Twisted would write now: a frame
@@ -128,29 +138,31 @@ class FrameLimit:
         self.protocol.maxMessagePayloadSize, self.protocol.maxFramePayloadSize = self.full
 
 
-class IncomingBytes:
-    """Bytes of received frames waiting in a WebSocket's application queue (daphne's `input_queue`).
+class IncomingQueue(SlimQueue):
+    """A WebSocket's application queue (daphne's `input_queue`) that counts the bytes of the
+    received frames waiting in it.
 
-    The size of a frame is noted by `arriving` just before daphne puts it in the queue, and given
-    back when the application takes it out (asyncio.Queue's `_put`/`_get`, which every put and get
-    go through, wrapped on this one queue)."""
+    The size of a frame is noted in `arriving` just before daphne puts it in the queue, and given
+    back when the application takes it out (`_put`/`_get`, which every put and get go through).
+    Overridden here rather than wrapped on the instance: wrappers stored on the queue that call its
+    own bound methods are a reference cycle, left for the collector's full pass by every closed
+    connection (issue 47)."""
 
-    def __init__(self, queue) -> None:
+    def __init__(self, maxsize: int = 0) -> None:
+        super().__init__(maxsize)
         self.bytes = 0
         self.arriving = 0
-        sizes: collections.deque[int] = collections.deque()
-        original_put, original_get = queue._put, queue._get
+        self._sizes: collections.deque[int] | None = None
 
-        def put(item) -> None:
-            sizes.append(self.arriving)
-            self.bytes += self.arriving
-            self.arriving = 0
-            original_put(item)
+    def _put(self, item) -> None:
+        if self._sizes is None:
+            self._sizes = collections.deque()
+        self._sizes.append(self.arriving)
+        self.bytes += self.arriving
+        self.arriving = 0
+        super()._put(item)
 
-        def get():
-            item = original_get()
-            self.bytes -= sizes.popleft() if sizes else 0
-            return item
-
-        queue._put, queue._get = put, get
-
+    def _get(self):
+        item = super()._get()
+        self.bytes -= self._sizes.popleft() if self._sizes else 0
+        return item

@@ -27,8 +27,24 @@ node made one young pass in 20 s, of 4 to 7 ms, and no other (measured with 1000
 young pass, and a full pass is then considered each time (threshold 0), every 80,000 allocations,
 about as often as with Python's own thresholds (701 x 11 x 11, 85,000), so the garbage that closed
 connections leave in cycles (about 125 objects each) is collected as often as before. Those full
-passes, 50 to 150 ms with a round of 200 closed connections' garbage to free, are what still holds
+passes, 50 to 150 ms with a round of 200 closed connections' garbage to free, were what still held
 the loop longest.
+
+**A closed connection is freed by reference counting** (since issue 47's second pass): its consumer
+lets go of its state when it ends (messaging.gateway.connection.inbox), and the daphne side breaks
+the cycles daphne, autobahn and the node's own wrappers make (foundation.patches.daphne). A storm of
+200 clients dropped and back six times left no cyclic garbage (it left about 167 objects per closed
+connection before). So a full pass no longer frees anything worth its walk: what it costs is walking
+what is alive, about 127 objects per held connection, 80-140 ms with 1,000 held connections and
+16-27 ms with 200 on the bench machine.
+
+`survivors_freeze` (WEB_GC_FREEZE_SURVIVORS, on by default) therefore freezes what a full pass
+leaves alive, at its end: the next pass walks only what was made and kept since. Python runs a full
+pass once what was promoted since the last one is a quarter of what that one left, so the passes
+walk a few thousand objects each, not every held connection again. What is frozen is still freed by
+its reference count; only garbage in a cycle that includes an object frozen earlier is never
+collected. The frozen count is on /metrics (`switchboard_gc_frozen_objects`): one that grows while the
+node's connections do not is such a leak.
 """
 
 from __future__ import annotations
@@ -55,3 +71,16 @@ def gc_thresholds(thresholds: tuple[int, ...]) -> None:
     """The collector's thresholds (gc.set_threshold's); empty: Python's own stay."""
     if thresholds:
         gc.set_threshold(*thresholds)
+
+
+def _freeze_after_full_pass(phase: str, info: dict) -> None:
+    if phase == "stop" and info.get("generation") == 2:
+        gc.freeze()
+
+
+def survivors_freeze(on: bool = True) -> None:
+    """After every full collection, freeze what it left alive (on), or stop doing so (off)."""
+    if _freeze_after_full_pass in gc.callbacks:
+        gc.callbacks.remove(_freeze_after_full_pass)
+    if on:
+        gc.callbacks.append(_freeze_after_full_pass)

@@ -10,6 +10,15 @@ figures show it (served at /metrics with the node's others):
 - `switchboard_gc_pause_seconds{generation}`: every garbage collection of the process, timed
   (gc.callbacks). A collection runs on whichever thread allocated last, the loop's or not, and holds
   the GIL for all of them.
+- `switchboard_event_loop_late_ticks_total{cause}`: each tick more than LOOP_LATE_SECONDS (10 ms)
+  late, by what the loop's thread did meanwhile, read at each tick from its CPU clock and, on Linux,
+  the kernel's scheduler statistics for it (/proc/self/task/<tid>/schedstat), whichever of these
+  took the most time, if at least half the lateness: `not_scheduled` (it was ready to run and waited
+  for a core: the machine's other processes had the cores, which a busy two-core machine does for
+  10-25 ms at times), `loop` (it ran: a callback, or a collection on it), `other_threads` (the
+  process's other threads ran: they held the GIL); `blocked` when none did (a blocking call on the
+  loop, a sleep or synchronous I/O). A reading over the time since the previous tick, not a trace;
+  it tells the node's own stalls from the machine's.
 - stalls logged: a watchdog thread looks every LOOP_STALL_SAMPLE_SECONDS, and logs a stall longer
   than LOOP_STALL_LOG_SECONDS once it ends, with its length and the collections that ran in it;
   with LOOP_STALL_STACKS on, also the loop thread's stack seen most often meanwhile (what the loop
@@ -28,13 +37,14 @@ import asyncio
 import collections
 import gc
 import logging
+import os
 import sys
 import threading
 import time
 import traceback
 
 from django.conf import settings
-from prometheus_client import Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from foundation.metrics import REGISTRY
 
@@ -46,6 +56,14 @@ LOOP_LAG = Histogram("switchboard_event_loop_lag_seconds",
                      buckets=_BUCKETS, registry=REGISTRY)
 GC_PAUSE = Histogram("switchboard_gc_pause_seconds", "Garbage collections of the web node's process, timed",
                      ["generation"], buckets=_BUCKETS, registry=REGISTRY)
+LOOP_LATE_SECONDS = 0.01
+LOOP_LATE = Counter("switchboard_event_loop_late_ticks",
+                    "Ticks of the lag timer more than 10 ms late, by what the process did meanwhile",
+                    ["cause"], registry=REGISTRY)
+GC_FROZEN = Gauge("switchboard_gc_frozen_objects",
+                  "Objects frozen out of the collector's passes (foundation.heap); growing while the "
+                  "node's connections do not is garbage that is never collected", registry=REGISTRY)
+GC_FROZEN.set_function(gc.get_freeze_count)
 
 
 class _GcTimer:
@@ -68,6 +86,42 @@ class _GcTimer:
         return [(gen, took) for at, gen, took in list(self.recent) if start <= at <= end + 0.001]
 
 
+def late_cause(late: float, own_cpu: float, process_cpu: float, waited: float | None) -> str:
+    """Why a tick ran `late` seconds late, from what happened since the previous tick: how long the
+    loop's thread waited for a core (`waited`; None where the kernel does not say), the CPU it used
+    (`own_cpu`) and the CPU the process's other threads used (`process_cpu` less its own). The
+    largest of the three, if it covers at least half the lateness; else the loop's thread was
+    blocked (a sleep, synchronous I/O)."""
+    shares = {"not_scheduled": waited or 0.0, "loop": own_cpu, "other_threads": process_cpu - own_cpu}
+    cause = max(shares, key=shares.__getitem__)
+    return cause if shares[cause] >= late / 2 else "blocked"
+
+
+class _ThreadClock:
+    """The calling thread's CPU time and its time waiting for a core, both in seconds (the second
+    None off Linux): /proc/self/task/<tid>/schedstat, kept open and read again from its start."""
+
+    def __init__(self) -> None:
+        try:
+            self._fd: int | None = os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def read(self) -> tuple[float, float | None]:
+        if self._fd is not None:
+            try:
+                ran, waited, _ = os.pread(self._fd, 128, 0).split()
+                return int(ran) / 1e9, int(waited) / 1e9
+            except (OSError, ValueError):
+                self._fd = None
+        return time.thread_time(), None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class LoopWatch:
     """The lag timer on one loop, and the watchdog thread that samples the loop's stack in a stall."""
 
@@ -79,10 +133,16 @@ class LoopWatch:
         self.ticked = time.perf_counter()  # when the loop last ran the timer (read by the watchdog)
         self.gc = _GcTimer()
         self._due = 0.0
+        self._clock: _ThreadClock | None = None  # the loop thread's (made on it, in start)
+        self._own_cpu = self._waited = self._process_cpu = 0.0
         self._stopped = threading.Event()
 
     def start(self) -> None:
+        """Called on the loop's thread."""
         gc.callbacks.append(self.gc)
+        self._clock = _ThreadClock()
+        (self._own_cpu, waited), self._process_cpu = self._clock.read(), time.process_time()
+        self._waited = waited or 0.0
         self._due = time.perf_counter() + self.interval
         self.loop.call_later(self.interval, self._tick)
         if self.stall_after > 0:
@@ -90,6 +150,8 @@ class LoopWatch:
 
     def stop(self) -> None:
         self._stopped.set()
+        if self._clock is not None:
+            self._clock.close()
         if self.gc in gc.callbacks:
             gc.callbacks.remove(self.gc)
 
@@ -97,7 +159,13 @@ class LoopWatch:
         if self._stopped.is_set():
             return
         now = time.perf_counter()
-        LOOP_LAG.observe(max(0.0, now - self._due))
+        (own, waited), process = self._clock.read(), time.process_time()
+        late = max(0.0, now - self._due)
+        LOOP_LAG.observe(late)
+        if late > LOOP_LATE_SECONDS:
+            LOOP_LATE.labels(late_cause(late, own - self._own_cpu, process - self._process_cpu,
+                                        None if waited is None else waited - self._waited)).inc()
+        self._own_cpu, self._waited, self._process_cpu = own, waited or 0.0, process
         self.ticked = now
         self._due = now + self.interval
         self.loop.call_later(self.interval, self._tick)

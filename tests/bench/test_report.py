@@ -190,3 +190,35 @@ def test_the_web_nodes_loop_lag_over_a_window_is_read_from_its_histogram_and_sho
     row = replace(platform_row(), loop_lag=lag)
     assert "| ≤ 5 / ≤ 250 |" in results_table([row, pubsub_row()], 250)
     assert row_from_json(json.loads(json.dumps(row_to_json(row)))).loop_lag == lag
+
+
+def test_the_collections_over_ten_milliseconds_in_a_window_are_counted_beside_the_late_ticks():
+    from bench.loop_lag import lag_window
+
+    before = {0.001: 90.0, 0.01: 99.0, 0.05: 100.0, float("inf"): 100.0}
+    after = {0.001: 1070.0, 0.01: 1098.0, 0.05: 1100.0, float("inf"): 1100.0}
+    gc_before = {"0": {0.005: 3.0, 0.01: 3.0, 0.025: 3.0, float("inf"): 3.0},
+                 "2": {0.005: 0.0, 0.01: 1.0, 0.025: 1.0, float("inf"): 2.0}}
+    gc_after = {"0": {0.005: 9.0, 0.01: 9.0, 0.025: 9.0, float("inf"): 9.0},
+                "2": {0.005: 0.0, 0.01: 1.0, 0.025: 2.0, float("inf"): 3.0}}
+
+    lag = lag_window(before, after, gc_before, gc_after)
+
+    assert lag.gc_late == {"0": 0, "2": 1}
+    assert lag.summary().endswith("1 of 1000 ticks over 10 ms (garbage collections over 10 ms: gen 2: 1)")
+    assert lag_window(before, after).summary().endswith("(garbage collections over 10 ms: none)")
+
+
+def test_the_late_ticks_of_a_window_are_told_by_what_the_node_did_meanwhile():
+    from bench.loop_lag import lag_window
+
+    before = {0.01: 99.0, float("inf"): 100.0}
+    after = {0.01: 1096.0, float("inf"): 1100.0}
+    causes_before = {"cause:not_scheduled": {float("inf"): 5.0}, "cause:loop": {float("inf"): 1.0}}
+    causes_after = {"cause:not_scheduled": {float("inf"): 8.0}, "cause:loop": {float("inf"): 1.0},
+                    "cause:blocked": {float("inf"): 0.0}}
+
+    lag = lag_window(before, after, causes_before, causes_after)
+
+    assert lag.late_by_cause == {"not_scheduled": 3, "loop": 0, "blocked": 0} and lag.gc_late == {}
+    assert "3 of 1000 ticks over 10 ms (not_scheduled: 3) (garbage collections" in lag.summary()

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
 import time
 
 import pytest
 
 from foundation.heap import heap_freeze
-from foundation.loop_watch import LoopWatch
+from foundation.loop_watch import LoopWatch, late_cause
 from foundation.metrics import REGISTRY
 
 
@@ -73,6 +74,62 @@ def test_a_stall_is_logged_without_reading_the_loop_threads_frames_unless_stacks
         _run_watched(lambda: _the_loop_blocked_by_a_synchronous_call(0.3))
     stalls = [r.getMessage() for r in caplog.records if "event loop stalled" in r.getMessage()]
     assert stalls and all("LOOP_STALL_STACKS is off" in s and "time.sleep" not in s for s in stalls)
+
+
+def _late_ticks(cause: str) -> float:
+    return REGISTRY.get_sample_value("switchboard_event_loop_late_ticks_total", {"cause": cause}) or 0.0
+
+
+def _the_loop_computing_for(seconds: float) -> None:
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        pass
+
+
+def _another_thread_holding_the_gil() -> None:
+    done = threading.Event()
+
+    def hold() -> None:
+        sum(range(30_000_000))  # one C call: the GIL is not handed back until it ends
+        done.set()
+
+    threading.Thread(target=hold).start()
+    done.wait(30)
+
+
+@pytest.mark.parametrize(("stall", "cause"), [
+    (lambda: _the_loop_computing_for(0.2), "loop"),
+    (lambda: _the_loop_blocked_by_a_synchronous_call(0.2), "blocked"),
+])
+def test_a_late_tick_is_counted_by_what_held_the_loop(watched, stall, cause):
+    before = _late_ticks(cause)
+    _run_watched(stall)
+    assert _late_ticks(cause) >= before + 1
+
+
+def test_a_late_tick_while_another_thread_held_the_gil_is_counted_as_the_other_threads(watched):
+    before = _late_ticks("other_threads")
+
+    async def main() -> None:
+        watch = LoopWatch(asyncio.get_running_loop())
+        watch.start()
+        try:
+            await asyncio.sleep(0.1)
+            await asyncio.get_running_loop().run_in_executor(None, _another_thread_holding_the_gil)
+            await asyncio.sleep(0.1)
+        finally:
+            watch.stop()
+
+    asyncio.run(main())
+    assert _late_ticks("other_threads") >= before + 1
+
+
+def test_a_tick_late_while_the_loop_waited_for_a_core_is_the_machines_not_the_nodes():
+    # (a core taken by other processes cannot be made on demand here: the reading itself)
+    assert late_cause(0.02, own_cpu=0.001, process_cpu=0.002, waited=0.019) == "not_scheduled"
+    assert late_cause(0.02, own_cpu=0.025, process_cpu=0.03, waited=0.001) == "loop"
+    assert late_cause(0.02, own_cpu=0.001, process_cpu=0.05, waited=None) == "other_threads"
+    assert late_cause(0.02, own_cpu=0.001, process_cpu=0.002, waited=0.0) == "blocked"
 
 
 def test_a_full_garbage_collection_in_a_stall_is_named_in_its_log_and_timed(watched, caplog):

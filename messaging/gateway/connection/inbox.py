@@ -71,7 +71,21 @@ class ChannelReaderConsumer(AsyncWebsocketConsumer):
             for feeder in feeders:
                 feeder.cancel()
             # Runs on every way out: a clean disconnect, an exception in a handler, a cancellation.
-            await asyncio.shield(self._finish(direct))
+            finishing = asyncio.ensure_future(self._finish(direct))
+            finishing.add_done_callback(self._let_go)
+            await asyncio.shield(finishing)
+
+    def _let_go(self, _finished: asyncio.Future | None = None) -> None:
+        """The connection is over and released: the consumer drops what it holds, so reference
+        counting frees the connection's objects now, not the collector's next full pass.
+
+        A consumer is a knot of references to itself (its life's close callback, its channel
+        cursor's writer, its ledger and buffers are its own and point back): left as it is, each
+        closed connection leaves about 70 objects in reference cycles that only a full collection
+        frees, on the event loop's thread, 50-150 ms for a round of 200 (issue 47). What reads the
+        consumer after this finds its class's defaults (no life, no ledger, ended)."""
+        vars(self).clear()
+        self.ended = True
 
     async def _finish(self, direct: bool) -> None:
         await self.end()

@@ -73,6 +73,9 @@ WEB_HEAP_FREEZE = env_bool("WEB_HEAP_FREEZE", True)
 # rarely and considers a full pass every 80,000 allocations, about as often as Python's own (85,000)
 # (foundation.heap; issue 47).
 WEB_GC_THRESHOLDS = tuple(int(n) for n in env_list("WEB_GC_THRESHOLDS", ["10000", "7", "0"]))
+# What a full garbage collection leaves alive is frozen after it (foundation.heap.survivors_freeze):
+# the next full pass walks only what was made since, not every held connection again (issue 47).
+WEB_GC_FREEZE_SURVIVORS = env_bool("WEB_GC_FREEZE_SURVIVORS", True)
 # The web node's GIL switch interval (sys.setswitchinterval), in seconds: how long a database thread
 # whose answer has come may wait for the event loop's thread (config.web).
 WEB_GIL_SWITCH_SECONDS = env_float("WEB_GIL_SWITCH_SECONDS", 0.0005)

@@ -70,13 +70,12 @@ from foundation.daphne_adapter import (
     FRAME_LIMIT_EXTENSION,
     OUTGOING_EXTENSION,
     FrameLimit,
-    IncomingBytes,
+    IncomingQueue,
     OutgoingBuffer,
 )
 from foundation.forwarded import client_from_headers, trusted_networks
 from foundation.metrics import CONNECTIONS_CLOSED
 from foundation.patches.versions import require_tested
-from foundation.slim_queue import SlimQueue
 from foundation.transport.frames import CLOSE_FRAME_FLOOD, CLOSE_SLOW_READER
 
 log = logging.getLogger(__name__)
@@ -114,9 +113,9 @@ def _setting(name: str, default: int) -> int:
 def _create_with_slim_queue(server, protocol, scope):
     """daphne's Server.create_application (4.2.3), with a SlimQueue as the socket's input queue: a
     WebSocket's queue has one reader, and asyncio.Queue's 2.5 KB were a good part of what a held
-    connection costs (foundation.slim_queue)."""
+    connection costs (foundation.slim_queue). It counts the bytes waiting in it (3.)."""
     assert "application_instance" not in server.connections[protocol]
-    input_queue = SlimQueue()
+    input_queue = IncomingQueue()
     scope.setdefault("asgi", {"version": "3.0"})
     application_instance = server.application(scope=scope, receive=input_queue.get,
                                               send=functools.partial(server.handle_reply, protocol))
@@ -124,6 +123,25 @@ def _create_with_slim_queue(server, protocol, scope):
         return None
     server.connections[protocol]["application_instance"] = asyncio.ensure_future(application_instance)
     return input_queue
+
+
+def _upgrade_let_go(process):
+    """WebRequest.process, and after a WebSocket upgrade (daphne hands the socket to the WebSocket
+    protocol and sets the request's transport to None) the HTTP channel lets go of its request once
+    the call that upgraded returns: the two refer to each other, and the pair (some twenty objects
+    per connection) would otherwise wait for the collector (issue 47)."""
+
+    @functools.wraps(process)
+    def process_then_let_go(self):
+        result = process(self)
+        channel = getattr(self, "channel", None)
+        if self.transport is None and channel is not None and self.requestHeaders.hasHeader(b"upgrade"):
+            from twisted.internet import reactor  # (the reactor daphne installed)
+
+            reactor.callLater(0, channel.requests.clear)
+        return result
+
+    return process_then_let_go
 
 
 # 8. autobahn's debug-line arguments built only when logged
@@ -225,6 +243,21 @@ def install() -> None:
 
     WebSocketProtocol.onClose = on_close
 
+    original_connection_lost = WebSocketProtocol.connectionLost
+
+    def connection_lost(self, reason):
+        try:
+            return original_connection_lost(self, reason)
+        finally:
+            outgoing = getattr(self, "_switchboard_outgoing", None)
+            if outgoing is not None:
+                outgoing.detach()  # (its wrappers on the transport held it in a cycle)
+            closed = getattr(self, "is_closed", None)
+            if getattr(closed, "called", False) and closed.result is self:
+                closed.result = None  # autobahn resolves it with the protocol: a cycle; nobody here waits on it
+
+    WebSocketProtocol.connectionLost = connection_lost
+
     # 4. a bounded outgoing buffer, offered to the application
     original_create = server.Server.create_application
 
@@ -247,7 +280,7 @@ def install() -> None:
         else:
             queue = original_create(self, protocol, scope)
         if isinstance(protocol, WebSocketProtocol) and queue is not None:
-            protocol._switchboard_incoming = IncomingBytes(queue)
+            protocol._switchboard_incoming = queue
         return queue
 
     server.Server.create_application = create_application
@@ -290,7 +323,7 @@ def install() -> None:
     got_length, handle_content_chunk, process = body_cap.request_methods(http_protocol.WebRequest)
     http_protocol.WebRequest.gotLength = got_length
     http_protocol.WebRequest.handleContentChunk = handle_content_chunk
-    http_protocol.WebRequest.process = process
+    http_protocol.WebRequest.process = _upgrade_let_go(process)
 
     # 7. no form parsing (Twisted sets the flag per request, from an argument daphne never passes)
     original_request_init = http_protocol.WebRequest.__init__
