@@ -67,46 +67,52 @@ def metrics_url(ws_url: str) -> str:
 Buckets = dict[float, float]  # a histogram now, as {upper bound (s): cumulative count}
 
 
-def lag_buckets(ws_url: str) -> tuple[Buckets | None, dict[str, Buckets]]:
-    """The node's lag histogram now (None if unreadable), and its collections' by generation; the late
-    ticks by cause ride along as the generation-like key `cause:<name>` (a count, under +Inf)."""
+@dataclass(frozen=True)
+class Scrape:
+    """What one read of the node's /metrics gives the window: its lag histogram (None if unreadable),
+    its collections' histograms by generation, and its late ticks by cause (counts)."""
+
+    lag: Buckets | None = None
+    collections: dict[str, Buckets] = field(default_factory=dict)
+    causes: dict[str, float] = field(default_factory=dict)
+
+
+def lag_buckets(ws_url: str) -> Scrape:
+    """The node's figures now, read from its /metrics."""
     try:
         text = httpx.get(metrics_url(ws_url), timeout=5).text
     except httpx.HTTPError:
-        return None, {}
-    lag, collections = None, {}
+        return Scrape()
+    lag, collections, causes = None, {}, {}
     for family in text_string_to_metric_families(text):
-        if family.name == CAUSE_METRIC:
-            for sample in family.samples:
-                if sample.name.endswith("_total"):
-                    collections[f"cause:{sample.labels['cause']}"] = {math.inf: sample.value}
         if family.name == METRIC:
             lag = {float(s.labels["le"]): s.value for s in family.samples if s.name.endswith("_bucket")}
         elif family.name == GC_METRIC:
             for sample in family.samples:
                 if sample.name.endswith("_bucket"):
                     collections.setdefault(sample.labels["generation"], {})[float(sample.labels["le"])] = sample.value
-    return lag, collections
+        elif family.name == CAUSE_METRIC:
+            causes.update({s.labels["cause"]: s.value for s in family.samples if s.name.endswith("_total")})
+    return Scrape(lag, collections, causes)
 
 
 def _over(before: Buckets, after: Buckets, seconds: float) -> int:
     """How many of the window's observations were over `seconds` (a bucket bound)."""
-    total = max(after) if after else None
-    if total is None:
+    if not after:
         return 0
+    total = max(after)
     within = after.get(seconds, 0.0) - before.get(seconds, 0.0)
     return int(after[total] - before.get(total, 0.0) - within)
 
 
 def lag_window(before: Buckets | None, after: Buckets | None, gc_before: dict[str, Buckets] | None = None,
-               gc_after: dict[str, Buckets] | None = None) -> LoopLag | None:
+               gc_after: dict[str, Buckets] | None = None, causes_before: dict[str, float] | None = None,
+               causes_after: dict[str, float] | None = None) -> LoopLag | None:
     if not before or not after:
         return None
-    gc_before, gc_after = gc_before or {}, gc_after or {}
-    gc_late = {gen: _over(gc_before.get(gen, {}), buckets, LATE_SECONDS)
-               for gen, buckets in gc_after.items() if not gen.startswith("cause:")}
-    late_by_cause = {key.removeprefix("cause:"): int(counts[math.inf] - gc_before.get(key, {}).get(math.inf, 0.0))
-                     for key, counts in gc_after.items() if key.startswith("cause:")}
+    gc_before, causes_before = gc_before or {}, causes_before or {}
+    gc_late = {gen: _over(gc_before.get(gen, {}), buckets, LATE_SECONDS) for gen, buckets in (gc_after or {}).items()}
+    late_by_cause = {cause: int(count - causes_before.get(cause, 0.0)) for cause, count in (causes_after or {}).items()}
     bounds = sorted(after)
     counts = {b: after[b] - before.get(b, 0.0) for b in bounds}
     ticks = counts[bounds[-1]]
@@ -124,7 +130,7 @@ class LagProbe:
 
     def __init__(self, ws_url: str | None) -> None:
         self.ws_url = ws_url
-        self._before: tuple[Buckets | None, dict[str, Buckets]] = (None, {})
+        self._before = Scrape()
         self.window: LoopLag | None = None
 
     def start(self) -> None:
@@ -133,5 +139,6 @@ class LagProbe:
 
     def stop(self) -> None:
         if self.ws_url:
-            lag, collections = lag_buckets(self.ws_url)
-            self.window = lag_window(self._before[0], lag, self._before[1], collections)
+            before, after = self._before, lag_buckets(self.ws_url)
+            self.window = lag_window(before.lag, after.lag, before.collections, after.collections,
+                                     before.causes, after.causes)

@@ -136,9 +136,7 @@ def _upgrade_let_go(process):
         result = process(self)
         channel = getattr(self, "channel", None)
         if self.transport is None and channel is not None and self.requestHeaders.hasHeader(b"upgrade"):
-            from twisted.internet import reactor  # (the reactor daphne installed)
-
-            reactor.callLater(0, channel.requests.clear)
+            channel.callLater(0, channel.requests.clear)  # (the channel's own timer: TimeoutMixin's)
         return result
 
     return process_then_let_go
