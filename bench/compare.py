@@ -254,7 +254,7 @@ def sweep(args: argparse.Namespace, targets: list[Target], groups: Mapping[str, 
                 user_base=args.user_base + run_index * args.connections,
             )
             probe = CpuProbe(groups)
-            lag = LagProbe(None if target.is_relay else target.url)
+            lag = LagProbe(None if target.is_relay else target.url, scrape_every=args.scrape_every)
 
             def window_start(probe=probe, lag=lag) -> None:
                 probe.start()
@@ -425,6 +425,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--write-docs", action="store_true",
                         help="rewrite the generated region of docs/benchmarks.md and the SVG charts")
     parser.add_argument("--json", type=Path, help="also write every run's full result as JSON (after every run)")
+    parser.add_argument("--scrape-every", type=float, default=5.0, metavar="SECONDS",
+                        help="scrape the web node's /metrics this often during each measured window, as a "
+                             "deployment's Prometheus would (default 5; 0: only at the window's ends)")
     parser.add_argument("--from-json", type=Path, metavar="FILE",
                         help="run nothing: rewrite the docs region and charts from a saved --json file")
     add_load_arguments(parser)

@@ -9,12 +9,19 @@ garbage collections of the window that took longer than 10 ms, by generation
 (`switchboard_gc_pause_seconds`): a late tick that one of them matches was the collector's; and the
 late ticks by what the node did meanwhile (`switchboard_event_loop_late_ticks_total{cause}`,
 foundation.loop_watch): `not_scheduled` ones were the machine's (the loop waited for a core), not the node's.
+
+Between the two ends the probe scrapes /metrics every `scrape_every` seconds (compare's
+--scrape-every, 5 s by default), as the Prometheus of a monitored deployment would: what a scrape
+costs the node's loop is then in the window's figures, not left out of them. A gauge that walked
+the node's whole heap on every scrape (19 ms in one C call, holding the GIL) added a late tick per
+scrape for a session before it was seen, because the bench scraped only at the window's ends.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+import threading
+from dataclasses import asdict, dataclass, field, replace
 from urllib.parse import urlsplit
 
 import httpx
@@ -34,6 +41,7 @@ class LoopLag:
     max_le_ms: float | None  # the bucket bound under which all of them fell (inf: over the last bound)
     gc_late: dict[str, int] = field(default_factory=dict)  # collections over LATE_SECONDS, by generation
     late_by_cause: dict[str, int] = field(default_factory=dict)  # late ticks by what the node did meanwhile
+    scrapes: int = 0  # scrapes of /metrics within the window (at its ends not counted)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -55,7 +63,8 @@ class LoopLag:
         causes = ", ".join(f"{c}: {n}" for c, n in sorted(self.late_by_cause.items()) if n)
         return (f"loop lag p99 {p99} ms, max {worst} ms, {self.late} of {self.ticks} ticks over 10 ms"
                 + (f" ({causes})" if causes else "")
-                + f" (garbage collections over 10 ms: {collections or 'none'})")
+                + f" (garbage collections over 10 ms: {collections or 'none'})"
+                + (f", {self.scrapes} scrapes of /metrics in it" if self.scrapes else ""))
 
 
 def metrics_url(ws_url: str) -> str:
@@ -126,19 +135,42 @@ def lag_window(before: Buckets | None, after: Buckets | None, gc_before: dict[st
 
 
 class LagProbe:
-    """Reads the histogram at the window's start and end (WindowHooks), for one platform target."""
+    """Reads the histogram at the window's start and end (WindowHooks), for one platform target, and
+    scrapes /metrics every `scrape_every` seconds in between (0: only at the ends)."""
 
-    def __init__(self, ws_url: str | None) -> None:
+    def __init__(self, ws_url: str | None, scrape_every: float = 0.0) -> None:
         self.ws_url = ws_url
+        self.scrape_every = scrape_every
         self._before = Scrape()
+        self._stopped = threading.Event()
+        self._scraper: threading.Thread | None = None
+        self._scrapes = 0
         self.window: LoopLag | None = None
 
     def start(self) -> None:
         if self.ws_url:
             self._before = lag_buckets(self.ws_url)
+            if self.scrape_every > 0:
+                self._stopped.clear()
+                self._scraper = threading.Thread(target=self._scrape, name="metrics-scraper", daemon=True)
+                self._scraper.start()
+
+    def _scrape(self) -> None:
+        url = metrics_url(self.ws_url)
+        while not self._stopped.wait(self.scrape_every):
+            try:
+                httpx.get(url, timeout=5).raise_for_status()
+            except httpx.HTTPError:
+                continue
+            self._scrapes += 1
 
     def stop(self) -> None:
         if self.ws_url:
+            if self._scraper is not None:
+                self._stopped.set()
+                self._scraper.join()
+                self._scraper = None
             before, after = self._before, lag_buckets(self.ws_url)
-            self.window = lag_window(before.lag, after.lag, before.collections, after.collections,
-                                     before.causes, after.causes)
+            window = lag_window(before.lag, after.lag, before.collections, after.collections,
+                                before.causes, after.causes)
+            self.window = None if window is None else replace(window, scrapes=self._scrapes)

@@ -60,10 +60,11 @@ LOOP_LATE_SECONDS = 0.01
 LOOP_LATE = Counter("switchboard_event_loop_late_ticks",
                     "Ticks of the lag timer more than 10 ms late, by what the process did meanwhile",
                     ["cause"], registry=REGISTRY)
-GC_FROZEN = Gauge("switchboard_gc_frozen_objects",
-                  "Objects frozen out of the collector's passes (foundation.heap); growing while the "
-                  "node's connections do not is garbage that is never collected", registry=REGISTRY)
-GC_FROZEN.set_function(gc.get_freeze_count)
+HEAP_BLOCKS = Gauge("switchboard_heap_allocated_blocks",
+                    "Memory blocks the web node's Python allocator holds (objects, most of them); growing "
+                    "while the node's connections do not is a leak, such as garbage frozen out of the "
+                    "collector's passes (foundation.heap)", registry=REGISTRY)
+HEAP_BLOCKS.set_function(sys.getallocatedblocks)  # (a walk of the allocator's arenas: well under a millisecond)
 
 
 class _GcTimer:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
@@ -221,3 +223,65 @@ def test_the_late_ticks_of_a_window_are_told_by_what_the_node_did_meanwhile():
 
     assert lag.late_by_cause == {"not_scheduled": 3, "loop": 0, "blocked": 0} and lag.gc_late == {}
     assert "3 of 1000 ticks over 10 ms (not_scheduled: 3) (garbage collections" in lag.summary()
+
+
+class _MetricsServer:
+    """A node's /metrics as the bench sees it: one lag histogram, and the requests counted."""
+
+    TEXT = ("# TYPE switchboard_event_loop_lag_seconds histogram\n"
+            'switchboard_event_loop_lag_seconds_bucket{le="0.01"} 10.0\n'
+            'switchboard_event_loop_lag_seconds_bucket{le="+Inf"} 10.0\n')
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                server.requests += 1
+                body = server.TEXT.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.requests = 0
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"ws://127.0.0.1:{self.httpd.server_address[1]}/ws"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def metrics_server():
+    server = _MetricsServer()
+    yield server
+    server.httpd.shutdown()
+
+
+def test_the_node_is_scraped_during_the_window_as_a_deployments_prometheus_would(metrics_server):
+    from bench.loop_lag import LagProbe
+
+    probe = LagProbe(metrics_server.url, scrape_every=0.05)
+    probe.start()
+    time.sleep(0.5)
+    probe.stop()
+
+    assert probe.window.scrapes >= 4
+    assert metrics_server.requests == probe.window.scrapes + 2  # and one read at each end
+    assert probe.window.summary().endswith(f"{probe.window.scrapes} scrapes of /metrics in it")
+
+
+def test_without_scrapes_the_node_is_read_only_at_the_windows_ends(metrics_server):
+    from bench.loop_lag import LagProbe
+
+    probe = LagProbe(metrics_server.url)
+    probe.start()
+    time.sleep(0.2)
+    probe.stop()
+
+    assert metrics_server.requests == 2
+    assert probe.window.scrapes == 0

@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from prometheus_client import generate_latest
 
 from foundation.heap import heap_freeze
 from foundation.loop_watch import LoopWatch, late_cause
@@ -162,3 +163,20 @@ def test_what_a_node_holds_when_its_heap_is_frozen_is_out_of_every_later_collect
         assert id(made_since) in {id(obj) for obj in gc.get_objects()}  # what is made later is collected as before
     finally:
         gc.unfreeze()
+
+
+def test_the_nodes_figures_count_its_heap_without_walking_what_is_frozen(monkeypatch):
+    # CPython counts the permanent generation by walking it, in one C call holding the GIL: 19 ms for
+    # a web node's two million frozen objects, on every scrape, with the event loop waiting.
+    def walked(*_):
+        raise AssertionError("the frozen heap was walked to be counted")
+
+    before = REGISTRY.get_sample_value("switchboard_heap_allocated_blocks")
+    held = [[index] for index in range(1000)]  # two blocks each at least: the list and its items
+    monkeypatch.setattr(gc, "get_freeze_count", walked)
+
+    text = generate_latest(REGISTRY).decode()
+
+    assert "switchboard_heap_allocated_blocks " in text
+    assert REGISTRY.get_sample_value("switchboard_heap_allocated_blocks") >= before + len(held)
+    assert held
