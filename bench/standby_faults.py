@@ -22,6 +22,13 @@ kind at most three times: `fault_kinds_as_meant`), in a random order, then at ra
   3-8 s, started again, and the run waits for the hand-back (and, the holder killed, for its own
   users to be at home) at most 180 s. Whether the hand-back was still under way at the kill is
   recorded (`killed_while_returning`), with the holder's row just after.
+- `holder_lost_holding`: a domain (any) lost (stopped or killed) and taken over by its standby; then
+  the holder killed with SIGKILL while it holds them, and kept down; the home started again. With the
+  holder silent, its link down and a third domain agreeing, each for FAILOVER_SECONDS, the home takes
+  its users back without it (messaging.federation.takeover.reclaim): `reclaimed_after` is how long
+  after the home was ready its own row said so (at most 60 s, RECLAIM_WAIT). Then the holder is
+  started again, and the run waits until it has finished its hand-back and has its own users back
+  from its own standby (which took them over meanwhile).
 
 Each fault is logged in the run's `faults` with its `kind`; every SIGKILL joins the run's `kills` (an
 ACK the killed domain read in the copy lag before may be lost, as for `lost`). The ring's crash watch
@@ -41,16 +48,20 @@ import psycopg
 
 from devstack.ring_plan import DOMAIN_COUNT, LINKS, META_DOMAIN, STANDBY
 
-KINDS = ("meta_stopped", "pair", "handback_kill_home", "handback_kill_holder")
+KINDS = ("meta_stopped", "pair", "handback_kill_home", "handback_kill_holder", "holder_lost_holding")
 HAND_BACK_GRACE = 3.0  # seconds: the ring's HAND_BACK_GRACE_SECONDS (its default)
 TAKEN_WAIT = 60.0  # seconds a lost domain is kept away at most, waiting for its standby to take it over
 BACK_WAIT = 180.0  # seconds the run waits for a hand-back
+RECLAIM_WAIT = 60.0  # seconds a holder is kept down at most, waiting for the home to take its users back
 TRIES = 3  # a kind that did not happen as meant (no takeover) is tried again, at most this often a run
 CONFIG_SQL = ("select (select count(*) from apps_registry_domain), (select count(*) from apps_registry_clientapp),"
               " (select count(*) from apps_registry_userdistribution)")
 RETURNING_SQL = ("select t.held, t.returning_since is not null from apps_registry_takeover t"
                  " join apps_registry_domain d on d.id = t.home_id join apps_registry_domain h on h.id = t.holder_id"
                  " where d.name = %s and h.name = %s")
+RECLAIMED_SQL = ("select count(*) from apps_registry_takeover t join apps_registry_domain d on d.id = t.home_id"
+                 " join apps_registry_domain h on h.id = t.holder_id"
+                 " where d.name = %s and h.name = %s and not t.held and t.returned_at > %s")
 
 
 def pairs_apart() -> list[tuple[int, int]]:
@@ -96,6 +107,7 @@ class WiderFaults:
             self.f._domain_lost()
             return
         done = (self._meta_stopped() if kind == "meta_stopped" else self._pair() if kind == "pair"
+                else self._holder_lost_holding() if kind == "holder_lost_holding"
                 else self._handback_kill(victim_is_home=kind == "handback_kill_home"))
         if not done and kind not in self.todo and self.tries[kind] < TRIES and kind not in self.done:
             self.todo.append(kind)  # not taken over (or the hand-back not seen): again, later
@@ -232,6 +244,51 @@ class WiderFaults:
         return True
 
 
+    def _holder_lost_holding(self) -> bool:
+        kind = "holder_lost_holding"
+        n, crash, hold = self.rng.randint(1, DOMAIN_COUNT), self.rng.random() < 0.5, self._hold()
+        holder = STANDBY[n]
+        began = time.monotonic()
+        say(f"fault ({kind}): {name(n)} {'killed' if crash else 'stopped'} until taken over by {name(holder)}")
+        self._lose(n, crash)
+        taken = self._away([n], hold, began, until_taken=True)[n]
+        fields: dict = {"home": name(n), "holder": name(holder), "lost": "killed" if crash else "stopped",
+                        "taken_over": taken is not None, "taken_after": taken}
+        if taken is None:  # nothing held: the fault is only a loss
+            self.ring.start_domain(n)
+            self._record(kind, f"{name(n)} lost, not taken over: no holder to lose", began, **fields)
+            return False
+        say(f"  {name(n)} held by {name(holder)}: {name(holder)} killed (SIGKILL) while holding, {name(n)} started")
+        killed_wall = self._clock(n)
+        self._lose(holder, crash=True)
+        fields["holder_killed_at"] = round(time.monotonic() - began, 1)
+        starting = _Starter(self.ring, n)
+        starting.join(timeout=BACK_WAIT)  # until n is ready
+        ready = time.monotonic()
+        reclaimed = _until(lambda: self._reclaimed(n, killed_wall), RECLAIM_WAIT)
+        fields["reclaimed_after"] = round(time.monotonic() - ready, 1) if reclaimed else None
+        self.ring.start_domain(holder)
+        fields["handed_back"] = self._home_again([n, holder])
+        fields["errors"] = starting.errors
+        self._record(kind, f"{name(n)} taken over, {name(holder)} killed while holding, "
+                           f"{'taken back' if reclaimed else 'not taken back'} by {name(n)}", began, **fields)
+        return reclaimed
+
+    def _clock(self, n: int):
+        """The database clock of n's ring (one server for the ring): the time a row's returned_at is
+        compared with."""
+        with psycopg.connect(self.ring.database_url(STANDBY[n]), autocommit=True) as conn:
+            return conn.execute("select now()").fetchone()[0]
+
+    def _reclaimed(self, n: int, since) -> bool:
+        """Whether n says it has its users back from its standby, by a record written after `since`."""
+        try:
+            with psycopg.connect(self.ring.database_url(n), autocommit=True) as conn:
+                return bool(conn.execute(RECLAIMED_SQL, [name(n), name(STANDBY[n]), since]).fetchone()[0])
+        except psycopg.OperationalError:
+            return False
+
+
 class _Starter(threading.Thread):
     """ring.start_domain(n) on a thread of its own: it waits until n is ready, and n may be killed
     meanwhile (then it raises, or waits until n is started again: recorded, not raised)."""
@@ -319,6 +376,9 @@ def wider_report(faults, spans: list[tuple[float, float]]) -> tuple[dict, list[t
     fields["fault_kinds_as_meant"] = sorted(faults.more.done)  # taken over; killed while handed back
     fields["fault_kinds_never_as_meant"] = sorted(set(KINDS) - faults.more.done)
     fields["crashes"] = faults.more.watch.crashes
+    # holder_lost_holding: how long after the home was ready it had its users back (None: not in RECLAIM_WAIT)
+    fields["reclaimed_after_seconds"] = [f.get("reclaimed_after") for f in faults.log
+                                         if f.get("kind") == "holder_lost_holding" and f.get("taken_over")]
     outside, inside = split_spans(spans, faults.more.pair_windows)
     fields["login_refused_in_pair_faults_seconds"] = round(max((b - a for a, b in inside), default=0.0), 1)
     fields["pair_faults"] = [{"from": round(a, 1), "to": round(b, 1)} for a, b in faults.more.pair_windows]
