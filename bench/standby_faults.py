@@ -28,7 +28,10 @@ kind at most three times: `fault_kinds_as_meant`), in a random order, then at ra
   its users back without it (messaging.federation.takeover.reclaim): `reclaimed_after` is how long
   after the home was ready its own row said so (at most 60 s, RECLAIM_WAIT). Then the holder is
   started again, and the run waits until it has finished its hand-back and has its own users back
-  from its own standby (which took them over meanwhile).
+  from its own standby (which took them over meanwhile). Login refusals from the holder's kill until
+  the home has its users back are counted apart (`login_refused_in_holder_lost_seconds`): the home
+  and its standby both lost, nobody may serve those users until the home is back and has heard the
+  holder silent for FAILOVER_SECONDS.
 
 Each fault is logged in the run's `faults` with its `kind`; every SIGKILL joins the run's `kills` (an
 ACK the killed domain read in the copy lag before may be lost, as for `lost`). The ring's crash watch
@@ -94,6 +97,7 @@ class WiderFaults:
         self.done: set[str] = set()  # the kinds that happened as meant (taken over; killed in a hand-back)
         self.rng.shuffle(self.todo)
         self.pair_windows: list[tuple[float, float]] = []  # (began, ended): monotonic
+        self.holder_lost_windows: list[tuple[float, float]] = []  # (holder killed, home has its users back)
         self.watch = CrashWatch(self.ring)
         self.watch.start()
 
@@ -266,6 +270,7 @@ class WiderFaults:
         starting.join(timeout=BACK_WAIT)  # until n is ready
         ready = time.monotonic()
         reclaimed = _until(lambda: self._reclaimed(n, killed_wall), RECLAIM_WAIT)
+        self.holder_lost_windows.append((began + fields["holder_killed_at"], time.monotonic()))
         fields["reclaimed_after"] = round(time.monotonic() - ready, 1) if reclaimed else None
         self.ring.start_domain(holder)
         fields["handed_back"] = self._home_again([n, holder])
@@ -380,6 +385,10 @@ def wider_report(faults, spans: list[tuple[float, float]]) -> tuple[dict, list[t
     fields["reclaimed_after_seconds"] = [f.get("reclaimed_after") for f in faults.log
                                          if f.get("kind") == "holder_lost_holding" and f.get("taken_over")]
     outside, inside = split_spans(spans, faults.more.pair_windows)
+    # Both the home and its holder lost: nobody may serve those users until the home, back, takes them
+    # back (FAILOVER_SECONDS after it hears the holder silent), counted apart like a pair's.
+    outside, holder_lost = split_spans(outside, faults.more.holder_lost_windows)
+    fields["login_refused_in_holder_lost_seconds"] = round(max((b - a for a, b in holder_lost), default=0.0), 1)
     fields["login_refused_in_pair_faults_seconds"] = round(max((b - a for a, b in inside), default=0.0), 1)
     fields["pair_faults"] = [{"from": round(a, 1), "to": round(b, 1)} for a, b in faults.more.pair_windows]
     return fields, outside
