@@ -28,9 +28,11 @@ feed's triggers, migration messaging 0022) and wait there while the home is away
 Hand-back: when the home is heard again and the link to it is up (or an operator asks), the holder
 first stops admitting the users (Takeover.returning_since; messaging.federation.takeover.fence) and closes their
 connections with 1012, for HAND_BACK_GRACE_SECONDS: an ACK read in the moment it gives their
-mailboxes up would never reach the home, which would push that message again. Then, with the
+mailboxes up would never reach the home, which would push that message again. Then it sends the
+feed to the home itself, on the watch's thread, in as many calls as HAND_BACK_DRAIN_SECONDS allow
+(`feed_drain`: not behind the worker's queue). Then, with the
 feed to the home held in turn (none is added in between: `feed_in_turn`), it makes sure the home has every change: what is
-left of its feed goes in that same call when one call takes it, else it waits for its sender; and,
+left of its feed goes in that same call when one call takes it, else it waits for the next look; and,
 in the same transaction, re-seeds its copy (StandbyCopy) from the mailboxes it
 held, clears those mailboxes and subscriptions, and records the hand-back; the users' next login is
 redirected home. If the home falls silent again meanwhile, the holder admits them again. A home that learns it is held
@@ -55,6 +57,7 @@ from messaging.federation.models import StandbyCopy, StandbyFeed, StandbySubscri
 from messaging.federation.order import held_release
 from messaging.federation.standby.copy import (
     ANY_STANDBY,
+    feed_drain,
     feed_send_last,
     standby_ranges,
     user_in_ranges,
@@ -113,6 +116,11 @@ def given_back(holder: str) -> dict:
 
 
 # --- takeover and hand-back -----------------------------------------------------------------------
+
+
+# How long one look of a hand-back sends the feed to the home before its last call (feed_drain): the
+# takeover watch's thread looks at no other home meanwhile, and a longer feed goes on at the next look.
+HAND_BACK_DRAIN_SECONDS = 5.0
 
 
 def takeover_watch() -> dict[str, str]:
@@ -253,6 +261,7 @@ def hand_back(home: str, *, manual: bool = False) -> dict:
         _users_close(home, f"{here} is handing your users back to {home}; reconnect")  # also those admitted since
         return {"state": "closing", "seconds_left": round(left, 1)}
     _held_out(home)
+    feed_drain(standby=home, budget_seconds=HAND_BACK_DRAIN_SECONDS)  # on this look's thread, not the worker's queue
     with transaction.atomic(), hot_cursor() as cur:
         current = Takeover.objects.select_for_update().filter(home__name=home, holder__name=here).first()
         if current is None or not current.held:

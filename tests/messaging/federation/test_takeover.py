@@ -25,6 +25,7 @@ from messaging.federation.order import Arrival, arrivals_put_in_order
 from messaging.federation.presence_gossip import presence_gossip
 from messaging.federation.senders.queue import forward_sweep
 from messaging.federation.standby.mailbox_merge import Copied, mailbox_merge
+from messaging.federation.takeover import take
 from messaging.federation.takeover.fence import cut_off, fence, fence_forget
 from messaging.federation.takeover.records import network_accept, network_gossip
 from messaging.federation.takeover.take import given_back, hand_back, take_over, takeover_watch
@@ -224,15 +225,10 @@ def test_the_holder_hands_back_once_the_home_has_every_change_and_nothing_comes_
     net.pump()
     net.deliver(CAROL, at="domain-04")  # she read both at domain-04
     net.down.clear()
-    settings.FORWARD_BATCH_SIZE = 1  # more changes waiting than one call takes: the sender goes first
+    settings.FORWARD_BATCH_SIZE = 1  # more changes waiting than one call takes: the hand-back sends them itself
     with net.at("domain-04"):
-        first = hand_back("domain-03")
-        assert first["state"] == "waiting" and first["changes_waiting"] > 1
-        assert held_by(net, "domain-04") == "domain-04"
-    settings.FORWARD_BATCH_SIZE = 500
-    with net.at("domain-04"):  # what is left goes home with the hand-back itself
-        assert StandbyFeed.objects.exists()
-        assert hand_back("domain-03")["state"] == "handed back"
+        assert StandbyFeed.objects.filter(standby="domain-03").count() > 1
+        assert hand_back("domain-03")["state"] == "handed back"  # not waiting for the worker's sender
         assert not StandbyFeed.objects.exists()
         assert not Delivery.objects.filter(recipient=CAROL).exists()  # cleared: the home has them
         assert sorted(StandbyCopy.objects.filter(recipient=CAROL).values_list("content", "state")) == [
@@ -243,6 +239,33 @@ def test_the_holder_hands_back_once_the_home_has_every_change_and_nothing_comes_
         assert sorted(Subscription.objects.filter(subscriber=CAROL).values_list("channel", flat=True)) == [
             "news", "sport"]
         assert not StandbyFeed.objects.exists()  # the merge fed nothing back
+
+
+def test_a_feed_longer_than_one_look_sends_waits_for_the_next_look_and_goes_home_then(standby_ring, settings,
+                                                                                     monkeypatch):
+    net = standby_ring
+    copy_now(net)
+    lost(net)
+    with net.at("domain-04"):
+        assert take_over("domain-03")["state"] == "taken"
+    with net.at("domain-01"):
+        network_accept(told_by_04(net), sender="domain-04")
+    for i in range(3):
+        net.send(ALICE, CAROL, f"during {i}")
+    net.pump()
+    net.down.clear()
+    settings.FORWARD_BATCH_SIZE = 1
+    monkeypatch.setattr(take, "HAND_BACK_DRAIN_SECONDS", 0.0)  # one call a look, then the last call's turn
+    with net.at("domain-04"):
+        waiting = StandbyFeed.objects.filter(standby="domain-03").count()
+        first = hand_back("domain-03")
+        assert first["state"] == "waiting" and 0 < first["changes_waiting"] < waiting
+        assert held_by(net, "domain-04") == "domain-04"
+    monkeypatch.setattr(take, "HAND_BACK_DRAIN_SECONDS", 5.0)
+    with net.at("domain-04"):
+        assert hand_back("domain-03")["state"] == "handed back"
+        assert not StandbyFeed.objects.exists()
+    assert mailbox(net, "domain-03") == [("during 0", "pending"), ("during 1", "pending"), ("during 2", "pending")]
 
 
 def test_a_home_given_its_users_back_keeps_a_message_it_forwarded_whose_only_mailbox_row_was_the_holders(
