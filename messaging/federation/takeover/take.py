@@ -275,10 +275,13 @@ def hand_back(home: str, *, manual: bool = False) -> dict:
         cur.execute(HELD_KEYS_SQL, params)
         if cur.fetchone() is not None:  # held since `_held_out`: out at the next look, before the lock
             transaction.on_commit(lambda: _kick(home))
+            log.info("%s: the hand-back of %s's users waits: rows held in order came in since the last look",
+                     here, home)
             return {"state": "waiting", "held_for_order": True}
         if not feed_send_last(standby=home):
             waiting = StandbyFeed.objects.filter(standby=home).count()
             transaction.on_commit(lambda: _kick(home))
+            log.info("%s: the hand-back of %s's users waits: %d changes not yet sent to it", here, home, waiting)
             return {"state": "waiting", "changes_waiting": waiting}
         cur.execute("SELECT set_config('switchboard.no_copy', 'on', true)")
         cur.execute(RESEED_SQL, params)
