@@ -57,12 +57,11 @@ from messaging.federation.models import StandbyCopy, StandbyFeed, StandbySubscri
 from messaging.federation.order import held_release
 from messaging.federation.standby.copy import (
     ANY_STANDBY,
-    feed_drain,
-    feed_send_last,
     standby_ranges,
     user_in_ranges,
 )
 from messaging.federation.standby.feed_turn import feed_in_turn
+from messaging.federation.standby.handback_feed import feed_drain, feed_send_last
 from messaging.federation.standby.mailbox_merge import Copied, handback_in_turn, mailbox_merge, subscriptions_merge
 from messaging.federation.standby.outgoing_copy import outgoing_take
 from messaging.federation.takeover.fence import cut_off, fence_forget, fence_seconds

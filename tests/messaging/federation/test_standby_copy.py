@@ -14,7 +14,8 @@ import pytest
 from apps_registry.models import Domain, UserDistribution
 from messaging.channels.services import subscription_add, subscription_remove
 from messaging.federation.models import LinkHealth, StandbyCopy, StandbyFeed, StandbySubscription
-from messaging.federation.standby.copy import StandbySender, copies_accept, copy_lag, feed_send_last
+from messaging.federation.standby.copy import StandbySender, copies_accept, copy_lag
+from messaging.federation.standby.handback_feed import feed_send_last
 from messaging.models import Delivery
 from messaging.routing.tasks import standby_sweep
 from tests.network import held_by_another_worker
