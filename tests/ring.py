@@ -86,7 +86,9 @@ class SystemRing(Ring):
     @contextmanager
     def admin(self, n: int) -> Iterator[httpx.Client]:
         """An HTTP client of domain n logged in to its admin: `with ring.admin(1) as admin: admin.get(...)`."""
-        with httpx.Client(base_url=self.http_url(n), timeout=10, follow_redirects=True) as http:
+        # 30 s: the login hashes a password (PBKDF2), which a two-core machine busy with a whole ring
+        # and another worker's cluster took more than 10 s to answer in CI.
+        with httpx.Client(base_url=self.http_url(n), timeout=30, follow_redirects=True) as http:
             yield self._logged_in(n, http)
 
     def _logged_in(self, n: int, http: httpx.Client) -> httpx.Client:
