@@ -239,7 +239,7 @@ def test_an_sse_reader_that_stops_reading_is_cut_off_without_slowing_the_publish
         started = time.monotonic()
         for _ in range(250):  # 15 MB for a reader that never reads; the node keeps at most 64 KiB of it
             publish(web, pub, "news.slow", big)
-        assert time.monotonic() - started < 60
+        assert time.monotonic() - started < 120  # (60.3 s on a slowed, busy CI machine; blocked would be never)
         reader.join(60)
         # The reader that keeps up got everything, in order, while the other was cut off.
         offsets = [int(e["id"].rpartition(":")[2]) for e in got if e["event"] == "message"]
