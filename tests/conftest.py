@@ -224,14 +224,16 @@ def _clean_test_redis():
 @pytest.fixture(scope="session", autouse=True)
 def _pool_connections_closed_at_the_end(django_db_setup):
     """Services called through foundation.asyncdb.run_db in this process hold a connection per pool
-    thread, and foundation.outbound a lock connection per thread that took a lock; the test database
-    can only be dropped once they are closed."""
+    thread, foundation.outbound a lock connection per thread that took a lock, and /readyz one on
+    its checks' thread; the test database can only be dropped once they are closed."""
     yield
+    from config.health import checks_connection_close
     from foundation.asyncdb import pool_connections_close
     from foundation.locks import lock_connections_close
 
     pool_connections_close()
     lock_connections_close()
+    checks_connection_close()
 
 
 @pytest.fixture(autouse=True)

@@ -9,14 +9,27 @@ longer).
 /readyz is public (load balancers and orchestrators ask it without credentials), so a failure names
 only the part that fails ("database", "redis"); the error itself, which may carry host names, ports,
 user names or file paths, goes to the log.
+
+Both answer without costing the node a thread or a connection per check: a load balancer asks every
+second, and a check that timed out on a busy node took that node out of rotation (HAProxy's
+`fall 1`). On a web node (ASGI) /healthz and a draining /readyz answer on the event loop; the checks
+of the database and Redis run on one thread of their own (`_checks`) that keeps its connection and
+its Redis client, neither queued behind the node's database pool nor opening a Postgres backend per
+check, as a sync view did (a new thread per request, so a new connection: with a slowed machine's
+Postgres, over HAProxy's 2 s, on all three nodes of a rolling restart at once). Under WSGI (the test
+client) the checks run on the request's own thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import redis
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.handlers.asgi import ASGIRequest
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
@@ -31,8 +44,16 @@ DATABASE = "database"
 REDIS = "redis"
 NETWORK = "network"
 
+_checks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="readyz")  # its connection kept: one check at a time
+_redis_clients: dict[str, redis.Redis] = {}  # by URL: a client (and its connection) kept per Redis
 
-def healthz(request: HttpRequest) -> JsonResponse:
+
+def checks_connection_close() -> None:
+    """Close the checks thread's database connection (the test database can only be dropped then)."""
+    _checks.submit(lambda: connection.close()).result()  # (its own: `connection` is per thread)
+
+
+async def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok", "node": settings.NODE_ID})
 
 
@@ -48,24 +69,35 @@ def _database_answers() -> bool:
 
 
 def _redis_answers() -> bool:
+    url = settings.REDIS_URL
+    client = _redis_clients.get(url)
+    if client is None:
+        client = _redis_clients[url] = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
     try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-        client.ping()
-        client.close()
+        client.ping()  # (a connection the ping found broken is dropped by redis-py, and made anew next time)
         return True
     except redis.RedisError as exc:
         log.warning("readiness: redis does not answer: %r", exc)
         return False
 
 
-def readyz(request: HttpRequest) -> JsonResponse:
+def _failing() -> list[str]:
+    """The parts that do not answer; NETWORK when both do but the domain refuses its users' logins."""
+    failing = [name for name, answers in ((DATABASE, _database_answers), (REDIS, _redis_answers)) if not answers()]
+    if not failing and starting_fenced():  # (read from the database: only once it answers)
+        failing = [NETWORK]
+    return failing
+
+
+async def readyz(request: HttpRequest) -> JsonResponse:
     if draining():  # SIGTERM: a load balancer must stop sending new connections here at once
         response = JsonResponse({"status": "draining", "failing": [DRAINING], "node": settings.NODE_ID}, status=503)
         response_logged(response)  # expected while draining: not Django's "Service Unavailable" error line
         return response
-    failing = [name for name, answers in ((DATABASE, _database_answers), (REDIS, _redis_answers)) if not answers()]
-    if not failing and starting_fenced():  # (read from the database: only once it answers)
-        failing = [NETWORK]
+    if isinstance(request, ASGIRequest):
+        failing = await asyncio.get_running_loop().run_in_executor(_checks, _failing)
+    else:
+        failing = await sync_to_async(_failing, thread_sensitive=True)()
     if failing:
         return JsonResponse({"status": "unavailable", "failing": failing}, status=503)
     return JsonResponse({"status": "ready", "node": settings.NODE_ID, "domain": settings.DOMAIN_NAME})

@@ -31,6 +31,55 @@ def test_readyz_is_ready_when_postgres_and_redis_answer(client):
     assert response.json()["status"] == "ready"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_web_nodes_readiness_checks_run_on_one_thread_that_keeps_its_connection():
+    """A load balancer asks every second: on a web node (ASGI) the checks neither start a thread nor
+    open a database connection per check (each opened a Postgres backend, which on a slowed machine
+    took longer than HAProxy waits, and took busy nodes out of rotation)."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.core.handlers.asgi import ASGIHandler
+    from django.db.backends.signals import connection_created
+
+    opened: list[str] = []
+
+    def count(sender, connection, **kwargs) -> None:
+        opened.append(threading.current_thread().name)
+
+    async def get(path: str) -> int:
+        """One request through Django's ASGI handler, as daphne makes it: its status."""
+        sent: list[dict] = []
+        body = [{"type": "http.request", "body": b"", "more_body": False}]
+
+        async def receive() -> dict:
+            if body:
+                return body.pop()
+            await asyncio.Event().wait()  # the client stays until the answer (Django cancels this)
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode(), "query_string": b"",
+                 "headers": [(b"host", b"localhost")], "client": ("127.0.0.1", 50000),
+                 "server": ("127.0.0.1", 8000), "scheme": "http", "asgi": {"version": "3.0"}}
+        await ASGIHandler()(scope, receive, send)
+        return next(m["status"] for m in sent if m["type"] == "http.response.start")
+
+    async def ask() -> list[int]:
+        return [await get("/readyz") for _ in range(20)]
+
+    connection_created.connect(count)
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="daphne") as server:  # an event loop of its own, as daphne's
+            answers = server.submit(asyncio.run, ask()).result()
+    finally:
+        connection_created.disconnect(count)
+    assert answers == [200] * 20
+    assert len(opened) <= 1 and all(name.startswith("readyz") for name in opened), opened
+
+
 @pytest.mark.django_db
 def test_readyz_names_redis_when_it_does_not_answer_but_not_its_address_or_error(client, settings, caplog):
     settings.REDIS_URL = "redis://secret-user:secret-pass@127.0.0.1:9/0"  # discard port: nothing listens
