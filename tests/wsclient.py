@@ -236,3 +236,99 @@ class SilentWs:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class LateCloseWs(FrameReader):
+    """A WebSocket client that answers the server's close frame only when told (`reply_close`): a
+    slow client, still sending the frames it owed (ACKs) after the server's close came. websockets'
+    sans-I/O protocol over a plain socket; once the server's close frame has come, frames are
+    written by hand (the protocol refuses to send while closing)."""
+
+    def __init__(self, url: str, timeout: float = 10):
+        from websockets.client import ClientProtocol
+        from websockets.http11 import Response
+        from websockets.uri import parse_uri
+
+        uri = parse_uri(url)
+        self.sock = socket.create_connection((uri.host, uri.port), timeout=timeout)
+        self.protocol = ClientProtocol(uri, max_size=None)
+        self.protocol.send_request(self.protocol.connect())
+        self._flush()
+        self.frames: list[dict] = []
+        self._texts: list[str] = []
+        self.close_code: int | None = None
+        self.dropped_at: float | None = None
+        while not any(isinstance(event, Response) for event in self._read(timeout)):
+            pass
+
+    def _flush(self) -> None:
+        for data in self.protocol.data_to_send():
+            if data:
+                self.sock.sendall(data)
+
+    def _read(self, timeout: float) -> list:
+        """What one read of the socket brought (the handshake's response, frames)."""
+        from websockets.frames import Opcode
+
+        self.sock.settimeout(timeout)
+        try:
+            data = self.sock.recv(65536)
+        except TimeoutError:
+            return []
+        except OSError:  # reset by the server
+            data = b""
+        if not data:
+            self.dropped_at = time.monotonic()
+            self.protocol.receive_eof()
+            return []
+        self.protocol.receive_data(data)
+        events = self.protocol.events_received()
+        for event in events:
+            if getattr(event, "opcode", None) == Opcode.TEXT:
+                self._texts.append(event.data.decode())
+            elif getattr(event, "opcode", None) == Opcode.CLOSE:
+                self.close_code = self.protocol.close_rcvd.code if self.protocol.close_rcvd else None
+        if self.close_code is None:
+            self._flush()  # (pongs) but not the reply to a close frame: that waits for reply_close
+        return events
+
+    def send_raw(self, text: str) -> None:
+        from websockets.frames import Frame, Opcode
+
+        if self.close_code is None:
+            self.protocol.send_text(text.encode())
+            self._flush()
+        else:
+            self.sock.sendall(Frame(Opcode.TEXT, text.encode()).serialize(mask=True))
+
+    def recv(self, timeout: float = 10) -> dict:
+        deadline = time.monotonic() + timeout
+        while not self._texts:
+            if self.close_code is not None or self.dropped_at is not None:
+                raise ConnectionClosed(self.protocol.close_rcvd, None)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no frame")
+            self._read(left)
+        frame = json.loads(self._texts.pop(0))
+        self.frames.append(frame)
+        return frame
+
+    def wait_close_frame(self, timeout: float = 15) -> int:
+        """The code of the server's close frame (frames before it kept for `recv`), not yet answered."""
+        deadline = time.monotonic() + timeout
+        while self.close_code is None:
+            assert time.monotonic() < deadline, "no close frame came"
+            self._read(deadline - time.monotonic())
+        return self.close_code
+
+    def reply_close(self, timeout: float = 15) -> float:
+        """Answer the close frame; the seconds until the server dropped the connection."""
+        replied = time.monotonic()
+        self._flush()
+        deadline = replied + timeout
+        while self.dropped_at is None:
+            assert time.monotonic() < deadline, "the server never dropped the connection"
+            self._read(deadline - time.monotonic())
+        self.sock.close()
+        return self.dropped_at - replied

@@ -30,7 +30,14 @@ from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from django.conf import settings
 
-from foundation.daphne_adapter import FRAME_LIMIT_EXTENSION, OUTGOING_EXTENSION, FrameLimit, OutgoingBuffer
+from foundation.daphne_adapter import (
+    CLOSE_HOLD_EXTENSION,
+    FRAME_LIMIT_EXTENSION,
+    OUTGOING_EXTENSION,
+    CloseHold,
+    FrameLimit,
+    OutgoingBuffer,
+)
 from foundation.draining import DRAINING_REASON, draining
 from foundation.transport import sockets
 from foundation.transport.frames import CLOSE_AUTH_TIMEOUT, CLOSE_POLICY, CLOSE_RESTART, CLOSE_TOO_BIG, encode
@@ -70,6 +77,7 @@ class ClientConsumer(ChannelReaderConsumer):
     life: ConnectionLife | None = None  # from connect on
     ledger: DeliveryLedger | None = None  # from authentication on
     outgoing: OutgoingBuffer | None = None  # the transport's view of the socket's buffer (daphne)
+    close_hold: CloseHold | None = None  # the closing handshake's end, held for its ACKs (daphne)
     auth_timer: asyncio.TimerHandle | None = None
     master: MasterView | None = None  # the app's master user's connection: what it was told
     master_timer: asyncio.TimerHandle | None = None
@@ -84,6 +92,19 @@ class ClientConsumer(ChannelReaderConsumer):
         if handler is None:
             raise ValueError(f"no handler for message type {message['type']}")
         await handler(message)
+
+    async def switchboard_close_reply(self, message: dict) -> None:
+        """The client's close frame has come (foundation.daphne_adapter.CloseHold): every frame it sent
+        before has been handled, one at a time in order; the ACKs among them are committed before
+        its connection is dropped. The client reconnects when it sees that drop, so its next node,
+        which takes over what is still unacknowledged, never hands it again what it ACKed here."""
+        hold = self.close_hold
+        try:
+            if self.life is not None and self.life.authenticated:
+                await self.life.node.delivered.caught_up()
+        finally:
+            if hold is not None:
+                hold.done()
 
     async def websocket_disconnect(self, message: dict) -> None:
         # Channels' own runs close_old_connections in a thread after disconnect: a thread hop per
@@ -102,6 +123,7 @@ class ClientConsumer(ChannelReaderConsumer):
         extensions = self.scope.get("extensions") or {}
         self.outgoing = extensions.get(OUTGOING_EXTENSION)
         self.frame_limit: FrameLimit | None = extensions.get(FRAME_LIMIT_EXTENSION)
+        self.close_hold = extensions.get(CLOSE_HOLD_EXTENSION)
         if self.outgoing is not None:
             self.outgoing.on_flush = self._flushed
         await self.accept()
@@ -117,6 +139,8 @@ class ClientConsumer(ChannelReaderConsumer):
         if self.frame_limit is not None:
             self.frame_limit.lift()  # the transport refused larger frames unread until now
         self.ledger = DeliveryLedger(acks=self.life.acks, window=settings.WS_ACK_WINDOW)
+        if self.close_hold is not None and self.life.acks:
+            self.close_hold.wanted = True  # (switchboard_close_reply)
         self.channels = ChannelCursor(app_id=self.life.app.pk, hub=self.life.node.hub, reader=self,
                                       write=self._write_channel, transport="ws", missed=self._write_missed)
 

@@ -4,7 +4,9 @@
   have left the node, and whether the socket is gone or was cut off as a slow reader;
 - `FrameLimit`, the scope extension `switchboard.frame_limit`: the largest frame a WebSocket may
   receive, lifted once its client has authenticated;
-- `IncomingQueue`: a WebSocket's application queue, counting the bytes of the received frames in it.
+- `IncomingQueue`: a WebSocket's application queue, counting the bytes of the received frames in it;
+- `CloseHold`, the scope extension `switchboard.close_hold`: the end of a closing handshake held
+  until the application has handled what the client sent before its close frame.
 
 `OutgoingBuffer` reads Twisted's private write buffer (`dataBuffer`, `offset`, `_tempDataLen`),
 wraps its `doWrite`, and writes a frame to the socket at once when nothing waits before it
@@ -25,6 +27,10 @@ log = logging.getLogger(__name__)
 
 OUTGOING_EXTENSION = "switchboard.outgoing"
 FRAME_LIMIT_EXTENSION = "switchboard.frame_limit"
+CLOSE_HOLD_EXTENSION = "switchboard.close_hold"
+# Put in a WebSocket's application queue after the frames that came before the client's close frame
+# (a consumer's handler for it is `switchboard_close_reply`).
+CLOSE_REPLY_EVENT = "switchboard.close_reply"
 
 
 class OutgoingBuffer:
@@ -166,3 +172,49 @@ class IncomingQueue(SlimQueue):
         item = super()._get()
         self.bytes -= self._sizes.popleft() if self._sizes else 0
         return item
+
+
+class CloseHold:
+    """The end of a WebSocket's closing handshake, held until the application has handled every frame
+    the client sent before its close frame (foundation.patches.daphne, 9). Offered to the application
+    as the scope extension `switchboard.close_hold`.
+
+    Autobahn drops the TCP connection the moment the client's close frame arrives (the answer to our
+    close, or its own). A client reconnects as soon as it sees that, perhaps at another node, while
+    the frames it sent just before (its ACKs) may still wait in the application's queue, or be
+    handled but not yet committed: the next node then finds those messages unacknowledged and hands
+    them again. An application that sets `wanted` is sent CLOSE_REPLY_EVENT in its queue, after those
+    frames, and calls `done()` once it has handled them; only then is the connection dropped, or
+    after `timeout` seconds whatever the application does."""
+
+    def __init__(self, timeout: float) -> None:
+        self.wanted = False
+        self.timeout = timeout
+        self._drop: Callable[[], None] | None = None
+        self._timer = None
+
+    def hold(self, queue: SlimQueue | None, drop: Callable[[], None]) -> bool:
+        """Called by the protocol instead of dropping the connection: True when it is held (the
+        application was told through `queue`, and `drop` is called by `done`)."""
+        if not self.wanted or queue is None or self._drop is not None:
+            return False
+        from twisted.internet import reactor  # (the reactor daphne installed: asyncio's, this loop)
+
+        self._drop = drop
+        self._timer = reactor.callLater(self.timeout, self.done)
+        queue.put_nowait({"type": CLOSE_REPLY_EVENT})
+        return True
+
+    def done(self) -> None:
+        """The application has handled what came before the close frame: drop the connection now."""
+        drop = self._drop
+        self.forget()
+        if drop is not None:
+            drop()
+
+    def forget(self) -> None:
+        """The connection is gone (or dropped): nothing left to drop, no timer."""
+        self._drop = None
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None

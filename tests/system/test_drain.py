@@ -18,7 +18,7 @@ from websockets.sync.client import connect
 from presence.models import Node, Session
 from tests.processes import Proc
 from tests.system.test_channel_streams import SseClient, pub  # noqa: F401  (pub: the module's PUB app)
-from tests.wsclient import WsClient
+from tests.wsclient import LateCloseWs, WsClient
 
 pytestmark = pytest.mark.system
 DRAIN_ENV = {"DRAIN_SECONDS": "2", "DRAIN_GRACE_SECONDS": "4"}
@@ -152,6 +152,38 @@ def test_a_drained_node_closes_its_clients_with_1012_and_they_lose_nothing_elsew
                         again[m["data"]["id"]] = m["data"]["content"]
                         back.send("ACK", {"ids": [m["data"]["id"]]})
                 assert set(again) & set(reader.acked) == set(), "a message ACKed before the drain came again"
+
+
+@pytest.mark.django_db
+def test_what_a_slow_client_acks_after_the_drains_close_frame_is_not_handed_again_where_it_reconnects(processes):
+    """A client ACKs a message only after the draining node's close frame has come, answers the
+    close, and logs in at another node the moment its connection is dropped. The node records that
+    ACK before it drops the connection, so the other node does not hand the message again (it did:
+    the ACK was read, but not yet committed when the next node took over what was unacknowledged;
+    hundreds of messages in a rolling restart on a slowed machine). The node's ACK marks are made
+    to take a second here, as a busy database makes them."""
+    node_a = processes.web("web-a", DRAIN_SECONDS="0.5", DRAIN_GRACE_SECONDS="6", DELIVERED_LINGER_SECONDS="1.0")
+    node_b = processes.web("web-b")
+    processes.worker("worker")
+    user = "ANZ-31100"
+    slow = LateCloseWs(node_a.ws_url)
+    assert slow.auth(user, acks=True)["data"]["isAuthenticated"] is True
+    with WsClient(node_b.ws_url) as sender:
+        sender.auth("ANZ-31000")
+        sender.message(user, "handed just before the drain")
+        handed = slow.recv_type("MESSAGE")["data"]
+
+    sigterm(node_a)
+    assert slow.wait_close_frame() == 1012
+    slow.send("ACK", {"ids": [handed["id"]]})
+    held = slow.reply_close()
+    with WsClient(node_b.ws_url) as back:
+        assert back.auth(user, acks=True)["data"]["isAuthenticated"] is True
+        pushed = [f["data"] for f in back.recv_all(quiet=2.0) if f["type"] == "MESSAGE"]
+        fetched, left = back.fetch(100)
+    assert (pushed, fetched, left) == ([], [], 0), f"handed again after its ACK (connection dropped {held:.2f}s after the close reply)"
+    node_a.popen.wait(15)
+    assert node_a.popen.returncode == 0
 
 
 @pytest.mark.django_db

@@ -35,6 +35,12 @@ patches them; config.asgi calls it.
    body as it came): `_parsePOSTFormSubmission` off.
 8. **Autobahn's debug lines built only when logged** (foundation.autobahn_debug): its eagerly built
    debug-line arguments were an eighth of a web node's CPU in a reconnect storm.
+9. **The closing handshake ends after the application has read what came before it.** Autobahn
+   drops the TCP connection as soon as the client's close frame arrives, and the client may then
+   reconnect elsewhere before the ACKs it sent just before are handled and committed (a rolling
+   restart handed hundreds of messages again after their ACKs on a slowed machine). With a
+   `CloseHold` (the scope extension `switchboard.close_hold`) that the application wants, the drop
+   waits until the application has handled those frames and says so, CLOSE_HANDSHAKE_TIMEOUT at most.
 
 Three more modules build on these libraries' internals, and run only once the check below has
 passed: foundation.daphne_adapter (what the patches above offer the application: `OutgoingBuffer`
@@ -67,8 +73,10 @@ from django.conf import settings
 from foundation import body_cap
 from foundation.autobahn_debug import deferring
 from foundation.daphne_adapter import (
+    CLOSE_HOLD_EXTENSION,
     FRAME_LIMIT_EXTENSION,
     OUTGOING_EXTENSION,
+    CloseHold,
     FrameLimit,
     IncomingQueue,
     OutgoingBuffer,
@@ -84,7 +92,8 @@ SERVER_CODES = {1000, 1001, 1008, 1009, 1011, 1012, 1013}
 # HTTP responses whose application wants to know when their bytes have left the node: streams that
 # last for minutes (SSE), and Socket.IO's polls, which carry stored messages (messaging.gateway.socketio).
 STREAM_PATHS = ("/sse/", "/socket.io/")
-# A client that does not answer our close frame within this many seconds is dropped.
+# A client that does not answer our close frame within this many seconds is dropped; so is one whose
+# close frame the application has not finished reading after as long (9.).
 CLOSE_HANDSHAKE_TIMEOUT = 5
 
 
@@ -250,6 +259,9 @@ def install() -> None:
             outgoing = getattr(self, "_switchboard_outgoing", None)
             if outgoing is not None:
                 outgoing.detach()  # (its wrappers on the transport held it in a cycle)
+            hold = getattr(self, "_switchboard_close_hold", None)
+            if hold is not None:
+                hold.forget()
             closed = getattr(self, "is_closed", None)
             if getattr(closed, "called", False) and closed.result is self:
                 closed.result = None  # autobahn resolves it with the protocol: a cycle; nobody here waits on it
@@ -265,6 +277,8 @@ def install() -> None:
             protocol._switchboard_outgoing = buffer
             scope.setdefault("extensions", {})[OUTGOING_EXTENSION] = buffer
             scope["extensions"][FRAME_LIMIT_EXTENSION] = FrameLimit(protocol, max_preauth_frame)
+            protocol._switchboard_close_hold = scope["extensions"][CLOSE_HOLD_EXTENSION] = CloseHold(
+                CLOSE_HANDSHAKE_TIMEOUT)
         elif scope.get("type") == "http" and str(scope.get("path", "")).startswith(STREAM_PATHS):
             # A long-lived HTTP stream (SSE), or a Socket.IO poll, gets the same view of its
             # socket's buffer; a kept-alive connection's transport is wrapped once.
@@ -306,6 +320,27 @@ def install() -> None:
         return None
 
     WebSocketProtocol.serverSend = server_send
+
+    # 9. the closing handshake's drop held until the application has read what came before it
+    original_on_close_frame = WebSocketProtocol.onCloseFrame
+    original_drop = WebSocketProtocol.dropConnection
+
+    def on_close_frame(self, code, reason_raw):
+        self._switchboard_in_close_frame = True
+        try:
+            return original_on_close_frame(self, code, reason_raw)
+        finally:
+            self._switchboard_in_close_frame = False
+
+    def drop_connection(self, abort=False):
+        hold = getattr(self, "_switchboard_close_hold", None)
+        if (hold is not None and getattr(self, "_switchboard_in_close_frame", False) and not self.muted
+                and hold.hold(getattr(self, "application_queue", None), lambda: original_drop(self, abort))):
+            return None
+        return original_drop(self, abort)
+
+    WebSocketProtocol.onCloseFrame = on_close_frame
+    WebSocketProtocol.dropConnection = drop_connection
 
     # 5. proxy headers only from trusted proxies, the client being the rightmost untrusted hop
     networks = trusted_networks()
