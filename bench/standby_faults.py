@@ -204,22 +204,32 @@ class WiderFaults:
                      handed_back=back if any(t is not None for t in taken.values()) else None)
         return True
 
-    def _handback_kill(self, *, victim_is_home: bool) -> bool:
-        kind = "handback_kill_home" if victim_is_home else "handback_kill_holder"
+    def _taken_over(self, kind: str, untaken: str) -> tuple[int, int, float, dict] | None:
+        """The opening of a fault that needs a home held: a home lost (killed or stopped) until its
+        standby takes it over. (home, holder, when it began, the record's fields so far); None when
+        it was not taken over (then it is started again, and the fault recorded as `untaken`)."""
         n, crash, hold = self.rng.randint(1, DOMAIN_COUNT), self.rng.random() < 0.5, self._hold()
         holder = STANDBY[n]
-        victim = n if victim_is_home else holder
         began = time.monotonic()
         say(f"fault ({kind}): {name(n)} {'killed' if crash else 'stopped'} until taken over by {name(holder)}")
         self._lose(n, crash)
         taken = self._away([n], hold, began, until_taken=True)[n]
-        fields: dict = {"home": name(n), "holder": name(holder), "victim": name(victim),
-                        "lost": "killed" if crash else "stopped", "taken_over": taken is not None,
-                        "taken_after": taken}
-        if taken is None:  # nothing to hand back: the fault is only a loss
+        fields: dict = {"home": name(n), "holder": name(holder), "lost": "killed" if crash else "stopped",
+                        "taken_over": taken is not None, "taken_after": taken}
+        if taken is None:
             self.ring.start_domain(n)
-            self._record(kind, f"{name(n)} lost, not taken over: no hand-back to kill in", began, **fields)
+            self._record(kind, f"{name(n)} lost, not taken over: {untaken}", began, **fields)
+            return None
+        return n, holder, began, fields
+
+    def _handback_kill(self, *, victim_is_home: bool) -> bool:
+        kind = "handback_kill_home" if victim_is_home else "handback_kill_holder"
+        opened = self._taken_over(kind, "no hand-back to kill in")
+        if opened is None:
             return False
+        n, holder, began, fields = opened
+        victim = n if victim_is_home else holder
+        fields["victim"] = name(victim)
         starting = _Starter(self.ring, n)  # start_domain waits until n is ready: the hand-back may begin first
         hand_back = _until(lambda: (self._returning(n) or (False, False)) != (True, False), BACK_WAIT, step=0.1)
         state = self._returning(n)
@@ -250,18 +260,10 @@ class WiderFaults:
 
     def _holder_lost_holding(self) -> bool:
         kind = "holder_lost_holding"
-        n, crash, hold = self.rng.randint(1, DOMAIN_COUNT), self.rng.random() < 0.5, self._hold()
-        holder = STANDBY[n]
-        began = time.monotonic()
-        say(f"fault ({kind}): {name(n)} {'killed' if crash else 'stopped'} until taken over by {name(holder)}")
-        self._lose(n, crash)
-        taken = self._away([n], hold, began, until_taken=True)[n]
-        fields: dict = {"home": name(n), "holder": name(holder), "lost": "killed" if crash else "stopped",
-                        "taken_over": taken is not None, "taken_after": taken}
-        if taken is None:  # nothing held: the fault is only a loss
-            self.ring.start_domain(n)
-            self._record(kind, f"{name(n)} lost, not taken over: no holder to lose", began, **fields)
+        opened = self._taken_over(kind, "no holder to lose")
+        if opened is None:
             return False
+        n, holder, began, fields = opened
         say(f"  {name(n)} held by {name(holder)}: {name(holder)} killed (SIGKILL) while holding, {name(n)} started")
         killed_wall = self._clock(n)
         self._lose(holder, crash=True)

@@ -56,12 +56,6 @@ from presence.services import master_online
 
 log = logging.getLogger(__name__)
 CONTROL_TYPES = {"PING", "PONG", "ACK"}  # cheap: they draw on the frame budget alone
-# A draining ACK-mode connection stops taking pushes and waits this long at most for the ACKs of
-# what it has in flight before it says 1012 (and at most half the drain's grace, so the drain ends
-# before its cut): an ACK on its way when the socket closes would be lost, and the client handed
-# that message again on its next node. 1 s was too short on a slowed, busy two-core machine: a
-# rolling restart in CI handed 468 messages again after their ACKs.
-DRAIN_ACK_WAIT_SECONDS = 5.0
 
 
 def frame_over(text: str | None, data: bytes | None, limit: int) -> bool:
@@ -163,12 +157,12 @@ class ClientConsumer(ChannelReaderConsumer):
 
     async def _drain(self) -> None:
         """The node drains: no more pushes (they go back to the mailbox), the ACKs of what is in
-        flight are waited for (DRAIN_ACK_WAIT_SECONDS at most), and what this node has read of the
+        flight are waited for (settings.DRAIN_ACK_WAIT_SECONDS at most), and what this node has read of the
         client (its ACKs, the frames that left) is committed, before the client hears 1012: on its
         next node it is not handed again what it acknowledged here."""
         self.leaving = True
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(DRAIN_ACK_WAIT_SECONDS, settings.DRAIN_GRACE_SECONDS / 2)
+        deadline = loop.time() + min(settings.DRAIN_ACK_WAIT_SECONDS, settings.DRAIN_GRACE_SECONDS / 2)
         while self.ledger is not None and self.ledger.inflight and not self.closing and loop.time() < deadline:
             await asyncio.sleep(0.01)
         if self.life is not None:

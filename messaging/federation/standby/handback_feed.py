@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from foundation.outbound import send_batches
+from foundation.outbound import Outcome, send_batches
 from messaging.federation.standby.copy import StandbySender
 
 log = logging.getLogger(__name__)
@@ -21,20 +21,27 @@ class LastCallSender(StandbySender):
         return False
 
 
+def _send(standby: str, what: str, **limits) -> Outcome | None:
+    """The standby's sender run past the link's backoff, within `limits`; None when it raised (the
+    hand-back waits; the sender goes on as ever), logged with `what` was being sent."""
+    try:
+        outcome = send_batches(LastCallSender(standby), **limits)
+    except Exception as exc:
+        log.warning("%s for %s could not be sent: %s", what, standby, exc)
+        return None
+    if outcome.error:
+        log.warning("%s for %s could not be sent: %s", what, standby, outcome.error)
+    return outcome
+
+
 def feed_send_last(*, standby: str) -> bool:
     """Inside the caller's transaction (a hand-back, with the feed to `standby` held in turn): send what is left
     of the feed to `standby` in one call, if one call takes it all, and delete it: the skeleton's run
     of the standby's sender, under its lock, with `whole`. Returns whether nothing is left (False:
     more than one call's worth, its sender busy, or the call failed, recorded on the rows and the
     link as the sender records a failure; the rows stay, and the hand-back waits)."""
-    try:
-        outcome = send_batches(LastCallSender(standby), max_batches=1, whole=True)
-    except Exception as exc:  # the hand-back waits; the sender goes on as ever
-        log.warning("the last changes for %s could not be sent with the hand-back: %s", standby, exc)
-        return False
-    if outcome.error:
-        log.warning("the last changes for %s could not be sent with the hand-back: %s", standby, outcome.error)
-    return not (outcome.skipped or outcome.error)
+    outcome = _send(standby, "the last changes (the hand-back's call)", max_batches=1, whole=True)
+    return outcome is not None and not (outcome.skipped or outcome.error)
 
 
 def feed_drain(*, standby: str, budget_seconds: float) -> int:
@@ -44,9 +51,5 @@ def feed_drain(*, standby: str, budget_seconds: float) -> int:
     standby's sender, the hand-back waited behind the worker's queue: 5 minutes in a fault run on a
     busy machine, its beat's sweeps of the feed discarded as expired, the users refused everywhere
     meanwhile. The sender at work on the feed already (its lock held): nothing, it is being sent."""
-    try:
-        outcome = send_batches(LastCallSender(standby), budget_seconds=budget_seconds)
-    except Exception as exc:  # the hand-back waits; the sender goes on as ever
-        log.warning("the changes for %s could not be sent ahead of the hand-back: %s", standby, exc)
-        return 0
-    return outcome.sent
+    outcome = _send(standby, "the changes ahead of the hand-back", budget_seconds=budget_seconds)
+    return 0 if outcome is None else outcome.sent

@@ -279,6 +279,10 @@ WS_MAX_CHANNELS = env_int("WS_MAX_CHANNELS", 100)  # channels one connection may
 # random moment within DRAIN_SECONDS; whatever is left DRAIN_GRACE_SECONDS after that is cut.
 DRAIN_SECONDS = env_float("DRAIN_SECONDS", 10.0)
 DRAIN_GRACE_SECONDS = env_float("DRAIN_GRACE_SECONDS", 5.0)
+# A draining ACK-mode connection stops taking pushes and waits this long at most for the ACKs of what
+# it has in flight before it says 1012 (and at most half the grace, so the drain ends before its cut).
+# ACKs that come after, before the client answers the close, still count (foundation.daphne_adapter.CloseHold).
+DRAIN_ACK_WAIT_SECONDS = env_float("DRAIN_ACK_WAIT_SECONDS", 5.0)
 # --- push-compatible channel streams (the push seed's settings and defaults) ---------------------
 PUSH_HEARTBEAT_SECONDS = env_float("PUSH_HEARTBEAT_SECONDS", 30.0)  # heartbeat (SSE) / ping (WS) interval
 PUSH_CLIENT_GRACE_SECONDS = env_float("PUSH_CLIENT_GRACE_SECONDS", 4.0)  # pong deadline; reconnect notice lead
