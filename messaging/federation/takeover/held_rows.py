@@ -62,6 +62,46 @@ SELECT id FROM moved ORDER BY seq
 """
 
 
+# The mailbox rows here of the home's users that the home may not have: rows whose message is not in
+# its copy, fed to it as new for the hand-back. A row is fed when it is made if the takeover is
+# seen then (the standby feed's trigger); a store that made its row while the takeover was being
+# recorded did not see it, and routing, after the takeover, left that row in the mailbox here: the
+# home would have been fed its delivery alone (its state), without the message, and never had it.
+# (A row fed as new already, and not yet sent, is not fed again.)
+_UNFED_SQL = f"""
+INSERT INTO messaging_standbyfeed (standby, delivery_id, new, created_at, attempts, last_error)
+SELECT %(peer)s::text, d.id, true, now(), 0, ''
+  FROM messaging_delivery d {in_ranges("d", "recipient")}
+  JOIN messaging_message m ON m.id = d.message_id
+ WHERE d.forward_to = ''
+   AND NOT EXISTS (SELECT 1 FROM messaging_standbyfeed f WHERE f.delivery_id = d.id AND f.new AND f.standby = %(peer)s::text)
+   AND NOT EXISTS (SELECT 1 FROM messaging_standbycopy c
+                    WHERE c.home = %(peer)s::text AND c.app_id = d.app_id AND c.recipient = d.recipient
+                      AND c.origin_domain = coalesce(nullif(m.origin_domain, ''), %(here)s::text)
+                      AND c.origin_message_id = coalesce(m.origin_message_id, m.id))
+ ORDER BY d.id
+"""
+# A store makes its rows in the statement that counts them in their recipients' mailboxes
+# (messaging.core.store), so one under way holds those mailboxes' rows until it ends.
+_STORES_WAIT_SQL = f"""
+SELECT 1 FROM messaging_mailbox mb {in_ranges("mb", "user_id")} ORDER BY mb.app_id, mb.user_id FOR SHARE OF mb
+"""
+STORES_WAIT = "10s"
+
+
+def stored_as_taken_fed(home: str) -> int:
+    """Right after a takeover of `home` committed, once every store to its users under way then has
+    ended (it holds their mailboxes' rows: STORES_WAIT at most), feed the home as new what it may
+    lack of their mailboxes here. Returns how many rows were fed."""
+    here = settings.DOMAIN_NAME
+    params = {"peer": home, "here": here, **ranges_params(home, here)}
+    with transaction.atomic(), hot_cursor() as cur:
+        cur.execute("SELECT set_config('lock_timeout', %s, true)", [STORES_WAIT])
+        cur.execute(_STORES_WAIT_SQL, params)
+        cur.execute(_UNFED_SQL, params)
+        return cur.rowcount
+
+
 def queued_into_mailboxes(home: str, *, back: bool = False) -> list[int] | None:
     """The rows waiting on the link to `home` for its users held here, into their mailboxes here
     (under the link's sender lock, as the sweep moves a queue; None when a sender holds it now: the

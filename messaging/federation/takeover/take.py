@@ -45,7 +45,7 @@ import logging
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from apps_registry.models import ClientApp, Domain, Takeover, UserDistribution
@@ -76,6 +76,7 @@ from messaging.federation.takeover.held_rows import (
     queued_into_mailboxes,
     ranges_params,
     records_back_into_mailboxes,
+    stored_as_taken_fed,
 )
 from messaging.federation.takeover.liveness import silent_here_for, silent_seconds, witnesses_agree
 from messaging.federation.takeover.reclaim import reclaim_watch
@@ -245,6 +246,14 @@ def take_over(home: str, *, manual: bool = False, reason: str = "") -> dict:
         transaction.on_commit(lambda: handoff.routing_enqueue(queued))
     changed_here(home, here, True)
     _tell_now()
+    try:
+        unfed = stored_as_taken_fed(home)
+    except DatabaseError:  # (a store that would not end, or a deadlock with one): the takeover stands
+        log.exception("%s: feeding %s what was stored for its users as it took them over failed", here, home)
+        unfed = 0
+    if unfed:
+        log.warning("%s: %d rows of %s's users made here as it took them over fed to %s as new", here, unfed, home,
+                    home)
     return {"state": "taken", "merged": merged.appended, "queued": len(queued)}
 
 

@@ -241,6 +241,28 @@ def test_the_holder_hands_back_once_the_home_has_every_change_and_nothing_comes_
         assert not StandbyFeed.objects.exists()  # the merge fed nothing back
 
 
+def test_a_message_stored_at_the_holder_as_it_took_over_goes_home_at_the_hand_back(standby_ring):
+    """A message stored at the standby for the home's user while the takeover was being recorded: its
+    row was made before the takeover could be seen (so not fed to the home), and routing, after it,
+    left it in her mailbox there, where she read it. Handed back, the home has it (a fault run found
+    such a message in the holder's copy alone: the home was fed only its delivery, without the
+    message)."""
+    net = standby_ring
+    lost(net)
+    net.send(DAVE, CAROL, "stored as the takeover was recorded", at="domain-04")  # not routed yet
+    with net.at("domain-04"):
+        assert list(Delivery.objects.filter(recipient=CAROL).values_list("state", "forward_to")) == [("pending", "")]
+        assert not StandbyFeed.objects.exists()
+        take_over("domain-03")
+    net.pump()
+    net.deliver(CAROL, at="domain-04")
+    assert mailbox(net, "domain-04") == [("stored as the takeover was recorded", "delivered")]
+    net.down.clear()
+    with net.at("domain-04"):
+        assert hand_back("domain-03")["state"] == "handed back"
+    assert mailbox(net, "domain-03") == [("stored as the takeover was recorded", "delivered")]
+
+
 def test_a_feed_longer_than_one_look_sends_waits_for_the_next_look_and_goes_home_then(standby_ring, settings,
                                                                                      monkeypatch):
     net = standby_ring
