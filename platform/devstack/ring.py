@@ -124,7 +124,7 @@ class Ring:
         self.plans = domain_plans(postgres_url=postgres_url, redis_url=redis_url, ports=self.ports,
                                   meta_secret=self.meta_secret, admin_password=self.admin_password,
                                   database_prefix=database_prefix, redis_db_base=redis_db_base,
-                                  env_overrides=overrides)
+                                  env_overrides=overrides, lake_root=self.root / "lake")
         env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "platform"), str(ROOT), env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"

@@ -99,9 +99,12 @@ def ring_ports(base_port: int) -> list[int]:
 
 def domain_plans(*, postgres_url: str, redis_url: str, ports: list[int], meta_secret: str,
                  admin_password: str = "", database_prefix: str = DEFAULT_DATABASE_PREFIX,
-                 redis_db_base: int = 0, env_overrides: dict[str, str] | None = None) -> list[DomainPlan]:
+                 redis_db_base: int = 0, env_overrides: dict[str, str] | None = None,
+                 lake_root: Path | None = None) -> list[DomainPlan]:
     """One plan per domain: its own database on `postgres_url`'s server, Redis database
-    redis_db_base + N on `redis_url`'s, and the environment its processes run with."""
+    redis_db_base + N on `redis_url`'s, its analytics lake under `lake_root` (domain-0N: four
+    domains exporting into one lake raced over its runs' files, and wrote into the checkout's own
+    var/lake), and the environment its processes run with."""
     if len(ports) != DOMAIN_COUNT:
         raise ValueError(f"the ring needs {DOMAIN_COUNT} ports, got {len(ports)}")
     meta_url = f"http://127.0.0.1:{ports[META_DOMAIN - 1]}"
@@ -118,6 +121,8 @@ def domain_plans(*, postgres_url: str, redis_url: str, ports: list[int], meta_se
             "NODE_ID": f"{domain_name(n)}-web",
             "WORKER_CONCURRENCY": str(WORKER_CONCURRENCY),
         }
+        if lake_root is not None:
+            env["ANALYTICS_LAKE"] = str(lake_root / domain_name(n))
         if admin_password:
             env["ADMIN_PASSWORD"] = admin_password
         env["META_SECRET"] = meta_secret  # the meta signs its export with it, the others their pulls

@@ -44,6 +44,11 @@ def test_each_domain_runs_with_its_name_port_node_and_small_concurrency(ring):
     assert env["DATABASE_URL"].endswith("/switchboard_domain_02") and env["REDIS_URL"].endswith("/2")
 
 
+def test_each_domain_exports_its_analytics_to_a_lake_of_its_own_in_the_ring_directory(ring, tmp_path):
+    lakes = [ring.plan(n).env["ANALYTICS_LAKE"] for n in ring.domains()]
+    assert lakes == [str(tmp_path.resolve() / "lake" / f"domain-0{n}") for n in (1, 2, 3, 4)]
+
+
 def test_domain_01_is_the_meta_and_the_others_pull_from_it_with_one_shared_secret(ring, tmp_path):
     assert "META_URL" not in ring.plan(1).env
     assert {ring.plan(n).env["META_URL"] for n in (2, 3, 4)} == {"http://127.0.0.1:8001"}
