@@ -275,13 +275,9 @@ WS_MAX_QUEUED_FRAMES = env_int("WS_MAX_QUEUED_FRAMES", 500)
 WS_MAX_QUEUED_BYTES = env_int("WS_MAX_QUEUED_BYTES", 4 * 1024 * 1024)  # the same, in bytes received (close 4003)
 WS_ACK_WINDOW = env_int("WS_ACK_WINDOW", 1000)
 WS_MAX_CHANNELS = env_int("WS_MAX_CHANNELS", 100)  # channels one connection may read
-# SIGTERM drains a web node (messaging.gateway.drain): /readyz 503, no new sockets, each closed (1012) at a
-# random moment within DRAIN_SECONDS; whatever is left DRAIN_GRACE_SECONDS after that is cut.
-DRAIN_SECONDS = env_float("DRAIN_SECONDS", 10.0)
-DRAIN_GRACE_SECONDS = env_float("DRAIN_GRACE_SECONDS", 5.0)
-# A draining ACK-mode connection stops taking pushes and waits this long at most for the ACKs of what
-# it has in flight before it says 1012 (and at most half the grace, so the drain ends before its cut).
-# ACKs that come after, before the client answers the close, still count (foundation.daphne_adapter.CloseHold).
+# SIGTERM drains a web node (messaging.gateway.drain): /readyz 503, no new sockets, each closed (1012) at a random
+# moment of DRAIN_SECONDS (ACK mode: after DRAIN_ACK_WAIT_SECONDS, half the grace at most, for its ACKs); cut after the grace.
+DRAIN_SECONDS, DRAIN_GRACE_SECONDS = env_float("DRAIN_SECONDS", 10.0), env_float("DRAIN_GRACE_SECONDS", 5.0)
 DRAIN_ACK_WAIT_SECONDS = env_float("DRAIN_ACK_WAIT_SECONDS", 5.0)
 # --- push-compatible channel streams (the push seed's settings and defaults) ---------------------
 PUSH_HEARTBEAT_SECONDS = env_float("PUSH_HEARTBEAT_SECONDS", 30.0)  # heartbeat (SSE) / ping (WS) interval
