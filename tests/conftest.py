@@ -222,7 +222,7 @@ def _clean_test_redis():
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _pool_connections_closed_at_the_end(django_db_setup):
+def _pool_connections_closed_at_the_end(django_db_setup, django_db_blocker):
     """Services called through foundation.asyncdb.run_db in this process hold a connection per pool
     thread, foundation.outbound a lock connection per thread that took a lock, and /readyz one on
     its checks' thread; the test database can only be dropped once they are closed."""
@@ -234,6 +234,28 @@ def _pool_connections_closed_at_the_end(django_db_setup):
     pool_connections_close()
     lock_connections_close()
     checks_connection_close()
+    with django_db_blocker.unblock():
+        _sessions_left_on_the_test_database()
+
+
+def _sessions_left_on_the_test_database() -> None:
+    """Any other session still on the test database at the end would make its drop fail (a bare
+    "being accessed by other users" warning): named here, by its application name and last query,
+    then ended, so the database is dropped and the run says what held it."""
+    import warnings
+
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("""SELECT pid, application_name, state, backend_start, left(query, 200) FROM pg_stat_activity
+                          WHERE datname = current_database() AND pid <> pg_backend_pid()""")
+        left = cursor.fetchall()
+        for pid, *_ in left:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    if left:
+        warnings.warn("sessions left on the test database at the end of the run (ended): "
+                      + "; ".join(f"{name or '(no name)'} {state} since {started:%H:%M:%S}: {query!r}"
+                                  for _, name, state, started, query in left), stacklevel=1)
 
 
 @pytest.fixture(autouse=True)
