@@ -45,7 +45,9 @@ REDIS = "redis"
 NETWORK = "network"
 
 _checks = ThreadPoolExecutor(max_workers=1, thread_name_prefix="readyz")  # its connection kept: one check at a time
-_redis_clients: dict[str, redis.Redis] = {}  # by URL: a client (and its connection) kept per Redis
+# By URL: a client (and its connection) kept per Redis. Not foundation.transport.redis_clients.sync_client:
+# its 5 s timeouts and retries would outlast HAProxy's 2 s check, and it does not follow REDIS_URL.
+_redis_clients: dict[str, redis.Redis] = {}
 
 
 def checks_connection_close() -> None:

@@ -187,6 +187,8 @@ class CloseHold:
     frames, and calls `done()` once it has handled them; only then is the connection dropped, or
     after `timeout` seconds whatever the application does."""
 
+    __slots__ = ("wanted", "timeout", "_drop", "_timer")  # one per WebSocket, wanted or not
+
     def __init__(self, timeout: float) -> None:
         self.wanted = False
         self.timeout = timeout

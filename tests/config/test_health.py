@@ -49,7 +49,9 @@ def test_a_web_nodes_readiness_checks_run_on_one_thread_that_keeps_its_connectio
         opened.append(threading.current_thread().name)
 
     async def get(path: str) -> int:
-        """One request through Django's ASGI handler, as daphne makes it: its status."""
+        """One request through Django's ASGI handler, as daphne makes it: its status. (Not channels'
+        HttpCommunicator: under it the old sync view's checks shared one thread, and this test
+        passed on the code that opened a connection per check under daphne.)"""
         sent: list[dict] = []
         body = [{"type": "http.request", "body": b"", "more_body": False}]
 
