@@ -301,7 +301,7 @@ class DomainLinkForm(forms.ModelForm):
 
     class Meta:
         model = DomainLink
-        fields = ["n1", "n2", "weight", "enabled", "shared_secret"]
+        fields = ["n1", "n2", "weight", "enabled", "liveness_only", "shared_secret"]
 
     def clean_shared_secret(self) -> str:
         return self.cleaned_data.get("shared_secret") or self.instance.shared_secret
@@ -321,8 +321,9 @@ class DomainLinkForm(forms.ModelForm):
 @admin.register(DomainLink)
 class DomainLinkAdmin(MetaManagedAdmin):
     form = DomainLinkForm
-    list_display = ["__str__", "weight", "enabled"]
+    list_display = ["__str__", "weight", "enabled", "liveness_only"]
     list_editable = ["weight", "enabled"]
+    list_filter = ["liveness_only"]
     list_select_related = ["n1", "n2"]
 
 
@@ -382,13 +383,14 @@ def domain_graph_svg(graph: DomainGraph, path_names: list[str] | None, *, this_d
     for link in DomainLink.objects.select_related("n1", "n2"):
         (x1, y1), (x2, y2) = pos[link.n1.name], pos[link.n2.name]
         hot = (link.n1.name, link.n2.name) in on_path
-        colour = "#e67e22" if hot else ("#7a8" if link.enabled else "#bbb")
-        dash = "" if link.enabled else ' stroke-dasharray="6 5"'
+        colour = "#e67e22" if hot else ("#bbb" if not link.enabled else "#a9c" if link.liveness_only else "#7a8")
+        dash = ' stroke-dasharray="6 5"' if not link.enabled else ' stroke-dasharray="2 4"' if link.liveness_only else ""
         width = 5 if hot else 2
         parts.append(f'<line x1="{x1:.0f}" y1="{y1:.0f}" x2="{x2:.0f}" y2="{y2:.0f}" stroke="{colour}" '
                      f'stroke-width="{width}"{dash} class="link{" on-route" if hot else ""}"/>')
         parts.append(f'<text x="{(x1 + x2) / 2:.0f}" y="{(y1 + y2) / 2 - 4:.0f}" font-size="12" fill="#555" '
-                     f'text-anchor="middle">{link.weight}{"" if link.enabled else " (off)"}</text>')
+                     f'text-anchor="middle">{"liveness" if link.liveness_only else link.weight}'
+                     f'{"" if link.enabled else " (off)"}</text>')
     for name, (x, y) in pos.items():
         fill = "#417690" if name == this_domain else "#79aec8"
         ring = ' stroke="#e67e22" stroke-width="4"' if path_names and name in path_names else ""

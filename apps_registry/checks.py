@@ -131,7 +131,7 @@ def check_standbys_reachable(app_configs, **kwargs):
     try:
         standbys = set(UserDistribution.objects.filter(domain__name=here, standby__isnull=False)
                        .values_list("standby__name", flat=True))
-        linked = {name for pair in DomainLink.objects.filter(enabled=True).values_list("n1__name", "n2__name")
+        linked = {name for pair in DomainLink.objects.filter(enabled=True, liveness_only=False).values_list("n1__name", "n2__name")
                   if here in pair for name in pair}
     except DatabaseError:
         return []  # check_open_apps already says the database could not be read

@@ -6,7 +6,8 @@ an app's distributions are replaced by the file's list. What it does not name is
 
 Extension keys beyond the linker format: `number` on domains (its block of message ids, unique in the
 network and given once: an entry without it keeps the domain's, one that would change it is refused);
-`weight`, `enabled` and `sharedSecret` on links;
+`weight`, `enabled`, `livenessOnly` (the link carries the network's liveness only, no message:
+DomainLink.liveness_only) and `sharedSecret` on links;
 `standby` on user distributions (the domain that keeps a copy of the range's mailboxes and takes
 its users over while their home is lost: another known domain than `domainName`);
 `tokenSecret`, `authMode`, `publicChannels`, `clientSubscriptions`, `pusher` (the app's Pusher
@@ -172,18 +173,23 @@ def _import_links(entries: list, domains: dict[str, Domain], summary: ImportSumm
         if weight < 1:
             raise ConfigError(f"{where}: weight must be 1 or more")
         enabled = bool(entry.get("enabled", True))
+        liveness_only = entry.get("livenessOnly", False)
+        if not isinstance(liveness_only, bool):
+            raise ConfigError(f"{where}: livenessOnly must be true or false")
         secret = entry.get("sharedSecret") or None
         if secret is not None and (not isinstance(secret, str) or len(secret) > 128):
             raise ConfigError(f"{where}: sharedSecret must be a string of at most 128 characters")
         a, b = domains[n1], domains[n2]
         link = DomainLink.objects.filter(Q(n1=a, n2=b) | Q(n1=b, n2=a)).first()
         if link is None:
-            DomainLink.objects.create(n1=a, n2=b, weight=weight, enabled=enabled,
+            DomainLink.objects.create(n1=a, n2=b, weight=weight, enabled=enabled, liveness_only=liveness_only,
                                       **({"shared_secret": secret} if secret else {}))
             summary.created["links"] += 1
-        elif (link.weight, link.enabled, link.shared_secret) != (weight, enabled, secret or link.shared_secret):
-            link.weight, link.enabled, link.shared_secret = weight, enabled, secret or link.shared_secret
-            link.save(update_fields=["weight", "enabled", "shared_secret"])
+        elif ((link.weight, link.enabled, link.liveness_only, link.shared_secret)
+              != (weight, enabled, liveness_only, secret or link.shared_secret)):
+            link.weight, link.enabled, link.liveness_only = weight, enabled, liveness_only
+            link.shared_secret = secret or link.shared_secret
+            link.save(update_fields=["weight", "enabled", "liveness_only", "shared_secret"])
             summary.updated["links"] += 1
 
 
@@ -350,6 +356,8 @@ def config_export(*, include_secrets: bool = False) -> str:
             item["weight"] = link.weight
         if not link.enabled:
             item["enabled"] = False
+        if link.liveness_only:
+            item["livenessOnly"] = True
         if include_secrets:
             item["sharedSecret"] = link.shared_secret
         doc["domainLinks"].append(item)

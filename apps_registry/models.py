@@ -274,7 +274,8 @@ def new_link_secret() -> str:
 
 
 class DomainLink(models.Model):
-    """An undirected, weighted edge of the domain graph; only enabled links carry traffic.
+    """An undirected, weighted edge of the domain graph; only enabled links carry traffic, and a
+    `liveness_only` link carries only the network's liveness (no route takes it).
 
     Its shared secret signs the calls between the two domains. A new secret takes effect at the two
     ends up to a configuration pull apart, so for LINK_SECRET_OVERLAP_SECONDS after a change the old
@@ -285,6 +286,15 @@ class DomainLink(models.Model):
     n2 = models.ForeignKey(Domain, on_delete=models.CASCADE, related_name="+")
     weight = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
     enabled = models.BooleanField(default=True)
+    # Carries the network's liveness only (its gossip of clocks, takeover records and presence, link
+    # probes and the takeover witness's question), never a message, a receipt, a publish or a standby
+    # copy, and is no part of any route: a second way for two domains to hear each other, so a pair
+    # of lost domains that are not neighbours leaves no survivor deaf (docs/architecture.md, "How
+    # long logins are refused").
+    liveness_only = models.BooleanField(
+        default=False, db_default=False,
+        help_text="Carries only the network's liveness (gossip, link probes, the takeover witness's question), "
+                  "never a message; no route takes it.")
     shared_secret = models.CharField(max_length=128, default=new_link_secret)
     previous_secret = models.CharField(max_length=128, blank=True, default="", editable=False)
     previous_secret_until = models.DateTimeField(null=True, blank=True, editable=False)

@@ -1,4 +1,5 @@
-"""The domain graph: where a user lives and the shortest way there over enabled links.
+"""The domain graph: where a user lives and the shortest way there over enabled links (those that
+carry messages: a liveness-only link is no edge of it).
 
 Used by the message router (a user homed elsewhere is forwarded to the next hop), by the
 `route` management command and by the admin's graph page.
@@ -18,14 +19,15 @@ from .selectors import user_distribution_of
 @dataclass
 class DomainGraph:
     domains: list[str]
-    # name -> [(neighbour, weight)], enabled links only
+    # name -> [(neighbour, weight)], enabled links that carry messages only
     adjacency: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
 
     @classmethod
     def load(cls) -> DomainGraph:
         graph = cls(domains=list(Domain.objects.order_by("name").values_list("name", flat=True)))
         graph.adjacency = {name: [] for name in graph.domains}
-        links = DomainLink.objects.filter(enabled=True).values_list("n1__name", "n2__name", "weight")
+        # (a liveness-only link carries no message: no route takes it)
+        links = DomainLink.objects.filter(enabled=True, liveness_only=False).values_list("n1__name", "n2__name", "weight")
         for a, b, weight in links:
             graph.adjacency[a].append((b, weight))
             graph.adjacency[b].append((a, weight))

@@ -2,8 +2,8 @@
 and passes on what it heard of the others (presence.remote keeps it), so the app's master user,
 wherever it connects, is told about its users on every domain.
 
-`presence_gossip` (beat, every PRESENCE_GOSSIP_SECONDS, queue "forwarding") sends each neighbour
-one call with, per app that has a master user, this domain's online users (numbered with its clock,
+`presence_gossip` (every PRESENCE_GOSSIP_SECONDS, messaging.federation.control_loop) sends each
+neighbour, over every enabled link (a liveness-only one too), one call with, per app that has a master user, this domain's online users (numbered with its clock,
 so newer replaces older however it travelled) and every other domain's list it holds, except the
 neighbour's own. `presence_accept` (the forward endpoint's `presence` items) takes the newer lists,
 and tells the app's master connections here who arrived and who left (USER_CONNECTED /
@@ -24,10 +24,15 @@ from django.conf import settings
 
 from apps_registry.models import ClientApp
 from foundation.logs import loggable
-from messaging.core.next_hop import neighbours
 from messaging.federation.takeover.liveness import domain_serves
 from messaging.federation.takeover.records import network_gossip
-from messaging.federation.wire.transport import FORWARD_PATH, PeerError, peer_call_prepare, peer_calls_send
+from messaging.federation.wire.transport import (
+    FORWARD_PATH,
+    PeerError,
+    liveness_peers,
+    peer_call_prepare,
+    peer_calls_send,
+)
 from presence import remote
 from presence.online import app_online_users_sync
 from presence.services import master_notify_many_sync
@@ -41,7 +46,7 @@ def presence_gossip() -> dict[str, str]:
     """One round: every neighbour told what this domain knows (and, with it, the network's clocks and
     takeovers: messaging.federation.takeover.take). Returns {peer: "ok" or the error}."""
     here = settings.DOMAIN_NAME
-    peers = neighbours()
+    peers = liveness_peers()  # (over liveness-only links too: the gossip is the network's liveness)
     if not peers:
         return {}
     apps = sorted(ClientApp.objects.exclude(master_user_id="").values_list("app_name", flat=True))

@@ -16,7 +16,8 @@ rules a `tokenSecret` without `authMode` switches an app to signed tokens, again
 `authEnabled: false`. Whoever closes it does so in domain-01's admin (the meta), once for all.
 Beyond the seed, ANZ's `news.*` channels are public and open to client subscriptions, so a publish
 can be watched arriving on every domain, and each of its ranges has a `standby` (the next domain
-round the ring: 01's users stand by on 02, 02's on 03, 03's on 04, 04's on 01).
+round the ring: 01's users stand by on 02, 02's on 03, 03's on 04, 04's on 01), and the ring's two
+diagonals (01-03, 02-04) are liveness-only links (`LIVENESS_LINKS`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ import yaml
 
 DOMAIN_COUNT = 4
 LINKS = ((1, 2), (2, 3), (3, 4), (1, 4))  # the seed's domainLinks, in its order
+# Beyond the seed: the ring's two diagonals as liveness-only links (DomainLink.liveness_only: the
+# gossip, probes and the takeover witness, no message). Without them, two domains lost together that
+# are not neighbours (01 and 03, or 02 and 04) leave each survivor with no neighbour to hear: it
+# fences its own users, and nobody may witness the lost pair's takeovers, so logins wait for one of
+# the pair to return (docs/architecture.md, "How long logins are refused").
+LIVENESS_LINKS = ((1, 3), (2, 4))
 ANZ_DISTRIBUTIONS = ((1, 0, 999999), (2, 1000000, 2999999), (3, 3000000, 5999999), (4, 6000000, None))
 # Beyond the seed: each range's standby domain (the next one round the ring), which keeps a copy of
 # its users' mailboxes and takes them over while their home is lost.
@@ -161,6 +168,10 @@ def ring_config(ports: list[int], link_secrets: dict[tuple[str, str], str]) -> d
         key = link_key(domain_name(a), domain_name(b))
         secret = link_secrets.setdefault(key, secrets.token_urlsafe(32))
         links.append({"n1": domain_name(a), "n2": domain_name(b), "sharedSecret": secret})
+    for a, b in LIVENESS_LINKS:
+        key = link_key(domain_name(a), domain_name(b))
+        secret = link_secrets.setdefault(key, secrets.token_urlsafe(32))
+        links.append({"n1": domain_name(a), "n2": domain_name(b), "livenessOnly": True, "sharedSecret": secret})
     apps: list[dict] = [{"appName": f"domain{n}", "appId": f"domain{n}", "masterUserId": f"domain{n}-1",
                          "authEnabled": False} for n in range(1, DOMAIN_COUNT + 1)]
     distributions = []
@@ -188,11 +199,20 @@ def _domain_urls(path: Path) -> list:
     return [(d.get("name"), d.get("urls"), d.get("number")) for d in doc.get("domains") or [] if isinstance(d, dict)]
 
 
+def _link_pairs(path: Path) -> set[tuple[str, str, bool]]:
+    doc = yaml.safe_load(path.read_text()) or {}
+    return {(*link_key(str(e.get("n1")), str(e.get("n2"))), bool(e.get("livenessOnly", False)))
+            for e in doc.get("domainLinks") or [] if isinstance(e, dict)}
+
+
 def ring_config_write(path: Path, ports: list[int]) -> Path:
-    """Write the ring file if it is missing or names other ports or domain numbers (the links' secrets
-    of the old file kept); an existing file for these ports is left as it is, edits included."""
+    """Write the ring file if it is missing, names other ports or domain numbers, or lacks a link of
+    the plan (a file from before the liveness-only links; the links' secrets of the old file kept);
+    an existing file for these ports with every link is left as it is, edits included."""
     config = ring_config(ports, link_secrets_read(path))
-    if path.exists() and _domain_urls(path) == [(d["name"], d["urls"], d["number"]) for d in config["domains"]]:
+    planned = {(*link_key(e["n1"], e["n2"]), e.get("livenessOnly", False)) for e in config["domainLinks"]}
+    if (path.exists() and _domain_urls(path) == [(d["name"], d["urls"], d["number"]) for d in config["domains"]]
+            and planned <= _link_pairs(path)):
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

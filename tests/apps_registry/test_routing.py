@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db.models import Q
 
 from apps_registry.config_io import config_import
 from apps_registry.models import Domain, DomainLink, UserDistribution
@@ -47,6 +48,15 @@ def test_a_disabled_link_forces_the_longer_way_round(network):
 def test_weights_pick_the_cheaper_path(network):
     DomainLink.objects.filter(pk=_link("domain-01", "domain-02").pk).update(weight=10)
     assert route_for_user("ANZ-3123456", from_domain="domain-01").path == ["domain-01", "domain-04", "domain-03"]
+
+
+def test_a_liveness_only_link_is_no_way_for_a_message(network):
+    domain_01, domain_03 = Domain.objects.get(name="domain-01"), Domain.objects.get(name="domain-03")
+    DomainLink.objects.create(n1=domain_01, n2=domain_03, liveness_only=True)
+    path = route_for_user("ANZ-3123456", from_domain="domain-01").path
+    assert len(path) == 3 and path[0] == "domain-01" and path[-1] == "domain-03"  # round the ring, as before
+    DomainLink.objects.filter(Q(n1__name="domain-03") | Q(n2__name="domain-03"), liveness_only=False).update(enabled=False)
+    assert route_for_user("ANZ-3123456", from_domain="domain-01").path is None
 
 
 def test_an_unreachable_domain_has_no_path(network):

@@ -85,9 +85,11 @@ def test_the_ring_file_is_the_seeds_meta_example_on_this_machine_with_a_secret_p
     written, seed = _written(ring), yaml.safe_load(EXAMPLE.read_text())
     assert [d["name"] for d in written["domains"]] == [d["name"] for d in seed["domains"]]
     assert written["domains"][2]["urls"] == ["ws://127.0.0.1:8003/ws", "http://127.0.0.1:8003"]
-    assert [(link["n1"], link["n2"]) for link in written["domainLinks"]] == [
-        (link["n1"], link["n2"]) for link in seed["domainLinks"]]
-    assert len({link["sharedSecret"] for link in written["domainLinks"]}) == 4
+    # The seed's links, then the ring's diagonals, which carry the network's liveness only.
+    assert [(link["n1"], link["n2"], link.get("livenessOnly", False)) for link in written["domainLinks"]] == [
+        (link["n1"], link["n2"], False) for link in seed["domainLinks"]] + [
+        ("domain-01", "domain-03", True), ("domain-02", "domain-04", True)]
+    assert len({link["sharedSecret"] for link in written["domainLinks"]}) == 6
     # The seed's apps; ANZ open as there (no tokenSecret), its news.* channels public and open to
     # client subscriptions so a publish can be watched arriving on every domain, and each of its
     # ranges standing by on the next domain round the ring.
@@ -105,6 +107,16 @@ def test_the_ring_file_keeps_its_secrets_and_its_edits_and_follows_new_ports(rin
     again = _written(moved)
     assert again["domains"][0]["urls"][0] == "ws://127.0.0.1:9101/ws"
     assert again["domainLinks"] == first["domainLinks"]
+
+
+def test_a_ring_file_from_before_the_liveness_links_gains_them_and_keeps_its_secrets(ring):
+    first = _written(ring)
+    older = {**first, "domainLinks": [link for link in first["domainLinks"] if not link.get("livenessOnly")]}
+    ring.config_path.write_text(yaml.safe_dump(older, sort_keys=False))
+    links = _written(ring)["domainLinks"]
+    assert links[:4] == older["domainLinks"]  # the seed's links and their secrets, as they were
+    assert [(link["n1"], link["n2"], link["livenessOnly"]) for link in links[4:]] == [
+        ("domain-01", "domain-03", True), ("domain-02", "domain-04", True)]
 
 
 @pytest.fixture
@@ -125,7 +137,10 @@ def test_the_ring_file_imports_with_anz_users_homed_as_in_the_seed(ring, message
     # Beyond the seed: domain-0N's number is N, its block of message ids.
     assert dict(Domain.objects.values_list("name", "number")) == {f"domain-0{n}": n for n in range(1, 5)}
     assert summary.open_apps == ["domain1", "domain2", "domain3", "domain4", "ANZ"]
-    assert DomainLink.objects.count() == 4 and ClientApp.objects.count() == 5
+    assert ClientApp.objects.count() == 5
+    assert sorted(DomainLink.objects.values_list("n1__name", "n2__name", "liveness_only")) == [
+        ("domain-01", "domain-02", False), ("domain-01", "domain-03", True), ("domain-01", "domain-04", False),
+        ("domain-02", "domain-03", False), ("domain-02", "domain-04", True), ("domain-03", "domain-04", False)]
     homes = {user: user_home_domain(user).name for user in ("ANZ-1", "ANZ-2000000", "ANZ-3123456", "ANZ-9000000")}
     assert homes == {"ANZ-1": "domain-01", "ANZ-2000000": "domain-02", "ANZ-3123456": "domain-03",
                      "ANZ-9000000": "domain-04"}

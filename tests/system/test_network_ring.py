@@ -8,6 +8,7 @@ forged internal calls refused. (One module: the ring starts once for all of them
         │            │
     domain-04 ── domain-03      ANZ users: 0-999999 on 01, 1000000-2999999 on 02,
                                 3000000-5999999 on 03, 6000000+ on 04
+    (and the diagonals 01-03, 02-04: liveness-only links, no message takes them)
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from tests.wsclient import WsClient
 pytestmark = pytest.mark.system
 
 DOMAINS = ["domain-01", "domain-02", "domain-03", "domain-04"]
-LINKS = ["domain-01 — domain-02", "domain-02 — domain-03", "domain-03 — domain-04", "domain-01 — domain-04"]
+LINKS = ["domain-01 — domain-02", "domain-02 — domain-03", "domain-03 — domain-04", "domain-01 — domain-04",
+         "domain-01 — domain-03", "domain-02 — domain-04"]  # (the last two: the diagonals, liveness only)
 
 
 def _admin_lists(ring, n: int) -> tuple[list[str], list[str]]:
@@ -40,7 +42,7 @@ def _admin_lists(ring, n: int) -> tuple[list[str], list[str]]:
     return [d for d in DOMAINS if f">{d}<" in domains], [link for link in LINKS if link in links]
 
 
-def test_every_domain_is_ready_and_its_admin_lists_the_four_domains_and_the_four_links(ring):
+def test_every_domain_is_ready_and_its_admin_lists_the_four_domains_and_the_six_links(ring):
     print(f"the ring started in {ring.start_seconds:.1f}s")
     for n in ring.domains():
         assert ring.ready(n), f"domain-0{n} is not ready"
@@ -973,3 +975,37 @@ def test_a_home_whose_holder_is_killed_while_handing_its_users_back_takes_them_b
 
 def test_a_home_back_while_its_holder_is_lost_takes_its_users_back_after_the_failover_threshold(failover_ring):
     _holder_lost_and_home_back(failover_ring, "ANZ-3000037", while_returning=False)
+
+
+def test_with_domain_01_and_03_lost_together_domain_04_serves_its_users_and_takes_over_domain_03s(failover_ring):
+    """Two domains lost that are not neighbours: domain-04 has lost both its neighbours. It still
+    hears domain-02 over their liveness-only link (the ring's diagonal), so it is not cut off from the
+    network: it keeps admitting its own users, and takes domain-03's over with domain-02 as witness.
+    (Before those links it fenced its users and found no witness until one of the pair returned.)"""
+    ring = failover_ring
+    dave, carol = "ANZ-6000041", "ANZ-3000041"
+    ring.kill_domain(1)
+    ring.kill_domain(3)
+    lost_at = time.monotonic()
+    try:
+        assert _eventually(lambda: _held_by(ring, 4) == "domain-04", 40), "domain-04 did not take over"
+        print(f"domain-04 took domain-03's users over {time.monotonic() - lost_at:.1f} s after the pair was lost")
+        time.sleep(5.5)  # past domain-04's fence window (6 s) since the loss; its snapshots name it carol's home
+        assert _admitted(ring, 4, dave), "domain-04 fenced its own users"
+        assert _admitted(ring, 4, carol), "domain-03's user is not admitted at its holder"
+        # No message took the liveness link: domain-04's message to domain-02 waits for a link that carries it.
+        with ring.client(4, dave) as d:
+            d.message("ANZ-1000041", "waits for a way")
+        assert _eventually(lambda: ring.query(4, "select forward_to from messaging_delivery where recipient = %s"
+                                                 " and state = 'forwarding'", ("ANZ-1000041",))
+                           in ([("domain-01",)], [("domain-03",)]), 10)
+    finally:
+        starting = [threading.Thread(target=ring.start_domain, args=(n,)) for n in (1, 3)]
+        for thread in starting:
+            thread.start()
+        for thread in starting:
+            thread.join()
+    assert _eventually(lambda: _held_by(ring, 4) is None and _held_by(ring, 3) is None, 60), "not handed back"
+    assert _eventually(lambda: ring.query(2, "select count(*) from messaging_delivery where recipient = %s"
+                                             " and forward_to = ''", ("ANZ-1000041",)) == [(1,)], 30)
+    _links_up_everywhere(ring)

@@ -25,9 +25,15 @@ from django.utils import timezone
 from apps_registry.models import Domain
 from apps_registry.selectors import domain_call_url
 from foundation.db import hot_cursor
-from messaging.core.next_hop import neighbours
 from messaging.federation.models import DomainHeard, LinkHealth
-from messaging.federation.wire.transport import WITNESS_PATH, PeerError, PeerRefused, peer_call_prepare, peer_calls_send
+from messaging.federation.wire.transport import (
+    WITNESS_PATH,
+    PeerError,
+    PeerRefused,
+    liveness_peers,
+    peer_call_prepare,
+    peer_calls_send,
+)
 
 log = logging.getLogger(__name__)
 SERVES_TIMEOUT_SECONDS = 1.0
@@ -112,7 +118,7 @@ def witnesses_agree(home: str, threshold: float | None = None) -> tuple[bool, st
     from) has been silent for `threshold` (FAILOVER_SECONDS), and none heard it since."""
     threshold = settings.FAILOVER_SECONDS if threshold is None else threshold
     calls = []
-    for peer in (p for p in neighbours() if p != home):
+    for peer in (p for p in liveness_peers() if p != home):  # (over liveness-only links too)
         try:
             calls.append(peer_call_prepare(peer=peer, path=WITNESS_PATH, payload={"home": home}))
         except PeerError:

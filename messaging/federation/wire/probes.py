@@ -1,4 +1,4 @@
-"""Link probes: a signed ping to every neighbour over an enabled link, so each link's state is live
+"""Link probes: a signed ping to every neighbour over an enabled link (a liveness-only one too), so each link's state is live
 without traffic (beat, every LINK_PROBE_SECONDS; the admin's "probe now").
 
 The pings go out at once (transport.peer_calls_send), each bounded by LINK_PROBE_TIMEOUT_SECONDS
@@ -18,7 +18,14 @@ from foundation import handoff
 from messaging.core.next_hop import neighbours
 from messaging.federation.links import link_failed, link_ping_answered
 from messaging.federation.models import LinkHealth
-from messaging.federation.wire.transport import PING_PATH, PeerCall, PeerError, peer_call_prepare, peer_calls_send
+from messaging.federation.wire.transport import (
+    PING_PATH,
+    PeerCall,
+    PeerError,
+    liveness_peers,
+    peer_call_prepare,
+    peer_calls_send,
+)
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,9 @@ def _verdict(call: PeerCall, answer: dict | PeerError) -> str:
 def links_probe(*, peers: list[str] | None = None) -> list[ProbeResult]:
     """Ping every neighbour over an enabled link (or those of them among `peers`) and record each
     link's health. A disabled link is never probed: its failure would say nothing about the peer."""
-    targets = neighbours() if peers is None else sorted(set(peers) & set(neighbours()))
+    linked = liveness_peers()  # (a liveness-only link too: its health is the console's, and its gossip's)
+    targets = linked if peers is None else sorted(set(peers) & set(linked))
+    carrying = set(neighbours())
     was_down = set(LinkHealth.objects.filter(peer__in=targets, up=False).values_list("peer", flat=True))
     errors: dict[str, str] = {}
     calls: list[PeerCall] = []
@@ -65,7 +74,7 @@ def links_probe(*, peers: list[str] | None = None) -> list[ProbeResult]:
             continue
         clear = link_ping_answered(peer)
         recovered = clear and peer in was_down
-        if recovered:
+        if recovered and peer in carrying:  # (a liveness-only link has no queue to send)
             handoff.link_recovered_enqueue(peer)
         results.append(ProbeResult(peer, ok=True, recovered=recovered, held_back=not clear))
     return results

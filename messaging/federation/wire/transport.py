@@ -20,6 +20,11 @@ fresh random nonce), so a call let through may also bring a body over NETWORK_LA
 while fewer than NETWORK_LARGE_BODIES_PER_LINK such bodies claiming the same neighbour are being
 read on the node (503 otherwise), and every body must be complete within HTTP_BODY_TIMEOUT_SECONDS.
 
+A liveness-only link (DomainLink.liveness_only) takes only the calls of the network's liveness
+(`LIVENESS_PATHS`; a forwarding call over it only with presence and network), checked before the
+body by the path and after it by the payload's keys: a message, a receipt, a publish or a standby
+copy never crosses it, whoever signs it.
+
 In, with the body: `peer_request_check` is what every internal endpoint does first: the calling
 domain must be a neighbour, the signature must hold with that link's secret (read afresh when the
 cached one refuses it), the timestamp must be within FORWARD_MAX_SKEW_SECONDS, the nonce unused
@@ -66,6 +71,10 @@ PING_PATH = "/internal/v1/ping"  # link probes
 STANDBY_PATH = "/internal/v1/standby"  # the live copy of a home's users' mailboxes to their standby
 WITNESS_PATH = "/internal/v1/witness"  # "how long have you heard nothing of this domain?" (takeovers)
 PEER_PATHS = frozenset({FORWARD_PATH, PUBLISH_PATH, PING_PATH, STANDBY_PATH, WITNESS_PATH})
+# What a liveness-only link (DomainLink.liveness_only) carries: probes, the witness's question, and
+# forwarding calls that bring only the gossip round's presence and network (clocks, takeovers).
+LIVENESS_PATHS = frozenset({FORWARD_PATH, PING_PATH, WITNESS_PATH})
+LIVENESS_FORWARD_KEYS = frozenset({"presence", "network"})
 MAX_BODY_BYTES = settings.NETWORK_MAX_BODY_BYTES
 # The refusal of a call from a domain not linked to this one (or from anyone else): it names nobody.
 NOT_A_NEIGHBOUR = "not a signed call from a neighbour over an enabled link"
@@ -117,6 +126,27 @@ def _neighbour_links(*, fresh: bool = False) -> dict[str, DomainLink]:
 def _link_to(peer: str, *, fresh: bool = False) -> DomainLink | None:
     """The link between this domain and `peer` (None: they are not neighbours)."""
     return _neighbour_links(fresh=fresh).get(peer)
+
+
+def liveness_peers() -> list[str]:
+    """The domains linked to this one over enabled links of either kind (messaging.core.next_hop's
+    `neighbours` are those that carry messages): the gossip round, the link probes and the takeover
+    witness's question go to each."""
+    return sorted(peer for peer, link in _neighbour_links().items() if link.enabled)
+
+
+def liveness_only_refusal(link: DomainLink, path: str, payload: dict | None = None) -> str | None:
+    """Why a call over `link` to `path` (with `payload`, once read) is not one a liveness-only link
+    carries; None when it is (or the link carries everything)."""
+    if not link.liveness_only:
+        return None
+    ends = f"{link.n1.name} - {link.n2.name}"
+    if path not in LIVENESS_PATHS:
+        return f"the link {ends} carries the network's liveness only, not {path}"
+    if path == FORWARD_PATH and payload is not None and set(payload) - LIVENESS_FORWARD_KEYS:
+        return (f"the link {ends} carries the network's liveness only: a forwarding call over it may bring "
+                f"{' and '.join(sorted(LIVENESS_FORWARD_KEYS))}, not {', '.join(sorted(set(payload) - LIVENESS_FORWARD_KEYS))}")
+    return None
 
 
 def link_cache_clear() -> None:
@@ -299,6 +329,8 @@ def peer_request_check(request) -> tuple[str, dict]:
         raise PeerRefused(400, "body is not JSON") from None
     if not isinstance(payload, dict):
         raise PeerRefused(400, "body must be a JSON object")
+    if (refusal := liveness_only_refusal(link, request.path, payload)) is not None:
+        raise PeerRefused(403, refusal)
     return sender, payload
 
 
@@ -347,6 +379,8 @@ async def peer_headers_gate(head: RequestHead) -> Refusal | Admission:
         log.warning("internal call refused before its body: %r is not a neighbour of %s over an enabled link",
                     sender, settings.DOMAIN_NAME)
         return Refusal(403, {"error": NOT_A_NEIGHBOUR})
+    if (refusal := liveness_only_refusal(link, head.path)) is not None:
+        return Refusal(403, {"error": refusal})
     reason, signature = signed_calls.header_refusal(header=head.headers.get(signed_calls.SIGNATURE_HEADER.lower()),
                                                     max_skew=settings.FORWARD_MAX_SKEW_SECONDS)
     if reason is not None or signature is None:

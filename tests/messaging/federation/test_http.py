@@ -18,8 +18,9 @@ from apps_registry.services import distribution_create
 from foundation import signed_calls
 from messaging.core.store import message_send
 from messaging.federation import links
+from messaging.federation.models import DomainHeard
 from messaging.federation.senders.outbox import link_forward
-from messaging.federation.wire.transport import FORWARD_PATH, LINK_MISS_REREAD_SECONDS
+from messaging.federation.wire.transport import FORWARD_PATH, LINK_MISS_REREAD_SECONDS, STANDBY_PATH
 from messaging.models import Delivery, Message
 from messaging.routing import router
 from tests.factories import make_app, make_domain
@@ -119,6 +120,29 @@ def test_a_call_from_an_unlinked_domain_or_over_a_disabled_link_is_refused(domai
            or disabled.json() == {"error": "the link domain-02 - domain-01 is disabled"}):
         assert time.monotonic() < deadline
     assert (disabled.status_code, disabled.json()) == (403, {"error": "not a signed call from a neighbour over an enabled link"})
+
+
+def test_a_liveness_only_link_takes_the_networks_gossip_and_refuses_messages_and_copies(domain_02):
+    node, secret = domain_02["node"], domain_02["link"].shared_secret
+    DomainLink.objects.update(liveness_only=True)
+    time.sleep(1.2)  # the node reads its links every second
+    message = _post(node, _message(), secret=secret)
+    assert (message.status_code, message.json()) == (403, {"error": (
+        "the link domain-01 - domain-02 carries the network's liveness only: a forwarding call over it may "
+        "bring network and presence, not messages")})
+    assert not Message.objects.filter(origin_message_id=77).exists()
+    # A standby copy is refused from its headers, before its body is read.
+    body = b'{"copies": []}'
+    headers = signed_calls.signed_headers(secret=secret, sender="domain-01", method="POST", path=STANDBY_PATH, body=body)
+    copy = httpx.post(node.url + STANDBY_PATH, content=body, headers={**headers, "Content-Type": "application/json"},
+                      timeout=10)
+    assert (copy.status_code, copy.json()) == (403, {"error": (
+        "the link domain-01 - domain-02 carries the network's liveness only, not /internal/v1/standby")})
+    # The gossip round's call is taken: domain-02 has heard domain-01.
+    clock = time.time_ns()
+    gossip = _post(node, {"presence": [], "network": {"heard": {"domain-01": clock}, "takeovers": []}}, secret=secret)
+    assert gossip.status_code == 200, gossip.text
+    assert DomainHeard.objects.filter(domain="domain-01").values_list("version", flat=True).get() == clock
 
 
 def test_an_over_hop_message_is_refused_alone_by_its_index(domain_02):
