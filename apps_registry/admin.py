@@ -323,7 +323,6 @@ class DomainLinkAdmin(MetaManagedAdmin):
     form = DomainLinkForm
     list_display = ["__str__", "weight", "enabled", "liveness_only"]
     list_editable = ["weight", "enabled"]
-    list_filter = ["liveness_only"]
     list_select_related = ["n1", "n2"]
 
 

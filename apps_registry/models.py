@@ -286,11 +286,8 @@ class DomainLink(models.Model):
     n2 = models.ForeignKey(Domain, on_delete=models.CASCADE, related_name="+")
     weight = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
     enabled = models.BooleanField(default=True)
-    # Carries the network's liveness only (its gossip of clocks, takeover records and presence, link
-    # probes and the takeover witness's question), never a message, a receipt, a publish or a standby
-    # copy, and is no part of any route: a second way for two domains to hear each other, so a pair
-    # of lost domains that are not neighbours leaves no survivor deaf (docs/architecture.md, "How
-    # long logins are refused").
+    # No message, receipt, publish or standby copy, no route: a way for two domains to hear each
+    # other (docs/architecture.md, "How long logins are refused": a pair of lost domains).
     liveness_only = models.BooleanField(
         default=False, db_default=False,
         help_text="Carries only the network's liveness (gossip, link probes, the takeover witness's question), "

@@ -36,6 +36,12 @@ class Takeover(models.Model):
     # then on it admits none of them (they retry) and has closed their connections, so no ACK reaches
     # it in the moment it gives their mailboxes up (one read there would be lost at home).
     returning_since = models.DateTimeField(null=True, blank=True)
+    # At the home (its own clock; not told around): when it took its users back from this holder gone
+    # silent (messaging.federation.takeover.reclaim), until the holder's own later record comes (it is
+    # back and has finished its hand-back: what it stored for those users is home). Meanwhile what
+    # the holder's users send those users from elsewhere waits behind it (messaging.federation.order,
+    # "barriers"): their earlier messages are on the silent holder.
+    reclaimed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [

@@ -133,7 +133,8 @@ def _store_pass(items: list[Incoming], sender: str) -> tuple[set[int], list[int]
         stored_ords, stored_ids, delivery_ids = cur.fetchone()
     ids = {**{m.ord: existing[m.ord] for m in old}, **dict(zip(stored_ords, stored_ids, strict=True))}
     placed = arrivals_put_in_order(
-        [Arrival(ids[m.ord], m.app_id, r, m.origin, m.seqs[r]) for m in items if m.ord in ids for r in m.in_order],
+        [Arrival(ids[m.ord], m.app_id, r, m.origin, m.seqs[r], m.sender) for m in items if m.ord in ids
+         for r in m.in_order],
         maybe_here=set(existing.values()))
     revived = _revive([(existing[m.ord], r) for m in old for r in m.revive])
     revived += _served_here_again([(existing[m.ord], r) for m in old for r in m.served_here if r not in m.in_order])

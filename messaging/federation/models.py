@@ -125,6 +125,12 @@ class OrderMark(models.Model):
     origin_domain = models.CharField(max_length=64)
     last_seq = models.BigIntegerField(default=0)
     held = models.PositiveIntegerField(default=0)  # rows waiting in HeldInOrder (0: nothing to look up)
+    # A barrier (messaging.federation.order): until `blocked_until`, or until `blocked_by` (a holder
+    # this domain took its users back from while it was silent) has finished its hand-back, every
+    # arrival of this origin for this recipient waits, whatever its sequence: a sender homed at that
+    # holder sent the recipient earlier messages that are still there.
+    blocked_by = models.CharField(max_length=64, blank=True, default="", db_default="")
+    blocked_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["app", "recipient", "origin_domain"], name="order_mark_once")]

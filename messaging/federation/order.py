@@ -22,6 +22,18 @@ for that long. Rows stored before this order existed carry no sequence and go in
 
 A message stored here first, or one whose recipient is not homed here, or one from a domain that
 sends no `seqs`, is appended at once, as before.
+
+**Barriers: a sender's messages from two origins.** A home that took its users back from a holder
+gone silent (messaging.federation.takeover.reclaim) lacks what the holder stored for them that it had
+not yet sent home: among it, what the holder's own users sent them there (its origin, its count). Those
+users are served meanwhile by the holder's standby, and what they send those recipients now comes
+with the standby's origin: ordered on its own, it would go in before their earlier messages, which
+arrive only when the holder is back and finishes its hand-back (a fault run of session 23: four pairs
+so). So such an arrival (its recipient one of the users taken back, its sender homed at the silent
+holder, its origin another domain) puts a barrier on its key (OrderMark.blocked_by, blocked_until):
+every arrival of that origin for that recipient waits, whatever its sequence, until the holder's own
+record says it has finished its hand-back (`barriers_lift`, from `take.given_back`), or for
+NETWORK_ORDER_WAIT_SECONDS after the home took its users back, as any gap is waited for.
 """
 
 from __future__ import annotations
@@ -29,10 +41,14 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
+from apps_registry.models import ClientApp, Takeover
+from apps_registry.selectors import app_snapshot, user_id_parse
 from foundation.db import hot_cursor
 from foundation.handoff import routing_enqueue
 from messaging.core.delivery.sql import FORWARDED, in_mailbox_sql
@@ -52,10 +68,22 @@ class Arrival:
     recipient: str
     origin: str
     origin_seq: int
+    sender: str = ""  # (a barrier looks at where it is homed)
 
     @property
     def key(self) -> Key:
         return (self.app_id, self.recipient, self.origin)
+
+
+@dataclass(frozen=True)
+class _Mark:
+    last: int
+    held: int
+    blocked_by: str = ""
+    blocked_until: datetime | None = None
+
+    def blocked(self, now: datetime) -> bool:
+        return bool(self.blocked_by) and self.blocked_until is not None and self.blocked_until > now
 
 
 @dataclass(frozen=True)
@@ -100,22 +128,49 @@ def _columns(keys: list[Key]) -> list[list]:
     return [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]]
 
 
-def _marks_lock(keys: list[Key]) -> dict[Key, tuple[int, int]]:
-    """Each key's mark (last seq, rows held), created at 0 where there is none, locked until commit
-    (in key order: two calls for overlapping recipients queue up rather than deadlock)."""
+def _marks_lock(keys: list[Key]) -> dict[Key, _Mark]:
+    """Each key's mark (last seq, rows held, its barrier), created at 0 where there is none, locked
+    until commit (in key order: two calls for overlapping recipients queue up rather than deadlock)."""
     with hot_cursor() as cur:
         cur.execute(
             """
-            INSERT INTO messaging_ordermark (app_id, recipient, origin_domain, last_seq, held)
-            SELECT app_id, recipient, origin, 0, 0
+            INSERT INTO messaging_ordermark (app_id, recipient, origin_domain, last_seq, held, blocked_by)
+            SELECT app_id, recipient, origin, 0, 0, ''
               FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS k(app_id, recipient, origin)
              ORDER BY app_id, recipient, origin
             ON CONFLICT (app_id, recipient, origin_domain) DO UPDATE SET last_seq = messaging_ordermark.last_seq
-            RETURNING app_id, recipient, origin_domain, last_seq, held
+            RETURNING app_id, recipient, origin_domain, last_seq, held, blocked_by, blocked_until
             """,
             _columns(keys),
         )
-        return {(a, r, o): (last, held) for a, r, o, last, held in cur.fetchall()}
+        return {(a, r, o): _Mark(last, held, by, until) for a, r, o, last, held, by, until in cur.fetchall()}
+
+
+def _barriers(arrivals: list[Arrival]) -> dict[Key, tuple[str, datetime]]:
+    """The keys an arrival puts a barrier on (the module's doc): {key: (silent holder, until)}. One
+    query when this domain took no users back from a silent holder lately (the usual case)."""
+    wait = timedelta(seconds=settings.NETWORK_ORDER_WAIT_SECONDS)
+    reclaimed = dict(Takeover.objects.filter(home__name=settings.DOMAIN_NAME, held=False,
+                                             reclaimed_at__gt=timezone.now() - wait)
+                     .values_list("holder__name", "reclaimed_at"))
+    if not reclaimed or not (arrivals := [a for a in arrivals if a.sender]):
+        return {}
+    here = settings.DOMAIN_NAME
+    names = dict(ClientApp.objects.filter(pk__in={a.app_id for a in arrivals}).values_list("pk", "app_name"))
+    out: dict[Key, tuple[str, datetime]] = {}
+    for a in arrivals:
+        snapshot = app_snapshot(names[a.app_id]) if a.app_id in names else None
+        recipient, sender = user_id_parse(a.recipient), user_id_parse(a.sender)
+        if snapshot is None or recipient is None or sender is None:
+            continue
+        taken_back = snapshot.home_and_standby(recipient.number)  # (configured: whoever serves it now)
+        sender_home = snapshot.home_and_standby(sender.number)
+        if taken_back is None or sender_home is None or taken_back[0] != here:
+            continue
+        holder = taken_back[1]
+        if holder in reclaimed and sender_home[0] == holder and a.origin not in ("", holder):
+            out[a.key] = (holder, reclaimed[holder] + wait)
+    return out
 
 
 def _held_of(keys: list[Key]) -> dict[Key, list[_Held]]:
@@ -138,16 +193,18 @@ def _held_of(keys: list[Key]) -> dict[Key, list[_Held]]:
         return out
 
 
-def _marks_write(marks: dict[Key, tuple[int, int]]) -> None:
+def _marks_write(marks: dict[Key, _Mark]) -> None:
     with hot_cursor() as cur:
         cur.execute(
             """
-            UPDATE messaging_ordermark m SET last_seq = k.last_seq, held = k.held
-              FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::int[])
-                   AS k(app_id, recipient, origin, last_seq, held)
+            UPDATE messaging_ordermark m SET last_seq = k.last_seq, held = k.held, blocked_by = k.blocked_by,
+                                             blocked_until = k.blocked_until
+              FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::int[], %s::text[],
+                          %s::timestamptz[]) AS k(app_id, recipient, origin, last_seq, held, blocked_by, blocked_until)
              WHERE m.app_id = k.app_id AND m.recipient = k.recipient AND m.origin_domain = k.origin
             """,
-            [*_columns(list(marks)), [v[0] for v in marks.values()], [v[1] for v in marks.values()]],
+            [*_columns(list(marks)), [v.last for v in marks.values()], [v.held for v in marks.values()],
+             [v.blocked_by for v in marks.values()], [v.blocked_until for v in marks.values()]],
         )
 
 
@@ -184,30 +241,41 @@ def arrivals_put_in_order(arrivals: list[Arrival], *, maybe_here: set[int] = fro
     incoming: dict[Key, list[Arrival]] = defaultdict(list)
     for a in arrivals:
         incoming[a.key].append(a)
-    delivery_ids, to_hold = _place(incoming)
+    delivery_ids, to_hold = _place(incoming, barriers=_barriers(arrivals))
     if to_hold:
         log.info("%d message(s) held for earlier ones from their origin still on their way", len(to_hold))
     return Placed(delivery_ids, len(to_hold))
 
 
-def _place(incoming: dict[Key, list[Arrival]], *, release_all: bool = False) -> tuple[list[int], list[Arrival]]:
+def _place(incoming: dict[Key, list[Arrival]], *, release_all: bool = False,
+           barriers: dict[Key, tuple[str, datetime]] | None = None,
+           lift: str = "") -> tuple[list[int], list[Arrival]]:
     """For each key of `incoming` (its arrivals, or none: what is held for it is looked at again),
     under its locked mark: what is now in order (late, or the next one, and those held behind it
-    that it lets go) appended to the mailbox, the rest of the new arrivals held. `release_all`:
-    everything held for the keys goes in, in its origin's order, the gaps before it taken for lost.
+    that it lets go) appended to the mailbox, the rest of the new arrivals held; while the key's
+    barrier stands (put now by `barriers`, or before), every new arrival is held and nothing let go.
+    `release_all`: everything held for the keys goes in, in its origin's order, the gaps before it
+    taken for lost (a barrier with them); `lift`: the barriers that holder put are lifted first.
     Returns the new delivery ids and the arrivals held."""
     marks = _marks_lock(sorted(incoming))
-    held = _held_of([k for k, (_, n) in marks.items() if n])
+    now = timezone.now()
+    for key, (holder, until) in (barriers or {}).items():
+        if key in marks and not marks[key].blocked(now):
+            marks[key] = _Mark(marks[key].last, marks[key].held, holder, until)
+    held = _held_of([k for k, m in marks.items() if m.held])
     in_order: list[tuple[int, int, str, int | None]] = []
     to_hold: list[Arrival] = []
     released: list[int] = []
     for key in sorted(incoming):
-        last, n_held = marks[key]
+        mark = marks[key]
+        last, n_held = mark.last, mark.held
+        lifted = release_all or (lift and mark.blocked_by == lift) or not mark.blocked(now)
+        blocked_by, blocked_until = ("", None) if lifted else (mark.blocked_by, mark.blocked_until)
         app_id, recipient, _ = key
         waiting = sorted([(h.origin_seq, 0, h) for h in held.get(key, [])]
                          + [(a.origin_seq, 1, a) for a in incoming[key]], key=lambda t: t[:2])
         for seq, is_new, item in waiting:
-            if release_all or seq <= last or seq == last + 1:  # late (its gap was given up on), or the next one
+            if lifted and (release_all or seq <= last or seq == last + 1):  # late (its gap was given up on), or the next one
                 in_order.append((item.message_id, app_id, recipient, seq))
                 last = max(last, seq)
                 if not is_new:
@@ -216,7 +284,7 @@ def _place(incoming: dict[Key, list[Arrival]], *, release_all: bool = False) -> 
             elif is_new:
                 to_hold.append(item)
                 n_held += 1
-        marks[key] = (last, n_held)
+        marks[key] = _Mark(last, n_held, blocked_by, blocked_until)
     delivery_ids = _append(in_order)
     _held_write(to_hold, released)
     _marks_write(marks)
@@ -256,6 +324,20 @@ def held_let_go(keys: list[Key]) -> list[int]:
     return _place({k: [] for k in keys})[0] if keys else []
 
 
+def barriers_lift(holder: str) -> list[int]:
+    """Inside the caller's transaction, at a home whose users `holder` held, once the holder has
+    finished its hand-back (what it stored for them is in their mailboxes here): its barriers lifted,
+    and what waited behind them that is in order now into the mailboxes. Returns the new delivery
+    ids (the caller routes them)."""
+    with hot_cursor() as cur:
+        cur.execute("SELECT app_id, recipient, origin_domain FROM messaging_ordermark WHERE blocked_by = %s"
+                    " ORDER BY 1, 2, 3", [holder])
+        keys = [tuple(row) for row in cur.fetchall()]
+    if keys:
+        log.info("%d barrier(s) behind %s lifted: it has handed its users' recipients back", len(keys), holder)
+    return _place({k: [] for k in keys}, lift=holder)[0] if keys else []
+
+
 def held_release(keys: list[Key]) -> list[int]:
     """Inside the caller's transaction: everything held for `keys` into the mailboxes, each key's in
     its origin's order, the gaps before it taken for lost (a holder handing its users back gives
@@ -293,10 +375,20 @@ def held_release_overdue() -> int:
             [float(settings.NETWORK_ORDER_WAIT_SECONDS)],
         )
         keys = sorted(cur.fetchall())
+        # Barriers whose wait is over (their holder never finished its hand-back): what is in order goes in.
+        cur.execute("SELECT app_id, recipient, origin_domain FROM messaging_ordermark"
+                    " WHERE blocked_by <> '' AND blocked_until <= %s ORDER BY 1, 2, 3", [timezone.now()])
+        expired = [tuple(row) for row in cur.fetchall() if tuple(row) not in set(keys)]
     released = 0
     for start in range(0, len(keys), 200):
         with transaction.atomic():
             delivery_ids = held_release(keys[start:start + 200])
+            if delivery_ids:
+                transaction.on_commit(lambda d=delivery_ids: routing_enqueue(d))
+        released += len(delivery_ids)
+    for start in range(0, len(expired), 200):
+        with transaction.atomic():
+            delivery_ids = held_let_go(expired[start:start + 200])
             if delivery_ids:
                 transaction.on_commit(lambda d=delivery_ids: routing_enqueue(d))
         released += len(delivery_ids)

@@ -29,6 +29,7 @@ import logging
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from apps_registry.models import Takeover
 from foundation import handoff
@@ -70,7 +71,8 @@ def take_back(holder: str, *, reason: str) -> dict:
             return {"state": "not held"}
         returning = current.returning_since is not None
         record_returned(current, reason=f"taken back by {here}: {holder} "
-                                        f"{'silent while handing back' if returning else 'silent'}"[:300])
+                                        f"{'silent while handing back' if returning else 'silent'}"[:300],
+                        reclaimed_at=timezone.now())  # (its users' messages from elsewhere wait behind it: order)
         changed_here(here, holder, False)  # (given_back, after the commit)
         transaction.on_commit(handoff.gossip_now)
     log.warning("%s took its users back from %s, silent%s (%s)", here, holder,

@@ -172,7 +172,7 @@ def network_accept(network: dict, *, sender: str) -> Accepted:
                 "held": r["held"], "epoch": r["epoch"],
                 "taken_at": parse_datetime(r["taken_at"]), "returned_at": returned,
                 "manual": bool(r.get("manual")), "reason": str(r.get("reason", ""))[:300],
-                "learned_at": timezone.now(),
+                "learned_at": timezone.now(), "reclaimed_at": None,  # (the holder's own word: it is back)
                 "returning_since": timezone.now() if r["held"] and r.get("returning") else None})
         out.changed += 1
         changed_here(r["home"], r["holder"], r["held"])

@@ -54,7 +54,7 @@ from foundation import handoff
 from foundation.db import hot_cursor
 from foundation.transport.frames import CLOSE_RESTART
 from messaging.federation.models import StandbyCopy, StandbyFeed, StandbySubscription
-from messaging.federation.order import held_release
+from messaging.federation.order import barriers_lift, held_release
 from messaging.federation.standby.copy import (
     ANY_STANDBY,
     standby_ranges,
@@ -95,8 +95,8 @@ def given_back(holder: str) -> dict:
     """At a home given its users back: what it was forwarding them meanwhile into their mailboxes
     (and what it forwarded them whose only mailbox row was the holder's), each origin's messages in
     its order, and their mailboxes to the standby again."""
-    taken = (Takeover.objects.filter(home__name=settings.DOMAIN_NAME, holder__name=holder)
-             .values_list("taken_at", flat=True).first())
+    taken, reclaimed = (Takeover.objects.filter(home__name=settings.DOMAIN_NAME, holder__name=holder)
+                        .values_list("taken_at", "reclaimed_at").first() or (None, None))
     with transaction.atomic():
         handback_in_turn(settings.DOMAIN_NAME, holder)
         queued = queued_into_mailboxes(holder, back=True)
@@ -109,6 +109,8 @@ def given_back(holder: str) -> dict:
             queued += records_back_into_mailboxes(holder, since)
             moved = mailboxes_reorder(holder, since, copy=False)  # (copy_again copies every row next)
             queued += given_back_marks_raise(holder, since)
+        if reclaimed is None:  # the holder's own word (not a reclaim): what it stored for them is home
+            queued += barriers_lift(holder)
         if queued:
             transaction.on_commit(lambda: handoff.routing_enqueue(queued))
         copied = copy_again(holder)
