@@ -2,7 +2,8 @@
 after a later one of their sender because their home was killed with SIGKILL as it stored them,
 and every mailbox row that holds a message a second time.
 
-A message stored at a home in the last COPY_LAG seconds before the home was killed may never have
+A message stored at a home in the copy lag before the home was killed (COPY_LAG_ALLOWED, the issue's
+target, or the lag measured at the kill when it was longer: `copy_lag_now`) may never have
 reached its standby's copy of the home's outgoing queue (the copy target of issue 27, the window in
 which a home lost without warning may lose an ACK). The standby that takes the sender over knows
 nothing of it: the sender's next messages, sent from there, go first, and the message goes on only
@@ -33,11 +34,28 @@ def _stored_first(ring, content: str) -> tuple[str, float] | None:
     return None
 
 
-def order_in_kill_window(ring, wrong: dict[str, list[tuple[int, int]]], kills: list[tuple[float, str]],
+def copy_lag_now(ring, n: int, standby: str) -> float:
+    """How far domain n's live copy to its standby is behind now: the age of the oldest change of
+    its feed to `standby` not yet taken there (0: none). Read just before a SIGKILL: what the domain
+    stored or read in that window may reach the standby only when it is back (a feed home from a
+    holder, waiting while the home is away, is not counted: it is not the copy)."""
+    with psycopg.connect(ring.database_url(n), autocommit=True, connect_timeout=5) as conn:
+        row = conn.execute("select extract(epoch from clock_timestamp() - min(created_at)) from messaging_standbyfeed"
+                           " where standby = %s", [standby]).fetchone()
+    return max(0.0, float(row[0] or 0.0))
+
+
+def kill_window(kill: tuple[float, str, float], allowed: float) -> float:
+    """The copy lag a kill is allowed: the issue's target (`allowed`), or the lag measured as the
+    domain was killed (and the second after, as the reading was taken), whichever is longer."""
+    return max(allowed, kill[2] + 1.0)
+
+
+def order_in_kill_window(ring, wrong: dict[str, list[tuple[int, int]]], kills: list[tuple[float, str, float]],
                          copy_lag: float) -> list[dict]:
-    """The out-of-order pairs whose late message was stored at a home within `copy_lag` seconds
-    before that home was killed (or in the second its processes took to die). `kills`: (monotonic
-    time, domain) of every SIGKILL."""
+    """The out-of-order pairs whose late message was stored at a home within the copy lag before
+    that home was killed (`kill_window`), or in the second its processes took to die. `kills`:
+    (monotonic time, domain, copy lag measured then) of every SIGKILL."""
     to_wall = time.time() - time.monotonic()
     apart = []
     for key, pairs in wrong.items():
@@ -47,8 +65,9 @@ def order_in_kill_window(ring, wrong: dict[str, list[tuple[int, int]]], kills: l
             if stored is None:
                 continue
             domain, at = stored
-            for k, name in kills:
-                if name == domain and -1.0 <= (k + to_wall) - at <= copy_lag:
+            for kill in kills:
+                k, name, _ = kill
+                if name == domain and -1.0 <= (k + to_wall) - at <= kill_window(kill, copy_lag):
                     apart.append({"pair": [later, late], "message": content, "stored_at": domain,
                                   "seconds_before_the_kill": round((k + to_wall) - at, 2)})
                     break

@@ -22,12 +22,13 @@ the network to settle. It answers (exit 1 if any fails):
 - no message is dead on any domain;
 - none was delivered again after the recipient's ACK had left it (in the killed web node's socket
   buffer an ACK can die with it: counted apart, as the rolling-restart test does; with `--standby`,
-  so is an ACK read by a home in the COPY_LAG_ALLOWED seconds before it was killed with SIGKILL,
-  which its standby may never have been told of: what the issue allows a home lost without
-  warning to lose);
+  so is an ACK read by a home in the copy lag before it was killed with SIGKILL (COPY_LAG_ALLOWED,
+  or the lag read from its feed just before the kill when that was longer: an overloaded machine
+  lags more; each kill's lag is in the run's `kills`), which its standby may never have been told
+  of: what the issue allows a home lost without warning to lose);
 - in every recipient's mailbox at its home, each sender's messages stand in the order they were
   sent (by the sender's counter in the content; with `--standby`, a message stored at its home in
-  the COPY_LAG_ALLOWED seconds before the home was killed is counted apart, bench.fault_order: its
+  that copy lag before the home was killed is counted apart, bench.fault_order: its
   standby may never have had it, and the sender's next messages from there went first), and each
   message stands there once;
 - every user's standby domain (make network's ring gives every range one) holds a live copy of
@@ -71,7 +72,7 @@ from pathlib import Path
 
 import psycopg
 
-from bench.fault_order import order_in_kill_window, twice_in_a_mailbox
+from bench.fault_order import copy_lag_now, kill_window, order_in_kill_window, twice_in_a_mailbox
 from bench.network import ring_ports
 from bench.platform_proc import platform_env, private_redis
 from bench.standby_faults import WiderFaults, fast_report, wider_report
@@ -102,7 +103,8 @@ class Faults:
                  failover: float = 10.0):
         self.ring, self.rng, self.wider, self.standby = ring, rng, wider, standby
         self.log: list[dict] = []
-        self.kills: list[tuple[float, str]] = []  # (monotonic time, domain) of each domain killed with SIGKILL
+        # (monotonic time, domain, its copy lag then: bench.fault_order.copy_lag_now) of each SIGKILL
+        self.kills: list[tuple[float, str, float]] = []
         self.more = WiderFaults(self, failover) if standby and wider else None  # issue 46, item 8
 
     def covered(self) -> bool:
@@ -160,6 +162,11 @@ class Faults:
             what = f"link {a}-{b} disabled {hold:.0f} s"
         self.log.append({"fault": what, "seconds": round(time.monotonic() - began, 1)})
 
+    def kill_noted(self, n: int) -> None:
+        """Note a SIGKILL about to be sent to domain n, with its copy lag (--standby) just before."""
+        lag = copy_lag_now(self.ring, n, f"domain-0{STANDBY[n]}") if self.standby else 0.0
+        self.kills.append((time.monotonic(), self._name(n), lag))
+
     def _domain_lost(self) -> None:
         """--standby: one whole domain (any) stopped, or its processes killed with SIGKILL, for 5-40 s;
         then, once it is back, wait until its standby has handed its users back (at most 90 s), so
@@ -168,7 +175,7 @@ class Faults:
         began = time.monotonic()
         say(f"fault: {self._name(n)} {'killed (SIGKILL)' if crash else 'stopped'} for {hold:.0f} s")
         if crash:
-            self.kills.append((time.monotonic(), self._name(n)))
+            self.kill_noted(n)
         (self.ring.kill_domain if crash else self.ring.stop_domain)(n)
         time.sleep(hold)
         taken = self._held(n)
@@ -488,14 +495,14 @@ def main(argv: list[str] | None = None) -> int:
             if copy_wrong:
                 say(f"standby copies that differ from the home's mailbox: {copy_wrong}")
             again_detail = _again_detail(peers, ring, began)
-            kills = [(t - began, name) for t, name in faults.kills]
+            kills = [(t - began, name, lag) for t, name, lag in faults.kills]
             # An ACK its home read in the last copy lag before it was killed without warning may not
             # have reached the standby: the one loss the issue allows (its copy target, 2 s). Apart,
             # too, an ACK the client sent as (or just after) the domain was killed, which it never
             # read (a killed domain stays down KILL_HOLD_MIN seconds at least).
-            in_lag = [a for a in again_detail if any(name == a["acked_at"]
-                                                     and -KILL_HOLD_MIN <= k - a["acked"] <= COPY_LAG_ALLOWED
-                                                     for k, name in kills)]
+            in_lag = [a for a in again_detail if any(kill[1] == a["acked_at"]
+                                                     and -KILL_HOLD_MIN <= kill[0] - a["acked"]
+                                                     <= kill_window(kill, COPY_LAG_ALLOWED) for kill in kills)]
             again_after_ack = len(again_detail) - len(in_lag)
             # The same window for order: a message stored at a home as it was killed, past its copy.
             order_apart = order_in_kill_window(ring, wrong_order, faults.kills, COPY_LAG_ALLOWED)
@@ -529,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
                                         key=lambda s: -s["seconds"]),
                 "redirects": sum(len(p.record.redirects) for p in peers),
                 "again_after_ack_detail": again_detail,
-                "kills": [{"domain": name, "at": round(k, 1)} for k, name in kills],
+                "kills": [{"domain": name, "at": round(k, 1), "copy_lag": round(lag, 1)} for k, name, lag in kills],
                 "out_of_order_detail": order_detail,
                 "began": round(began, 1),
                 **wider, "fast_rate": fast_rate, **fast_report(peers),

@@ -125,7 +125,7 @@ class WiderFaults:
 
     def _lose(self, n: int, crash: bool) -> None:
         if crash:
-            self.f.kills.append((time.monotonic(), name(n)))
+            self.f.kill_noted(n)
         (self.ring.kill_domain if crash else self.ring.stop_domain)(n)
 
     def _away(self, domains: list[int], hold: float, began: float, *,
