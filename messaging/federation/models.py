@@ -134,6 +134,8 @@ class OrderMark(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["app", "recipient", "origin_domain"], name="order_mark_once")]
+        # (the sweep and a hand-back look for barriers often; there are seldom any)
+        indexes = [models.Index(fields=["blocked_by"], condition=~models.Q(blocked_by=""), name="order_mark_blocked")]
 
     def __str__(self) -> str:
         return f"{self.origin_domain} -> {self.recipient}: up to {self.last_seq}"

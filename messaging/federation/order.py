@@ -378,7 +378,8 @@ def held_release_overdue() -> int:
         # Barriers whose wait is over (their holder never finished its hand-back): what is in order goes in.
         cur.execute("SELECT app_id, recipient, origin_domain FROM messaging_ordermark"
                     " WHERE blocked_by <> '' AND blocked_until <= %s ORDER BY 1, 2, 3", [timezone.now()])
-        expired = [tuple(row) for row in cur.fetchall() if tuple(row) not in set(keys)]
+        overdue = set(keys)
+        expired = [tuple(row) for row in cur.fetchall() if tuple(row) not in overdue]
     released = 0
     for start in range(0, len(keys), 200):
         with transaction.atomic():
