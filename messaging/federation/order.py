@@ -380,19 +380,20 @@ def held_release_overdue() -> int:
                     " WHERE blocked_by <> '' AND blocked_until <= %s ORDER BY 1, 2, 3", [timezone.now()])
         overdue = set(keys)
         expired = [tuple(row) for row in cur.fetchall() if tuple(row) not in overdue]
+    released = _in_batches(keys, held_release) + _in_batches(expired, held_let_go)
+    if released:
+        log.warning("gave up waiting for earlier messages: %d held message(s) put in their mailboxes", released)
+    return released
+
+
+def _in_batches(keys: list[Key], let_in) -> int:
+    """`let_in` (held_release, held_let_go) over `keys`, 200 a transaction, what it lets in routed
+    after each commit. Returns how many it let in."""
     released = 0
     for start in range(0, len(keys), 200):
         with transaction.atomic():
-            delivery_ids = held_release(keys[start:start + 200])
+            delivery_ids = let_in(keys[start:start + 200])
             if delivery_ids:
                 transaction.on_commit(lambda d=delivery_ids: routing_enqueue(d))
         released += len(delivery_ids)
-    for start in range(0, len(expired), 200):
-        with transaction.atomic():
-            delivery_ids = held_let_go(expired[start:start + 200])
-            if delivery_ids:
-                transaction.on_commit(lambda d=delivery_ids: routing_enqueue(d))
-        released += len(delivery_ids)
-    if released:
-        log.warning("gave up waiting for earlier messages: %d held message(s) put in their mailboxes", released)
     return released
