@@ -1,7 +1,13 @@
 """The network's control rounds, on time whatever the forwarding queue holds: the gossip round
-(messaging.federation.presence_gossip) and the takeover watch (messaging.federation.takeover.take)
-run on threads of their own in every worker that serves the forwarding queue (the outbound
-worker), not as beat tasks on that queue.
+(messaging.federation.presence_gossip), the takeover watch (messaging.federation.takeover.take) and
+the live copy to the standbys (`copy_round`: messaging.federation.standby.copy) run on threads of
+their own in every worker that serves the forwarding queue (the outbound worker), not as beat tasks
+on that queue.
+
+The copy joined them in session 24: on an overloaded day the fault run read, at each SIGKILL, how far
+the victim's copy was behind: 9-100 s, because its sender's wake-ups waited behind the link
+senders on that queue (and the beat's sweep that makes them was discarded as expired). What a home
+stores or reads in that window is what its standby lacks when it takes the users over.
 
 Why (issue 46, item 3): that queue's threads are the link senders'. When a domain comes back with
 a backlog, each of them is busy for seconds at a time, and a beat task due every two seconds with
@@ -30,7 +36,9 @@ from redis.exceptions import RedisError
 
 from foundation import handoff
 from foundation.locks import lease
+from messaging.federation.links import links_held_back
 from messaging.federation.presence_gossip import presence_gossip
+from messaging.federation.standby.copy import standby_send, standbys_waiting
 from messaging.federation.takeover.take import takeover_watch
 
 log = logging.getLogger(__name__)
@@ -75,17 +83,30 @@ class Round:
         self.work()  # Redis away, no lease to take: run it anyway (see the module doc)
 
 
+def copy_round() -> list[str]:
+    """The live copy (and a holder's feed home) to every standby with changes waiting whose link's
+    retry is due, here and now: the same sender the beat's standby_sweep wakes on the queue (one run
+    per standby at a time: a run already sending makes this one a no-op). Returns the standbys sent to."""
+    waiting = standbys_waiting()
+    due = sorted(set(waiting) - links_held_back(waiting))
+    for standby in due:
+        standby_send(standby=standby)
+    return due
+
+
 class ControlLoop:
     def __init__(self) -> None:
         self.gossip = Round("gossip", presence_gossip, lambda: settings.PRESENCE_GOSSIP_SECONDS)
         self.takeover = Round("takeover-watch", takeover_watch, lambda: settings.TAKEOVER_WATCH_SECONDS)
+        self.copy = Round("standby-copy", copy_round, lambda: settings.STANDBY_COPY_SECONDS)
+        self.rounds = (self.gossip, self.takeover, self.copy)
 
     def start(self) -> None:
-        for r in (self.gossip, self.takeover):
+        for r in self.rounds:
             r.thread.start()
 
     def stop(self) -> None:
-        for r in (self.gossip, self.takeover):
+        for r in self.rounds:
             r.stopping.set()
             r.wake.set()
 

@@ -112,3 +112,20 @@ def test_a_domain_tells_its_own_clock_only_while_its_address_answers(settings):
     here.urls = []
     here.save()
     assert domain_serves()  # no address to ask: as before
+
+
+@pytest.mark.django_db
+def test_the_live_copy_goes_out_from_the_control_loop_with_no_task_on_the_queue(standby_ring):
+    from messaging.federation.models import StandbyCopy, StandbyFeed
+    from tests.messaging.federation.test_takeover import ALICE, CAROL
+
+    net = standby_ring
+    net.send(ALICE, CAROL, "copied from the round")
+    net.pump()  # routed to carol's home, domain-03, whose feed to domain-04 now holds the change
+    with net.at("domain-03"):
+        assert StandbyFeed.objects.filter(standby="domain-04").exists()
+        assert control_loop.copy_round() == ["domain-04"]
+        assert not StandbyFeed.objects.exists()
+    with net.at("domain-04"):
+        assert list(StandbyCopy.objects.values_list("content", flat=True)) == ["copied from the round"]
+    assert net.waiting(handoff.STANDBY_TASK) == []  # nothing was queued for it
