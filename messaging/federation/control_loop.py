@@ -36,9 +36,8 @@ from redis.exceptions import RedisError
 
 from foundation import handoff
 from foundation.locks import lease
-from messaging.federation.links import links_held_back
 from messaging.federation.presence_gossip import presence_gossip
-from messaging.federation.standby.copy import standby_send, standbys_waiting
+from messaging.federation.standby.copy import standby_send, standbys_due
 from messaging.federation.takeover.take import takeover_watch
 
 log = logging.getLogger(__name__)
@@ -87,8 +86,7 @@ def copy_round() -> list[str]:
     """The live copy (and a holder's feed home) to every standby with changes waiting whose link's
     retry is due, here and now: the same sender the beat's standby_sweep wakes on the queue (one run
     per standby at a time: a run already sending makes this one a no-op). Returns the standbys sent to."""
-    waiting = standbys_waiting()
-    due = sorted(set(waiting) - links_held_back(waiting))
+    due = standbys_due()
     for standby in due:
         standby_send(standby=standby)
     return due

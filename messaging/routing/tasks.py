@@ -34,14 +34,13 @@ from messaging.core.delivery.lost_nodes import lost_nodes_settle
 from messaging.core.delivery.retry import deliveries_sweep
 from messaging.core.idempotency import idempotency_keys_expire
 from messaging.federation.control_loop import control_loop_start, control_loop_stop
-from messaging.federation.links import links_held_back
 from messaging.federation.presence_gossip import presence_gossip
 from messaging.federation.senders.fast_forward import fast_forward
 from messaging.federation.senders.flood_sender import flood_link_send, flood_links_due
 from messaging.federation.senders.outbox import link_forward
 from messaging.federation.senders.queue import forward_sweep as network_forward_sweep
 from messaging.federation.senders.receipts import receipts_link_send
-from messaging.federation.standby.copy import standby_send, standbys_waiting
+from messaging.federation.standby.copy import standby_send, standbys_due, standbys_waiting
 from messaging.federation.takeover import take as takeover
 from messaging.federation.wire.probes import links_probe
 from messaging.intake.stream.credentials import credential_app_names, queue_acl_sync
@@ -267,8 +266,7 @@ def standby_flush_on_stop(sig=None, how=None, exitcode=None, **_) -> None:
 @shared_task(acks_late=True)
 def standby_sweep() -> list[str]:
     """Beat: wake the live-copy sender of every standby with changes waiting and its link's retry due."""
-    waiting = standbys_waiting()
-    due = sorted(set(waiting) - links_held_back(waiting))
+    due = standbys_due()
     standby_senders_kick(due)
     return due
 

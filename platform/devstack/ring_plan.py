@@ -164,14 +164,10 @@ def ring_config(ports: list[int], link_secrets: dict[tuple[str, str], str]) -> d
     domains = [{"name": domain_name(n), "urls": [f"ws://127.0.0.1:{port}/ws", f"http://127.0.0.1:{port}"],
                 "number": n} for n, port in enumerate(ports, 1)]
     links = []
-    for a, b in LINKS:
-        key = link_key(domain_name(a), domain_name(b))
-        secret = link_secrets.setdefault(key, secrets.token_urlsafe(32))
-        links.append({"n1": domain_name(a), "n2": domain_name(b), "sharedSecret": secret})
-    for a, b in LIVENESS_LINKS:
-        key = link_key(domain_name(a), domain_name(b))
-        secret = link_secrets.setdefault(key, secrets.token_urlsafe(32))
-        links.append({"n1": domain_name(a), "n2": domain_name(b), "livenessOnly": True, "sharedSecret": secret})
+    for (a, b), liveness in [*((pair, False) for pair in LINKS), *((pair, True) for pair in LIVENESS_LINKS)]:
+        secret = link_secrets.setdefault(link_key(domain_name(a), domain_name(b)), secrets.token_urlsafe(32))
+        links.append({"n1": domain_name(a), "n2": domain_name(b), **({"livenessOnly": True} if liveness else {}),
+                      "sharedSecret": secret})
     apps: list[dict] = [{"appName": f"domain{n}", "appId": f"domain{n}", "masterUserId": f"domain{n}-1",
                          "authEnabled": False} for n in range(1, DOMAIN_COUNT + 1)]
     distributions = []

@@ -36,7 +36,7 @@ from apps_registry.models import ClientApp, Domain, UserDistribution
 from apps_registry.selectors import user_id_parse
 from foundation.db import hot_cursor
 from foundation.outbound import Batch, CallFailed, Failed, Limits, Settled, head_sql, send_batches
-from messaging.federation.links import LinkQueueSender, link_failed, link_succeeded
+from messaging.federation.links import LinkQueueSender, link_failed, link_succeeded, links_held_back
 from messaging.federation.models import StandbyFeed
 from messaging.federation.standby.mailbox_merge import Copied, handback_in_turn, mailbox_merge, subscriptions_merge
 from messaging.federation.standby.outgoing_copy import outgoing_accept, outgoing_item
@@ -154,6 +154,12 @@ def standbys_waiting() -> list[str]:
     with hot_cursor() as cur:
         cur.execute("SELECT DISTINCT standby FROM messaging_standbyfeed")
         return sorted(row[0] for row in cur.fetchall())
+
+
+def standbys_due() -> list[str]:
+    """Standby domains with rows of the feed waiting whose link's retry is due."""
+    waiting = standbys_waiting()
+    return sorted(set(waiting) - links_held_back(waiting))
 
 
 def copy_lag() -> dict[str, tuple[int, float]]:
