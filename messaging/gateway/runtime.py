@@ -91,8 +91,11 @@ class NodeRuntime:
         # commit in DB threads): gathered into one routing task per ROUTING_LINGER_SECONDS.
         self.route: Route = self.routing.add_threadsafe
         self.intake = Intake(route=self.route)
-        self.delivered = Batcher("delivered", self._mark_delivered, linger=settings.DELIVERED_LINGER_SECONDS)
-        self.released = Batcher("released", _release, linger=settings.DELIVERED_LINGER_SECONDS)
+        # ACK marks and releases are idempotent, and an ACK's mark exists nowhere else: a failed
+        # flush is tried again for about 6 s (0.05 s doubling, 7 tries) before it is given up.
+        self.delivered = Batcher("delivered", self._mark_delivered, linger=settings.DELIVERED_LINGER_SECONDS,
+                                 retries=6)
+        self.released = Batcher("released", _release, linger=settings.DELIVERED_LINGER_SECONDS, retries=6)
         self.sessions_opened = Batcher("sessions opened", sessions_open_batch)
         self.sessions_closed = Batcher("sessions closed", sessions_close_batch)
         self.first_reads = Batcher("first reads", first_reads)

@@ -34,6 +34,7 @@ from foundation.asyncdb import run_db
 log = logging.getLogger(__name__)
 
 
+RETRY_FIRST_SECONDS = 0.05  # a failed flush's first retry (Batcher.retries), doubling after
 EARLY_END_MIN = 8  # a batch at least this large lets the next one end its linger early (Batcher._linger)
 
 
@@ -45,9 +46,13 @@ class BatcherFull(Exception):
 
 class Batcher:
     def __init__(self, name: str, flush: Callable[[list], Sequence[Any] | None], *, linger: float = 0.0005,
-                 max_size: int = 500, max_pending: int | None = None):
+                 max_size: int = 500, max_pending: int | None = None, retries: int = 0):
         self.name = name
         self._flush = flush
+        # A flush that failed is tried again this many times (after RETRY_FIRST_SECONDS, doubling)
+        # before its items are given up: for a flush that is idempotent and whose items nothing else
+        # recovers as they are (an ACK's mark: given up, the message comes again after its ACK).
+        self.retries = retries
         self.linger = linger
         self.max_size = max_size
         self.max_pending = max_pending
@@ -165,7 +170,7 @@ class Batcher:
             self._last_batch = len(batch)
             items = [item for item, _ in batch]
             try:
-                results = await run_db(self._flush, items)
+                results = await self._flush_retried(items)
             except Exception as exc:
                 # What failed here is recovered elsewhere (deliveries stay pending or sent and are
                 # found again by the sweep); a batch must never take the node down. A waiting
@@ -181,6 +186,22 @@ class Batcher:
             for index, (_, future) in enumerate(batch):
                 if future is not None and not future.done():
                     future.set_result(results[index] if results is not None else None)
+
+    async def _flush_retried(self, items: list) -> Sequence[Any] | None:
+        """The flush, tried again up to `retries` times while it raises (a deadlock, a connection
+        lost under load); meanwhile `caught_up()` and `flushed()` keep waiting for these items."""
+        delay = RETRY_FIRST_SECONDS
+        for attempt in range(self.retries + 1):
+            try:
+                return await run_db(self._flush, items)
+            except Exception:
+                if attempt == self.retries:
+                    raise
+                log.warning("%s: flushing %d items failed (try %d of %d), trying again in %.2f s",
+                            self.name, len(items), attempt + 1, self.retries + 1, delay, exc_info=True)
+                await asyncio.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
 
     def _flushed_count(self, n: int) -> None:
         self._done += n

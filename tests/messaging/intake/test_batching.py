@@ -88,6 +88,46 @@ def test_a_failed_flush_does_not_leave_flushed_waiting():
     assert asyncio.run(scenario()) is False
 
 
+class FailingTwice:
+    """A flush function whose first two calls fail (a deadlock, a lost connection); records what it flushed."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.batches: list[list] = []
+
+    def __call__(self, items: list) -> None:
+        self.calls += 1
+        if self.calls <= 2:
+            raise RuntimeError("deadlock detected")
+        self.batches.append(list(items))
+
+
+def test_a_batcher_with_retries_flushes_what_failed_twice_and_caught_up_waits_for_it():
+    async def scenario() -> tuple[int, list[list]]:
+        flush = FailingTwice()
+        batcher = Batcher("delivered", flush, linger=0, retries=3)
+        batcher.bind(asyncio.get_running_loop())
+        batcher.add([7, 8])
+        await asyncio.wait_for(batcher.caught_up(), 5)
+        return flush.calls, flush.batches
+
+    calls, batches = asyncio.run(scenario())
+    assert calls == 3
+    assert batches == [[7, 8]]  # nothing given up: the ACKs' marks are written
+
+
+def test_a_batcher_without_retries_gives_a_failed_batch_up_once():
+    async def scenario() -> tuple[int, list[list], bool]:
+        flush = FailingTwice()
+        batcher = Batcher("routing", flush, linger=0)
+        batcher.bind(asyncio.get_running_loop())
+        batcher.add([1])
+        await asyncio.wait_for(batcher.caught_up(), 5)
+        return flush.calls, flush.batches, batcher.busy
+
+    assert asyncio.run(scenario()) == (1, [], False)
+
+
 class StepFlush:
     """A flush function that lets one batch through per step; records what it flushed."""
 
