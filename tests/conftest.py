@@ -132,10 +132,16 @@ def _abandoned_transactions() -> list[str]:
     if _watch[0] is None:
         return []
     label = default.settings_dict["OPTIONS"].get("application_name", "")
+    # The test thread's own connections are left out: inside a django_db test, its transaction is
+    # the test's, idle while the test waits on other processes (a long settle under load), and
+    # rolled back by the fixtures' teardown; _left_in_a_transaction checks them after it.
+    own = [conn.connection.info.backend_pid for conn in connections.all(initialized_only=True)
+           if conn.connection is not None and not conn.connection.closed]
     rows = _watch[0].execute(
         "SELECT pid, now() - state_change, query FROM pg_stat_activity WHERE application_name = %s"
-        " AND state = 'idle in transaction' AND now() - state_change > make_interval(secs => %s)",
-        [label, ABANDONED_AFTER_SECONDS]).fetchall()
+        " AND state = 'idle in transaction' AND now() - state_change > make_interval(secs => %s)"
+        " AND NOT pid = ANY(%s)",
+        [label, ABANDONED_AFTER_SECONDS, own]).fetchall()
     if not rows:
         return []
     wrappers = {}
