@@ -107,6 +107,10 @@ class Message(models.Model):
     origin_message_id = models.BigIntegerField(null=True, blank=True)
     forward_path = models.CharField(max_length=800, blank=True, default="", db_default="")
     confirms_origin = models.CharField(max_length=100, blank=True, default="", db_default="")
+    # A forwarded message that must follow another origin's message to a recipient at the
+    # recipient's home: {recipient: [origin domain, seq]} as its origin sent it (`after`,
+    # messaging.federation.order), carried on unchanged. NULL for nearly all.
+    order_after = models.JSONField(null=True, blank=True)
     # Set on MESSAGE_CONFIRMATIONs only: the message this one confirms (at most one confirmation per
     # message: message_confirmed_once, partial so that ordinary messages add no index entry).
     confirms = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="+",
@@ -275,6 +279,7 @@ from messaging.federation.models import (  # noqa: E402
     ChannelForward,
     HeldInOrder,
     LinkHealth,
+    OrderAfter,
     OrderMark,
     ReceiptForward,
     StandbyCopy,
@@ -300,7 +305,7 @@ __all__ = [
     "CLAIMABLE_STATES", "ClosedSession", "DELIVERABLE_STATES", "EXPIRABLE_STATES", "UNDELIVERED_STATES", "WEBHOOK_ALL_EVENTS",
     "WEBHOOK_OPEN_STATES", "WEBHOOK_SUBSCRIBABLE_EVENTS", "Channel", "ChannelForward", "ChannelMessage", "DeadLetter", "Delivery",
     "DeliveryState", "ExchangeState", "Follow", "HeldInOrder", "IdempotencyKey", "LinkHealth", "Mailbox", "Message",
-    "MessageKind", "OrderMark", "QueueCredential", "ReceiptForward", "Request", "StandbyCopy", "StandbyFeed", "StandbySubscription",
+    "MessageKind", "OrderAfter", "OrderMark", "QueueCredential", "ReceiptForward", "Request", "StandbyCopy", "StandbyFeed", "StandbySubscription",
     "Subscription", "WebhookDelivery",
     "WebhookEndpoint", "WebhookEvent", "WebhookState", "states_sql", "webhook_events_all", "webhook_secret_new",
     "webhook_states_sql",

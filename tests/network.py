@@ -62,7 +62,8 @@ DOMAIN_TABLES = ("messaging_message", "messaging_delivery", "messaging_mailbox",
                  "messaging_channel", "messaging_channelmessage", "messaging_channelforward",
                  "messaging_receiptforward", "messaging_subscription", "messaging_ordermark",
                  "messaging_heldinorder", "messaging_standbyfeed", "messaging_standbycopy",
-                 "messaging_standbysubscription", "messaging_domainheard", "apps_registry_takeover")
+                 "messaging_standbysubscription", "messaging_domainheard", "apps_registry_takeover",
+                 "messaging_orderafter")
 
 
 @dataclass(frozen=True)

@@ -69,14 +69,14 @@ def messages_insert_sql(messages: str, *, forwarded: bool = False, given_ids: bo
 
     `messages` has columns (ord, app_id, sender, kind, content, reference, confirm, cmid, origin,
     confirms) and, when `forwarded` (a message that came from another domain, messaging.federation),
-    also (origin_id, path, confirms_origin). Ids are drawn before the insert, so each input row
+    also (origin_id, path, confirms_origin, order_after). Ids are drawn before the insert, so each input row
     knows its message id (with `given_ids`, a row's `given_id` when it has one: drawn from the same
     sequence before; a forwarded message keeps its origin's id, `carried_id_sql`); a row that
     collides with a stored one (the same clientMessageId from the same sender, a second
     confirmation of one message, a forwarded message already stored here) inserts nothing.
     """
-    extra_cols = ", origin_message_id, forward_path, confirms_origin" if forwarded else ""
-    extra_vals = ", s.origin_id, s.path, s.confirms_origin" if forwarded else ""
+    extra_cols = ", origin_message_id, forward_path, confirms_origin, order_after" if forwarded else ""
+    extra_vals = ", s.origin_id, s.path, s.confirms_origin, s.order_after" if forwarded else ""
     if forwarded:
         id_of = carried_id_sql("origin_id")
     else:

@@ -20,7 +20,7 @@ from django.db.models.functions import Coalesce
 from apps_registry.models import DomainLink, Takeover
 from foundation.admin_readonly import ACT, ReadOnlyAdminMixin
 from messaging.federation.links import link_health_rows_ensure
-from messaging.federation.models import ChannelForward, HeldInOrder, LinkHealth, ReceiptForward
+from messaging.federation.models import ChannelForward, HeldInOrder, LinkHealth, OrderAfter, OrderMark, ReceiptForward
 from messaging.federation.selectors import configured_links, link_state_text
 from messaging.federation.standby.copy import copy_lag
 from messaging.federation.takeover.take import hand_back
@@ -130,6 +130,46 @@ class HeldInOrderAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     @admin.display(description="waits at most until")
     def waits_until(self, obj: HeldInOrder):
         return obj.held_at + timedelta(seconds=settings.NETWORK_ORDER_WAIT_SECONDS)
+
+
+class _Barriers(admin.SimpleListFilter):
+    title = "barrier"
+    parameter_name = "barrier"
+
+    def lookups(self, request, model_admin):
+        return [("any", "standing")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "any":
+            return queryset.filter(Q(blocked_until__isnull=False) & (~Q(blocked_by="") | ~Q(after_origin="")))
+        return queryset
+
+
+@admin.register(OrderMark)
+class OrderMarkAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """How far each origin's messages to each recipient homed here are in the mailbox
+    (messaging.federation.order), and the barriers that hold an origin's messages for a recipient: a
+    silent holder's hand-back (`blocked by`), or another origin's message they come after."""
+
+    list_display = ["recipient", "origin_domain", "last_seq", "held", "blocked_by", "after_origin", "after_seq",
+                    "blocked_until"]
+    list_filter = [_Barriers, "origin_domain"]
+    search_fields = ["recipient"]
+    ordering = ["recipient", "origin_domain"]
+    fields = readonly_fields = list_display
+
+
+@admin.register(OrderAfter)
+class OrderAfterAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    """What messages stored here first must follow at their recipients' homes: the places a home's
+    live copy showed this standby (its users' messages from here, while it holds them), and the
+    counts a holder sent with its hand-back (this domain's users' messages, for a minute after)."""
+
+    list_display = ["recipient", "senders_home", "origin_domain", "seq", "until", "updated_at"]
+    list_filter = ["senders_home", "origin_domain"]
+    search_fields = ["recipient"]
+    ordering = ["recipient", "origin_domain"]
+    fields = readonly_fields = list_display
 
 
 @admin.register(Takeover)

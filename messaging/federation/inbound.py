@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import transaction
+from psycopg.types.json import Jsonb
 
 from foundation.db import hot_cursor
 from foundation.handoff import routing_enqueue
@@ -51,9 +52,9 @@ WITH msgs AS (
     SELECT * FROM unnest(%(ord)s::int[], %(app)s::bigint[], %(sender)s::text[], %(kind)s::text[],
                          %(content)s::text[], %(reference)s::text[], %(confirm)s::bool[], %(cmid)s::text[],
                          %(origin)s::text[], %(confirms)s::bigint[], %(origin_id)s::bigint[], %(path)s::text[],
-                         %(confirms_origin)s::text[])
+                         %(confirms_origin)s::text[], %(order_after)s::jsonb[])
            AS t(ord, app_id, sender, kind, content, reference, confirm, cmid, origin, confirms, origin_id, path,
-                confirms_origin)
+                confirms_origin, order_after)
 ), rcpts AS (
     SELECT * FROM unnest(%(r_ord)s::int[], %(r_user)s::text[], %(r_oseq)s::bigint[]) AS t(ord, recipient, origin_seq)
 ), {messages_insert_sql("msgs", forwarded=True)}, old AS (
@@ -118,6 +119,7 @@ def _store_pass(items: list[Incoming], sender: str) -> tuple[set[int], list[int]
         "confirm": [m.confirm for m in new], "cmid": [m.cmid for m in new], "origin": [m.origin for m in new],
         "confirms": [confirmed.get(m.ord) for m in new], "origin_id": [m.origin_id for m in new],
         "path": [",".join(m.path) for m in new],
+        "order_after": [Jsonb({r: list(v) for r, v in m.after.items()}) if m.after else None for m in new],
         "confirms_origin": ["" if m.ord in confirmed else m.confirms for m in new],
         "r_ord": [m.ord for m in new for r in m.recipients if r not in m.in_order],
         "r_user": [r for m in new for r in m.recipients if r not in m.in_order],
@@ -133,7 +135,7 @@ def _store_pass(items: list[Incoming], sender: str) -> tuple[set[int], list[int]
         stored_ords, stored_ids, delivery_ids = cur.fetchone()
     ids = {**{m.ord: existing[m.ord] for m in old}, **dict(zip(stored_ords, stored_ids, strict=True))}
     placed = arrivals_put_in_order(
-        [Arrival(ids[m.ord], m.app_id, r, m.origin, m.seqs[r], m.sender) for m in items if m.ord in ids
+        [Arrival(ids[m.ord], m.app_id, r, m.origin, m.seqs[r], m.sender, m.after.get(r)) for m in items if m.ord in ids
          for r in m.in_order],
         maybe_here=set(existing.values()))
     revived = _revive([(existing[m.ord], r) for m in old for r in m.revive])

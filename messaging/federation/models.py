@@ -131,11 +131,17 @@ class OrderMark(models.Model):
     # holder sent the recipient earlier messages that are still there.
     blocked_by = models.CharField(max_length=64, blank=True, default="", db_default="")
     blocked_until = models.DateTimeField(null=True, blank=True)
+    # A barrier of the other kind, until `blocked_until` too: an arrival of this origin said it comes
+    # after `after_origin`'s message `after_seq` to this recipient (a sender's messages from two
+    # origins, around a takeover or a hand-back), which has not been put in yet.
+    after_origin = models.CharField(max_length=64, blank=True, default="", db_default="")
+    after_seq = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["app", "recipient", "origin_domain"], name="order_mark_once")]
         # (the sweep and a hand-back look for barriers often; there are seldom any)
-        indexes = [models.Index(fields=["blocked_by"], condition=~models.Q(blocked_by=""), name="order_mark_blocked")]
+        indexes = [models.Index(fields=["blocked_by"], condition=~models.Q(blocked_by=""), name="order_mark_blocked"),
+                   models.Index(fields=["after_origin"], condition=~models.Q(after_origin=""), name="order_mark_after")]
 
     def __str__(self) -> str:
         return f"{self.origin_domain} -> {self.recipient}: up to {self.last_seq}"
@@ -296,3 +302,35 @@ class StandbyOutgoing(models.Model):
 
     def __str__(self) -> str:
         return f"{self.home}'s message {self.origin_message_id} to {self.recipient}, waiting there"
+
+
+class OrderAfter(models.Model):
+    """At an origin: what the messages it stores first from users homed at `senders_home` to
+    `recipient` must follow, at the recipient's home (messaging.federation.order): `origin_domain`'s
+    message `seq` to that recipient. Each forwarded message of those says so (`after` in the payload),
+    until `until` (none: for as long as the row is here).
+
+    Two kinds, for a sender whose messages to one recipient leave from two origins:
+    - at a standby, for its home's users (`senders_home` = `origin_domain` = the home): the highest
+      place among the home's messages to the recipient its outgoing copy showed
+      (messaging.federation.standby.outgoing_copy). What those users send from here while it holds
+      them goes in after what the home had sent or queued for the recipient;
+    - at a home its holder gave its users back to (`senders_home` = here, `origin_domain` = the
+      holder): the holder's count for the recipient at the hand-back, for NETWORK_ORDER_WAIT_SECONDS.
+      What the users send from home goes in after what they sent from the holder."""
+
+    app = models.ForeignKey("apps_registry.ClientApp", on_delete=models.CASCADE, related_name="+", db_index=False)
+    recipient = models.CharField(max_length=96)
+    senders_home = models.CharField(max_length=64)
+    origin_domain = models.CharField(max_length=64)
+    seq = models.BigIntegerField()
+    until = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "order to follow"
+        constraints = [models.UniqueConstraint(fields=["app", "recipient", "senders_home", "origin_domain"],
+                                               name="order_after_once")]
+
+    def __str__(self) -> str:
+        return f"{self.senders_home}'s users -> {self.recipient}: after {self.origin_domain}'s #{self.seq}"

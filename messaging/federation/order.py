@@ -34,13 +34,27 @@ holder, its origin another domain) puts a barrier on its key (OrderMark.blocked_
 every arrival of that origin for that recipient waits, whatever its sequence, until the holder's own
 record says it has finished its hand-back (`barriers_lift`, from `take.given_back`), or for
 NETWORK_ORDER_WAIT_SECONDS after the home took its users back, as any gap is waited for.
+
+**After another origin: one sender's messages from two origins, told by the origin.** A user's
+messages to one recipient leave from two origins around a takeover (from its home, then from the
+standby that took it over) and around a hand-back (from the holder, then from home). Each origin
+numbers its own, so the recipient's home would order them apart. So the later origin says, for each
+recipient, which message of the earlier one its message follows (`after` in the forwarding call,
+from messaging.federation.models.OrderAfter: the home's place its outgoing copy showed the standby,
+or the count the holder sent home with its hand-back, messaging.federation.takeover.handback_order),
+carried on unchanged by every domain on the way (Message.order_after). An arrival whose `after` has
+not been put in yet puts a barrier of that kind on its key (OrderMark.after_origin, after_seq): every
+arrival of its origin for that recipient waits until the other origin's key reaches that place
+(`dependents_lift`, after the commit that moved it, and in the sweep), or for
+NETWORK_ORDER_WAIT_SECONDS; then the other origin's message is taken for lost, as a gap is (its key
+moves on to it). One barrier of that kind per key at a time: a second origin named while another's
+stands waits behind it, and its own `after` is not looked at again.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -51,99 +65,35 @@ from apps_registry.models import ClientApp, Takeover
 from apps_registry.selectors import app_snapshot, user_id_parse
 from foundation.db import hot_cursor
 from foundation.handoff import routing_enqueue
-from messaging.core.delivery.sql import FORWARDED, in_mailbox_sql
-from messaging.core.store import deliveries_append_sql
+from messaging.federation.order_marks import (
+    Arrival,
+    Key,
+    Mark,
+    Placed,
+    held_of,
+    held_write,
+    key_columns,
+    mailbox_append,
+    marks_lock,
+    marks_read,
+    marks_write,
+    not_here_yet,
+)
 
 log = logging.getLogger(__name__)
 
-Key = tuple[int, str, str]  # (app id, recipient, origin domain)
 
-
-@dataclass(frozen=True)
-class Arrival:
-    """One (message, recipient) come from another domain for a recipient homed here."""
-
-    message_id: int
-    app_id: int
-    recipient: str
-    origin: str
-    origin_seq: int
-    sender: str = ""  # (a barrier looks at where it is homed)
-
-    @property
-    def key(self) -> Key:
-        return (self.app_id, self.recipient, self.origin)
-
-
-@dataclass(frozen=True)
-class _Mark:
-    last: int
-    held: int
-    blocked_by: str = ""
-    blocked_until: datetime | None = None
-
-    def blocked(self, now: datetime) -> bool:
-        return bool(self.blocked_by) and self.blocked_until is not None and self.blocked_until > now
-
-
-@dataclass(frozen=True)
-class Placed:
-    delivery_ids: list[int]  # appended to mailboxes now (routed once the transaction commits)
-    held: int  # arrivals held for an earlier one
-
-
-@dataclass(frozen=True)
-class _Held:
-    held_id: int
-    message_id: int
-    origin_seq: int
-
-
-_APPEND_SQL = f"""
-WITH fan AS MATERIALIZED (
-    SELECT * FROM unnest(%(ord)s::int[], %(mid)s::bigint[], %(app)s::bigint[], %(user)s::text[], %(oseq)s::bigint[])
-           AS t(ord, message_id, app_id, recipient, origin_seq)
-     -- (not one already in the mailbox: a held arrival whose message a merge put there meanwhile,
-     -- messaging.federation.standby.mailbox_merge, is let go without a second row)
-     WHERE NOT {in_mailbox_sql("t")}
-), {deliveries_append_sql("fan", origin_seq=True)}
-SELECT ARRAY(SELECT id FROM new_deliveries ORDER BY id)
-"""
-
-
-def _append(in_order: list[tuple[int, int, str, int | None]]) -> list[int]:
-    """(message id, app id, recipient, origin seq) appended to the mailboxes in list order: the new
-    delivery ids."""
-    if not in_order:
-        return []
-    with hot_cursor() as cur:
-        cur.execute(_APPEND_SQL, {"ord": list(range(len(in_order))), "mid": [m for m, _, _, _ in in_order],
-                                  "app": [a for _, a, _, _ in in_order], "user": [r for _, _, r, _ in in_order],
-                                  "oseq": [s for _, _, _, s in in_order]})
-        return list(cur.fetchone()[0])
-
-
-def _columns(keys: list[Key]) -> list[list]:
-    """Keys as the three arrays the statements unnest: app ids, recipients, origins."""
-    return [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]]
-
-
-def _marks_lock(keys: list[Key]) -> dict[Key, _Mark]:
-    """Each key's mark (last seq, rows held, its barrier), created at 0 where there is none, locked
-    until commit (in key order: two calls for overlapping recipients queue up rather than deadlock)."""
-    with hot_cursor() as cur:
-        cur.execute(
-            """
-            INSERT INTO messaging_ordermark (app_id, recipient, origin_domain, last_seq, held, blocked_by)
-            SELECT app_id, recipient, origin, 0, 0, ''
-              FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS k(app_id, recipient, origin)
-             ORDER BY app_id, recipient, origin
-            ON CONFLICT (app_id, recipient, origin_domain) DO UPDATE SET last_seq = messaging_ordermark.last_seq
-            RETURNING app_id, recipient, origin_domain, last_seq, held, blocked_by, blocked_until
-            """,
-            _columns(keys),
-        )
-        return {(a, r, o): _Mark(last, held, by, until) for a, r, o, last, held, by, until in cur.fetchall()}
+def _dependencies(arrivals: list[Arrival]) -> dict[Key, tuple[str, int]]:
+    """Each key's arrivals that say they come after another origin's message: {key: (that origin,
+    the highest such seq)} (an `after` naming the arrival's own origin is its own order: ignored)."""
+    out: dict[Key, tuple[str, int]] = {}
+    for a in arrivals:
+        if a.after is None or a.after[0] in ("", a.origin, settings.DOMAIN_NAME):  # (this domain's own: in already)
+            continue
+        have = out.get(a.key)
+        if have is None or (have[0] == a.after[0] and have[1] < a.after[1]):
+            out[a.key] = a.after
+    return out
 
 
 def _barriers(arrivals: list[Arrival]) -> dict[Key, tuple[str, datetime]]:
@@ -173,60 +123,6 @@ def _barriers(arrivals: list[Arrival]) -> dict[Key, tuple[str, datetime]]:
     return out
 
 
-def _held_of(keys: list[Key]) -> dict[Key, list[_Held]]:
-    if not keys:
-        return {}
-    with hot_cursor() as cur:
-        cur.execute(
-            """
-            SELECT h.app_id, h.recipient, h.origin_domain, h.id, h.message_id, h.origin_seq
-              FROM messaging_heldinorder h
-              JOIN unnest(%s::bigint[], %s::text[], %s::text[]) AS k(app_id, recipient, origin)
-                ON h.app_id = k.app_id AND h.recipient = k.recipient AND h.origin_domain = k.origin
-             ORDER BY h.origin_seq
-            """,
-            _columns(keys),
-        )
-        out: dict[Key, list[_Held]] = defaultdict(list)
-        for a, r, o, held_id, message_id, seq in cur.fetchall():
-            out[a, r, o].append(_Held(held_id, message_id, seq))
-        return out
-
-
-def _marks_write(marks: dict[Key, _Mark]) -> None:
-    with hot_cursor() as cur:
-        cur.execute(
-            """
-            UPDATE messaging_ordermark m SET last_seq = k.last_seq, held = k.held, blocked_by = k.blocked_by,
-                                             blocked_until = k.blocked_until
-              FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::int[], %s::text[],
-                          %s::timestamptz[]) AS k(app_id, recipient, origin, last_seq, held, blocked_by, blocked_until)
-             WHERE m.app_id = k.app_id AND m.recipient = k.recipient AND m.origin_domain = k.origin
-            """,
-            [*_columns(list(marks)), [v.last for v in marks.values()], [v.held for v in marks.values()],
-             [v.blocked_by for v in marks.values()], [v.blocked_until for v in marks.values()]],
-        )
-
-
-def _not_here_yet(arrivals: list[Arrival]) -> list[Arrival]:
-    """The arrivals with neither a delivery nor a held row here (a repeated call brings the others).
-    This domain's record of a message it passed on does not count: the message came back to a
-    recipient served here now (round a fault, or from its holder), and goes into the mailbox."""
-    with hot_cursor() as cur:
-        cur.execute(
-            f"""
-            SELECT t.ord FROM unnest(%s::int[], %s::bigint[], %s::text[]) AS t(ord, message_id, recipient)
-             WHERE NOT EXISTS (SELECT 1 FROM messaging_delivery d
-                                WHERE d.message_id = t.message_id AND d.recipient = t.recipient
-                                  AND (d.forward_to = '' OR d.state <> {FORWARDED}))
-               AND NOT EXISTS (SELECT 1 FROM messaging_heldinorder h
-                                WHERE h.message_id = t.message_id AND h.recipient = t.recipient)
-            """,
-            [list(range(len(arrivals))), [a.message_id for a in arrivals], [a.recipient for a in arrivals]],
-        )
-        return [arrivals[ord_] for (ord_,) in sorted(cur.fetchall())]
-
-
 def arrivals_put_in_order(arrivals: list[Arrival], *, maybe_here: set[int] = frozenset()) -> Placed:
     """Inside the intake's transaction: append each arrival to its recipient's mailbox when it is
     the next one from its origin (with those held behind it that it lets go), hold it otherwise.
@@ -234,43 +130,67 @@ def arrivals_put_in_order(arrivals: list[Arrival], *, maybe_here: set[int] = fro
     which add nothing)."""
     repeats = [a for a in arrivals if a.message_id in maybe_here]
     if repeats:
-        fresh = {id(a) for a in _not_here_yet(repeats)}
+        fresh = {id(a) for a in not_here_yet(repeats)}
         arrivals = [a for a in arrivals if a.message_id not in maybe_here or id(a) in fresh]
     if not arrivals:
         return Placed([], 0)
     incoming: dict[Key, list[Arrival]] = defaultdict(list)
     for a in arrivals:
         incoming[a.key].append(a)
-    delivery_ids, to_hold = _place(incoming, barriers=_barriers(arrivals))
+    delivery_ids, to_hold = _place(incoming, barriers=_barriers(arrivals), after=_dependencies(arrivals))
     if to_hold:
         log.info("%d message(s) held for earlier ones from their origin still on their way", len(to_hold))
+    keys = sorted(incoming)
+    transaction.on_commit(lambda: dependents_lift(keys))
     return Placed(delivery_ids, len(to_hold))
 
 
 def _place(incoming: dict[Key, list[Arrival]], *, release_all: bool = False,
            barriers: dict[Key, tuple[str, datetime]] | None = None,
+           after: dict[Key, tuple[str, int]] | None = None,
            lift: str = "") -> tuple[list[int], list[Arrival]]:
     """For each key of `incoming` (its arrivals, or none: what is held for it is looked at again),
     under its locked mark: what is now in order (late, or the next one, and those held behind it
     that it lets go) appended to the mailbox, the rest of the new arrivals held; while the key's
-    barrier stands (put now by `barriers`, or before), every new arrival is held and nothing let go.
-    `release_all`: everything held for the keys goes in, in its origin's order, the gaps before it
-    taken for lost (a barrier with them); `lift`: the barriers that holder put are lifted first.
+    barrier stands (put now by `barriers` or `after`, or before), every new arrival is held and
+    nothing let go. `release_all`: everything held for the keys goes in, in its origin's order, the
+    gaps before it taken for lost (a barrier with them); `lift`: the barriers that holder put are
+    lifted first. A barrier of `after`'s kind stands until the other origin's key has reached its
+    seq (keys placed here first, so one call bringing both moves on at once).
     Returns the new delivery ids and the arrivals held."""
-    marks = _marks_lock(sorted(incoming))
+    marks = marks_lock(sorted(incoming))
     now = timezone.now()
+    wait = timedelta(seconds=settings.NETWORK_ORDER_WAIT_SECONDS)
     for key, (holder, until) in (barriers or {}).items():
         if key in marks and not marks[key].blocked(now):
-            marks[key] = _Mark(marks[key].last, marks[key].held, holder, until)
-    held = _held_of([k for k, m in marks.items() if m.held])
+            m = marks[key]
+            marks[key] = Mark(m.last, m.held, holder, max(until, m.blocked_until or until), m.after_origin, m.after_seq)
+    for key, (other, seq) in (after or {}).items():
+        m = marks.get(key)
+        if m is None:
+            continue
+        if not (m.after_origin and m.standing(now)):
+            marks[key] = Mark(m.last, m.held, m.blocked_by, max(now + wait, m.blocked_until or now), other, seq)
+        elif m.after_origin == other and (m.after_seq or 0) < seq:  # (another origin's stands: this one waits behind it)
+            marks[key] = Mark(m.last, m.held, m.blocked_by, m.blocked_until, other, seq)
+    others = {(k[0], k[1], m.after_origin) for k, m in marks.items() if m.after_origin} - set(marks)
+    lasts = marks_read(sorted(others))
+    held = held_of([k for k, m in marks.items() if m.held])
     in_order: list[tuple[int, int, str, int | None]] = []
     to_hold: list[Arrival] = []
     released: list[int] = []
-    for key in sorted(incoming):
+    for key in sorted(incoming, key=lambda k: (bool(marks[k].after_origin), k)):
         mark = marks[key]
         last, n_held = mark.last, mark.held
-        lifted = release_all or (lift and mark.blocked_by == lift) or not mark.blocked(now)
-        blocked_by, blocked_until = ("", None) if lifted else (mark.blocked_by, mark.blocked_until)
+        holder_stands = mark.blocked(now) and not release_all and not (lift and mark.blocked_by == lift)
+        other = (key[0], key[1], mark.after_origin)
+        reached = marks[other].last if other in marks else lasts.get(other, 0)
+        after_stands = (bool(mark.after_origin) and mark.standing(now) and not release_all
+                        and reached < (mark.after_seq or 0))
+        lifted = not (holder_stands or after_stands)
+        blocked_by = mark.blocked_by if holder_stands else ""
+        after_origin, after_seq = (mark.after_origin, mark.after_seq) if after_stands else ("", None)
+        blocked_until = mark.blocked_until if holder_stands or after_stands else None
         app_id, recipient, _ = key
         waiting = sorted([(h.origin_seq, 0, h) for h in held.get(key, [])]
                          + [(a.origin_seq, 1, a) for a in incoming[key]], key=lambda t: t[:2])
@@ -284,10 +204,10 @@ def _place(incoming: dict[Key, list[Arrival]], *, release_all: bool = False,
             elif is_new:
                 to_hold.append(item)
                 n_held += 1
-        marks[key] = _Mark(last, n_held, blocked_by, blocked_until)
-    delivery_ids = _append(in_order)
-    _held_write(to_hold, released)
-    _marks_write(marks)
+        marks[key] = Mark(last, n_held, blocked_by, blocked_until, after_origin, after_seq)
+    delivery_ids = mailbox_append(in_order)
+    held_write(to_hold, released)
+    marks_write(marks)
     return delivery_ids, to_hold
 
 
@@ -346,22 +266,6 @@ def held_release(keys: list[Key]) -> list[int]:
     return _place({k: [] for k in keys}, release_all=True)[0] if keys else []
 
 
-def _held_write(to_hold: list[Arrival], released: list[int]) -> None:
-    with hot_cursor() as cur:
-        if to_hold:
-            cur.execute(
-                """
-                INSERT INTO messaging_heldinorder (message_id, app_id, recipient, origin_domain, origin_seq, held_at)
-                SELECT *, now() FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[], %s::bigint[])
-                ON CONFLICT DO NOTHING
-                """,
-                [[a.message_id for a in to_hold], [a.app_id for a in to_hold], [a.recipient for a in to_hold],
-                 [a.origin for a in to_hold], [a.origin_seq for a in to_hold]],
-            )
-        if released:
-            cur.execute("DELETE FROM messaging_heldinorder WHERE id = ANY(%s::bigint[])", [released])
-
-
 def held_release_overdue() -> int:
     """Beat (from the forward sweep): for every recipient and origin whose oldest held message has
     waited NETWORK_ORDER_WAIT_SECONDS, the gap before it is taken for lost and everything held for
@@ -375,15 +279,65 @@ def held_release_overdue() -> int:
             [float(settings.NETWORK_ORDER_WAIT_SECONDS)],
         )
         keys = sorted(cur.fetchall())
-        # Barriers whose wait is over (their holder never finished its hand-back): what is in order goes in.
+        # Barriers whose wait is over (their holder never finished its hand-back, the other origin's
+        # message never came): what is in order goes in. The other origin's message is taken for
+        # lost, as a gap is: its key moves on to it, so what comes after it waits no more.
+        now = timezone.now()
+        cur.execute("SELECT app_id, recipient, after_origin, after_seq FROM messaging_ordermark"
+                    " WHERE after_origin <> '' AND blocked_until <= %s", [now])
+        given_up = cur.fetchall()
         cur.execute("SELECT app_id, recipient, origin_domain FROM messaging_ordermark"
-                    " WHERE blocked_by <> '' AND blocked_until <= %s ORDER BY 1, 2, 3", [timezone.now()])
+                    " WHERE (blocked_by <> '' OR after_origin <> '') AND blocked_until <= %s ORDER BY 1, 2, 3", [now])
         overdue = set(keys)
         expired = [tuple(row) for row in cur.fetchall() if tuple(row) not in overdue]
-    released = _in_batches(keys, held_release) + _in_batches(expired, held_let_go)
+    if given_up:
+        with transaction.atomic():
+            raised = marks_raise("SELECT * FROM unnest(%(a)s::bigint[], %(r)s::text[], %(o)s::text[], %(s)s::bigint[])",
+                                 {"a": [g[0] for g in given_up], "r": [g[1] for g in given_up],
+                                  "o": [g[2] for g in given_up], "s": [g[3] for g in given_up]})
+        expired += [k for k in raised if k not in overdue and k not in expired]
+    released = _in_batches(keys, held_release) + _in_batches(sorted(expired), held_let_go) + dependents_lift()
+    _follow_prune()
     if released:
         log.warning("gave up waiting for earlier messages: %d held message(s) put in their mailboxes", released)
     return released
+
+
+# OrderAfter rows that say nothing any more: a hand-back's past its wait, and a home's places not
+# raised for a day (whatever it sent the recipient then is in long since).
+_FOLLOW_PRUNE_SQL = """
+DELETE FROM messaging_orderafter
+ WHERE until < now() OR (until IS NULL AND updated_at < now() - interval '1 day')
+"""
+
+
+def _follow_prune() -> None:
+    with hot_cursor() as cur:
+        cur.execute(_FOLLOW_PRUNE_SQL)
+
+
+_DEPENDENTS_SQL = """
+SELECT m.app_id, m.recipient, m.origin_domain FROM messaging_ordermark m
+  JOIN messaging_ordermark d ON d.app_id = m.app_id AND d.recipient = m.recipient AND d.origin_domain = m.after_origin
+ WHERE m.after_origin <> '' AND d.last_seq >= m.after_seq{only}
+ ORDER BY 1, 2, 3
+"""
+
+
+def dependents_lift(keys: list[Key] | None = None) -> int:
+    """The barriers of `after`'s kind whose other origin has reached its seq (only those waiting on
+    `keys`, or every one: the sweep) lifted, and what waited behind them that is in order now into
+    the mailboxes, routed. Returns how many messages went in."""
+    if keys is not None and not keys:
+        return 0
+    only = "" if keys is None else (" AND (d.app_id, d.recipient, d.origin_domain) IN"
+                                    " (SELECT * FROM unnest(%s::bigint[], %s::text[], %s::text[]))")
+    with hot_cursor() as cur:
+        cur.execute(_DEPENDENTS_SQL.format(only=only), [] if keys is None else key_columns(keys))
+        found = [tuple(row) for row in cur.fetchall()]
+    if found:
+        log.info("%d key(s) waiting on another origin's message move on: it is in", len(found))
+    return _in_batches(found, held_let_go) if found else 0
 
 
 def _in_batches(keys: list[Key], let_in) -> int:

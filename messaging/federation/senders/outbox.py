@@ -20,6 +20,7 @@ A row that already made FORWARD_HOP_LIMIT hops is dead before any call.
 from __future__ import annotations
 
 import heapq
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -64,6 +65,7 @@ class Queued:
     revive: bool = False  # a re-queued dead letter: the neighbour revives its dead copy
     held: bool = False  # sent with `hold` (LinkSender._to_hold)
     seq: int | None = None  # the recipient's mailbox seq at the origin (messaging.federation.order)
+    after: tuple[str, int] | None = None  # in at the recipient's home after (origin, seq) (OrderAfter)
 
 
 # The head of the link's queue, as long as the running size stays within the byte limit (the first
@@ -72,7 +74,7 @@ _QUEUE_SQL = head_sql(f"""
     SELECT d.id, d.app_id, d.recipient, m.id, a.app_name, m.sender, m.kind, m.content, m.reference,
            m.confirmation_requested, m.client_message_id, m.origin_domain, m.origin_message_id, m.forward_path,
            m.confirms_origin, c.id, c.origin_domain, c.origin_message_id, d.revive,
-           d.origin_seq,
+           d.origin_seq, m.order_after,
            octet_length(m.content) + {ROW_OVERHEAD_BYTES} AS size,
            sum(octet_length(m.content) + {ROW_OVERHEAD_BYTES}) OVER w AS running, row_number() OVER w AS n
       FROM messaging_delivery d
@@ -93,6 +95,15 @@ def _origin(here: str, message_id: int, origin_domain: str, origin_message_id: i
     return origin_domain, origin_message_id
 
 
+def _after_of(order_after: str | dict | None, recipient: str) -> tuple[str, int] | None:
+    """A message's `after` for one recipient (Message.order_after: carried, or fixed here as it was
+    first queued, messaging.federation.senders.follow; the raw cursor reads jsonb as text)."""
+    if not order_after:
+        return None
+    after = (json.loads(order_after) if isinstance(order_after, str) else order_after).get(recipient)
+    return (after[0], after[1]) if after else None
+
+
 def queue_peek(*, peer: str, limits: Limits) -> tuple[list[Queued], bool]:
     """The oldest rows queued on the link to `peer`, each recipient's in mailbox order, as many as
     `limits` allow, and whether they are the whole queue (Limits.drained)."""
@@ -100,8 +111,8 @@ def queue_peek(*, peer: str, limits: Limits) -> tuple[list[Queued], bool]:
     rows, drained = LinkSender(peer).head(_QUEUE_SQL, limits)
     out = []
     for (delivery_id, app_id, recipient, message_id, app_name, sender, kind, content, reference, confirm, cmid,
-         origin_domain, origin_id, forward_path, confirms_origin, c_id, c_origin, c_origin_id, revive, origin_seq, size,
-         _, _, _) in rows:
+         origin_domain, origin_id, forward_path, confirms_origin, c_id, c_origin, c_origin_id, revive, origin_seq,
+         order_after, size, _, _, _) in rows:
         origin, oid = _origin(here, message_id, origin_domain, origin_id)
         confirms = ""
         if c_id is not None:
@@ -116,7 +127,8 @@ def queue_peek(*, peer: str, limits: Limits) -> tuple[list[Queued], bool]:
             "app": app_name, "sender": sender, "kind": kind, "content": content, "reference": reference,
             "confirmation_requested": confirm, "client_message_id": cmid, "origin_domain": origin,
             "origin_message_id": oid, "path": path, "confirms": confirms,
-        }, size=size, revive=revive, seq=origin_seq))
+        }, size=size, revive=revive, seq=origin_seq,
+            after=_after_of(order_after, recipient)))
     return out, drained
 
 
@@ -143,6 +155,8 @@ def _payload(rows: list[Queued]) -> list[tuple[int, dict]]:
         items[row.message_id]["recipients"].append(row.recipient)
         if row.seq is not None:
             items[row.message_id].setdefault("seqs", {})[row.recipient] = row.seq
+        if row.after is not None:
+            items[row.message_id].setdefault("after", {})[row.recipient] = list(row.after)
         if row.revive:
             items[row.message_id].setdefault("revive", []).append(row.recipient)
         key = (row.app_id, row.recipient)

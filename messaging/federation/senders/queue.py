@@ -41,6 +41,7 @@ from messaging.core.next_hop import (
 from messaging.federation.links import links_held_back
 from messaging.federation.models import ReceiptForward
 from messaging.federation.order import held_release_overdue
+from messaging.federation.senders.follow import afters_fix
 from messaging.federation.senders.outbox import link_lock_key
 from messaging.federation.senders.receipts import receipt_lock_key
 
@@ -113,6 +114,7 @@ def deliveries_queue_on_links(*, homes: dict[int, str], token: int) -> QueueOutc
                 [queue_ids, queue_peers, token],
             )
             queued = [row[0] for row in cur.fetchall()]
+        afters_fix(queue_ids)
     for home, claims in no_route.items():
         deliveries_fail(claims=claims, error=f"no route to {home}")
     if queued:

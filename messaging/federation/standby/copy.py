@@ -40,6 +40,7 @@ from messaging.federation.links import LinkQueueSender, link_failed, link_succee
 from messaging.federation.models import StandbyFeed
 from messaging.federation.standby.mailbox_merge import Copied, handback_in_turn, mailbox_merge, subscriptions_merge
 from messaging.federation.standby.outgoing_copy import outgoing_accept, outgoing_item
+from messaging.federation.takeover.handback_order import counts_accept
 from messaging.federation.wire.transport import STANDBY_PATH, PeerRefused, peer_call
 
 log = logging.getLogger(__name__)
@@ -240,7 +241,7 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
     user whose standby is this domain, in one transaction; {"copied": n, "refused": m}. A copy of a
     user who does not stand by here for `sender` (the two ends' configurations a pull apart) is
     refused alone and not written; anything malformed refuses the call (400)."""
-    if (set(payload) - {"copies", "subscriptions", "outgoing"} or not isinstance(payload.get("copies", []), list)
+    if (set(payload) - {"copies", "subscriptions", "outgoing", "after"} or not isinstance(payload.get("copies", []), list)
             or not isinstance(payload.get("subscriptions", []), list) or not isinstance(payload.get("outgoing", []), list)):
         raise _refuse("the payload is {\"copies\": [...], \"subscriptions\": [...], \"outgoing\": [...]}")
     items, outgoing = payload.get("copies", []), payload.get("outgoing", [])
@@ -252,7 +253,10 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
     standing_by = standby_ranges(sender)  # (also the senders of `outgoing`)
     back = standby_ranges(here, sender)
     ranges = {app: [*standing_by.get(app, ()), *back.get(app, ())] for app in {*standing_by, *back}}
-    named = [*items, *payload.get("subscriptions", []), *outgoing]
+    after = payload.get("after", [])
+    if after and not back:
+        raise _refuse(f"{sender} holds none of {here}'s users: it has no counts to hand back", 403)
+    named = [*items, *payload.get("subscriptions", []), *outgoing, *(after if isinstance(after, list) else [])]
     apps = dict(ClientApp.objects.filter(app_name__in={i.get("app") for i in named if isinstance(i, dict)
                                                        and isinstance(i.get("app"), str)}).values_list("app_name", "pk"))
     parsed = [_copy_parse(i, item, ranges, apps) for i, item in enumerate(items)]
@@ -278,10 +282,13 @@ def copies_accept(*, sender: str, payload: dict) -> dict:
         _copies_write(sender, [c for c, m in zip(copies, merging, strict=True) if not m],
                       [sub for sub, m in zip(kept, sub_merging, strict=True) if not m])
         waiting = outgoing_accept(sender, outgoing, apps, lambda user, app: user_in_ranges(user, app, standing_by))
+        followed = counts_accept(sender, after, apps) if after else 0
     refused = len(parsed) - len(copies) + len(subs) - len(kept)
     if refused:
         log.warning("%s copied %d changes of users that do not stand by here: not written", sender, refused)
     answer = {"copied": len(copies) + len(kept) + waiting, "refused": refused}
+    if after:
+        answer["after"] = followed
     return {**answer, "merged": merged.appended} if held or back else answer
 
 

@@ -65,6 +65,7 @@ from messaging.federation.standby.handback_feed import feed_drain, feed_send_las
 from messaging.federation.standby.mailbox_merge import Copied, handback_in_turn, mailbox_merge, subscriptions_merge
 from messaging.federation.standby.outgoing_copy import outgoing_take
 from messaging.federation.takeover.fence import cut_off, fence_forget, fence_seconds
+from messaging.federation.takeover.handback_order import counts_send, handback_counts
 from messaging.federation.takeover.held_rows import (
     HELD_HERE,
     HELD_KEYS_SQL,
@@ -293,6 +294,9 @@ def hand_back(home: str, *, manual: bool = False) -> dict:
             transaction.on_commit(lambda: _kick(home))
             log.info("%s: the hand-back of %s's users waits: %d changes not yet sent to it", here, home, waiting)
             return {"state": "waiting", "changes_waiting": waiting}
+        if not counts_send(home, handback_counts(params, current.taken_at)):
+            transaction.on_commit(lambda: _kick(home))
+            return {"state": "waiting", "counts": "not sent"}
         cur.execute("SELECT set_config('switchboard.no_copy', 'on', true)")
         cur.execute(RESEED_SQL, params)
         cur.execute(f"DELETE FROM messaging_delivery WHERE id IN (SELECT d.id {HELD_HERE})", params)

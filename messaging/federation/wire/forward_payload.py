@@ -42,6 +42,8 @@ class Incoming:
     revive: list[str]  # recipients whose dead copy here an operator's re-queue brings back
     hold: bool = False  # the sender has no other way: taken even where this domain has no way on now
     seqs: dict[str, int] = field(default_factory=dict)  # recipient -> its mailbox seq at the origin
+    # recipient -> (another origin, seq): at the recipient's home, in only after that origin's message seq
+    after: dict[str, tuple[str, int]] = field(default_factory=dict)
     served_here: list[str] = field(default_factory=list)  # recipients whose mailbox is here now
     in_order: list[str] = field(default_factory=list)  # of those, the ones put in order (messaging.federation.order)
 
@@ -113,6 +115,12 @@ def _message_parse(ord_: int, item, *, sender_domain: str, apps: dict[str, int])
             or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in seqs.values())):
         raise _refuse(f"{where}: seqs must map recipients of the message to positive whole numbers")
     incoming.seqs = seqs
+    after = item.get("after", {})
+    if (not isinstance(after, dict) or not set(after) <= set(incoming.recipients)
+            or not all(isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and 0 < len(v[0]) <= 64
+                       and isinstance(v[1], int) and not isinstance(v[1], bool) and v[1] > 0 for v in after.values())):
+        raise _refuse(f"{where}: after must map recipients of the message to [origin domain, positive whole number]")
+    incoming.after = {r: (v[0], v[1]) for r, v in after.items()}
     incoming.app_id = apps.get(app_name, 0)
     return incoming
 

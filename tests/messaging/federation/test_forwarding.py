@@ -114,6 +114,7 @@ def test_the_payload_keeps_every_recipients_order_when_messages_share_recipients
     class Row:
         def __init__(self, recipient, message_id):
             self.recipient, self.message_id, self.app_id, self.revive, self.seq = recipient, message_id, 1, False, None
+            self.after = None
             self.message = {"id": message_id}
 
     # b's mailbox: 3 then 1; a's: 1 then 2; c's: 2 then 3 would be a cycle, which mailboxes never make.

@@ -1,0 +1,83 @@
+"""What a message stored here first must follow at its recipient's home (messaging.federation.order,
+"After another origin"): looked up in OrderAfter when its delivery is first queued on a link
+(messaging.federation.senders.queue), and kept on the message (Message.order_after), which every
+forwarding call of it carries as `after` (messaging.federation.senders.outbox).
+
+Fixed once, at that first queueing, close to when the message was stored: what a row says later
+(the home's places raised by its feed once it is back) is not what the message came after.
+- A row of a home's places (its users' messages, `senders_home` = `origin_domain`) applies to their
+  messages stored here while this domain held them, if it has not moved since the message was
+  stored (a routing late past the hand-back, the home feeding again: its new places come after the
+  message, and the two would wait on each other); for each, what it found is kept, none too (JSON
+  null), so a later queueing (a retry) does not look again.
+- A row of a hand-back (this domain's own users, `senders_home` = here) applies to their messages
+  stored between the hand-back and its `until`; none found is not written (the common case: no write
+  on the forwarding path), a retry looks again and finds the same.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from psycopg.types.json import Jsonb
+
+from apps_registry.selectors import app_snapshot, user_id_parse
+from foundation.db import hot_cursor
+
+# The rows just queued whose message was stored here first and has no word for the recipient yet.
+_TODO_SQL = """
+SELECT m.id, d.app_id, d.recipient, a.app_name, m.sender, m.created_at
+  FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id
+  JOIN apps_registry_clientapp a ON a.id = d.app_id
+ WHERE d.id = ANY(%s::bigint[]) AND m.origin_message_id IS NULL
+   AND (m.order_after IS NULL OR NOT m.order_after ? d.recipient)
+"""
+
+_ROWS_SQL = """
+SELECT app_id, recipient, senders_home, origin_domain, seq, until, updated_at FROM messaging_orderafter
+ WHERE (app_id, recipient) IN (SELECT * FROM unnest(%s::bigint[], %s::text[]))
+ ORDER BY origin_domain
+"""
+
+_WRITE_SQL = """
+UPDATE messaging_message m SET order_after = coalesce(m.order_after, '{}'::jsonb) || w.after
+  FROM unnest(%s::bigint[], %s::jsonb[]) AS w(id, after) WHERE m.id = w.id
+"""
+
+
+def afters_fix(delivery_ids: list[int]) -> int:
+    """Inside the queueing's transaction: the word of OrderAfter for each message stored here first
+    among `delivery_ids` (rows just queued on a link) kept on the message. Two small queries when
+    OrderAfter has nothing for their recipients (the usual case). Returns the messages written."""
+    if not delivery_ids:
+        return 0
+    with hot_cursor() as cur:
+        cur.execute(_TODO_SQL, [delivery_ids])
+        todo = cur.fetchall()
+        if not todo:
+            return 0
+        cur.execute(_ROWS_SQL, [[t[1] for t in todo], [t[2] for t in todo]])
+        rows = cur.fetchall()
+    if not rows:
+        return 0
+    here = settings.DOMAIN_NAME
+    follow: dict[tuple[int, str, str], list[tuple]] = {}
+    for app_id, recipient, senders_home, origin, seq, until, updated_at in rows:
+        follow.setdefault((app_id, recipient, senders_home), []).append((origin, seq, until, updated_at))
+    words: dict[int, dict] = {}
+    for message_id, app_id, recipient, app_name, sender, created_at in todo:
+        snapshot, user = app_snapshot(app_name), user_id_parse(sender)
+        homes = snapshot.home_and_standby(user.number) if snapshot is not None and user is not None else None
+        if homes is None:
+            continue
+        held_here = homes[0] != here  # a user of another home, served here: that home's places
+        found = None
+        for origin, seq, until, updated_at in follow.get((app_id, recipient, homes[0]), ()):
+            if updated_at <= created_at and (held_here or created_at <= until):
+                found = [origin, seq]
+                break
+        if found is not None or held_here:
+            words.setdefault(message_id, {})[recipient] = found
+    if words:
+        with hot_cursor() as cur:
+            cur.execute(_WRITE_SQL, [list(words), [Jsonb(w) for w in words.values()]])
+    return len(words)
