@@ -30,11 +30,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from foundation.asyncdb import run_db
+from foundation.backoff import Backoff
 
 log = logging.getLogger(__name__)
 
 
-RETRY_FIRST_SECONDS = 0.05  # a failed flush's first retry (Batcher.retries), doubling after
+RETRY_BACKOFF = Backoff(0.05, 3.2, jitter=0)  # a failed flush's retries (Batcher.retries): 0.05 s, doubling
 EARLY_END_MIN = 8  # a batch at least this large lets the next one end its linger early (Batcher._linger)
 
 
@@ -49,7 +50,7 @@ class Batcher:
                  max_size: int = 500, max_pending: int | None = None, retries: int = 0):
         self.name = name
         self._flush = flush
-        # A flush that failed is tried again this many times (after RETRY_FIRST_SECONDS, doubling)
+        # A flush that failed is tried again this many times (after RETRY_BACKOFF's waits)
         # before its items are given up: for a flush that is idempotent and whose items nothing else
         # recovers as they are (an ACK's mark: given up, the message comes again after its ACK).
         self.retries = retries
@@ -190,17 +191,16 @@ class Batcher:
     async def _flush_retried(self, items: list) -> Sequence[Any] | None:
         """The flush, tried again up to `retries` times while it raises (a deadlock, a connection
         lost under load); meanwhile `caught_up()` and `flushed()` keep waiting for these items."""
-        delay = RETRY_FIRST_SECONDS
-        for attempt in range(self.retries + 1):
+        for attempt in range(1, self.retries + 2):
             try:
                 return await run_db(self._flush, items)
             except Exception:
-                if attempt == self.retries:
+                if attempt > self.retries:
                     raise
+                delay = RETRY_BACKOFF.seconds(attempt)
                 log.warning("%s: flushing %d items failed (try %d of %d), trying again in %.2f s",
-                            self.name, len(items), attempt + 1, self.retries + 1, delay, exc_info=True)
+                            self.name, len(items), attempt, self.retries + 1, delay, exc_info=True)
                 await asyncio.sleep(delay)
-                delay *= 2
         raise AssertionError("unreachable")
 
     def _flushed_count(self, n: int) -> None:
