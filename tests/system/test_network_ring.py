@@ -979,25 +979,29 @@ def test_a_home_back_while_its_holder_is_lost_takes_its_users_back_after_the_fai
 
 def test_what_a_user_sends_from_home_after_its_hand_back_goes_in_after_what_it_sent_from_the_holder(failover_ring):
     """One sender, two origins (issue 46, item 2): carol, taken over by domain-04, sends bob three
-    messages from there; they wait at domain-01, whose calls to bob's home fail. Back home after the
-    hand-back, she sends three more, which go straight to domain-02. They say they come after
-    domain-04's third (its count, sent home with the hand-back), so bob's home holds them until the
-    first three arrive: bob gets all six in the order carol sent them. (Before, the last three went
-    in first: each origin was ordered on its own.)"""
+    messages from there; they wait at domain-01, whose calls to bob's home (and back to domain-04)
+    fail. Back home after the hand-back, she sends three more, which go straight to domain-02. They
+    say they come after domain-04's third (its count, sent home with the hand-back), so bob's home
+    holds them until the first three arrive: bob gets all six in the order carol sent them.
+    (Before, the last three went in first: each origin was ordered on its own.)"""
     ring = failover_ring
     carol, bob = "ANZ-3000051", "ANZ-1000051"
     assert _eventually(lambda: all(_held_by(ring, n) is None for n in ring.domains()), 90), "domain-03 still held"
     _links_up_everywhere(ring)
-    urls = ring.query(1, "select urls from apps_registry_domain where name = %s", ("domain-02",))[0][0]
+    urls = {name: ring.query(1, "select urls from apps_registry_domain where name = %s", (name,))[0][0]
+            for name in ("domain-02", "domain-04")}
     held = "select count(*) from messaging_heldinorder where recipient = %s"
-    with LinkFault(upstream_port=ring.plan(2).port) as to_02:
-        _set_urls(ring, "domain-02", [to_02.url, *urls])  # calls to domain-02 go through the fault
+    with LinkFault(upstream_port=ring.plan(2).port) as to_02, LinkFault(upstream_port=ring.plan(4).port) as to_04:
+        _set_urls(ring, "domain-02", [to_02.url, *urls["domain-02"]])  # calls to domain-02 and -04 go
+        _set_urls(ring, "domain-04", [to_04.url, *urls["domain-04"]])  # through the faults
         try:
             ring.kill_domain(3)
             assert _eventually(lambda: _held_by(ring, 4) == "domain-04", 40), "domain-04 did not take over"
             time.sleep(5.5)  # every process's app snapshot names domain-04 for carol
             with ring.client(4, carol) as c:
-                to_02.drop_from("domain-01")  # domain-01 takes them, and cannot pass them on
+                # domain-01 takes them, and can neither pass them on nor hand them back
+                to_02.drop_from("domain-01")
+                to_04.drop_from("domain-01")
                 for i in (1, 2, 3):
                     c.message(bob, f"from the holder {i}")
             waiting = "select count(*) from messaging_delivery where recipient = %s and state = 'forwarding'"
@@ -1015,9 +1019,11 @@ def test_what_a_user_sends_from_home_after_its_hand_back_goes_in_after_what_it_s
             assert _mailbox_contents(ring, 2, bob) == []
         finally:
             to_02.heal()
-            _set_urls(ring, "domain-02", urls)
+            to_04.heal()
             if not ring.running(3):
                 ring.start_domain(3)
+            for name, original in urls.items():
+                _set_urls(ring, name, original)
     wanted = [f"from the holder {i}" for i in (1, 2, 3)] + [f"from home {i}" for i in (1, 2, 3)]
     assert _eventually(lambda: _mailbox_contents(ring, 2, bob) == wanted, 60), _mailbox_contents(ring, 2, bob)
     assert ring.query(2, held, (bob,)) == [(0,)]
@@ -1071,6 +1077,13 @@ def _whereabouts(ring, content: str) -> str:
             "deliveries": ring.query(n, "select d.state, d.forward_to, d.attempts, d.next_attempt_at - now(), d.last_error"
                                         " from messaging_delivery d join messaging_message m on m.id = d.message_id"
                                         " where m.content = %s", (content,)),
+            "message": ring.query(n, "select origin_domain, origin_message_id, order_after, created_at"
+                                     " from messaging_message where content = %s", (content,)),
+            "follows": ring.query(n, "select * from messaging_orderafter"),
+            "marks": ring.query(n, "select m.recipient, m.origin_domain, m.last_seq, m.held, m.after_origin, m.after_seq"
+                                   " from messaging_ordermark m join messaging_message x on x.content = %s"
+                                   " join messaging_delivery d on d.message_id = x.id and d.recipient = m.recipient",
+                                (content,)),
             "held for order": ring.query(n, "select h.origin_domain, h.origin_seq, now() - h.held_at"
                                             " from messaging_heldinorder h join messaging_message m on m.id = h.message_id"
                                             " where m.content = %s", (content,)),

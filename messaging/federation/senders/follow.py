@@ -17,11 +17,15 @@ Fixed once, at that first queueing, close to when the message was stored: what a
 
 from __future__ import annotations
 
+import logging
+
 from django.conf import settings
 from psycopg.types.json import Jsonb
 
 from apps_registry.selectors import app_snapshot, user_id_parse
 from foundation.db import hot_cursor
+
+log = logging.getLogger(__name__)
 
 # The rows just queued whose message was stored here first and has no word for the recipient yet.
 _TODO_SQL = """
@@ -80,4 +84,6 @@ def afters_fix(delivery_ids: list[int]) -> int:
     if words:
         with hot_cursor() as cur:
             cur.execute(_WRITE_SQL, [list(words), [Jsonb(w) for w in words.values()]])
+        log.info("%d message(s) stored here first say what they follow at their recipients' homes: %s",
+                 len(words), words)
     return len(words)
