@@ -161,16 +161,19 @@ def _place(incoming: dict[Key, list[Arrival]], *, release_all: bool = False,
     marks = marks_lock(sorted(incoming))
     now = timezone.now()
     wait = timedelta(seconds=settings.NETWORK_ORDER_WAIT_SECONDS)
+    # (the two kinds share blocked_until: a barrier put up keeps the other kind only while it stands)
     for key, (holder, until) in (barriers or {}).items():
         if key in marks and not marks[key].blocked(now):
             m = marks[key]
-            marks[key] = Mark(m.last, m.held, holder, max(until, m.blocked_until or until), m.after_origin, m.after_seq)
+            other, seq = (m.after_origin, m.after_seq) if m.standing(now) else ("", None)
+            marks[key] = Mark(m.last, m.held, holder, max(until, m.blocked_until or until), other, seq)
     for key, (other, seq) in (after or {}).items():
         m = marks.get(key)
         if m is None:
             continue
         if not (m.after_origin and m.standing(now)):
-            marks[key] = Mark(m.last, m.held, m.blocked_by, max(now + wait, m.blocked_until or now), other, seq)
+            holder = m.blocked_by if m.standing(now) else ""
+            marks[key] = Mark(m.last, m.held, holder, max(now + wait, m.blocked_until or now), other, seq)
         elif m.after_origin == other and (m.after_seq or 0) < seq:  # (another origin's stands: this one waits behind it)
             marks[key] = Mark(m.last, m.held, m.blocked_by, m.blocked_until, other, seq)
     others = {(k[0], k[1], m.after_origin) for k, m in marks.items() if m.after_origin} - set(marks)

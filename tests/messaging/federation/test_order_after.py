@@ -210,3 +210,17 @@ def test_a_held_users_message_first_queued_after_the_homes_places_moved_follows_
     with net.at("domain-04"):
         assert Message.objects.get(pk=sent).order_after == {BOB: None}  # looked at once, and kept
     assert bobs_mailbox(net) == ["from the holder, routed late"]  # nothing held it at bob's home
+
+
+def test_a_barrier_put_up_does_not_bring_back_the_other_kind_whose_wait_was_over(net_ring):
+    net = net_ring
+    arrive(net, "home 1", "domain-03", 1)
+    with net.at("domain-02"):
+        OrderMark.objects.create(app=net.app, recipient=BOB, origin_domain="domain-04", last_seq=0, held=0,
+                                 blocked_by="domain-01", blocked_until=timezone.now() - timedelta(seconds=5))
+    arrive(net, "holder 1", "domain-04", 1, after=("domain-03", 2))
+    with net.at("domain-02"):
+        mark = OrderMark.objects.get(recipient=BOB, origin_domain="domain-04")
+        assert (mark.blocked_by, mark.after_origin, mark.after_seq) == ("", "domain-03", 2)
+    arrive(net, "home 2", "domain-03", 2)
+    assert bobs_mailbox(net) == ["home 1", "home 2", "holder 1"]  # and nothing waits on the old holder
