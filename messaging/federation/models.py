@@ -329,6 +329,7 @@ class OrderAfter(models.Model):
 
     class Meta:
         verbose_name = "order to follow"
+        verbose_name_plural = "orders to follow"
         constraints = [models.UniqueConstraint(fields=["app", "recipient", "senders_home", "origin_domain"],
                                                name="order_after_once")]
 

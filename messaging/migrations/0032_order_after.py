@@ -25,6 +25,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'verbose_name': 'order to follow',
+                'verbose_name_plural': 'orders to follow',
             },
         ),
         migrations.AddField(
