@@ -136,6 +136,9 @@ class OrderMark(models.Model):
     # origins, around a takeover or a hand-back), which has not been put in yet.
     after_origin = models.CharField(max_length=64, blank=True, default="", db_default="")
     after_seq = models.BigIntegerField(null=True, blank=True)
+    # ... from this origin's message of this place on: what comes before it goes in as ever (it may be
+    # what the other origin's message waits for, around a second takeover: the two would wait on each other)
+    after_from = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["app", "recipient", "origin_domain"], name="order_mark_once")]

@@ -44,7 +44,8 @@ from messaging.federation.models.OrderAfter: the home's place its outgoing copy 
 or the count the holder sent home with its hand-back, messaging.federation.takeover.handback_order),
 carried on unchanged by every domain on the way (Message.order_after). An arrival whose `after` has
 not been put in yet puts a barrier of that kind on its key (OrderMark.after_origin, after_seq): every
-arrival of its origin for that recipient waits until the other origin's key reaches that place
+arrival of its origin for that recipient from the one that put it up on (`after_from`: those
+before it may be what the other origin's message waits for) waits until the other origin's key reaches that place
 (`dependents_lift`, after the commit that moved it, and in the sweep), or for
 NETWORK_ORDER_WAIT_SECONDS; then the other origin's message is taken for lost, as a gap is (its key
 moves on to it). One barrier of that kind per key at a time: a second origin named while another's
@@ -83,16 +84,19 @@ from messaging.federation.order_marks import (
 log = logging.getLogger(__name__)
 
 
-def _dependencies(arrivals: list[Arrival]) -> dict[Key, tuple[str, int]]:
+def _dependencies(arrivals: list[Arrival]) -> dict[Key, tuple[str, int, int]]:
     """Each key's arrivals that say they come after another origin's message: {key: (that origin,
-    the highest such seq)} (an `after` naming the arrival's own origin is its own order: ignored)."""
-    out: dict[Key, tuple[str, int]] = {}
+    the highest such seq, the lowest place of those arrivals in their own origin's order)} (an
+    `after` naming the arrival's own origin is its own order: ignored)."""
+    out: dict[Key, tuple[str, int, int]] = {}
     for a in arrivals:
         if a.after is None or a.after[0] in ("", a.origin, settings.DOMAIN_NAME):  # (this domain's own: in already)
             continue
         have = out.get(a.key)
-        if have is None or (have[0] == a.after[0] and have[1] < a.after[1]):
-            out[a.key] = a.after
+        if have is None:
+            out[a.key] = (a.after[0], a.after[1], a.origin_seq)
+        elif have[0] == a.after[0]:
+            out[a.key] = (have[0], max(have[1], a.after[1]), min(have[2], a.origin_seq))
     return out
 
 
@@ -147,7 +151,7 @@ def arrivals_put_in_order(arrivals: list[Arrival], *, maybe_here: set[int] = fro
 
 def _place(incoming: dict[Key, list[Arrival]], *, release_all: bool = False,
            barriers: dict[Key, tuple[str, datetime]] | None = None,
-           after: dict[Key, tuple[str, int]] | None = None,
+           after: dict[Key, tuple[str, int, int]] | None = None,
            lift: str = "") -> tuple[list[int], list[Arrival]]:
     """For each key of `incoming` (its arrivals, or none: what is held for it is looked at again),
     under its locked mark: what is now in order (late, or the next one, and those held behind it
@@ -165,17 +169,18 @@ def _place(incoming: dict[Key, list[Arrival]], *, release_all: bool = False,
     for key, (holder, until) in (barriers or {}).items():
         if key in marks and not marks[key].blocked(now):
             m = marks[key]
-            other, seq = (m.after_origin, m.after_seq) if m.standing(now) else ("", None)
-            marks[key] = Mark(m.last, m.held, holder, max(until, m.blocked_until or until), other, seq)
-    for key, (other, seq) in (after or {}).items():
+            kept = (m.after_origin, m.after_seq, m.after_from) if m.standing(now) else ("", None, None)
+            marks[key] = Mark(m.last, m.held, holder, max(until, m.blocked_until or until), *kept)
+    for key, (other, seq, from_seq) in (after or {}).items():
         m = marks.get(key)
         if m is None:
             continue
         if not (m.after_origin and m.standing(now)):
             holder = m.blocked_by if m.standing(now) else ""
-            marks[key] = Mark(m.last, m.held, holder, max(now + wait, m.blocked_until or now), other, seq)
-        elif m.after_origin == other and (m.after_seq or 0) < seq:  # (another origin's stands: this one waits behind it)
-            marks[key] = Mark(m.last, m.held, m.blocked_by, m.blocked_until, other, seq)
+            marks[key] = Mark(m.last, m.held, holder, max(now + wait, m.blocked_until or now), other, seq, from_seq)
+        elif m.after_origin == other:  # (another origin's stands: this one waits behind it)
+            marks[key] = Mark(m.last, m.held, m.blocked_by, m.blocked_until, other, max(m.after_seq or 0, seq),
+                              min(m.after_from if m.after_from is not None else from_seq, from_seq))
     others = {(k[0], k[1], m.after_origin) for k, m in marks.items() if m.after_origin} - set(marks)
     lasts = marks_read(sorted(others))
     held = held_of([k for k, m in marks.items() if m.held])
@@ -190,14 +195,16 @@ def _place(incoming: dict[Key, list[Arrival]], *, release_all: bool = False,
         reached = marks[other].last if other in marks else lasts.get(other, 0)
         after_stands = (bool(mark.after_origin) and mark.standing(now) and not release_all
                         and reached < (mark.after_seq or 0))
-        lifted = not (holder_stands or after_stands)
         blocked_by = mark.blocked_by if holder_stands else ""
-        after_origin, after_seq = (mark.after_origin, mark.after_seq) if after_stands else ("", None)
+        after_origin, after_seq, after_from = ((mark.after_origin, mark.after_seq, mark.after_from) if after_stands
+                                               else ("", None, None))
         blocked_until = mark.blocked_until if holder_stands or after_stands else None
         app_id, recipient, _ = key
         waiting = sorted([(h.origin_seq, 0, h) for h in held.get(key, [])]
                          + [(a.origin_seq, 1, a) for a in incoming[key]], key=lambda t: t[:2])
         for seq, is_new, item in waiting:
+            # (an `after` barrier holds its origin's messages from the one that put it up on, not those before)
+            lifted = not (holder_stands or (after_stands and seq >= (after_from or 0)))
             if lifted and (release_all or seq <= last or seq == last + 1):  # late (its gap was given up on), or the next one
                 in_order.append((item.message_id, app_id, recipient, seq))
                 last = max(last, seq)
@@ -207,7 +214,7 @@ def _place(incoming: dict[Key, list[Arrival]], *, release_all: bool = False,
             elif is_new:
                 to_hold.append(item)
                 n_held += 1
-        marks[key] = Mark(last, n_held, blocked_by, blocked_until, after_origin, after_seq)
+        marks[key] = Mark(last, n_held, blocked_by, blocked_until, after_origin, after_seq, after_from)
     delivery_ids = mailbox_append(in_order)
     held_write(to_hold, released)
     marks_write(marks)
@@ -327,10 +334,11 @@ SELECT m.app_id, m.recipient, m.origin_domain FROM messaging_ordermark m
 """
 
 
-def dependents_lift(keys: list[Key] | None = None) -> int:
+def dependents_lift(keys: list[Key] | None = None, *, depth: int = 4) -> int:
     """The barriers of `after`'s kind whose other origin has reached its seq (only those waiting on
     `keys`, or every one: the sweep) lifted, and what waited behind them that is in order now into
-    the mailboxes, routed. Returns how many messages went in."""
+    the mailboxes, routed; then, `depth` times at most, those waiting on the keys that moved. Returns
+    how many messages went in."""
     if keys is not None and not keys:
         return 0
     only = "" if keys is None else (" AND (d.app_id, d.recipient, d.origin_domain) IN"
@@ -338,9 +346,11 @@ def dependents_lift(keys: list[Key] | None = None) -> int:
     with hot_cursor() as cur:
         cur.execute(_DEPENDENTS_SQL.format(only=only), [] if keys is None else key_columns(keys))
         found = [tuple(row) for row in cur.fetchall()]
-    if found:
-        log.info("%d key(s) waiting on another origin's message move on: it is in", len(found))
-    return _in_batches(found, held_let_go) if found else 0
+    if not found:
+        return 0
+    log.info("%d key(s) waiting on another origin's message move on: it is in", len(found))
+    moved = _in_batches(found, held_let_go)
+    return moved + (dependents_lift(found, depth=depth - 1) if moved and depth > 0 else 0)
 
 
 def _in_batches(keys: list[Key], let_in) -> int:

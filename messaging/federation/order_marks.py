@@ -39,8 +39,9 @@ class Mark:
     held: int
     blocked_by: str = ""
     blocked_until: datetime | None = None
-    after_origin: str = ""  # (the other kind of barrier: after that origin's message after_seq)
-    after_seq: int | None = None
+    after_origin: str = ""  # (the other kind of barrier: after that origin's message after_seq,
+    after_seq: int | None = None  # for this key's messages from after_from on)
+    after_from: int | None = None
 
     def standing(self, now: datetime) -> bool:
         """A barrier of either kind whose wait is not over."""
@@ -103,12 +104,13 @@ def marks_lock(keys: list[Key]) -> dict[Key, Mark]:
               FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS k(app_id, recipient, origin)
              ORDER BY app_id, recipient, origin
             ON CONFLICT (app_id, recipient, origin_domain) DO UPDATE SET last_seq = messaging_ordermark.last_seq
-            RETURNING app_id, recipient, origin_domain, last_seq, held, blocked_by, blocked_until, after_origin, after_seq
+            RETURNING app_id, recipient, origin_domain, last_seq, held, blocked_by, blocked_until, after_origin, after_seq,
+                      after_from
             """,
             key_columns(keys),
         )
-        return {(a, r, o): Mark(last, held, by, until, ao, aseq)
-                for a, r, o, last, held, by, until, ao, aseq in cur.fetchall()}
+        return {(a, r, o): Mark(last, held, by, until, ao, aseq, afrom)
+                for a, r, o, last, held, by, until, ao, aseq, afrom in cur.fetchall()}
 
 
 def marks_read(keys: list[Key]) -> dict[Key, int]:
@@ -150,15 +152,17 @@ def marks_write(marks: dict[Key, Mark]) -> None:
             """
             UPDATE messaging_ordermark m SET last_seq = k.last_seq, held = k.held, blocked_by = k.blocked_by,
                                              blocked_until = k.blocked_until, after_origin = k.after_origin,
-                                             after_seq = k.after_seq
+                                             after_seq = k.after_seq, after_from = k.after_from
               FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::bigint[], %s::int[], %s::text[],
-                          %s::timestamptz[], %s::text[], %s::bigint[])
-                   AS k(app_id, recipient, origin, last_seq, held, blocked_by, blocked_until, after_origin, after_seq)
+                          %s::timestamptz[], %s::text[], %s::bigint[], %s::bigint[])
+                   AS k(app_id, recipient, origin, last_seq, held, blocked_by, blocked_until, after_origin, after_seq,
+                        after_from)
              WHERE m.app_id = k.app_id AND m.recipient = k.recipient AND m.origin_domain = k.origin
             """,
             [*key_columns(list(marks)), [v.last for v in marks.values()], [v.held for v in marks.values()],
              [v.blocked_by for v in marks.values()], [v.blocked_until for v in marks.values()],
-             [v.after_origin for v in marks.values()], [v.after_seq for v in marks.values()]],
+             [v.after_origin for v in marks.values()], [v.after_seq for v in marks.values()],
+             [v.after_from for v in marks.values()]],
         )
 
 

@@ -43,6 +43,11 @@ class Migration(migrations.Migration):
             name='after_seq',
             field=models.BigIntegerField(blank=True, null=True),
         ),
+        migrations.AddField(
+            model_name='ordermark',
+            name='after_from',
+            field=models.BigIntegerField(blank=True, null=True),
+        ),
         migrations.AddIndex(
             model_name='ordermark',
             index=models.Index(condition=models.Q(('after_origin', ''), _negated=True), fields=['after_origin'], name='order_mark_after'),

@@ -224,3 +224,19 @@ def test_a_barrier_put_up_does_not_bring_back_the_other_kind_whose_wait_was_over
         assert (mark.blocked_by, mark.after_origin, mark.after_seq) == ("", "domain-03", 2)
     arrive(net, "home 2", "domain-03", 2)
     assert bobs_mailbox(net) == ["home 1", "home 2", "holder 1"]  # and nothing waits on the old holder
+
+
+def test_two_messages_that_each_follow_the_others_origin_do_not_wait_on_each_other(net_ring):
+    """Around a second takeover, each origin's message follows the other's earlier one: home's 1st
+    follows the holder's 1st, the holder's 2nd follows home's 1st. The holder's 1st, before its 2nd,
+    is not held by the barrier its 2nd put up (it held every message of its origin: the two waited
+    on each other until the order wait was over, then went in crossed, seven pairs in a fault run)."""
+    net = net_ring
+    arrive(net, "home 1", "domain-03", 1, after=("domain-04", 1))
+    arrive(net, "holder 2", "domain-04", 2, after=("domain-03", 1))
+    assert bobs_mailbox(net) == []
+    arrive(net, "holder 1", "domain-04", 1)
+    assert bobs_mailbox(net) == ["holder 1", "home 1", "holder 2"]
+    with net.at("domain-02"):
+        assert not HeldInOrder.objects.exists()
+        assert not OrderMark.objects.exclude(after_origin="").exists()
