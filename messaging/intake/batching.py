@@ -191,17 +191,15 @@ class Batcher:
     async def _flush_retried(self, items: list) -> Sequence[Any] | None:
         """The flush, tried again up to `retries` times while it raises (a deadlock, a connection
         lost under load); meanwhile `caught_up()` and `flushed()` keep waiting for these items."""
-        for attempt in range(1, self.retries + 2):
+        for attempt in range(1, self.retries + 1):
             try:
                 return await run_db(self._flush, items)
             except Exception:
-                if attempt > self.retries:
-                    raise
                 delay = RETRY_BACKOFF.seconds(attempt)
                 log.warning("%s: flushing %d items failed (try %d of %d), trying again in %.2f s",
                             self.name, len(items), attempt, self.retries + 1, delay, exc_info=True)
                 await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
+        return await run_db(self._flush, items)  # the last try: what it raises, the caller logs
 
     def _flushed_count(self, n: int) -> None:
         self._done += n

@@ -27,20 +27,43 @@ from foundation.db import hot_cursor
 
 log = logging.getLogger(__name__)
 
-# The rows just queued whose message was stored here first and has no word for the recipient yet.
+# The rows just queued whose message was stored here first and has no word for the recipient yet,
+# each with the OrderAfter rows of its recipient (none, the usual case: no row comes back).
 _TODO_SQL = """
-SELECT m.id, d.app_id, d.recipient, a.app_name, m.sender, m.created_at
+SELECT m.id, d.recipient, a.app_name, m.sender, m.created_at,
+       o.senders_home, o.origin_domain, o.seq, o.until, o.updated_at
   FROM messaging_delivery d JOIN messaging_message m ON m.id = d.message_id
   JOIN apps_registry_clientapp a ON a.id = d.app_id
+  JOIN messaging_orderafter o ON o.app_id = d.app_id AND o.recipient = d.recipient
  WHERE d.id = ANY(%s::bigint[]) AND m.origin_message_id IS NULL
    AND (m.order_after IS NULL OR NOT m.order_after ? d.recipient)
+ ORDER BY m.id, d.recipient, o.origin_domain
 """
 
-_ROWS_SQL = """
-SELECT app_id, recipient, senders_home, origin_domain, seq, until, updated_at FROM messaging_orderafter
- WHERE (app_id, recipient) IN (SELECT * FROM unnest(%s::bigint[], %s::text[]))
- ORDER BY origin_domain
+_RECORD_SQL = """
+INSERT INTO messaging_orderafter (app_id, recipient, senders_home, origin_domain, seq, until, updated_at)
+SELECT app_id, recipient, %(senders_home)s, %(origin)s, max(seq),
+       CASE WHEN %(wait)s::float8 IS NULL THEN NULL ELSE now() + make_interval(secs => %(wait)s::float8) END, now()
+  FROM unnest(%(app)s::bigint[], %(rcpt)s::text[], %(seq)s::bigint[]) AS t(app_id, recipient, seq)
+ WHERE seq IS NOT NULL
+ GROUP BY 1, 2 ORDER BY 1, 2
+ON CONFLICT (app_id, recipient, senders_home, origin_domain) DO UPDATE
+   SET seq = greatest(messaging_orderafter.seq, EXCLUDED.seq), until = EXCLUDED.until, updated_at = now()
 """
+
+
+def follows_record(*, senders_home: str, origin: str, rows: list[tuple[int, str, int | None]],
+                   wait: float | None = None) -> None:
+    """Inside the caller's transaction: what `senders_home`'s users' messages stored here first to
+    each recipient follow, `origin`'s highest seq among `rows` (app id, recipient, seq; a seq of
+    None is left out), raised where a row is there already; for `wait` seconds from now, or (None)
+    for as long as the row is here."""
+    if rows:
+        with hot_cursor() as cur:
+            cur.execute(_RECORD_SQL, {"senders_home": senders_home, "origin": origin, "wait": wait,
+                                      "app": [r[0] for r in rows], "rcpt": [r[1] for r in rows],
+                                      "seq": [r[2] for r in rows]})
+
 
 _WRITE_SQL = """
 UPDATE messaging_message m SET order_after = coalesce(m.order_after, '{}'::jsonb) || w.after
@@ -50,35 +73,27 @@ UPDATE messaging_message m SET order_after = coalesce(m.order_after, '{}'::jsonb
 
 def afters_fix(delivery_ids: list[int]) -> int:
     """Inside the queueing's transaction: the word of OrderAfter for each message stored here first
-    among `delivery_ids` (rows just queued on a link) kept on the message. Two small queries when
+    among `delivery_ids` (rows just queued on a link) kept on the message. One small query when
     OrderAfter has nothing for their recipients (the usual case). Returns the messages written."""
     if not delivery_ids:
         return 0
     with hot_cursor() as cur:
         cur.execute(_TODO_SQL, [delivery_ids])
-        todo = cur.fetchall()
-        if not todo:
-            return 0
-        cur.execute(_ROWS_SQL, [[t[1] for t in todo], [t[2] for t in todo]])
         rows = cur.fetchall()
-    if not rows:
-        return 0
+    todo: dict[tuple[int, str], tuple[str, str, object, list[tuple]]] = {}
+    for message_id, recipient, app_name, sender, created_at, *follow in rows:
+        todo.setdefault((message_id, recipient), (app_name, sender, created_at, []))[3].append(tuple(follow))
     here = settings.DOMAIN_NAME
-    follow: dict[tuple[int, str, str], list[tuple]] = {}
-    for app_id, recipient, senders_home, origin, seq, until, updated_at in rows:
-        follow.setdefault((app_id, recipient, senders_home), []).append((origin, seq, until, updated_at))
     words: dict[int, dict] = {}
-    for message_id, app_id, recipient, app_name, sender, created_at in todo:
+    for (message_id, recipient), (app_name, sender, created_at, follows) in todo.items():
         snapshot, user = app_snapshot(app_name), user_id_parse(sender)
         homes = snapshot.home_and_standby(user.number) if snapshot is not None and user is not None else None
         if homes is None:
             continue
         held_here = homes[0] != here  # a user of another home, served here: that home's places
-        found = None
-        for origin, seq, until, updated_at in follow.get((app_id, recipient, homes[0]), ()):
-            if updated_at <= created_at and (held_here or created_at <= until):
-                found = [origin, seq]
-                break
+        found = next(([origin, seq] for senders_home, origin, seq, until, updated_at in follows
+                      if senders_home == homes[0] and updated_at <= created_at
+                      and (held_here or created_at <= until)), None)
         if found is not None or held_here:
             words.setdefault(message_id, {})[recipient] = found
     if words:

@@ -21,6 +21,7 @@ from foundation.db import hot_cursor
 from foundation.handoff import routing_enqueue
 from messaging.core.store import carried_id_sql, deliveries_append_sql
 from messaging.federation.order import held_let_go, marks_raise
+from messaging.federation.senders.follow import follows_record
 from messaging.federation.wire.transport import PeerRefused
 from messaging.models import DeliveryState
 
@@ -70,20 +71,6 @@ DELETE FROM messaging_standbyoutgoing o USING unnest(%(oid)s::bigint[], %(rcpt)s
 """
 
 
-# The home's highest place among its messages to each recipient that the feed showed: what the home's
-# users send from here, should this domain take them over, goes in at the recipient's home after it
-# (OrderAfter; messaging.federation.order).
-_FOLLOW_SQL = """
-INSERT INTO messaging_orderafter (app_id, recipient, senders_home, origin_domain, seq, until, updated_at)
-SELECT app_id, recipient, %(home)s, %(home)s, max(seq), NULL, now()
-  FROM unnest(%(app)s::bigint[], %(rcpt)s::text[], %(seq)s::bigint[]) AS t(app_id, recipient, seq)
- WHERE seq IS NOT NULL
- GROUP BY 1, 2 ORDER BY 1, 2
-ON CONFLICT (app_id, recipient, senders_home, origin_domain) DO UPDATE
-   SET seq = greatest(messaging_orderafter.seq, EXCLUDED.seq), updated_at = now()
-"""
-
-
 def outgoing_accept(home: str, items: list, apps: dict[str, int], covered) -> int:
     """At the standby, in the caller's transaction: the outgoing rows `home` fed, written (waiting
     on a link there, with its message) or deleted (gone from the link), two statements a call.
@@ -112,9 +99,11 @@ def outgoing_accept(home: str, items: list, apps: dict[str, int], covered) -> in
                 "confirm": [bool(m.get("confirmation_requested")) for _, _, m in waiting]})
         if gone:
             cur.execute(_GONE_SQL, {"home": home, "oid": [k[0] for k in gone], "rcpt": [k[1] for k in gone]})
-        if parsed:
-            cur.execute(_FOLLOW_SQL, {"home": home, "app": [p["app_id"] for p in parsed],
-                                      "rcpt": [p["recipient"] for p in parsed], "seq": [p["origin_seq"] for p in parsed]})
+    # The home's highest place among its messages to each recipient that the feed showed: what the
+    # home's users send from here, should this domain take them over, goes in at the recipient's home
+    # after it (messaging.federation.order).
+    follows_record(senders_home=home, origin=home,
+                   rows=[(p["app_id"], p["recipient"], p["origin_seq"]) for p in parsed])
     return len(parsed)
 
 

@@ -20,6 +20,7 @@ from datetime import datetime
 from django.conf import settings
 
 from foundation.db import hot_cursor
+from messaging.federation.senders.follow import follows_record
 from messaging.federation.takeover.held_rows import in_ranges
 from messaging.federation.wire.transport import STANDBY_PATH, PeerError, PeerRefused, peer_call
 
@@ -62,16 +63,6 @@ def counts_send(home: str, counts: list[dict]) -> bool:
     return True
 
 
-_ACCEPT_SQL = """
-INSERT INTO messaging_orderafter (app_id, recipient, senders_home, origin_domain, seq, until, updated_at)
-SELECT app_id, recipient, %(here)s, %(holder)s, max(seq), now() + make_interval(secs => %(wait)s), now()
-  FROM unnest(%(app)s::bigint[], %(rcpt)s::text[], %(seq)s::bigint[]) AS t(app_id, recipient, seq)
- GROUP BY 1, 2 ORDER BY 1, 2
-ON CONFLICT (app_id, recipient, senders_home, origin_domain) DO UPDATE
-   SET seq = greatest(messaging_orderafter.seq, EXCLUDED.seq), until = EXCLUDED.until, updated_at = now()
-"""
-
-
 def counts_accept(holder: str, items, apps: dict[str, int]) -> int:
     """At the home, in the caller's transaction: the counts its former `holder` sent with its
     hand-back, kept as OrderAfter rows for NETWORK_ORDER_WAIT_SECONDS. Malformed: PeerRefused (400);
@@ -82,10 +73,7 @@ def counts_accept(holder: str, items, apps: dict[str, int]) -> int:
             and i["seq"] > 0 for i in items)):
         raise PeerRefused(400, "after must be a list of {app, recipient, seq} (seq a positive whole number)")
     kept = [i for i in items if i["app"] in apps]
-    if kept:
-        with hot_cursor() as cur:
-            cur.execute(_ACCEPT_SQL, {"here": settings.DOMAIN_NAME, "holder": holder,
-                                      "wait": float(settings.NETWORK_ORDER_WAIT_SECONDS),
-                                      "app": [apps[i["app"]] for i in kept], "rcpt": [i["recipient"] for i in kept],
-                                      "seq": [i["seq"] for i in kept]})
+    follows_record(senders_home=settings.DOMAIN_NAME, origin=holder,
+                   rows=[(apps[i["app"]], i["recipient"], i["seq"]) for i in kept],
+                   wait=settings.NETWORK_ORDER_WAIT_SECONDS)
     return len(kept)
