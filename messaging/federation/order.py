@@ -43,13 +43,13 @@ recipient, which message of the earlier one its message follows (`after` in the 
 from messaging.federation.models.OrderAfter: the home's place its outgoing copy showed the standby,
 or the count the holder sent home with its hand-back, messaging.federation.takeover.handback_order),
 carried on unchanged by every domain on the way (Message.order_after). An arrival whose `after` has
-not been put in yet puts a barrier of that kind on its key (OrderMark.after_origin, after_seq): every
-arrival of its origin for that recipient from the one that put it up on (`after_from`: those
-before it may be what the other origin's message waits for) waits until the other origin's key reaches that place
-(`dependents_lift`, after the commit that moved it, and in the sweep), or for
-NETWORK_ORDER_WAIT_SECONDS; then the other origin's message is taken for lost, as a gap is (its key
-moves on to it). One barrier of that kind per key at a time: a second origin named while another's
-stands waits behind it, and its own `after` is not looked at again.
+not been put in yet waits, held, and every later arrival of its origin for that recipient with it
+(each arrival's own `after` is looked at as it comes to go in, so two origins whose messages follow
+each other's by turns, a takeover and a hand-back and a takeover again, go in by turns); its key's
+mark records the first one that waits (OrderMark.after_origin, after_seq, after_from) until the
+other origin's key reaches that place (`dependents_lift`, after the commit that moved it, and in the
+sweep), or for NETWORK_ORDER_WAIT_SECONDS; then the other origin's message is taken for lost, as a
+gap is (its key moves on to it, and what its origin held before it goes in first).
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ from foundation.db import hot_cursor
 from foundation.handoff import routing_enqueue
 from messaging.federation.order_marks import (
     Arrival,
+    Held,
     Key,
     Mark,
     Placed,
@@ -84,20 +85,13 @@ from messaging.federation.order_marks import (
 log = logging.getLogger(__name__)
 
 
-def _dependencies(arrivals: list[Arrival]) -> dict[Key, tuple[str, int, int]]:
-    """Each key's arrivals that say they come after another origin's message: {key: (that origin,
-    the highest such seq, the lowest place of those arrivals in their own origin's order)} (an
-    `after` naming the arrival's own origin is its own order: ignored)."""
-    out: dict[Key, tuple[str, int, int]] = {}
-    for a in arrivals:
-        if a.after is None or a.after[0] in ("", a.origin, settings.DOMAIN_NAME):  # (this domain's own: in already)
-            continue
-        have = out.get(a.key)
-        if have is None:
-            out[a.key] = (a.after[0], a.after[1], a.origin_seq)
-        elif have[0] == a.after[0]:
-            out[a.key] = (have[0], max(have[1], a.after[1]), min(have[2], a.origin_seq))
-    return out
+def _awaits(item: Arrival | Held, key: Key) -> tuple[Key, int] | None:
+    """The other origin's key and message an arrival comes after (its `after`), None when it names
+    none, its own origin (its own order) or this domain (its own messages are in already)."""
+    after = item.after
+    if after is None or after[0] in ("", key[2], settings.DOMAIN_NAME):
+        return None
+    return (key[0], key[1], after[0]), after[1]
 
 
 def _barriers(arrivals: list[Arrival]) -> dict[Key, tuple[str, datetime]]:
@@ -141,7 +135,7 @@ def arrivals_put_in_order(arrivals: list[Arrival], *, maybe_here: set[int] = fro
     incoming: dict[Key, list[Arrival]] = defaultdict(list)
     for a in arrivals:
         incoming[a.key].append(a)
-    delivery_ids, to_hold = _place(incoming, barriers=_barriers(arrivals), after=_dependencies(arrivals))
+    delivery_ids, to_hold = _place(incoming, barriers=_barriers(arrivals))
     if to_hold:
         log.info("%d message(s) held for earlier ones from their origin still on their way", len(to_hold))
     keys = sorted(incoming)
@@ -150,71 +144,76 @@ def arrivals_put_in_order(arrivals: list[Arrival], *, maybe_here: set[int] = fro
 
 
 def _place(incoming: dict[Key, list[Arrival]], *, release_all: bool = False,
-           barriers: dict[Key, tuple[str, datetime]] | None = None,
-           after: dict[Key, tuple[str, int, int]] | None = None,
-           lift: str = "") -> tuple[list[int], list[Arrival]]:
+           barriers: dict[Key, tuple[str, datetime]] | None = None, lift: str = "") -> tuple[list[int], list[Arrival]]:
     """For each key of `incoming` (its arrivals, or none: what is held for it is looked at again),
     under its locked mark: what is now in order (late, or the next one, and those held behind it
-    that it lets go) appended to the mailbox, the rest of the new arrivals held; while the key's
-    barrier stands (put now by `barriers` or `after`, or before), every new arrival is held and
-    nothing let go. `release_all`: everything held for the keys goes in, in its origin's order, the
-    gaps before it taken for lost (a barrier with them); `lift`: the barriers that holder put are
-    lifted first. A barrier of `after`'s kind stands until the other origin's key has reached its
-    seq (keys placed here first, so one call bringing both moves on at once).
+    that it lets go) appended to the mailbox, the rest of the new arrivals held. While the key's
+    holder barrier stands (put now by `barriers`, or before) nothing goes in. An arrival that comes
+    after another origin's message (`after`) not in yet waits, and every later one of its origin
+    with it (the key's mark records it: after_origin, after_seq, after_from, for `dependents_lift`
+    and the sweep); each arrival's own `after` is looked at, so two origins whose messages follow
+    each other's earlier ones by turns go in by turns. Keys are passed over until none moves: one
+    call bringing both goes in at once. `release_all`: everything held for the keys goes in, in its
+    origin's order, the gaps before it taken for lost (still after another origin's message that
+    goes in in the same call); `lift`: the barriers that holder put are lifted first.
     Returns the new delivery ids and the arrivals held."""
     marks = marks_lock(sorted(incoming))
     now = timezone.now()
     wait = timedelta(seconds=settings.NETWORK_ORDER_WAIT_SECONDS)
-    # (the two kinds share blocked_until: a barrier put up keeps the other kind only while it stands)
     for key, (holder, until) in (barriers or {}).items():
         if key in marks and not marks[key].blocked(now):
             m = marks[key]
-            kept = (m.after_origin, m.after_seq, m.after_from) if m.standing(now) else ("", None, None)
-            marks[key] = Mark(m.last, m.held, holder, max(until, m.blocked_until or until), *kept)
-    for key, (other, seq, from_seq) in (after or {}).items():
-        m = marks.get(key)
-        if m is None:
-            continue
-        if not (m.after_origin and m.standing(now)):
-            holder = m.blocked_by if m.standing(now) else ""
-            marks[key] = Mark(m.last, m.held, holder, max(now + wait, m.blocked_until or now), other, seq, from_seq)
-        elif m.after_origin == other:  # (another origin's stands: this one waits behind it)
-            marks[key] = Mark(m.last, m.held, m.blocked_by, m.blocked_until, other, max(m.after_seq or 0, seq),
-                              min(m.after_from if m.after_from is not None else from_seq, from_seq))
-    others = {(k[0], k[1], m.after_origin) for k, m in marks.items() if m.after_origin} - set(marks)
-    lasts = marks_read(sorted(others))
+            marks[key] = Mark(m.last, m.held, holder, until)  # (its `after` looked at below, afresh)
     held = held_of([k for k, m in marks.items() if m.held])
+    queues = {key: sorted([(h.origin_seq, 0, h) for h in held.get(key, [])]
+                          + [(a.origin_seq, 1, a) for a in incoming[key]], key=lambda t: t[:2])
+              for key in incoming}
+    others = {w[0] for key, q in queues.items() for _, _, item in q if (w := _awaits(item, key))} - set(marks)
+    last = {**marks_read(sorted(others)), **{k: m.last for k, m in marks.items()}}
+    stands = {k: marks[k].blocked(now) and not release_all and not (lift and marks[k].blocked_by == lift)
+              for k in queues}
+    at = dict.fromkeys(queues, 0)
+    stops: dict[Key, tuple[str, int, int]] = {}  # a key's first arrival waiting for another origin's message
     in_order: list[tuple[int, int, str, int | None]] = []
-    to_hold: list[Arrival] = []
     released: list[int] = []
-    for key in sorted(incoming, key=lambda k: (bool(marks[k].after_origin), k)):
-        mark = marks[key]
-        last, n_held = mark.last, mark.held
-        holder_stands = mark.blocked(now) and not release_all and not (lift and mark.blocked_by == lift)
-        other = (key[0], key[1], mark.after_origin)
-        reached = marks[other].last if other in marks else lasts.get(other, 0)
-        after_stands = (bool(mark.after_origin) and mark.standing(now) and not release_all
-                        and reached < (mark.after_seq or 0))
-        blocked_by = mark.blocked_by if holder_stands else ""
-        after_origin, after_seq, after_from = ((mark.after_origin, mark.after_seq, mark.after_from) if after_stands
-                                               else ("", None, None))
-        blocked_until = mark.blocked_until if holder_stands or after_stands else None
-        app_id, recipient, _ = key
-        waiting = sorted([(h.origin_seq, 0, h) for h in held.get(key, [])]
-                         + [(a.origin_seq, 1, a) for a in incoming[key]], key=lambda t: t[:2])
-        for seq, is_new, item in waiting:
-            # (an `after` barrier holds its origin's messages from the one that put it up on, not those before)
-            lifted = not (holder_stands or (after_stands and seq >= (after_from or 0)))
-            if lifted and (release_all or seq <= last or seq == last + 1):  # late (its gap was given up on), or the next one
-                in_order.append((item.message_id, app_id, recipient, seq))
-                last = max(last, seq)
-                if not is_new:
-                    released.append(item.held_id)
-                    n_held -= 1
-            elif is_new:
-                to_hold.append(item)
-                n_held += 1
-        marks[key] = Mark(last, n_held, blocked_by, blocked_until, after_origin, after_seq, after_from)
+
+    def advance(key: Key, *, afters: bool) -> bool:
+        moved, queue = False, queues[key]
+        while at[key] < len(queue) and not stands[key]:
+            seq, is_new, item = queue[at[key]]
+            late = seq <= last[key]  # (its gap was given up on: in at once)
+            if not (release_all or late or seq == last[key] + 1):
+                break
+            if afters and not late and (w := _awaits(item, key)) and last.get(w[0], 0) < w[1]:
+                stops[key] = (w[0][2], w[1], seq)
+                break
+            stops.pop(key, None)
+            in_order.append((item.message_id, key[0], key[1], seq))
+            last[key] = max(last[key], seq)
+            if not is_new:
+                released.append(item.held_id)
+            at[key] += 1
+            moved = True
+        return moved
+
+    while any([advance(key, afters=True) for key in sorted(queues)]):
+        pass
+    if release_all:  # (what waits for another origin's message that is not let in here: in all the same)
+        for key in sorted(queues):
+            advance(key, afters=False)
+    to_hold: list[Arrival] = []
+    for key, queue in queues.items():
+        m = marks[key]
+        waiting = queue[at[key]:]
+        to_hold += [item for _, is_new, item in waiting if is_new]
+        blocked_by = m.blocked_by if stands[key] else ""
+        untils = [m.blocked_until] if stands[key] else []
+        stop = stops.get(key) if waiting else None
+        if stop is not None:  # (the same arrival waiting as before keeps its wait: the sweep gives it up)
+            same = (m.after_origin, m.after_seq, m.after_from) == stop and m.blocked_until is not None
+            untils.append(m.blocked_until if same else now + wait)
+        marks[key] = Mark(last[key], len(waiting), blocked_by, max(untils) if untils else None,
+                          *(stop if stop is not None else ("", None, None)))
     delivery_ids = mailbox_append(in_order)
     held_write(to_hold, released)
     marks_write(marks)
@@ -300,17 +299,37 @@ def held_release_overdue() -> int:
                     " WHERE (blocked_by <> '' OR after_origin <> '') AND blocked_until <= %s ORDER BY 1, 2, 3", [now])
         overdue = set(keys)
         expired = [tuple(row) for row in cur.fetchall() if tuple(row) not in overdue]
+        # ... and what the overdue ones' own `after`s wait for: taken for lost too, and first, so
+        # that what waits for it goes in after what its origin had held before it.
+        if keys:
+            cur.execute(_AWAITED_SQL, key_columns(keys))
+            given_up += cur.fetchall()
+    first: list[Key] = []
     if given_up:
         with transaction.atomic():
             raised = marks_raise("SELECT * FROM unnest(%(a)s::bigint[], %(r)s::text[], %(o)s::text[], %(s)s::bigint[])",
                                  {"a": [g[0] for g in given_up], "r": [g[1] for g in given_up],
                                   "o": [g[2] for g in given_up], "s": [g[3] for g in given_up]})
-        expired += [k for k in raised if k not in overdue and k not in expired]
-    released = _in_batches(keys, held_release) + _in_batches(sorted(expired), held_let_go) + dependents_lift()
+        first = sorted(k for k in set(raised) if k not in overdue)
+    released = (_in_batches(first, held_let_go) + _in_batches(keys, held_release)
+                + _in_batches(sorted(set(expired) - set(first)), held_let_go) + dependents_lift())
     _follow_prune()
     if released:
         log.warning("gave up waiting for earlier messages: %d held message(s) put in their mailboxes", released)
     return released
+
+
+# The messages of other origins that what is held for some keys comes after (its `after`), and not in
+# yet: (app, recipient, that origin, the highest such seq).
+_AWAITED_SQL = """
+SELECT h.app_id, h.recipient, m.order_after -> h.recipient ->> 0, max((m.order_after -> h.recipient ->> 1)::bigint)
+  FROM messaging_heldinorder h
+  JOIN unnest(%s::bigint[], %s::text[], %s::text[]) AS k(app_id, recipient, origin)
+    ON h.app_id = k.app_id AND h.recipient = k.recipient AND h.origin_domain = k.origin
+  JOIN messaging_message m ON m.id = h.message_id
+ WHERE m.order_after -> h.recipient ->> 0 NOT IN ('', h.origin_domain)
+ GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+"""
 
 
 # OrderAfter rows that say nothing any more: a hand-back's past its wait, and a home's places not

@@ -62,6 +62,7 @@ class Held:
     held_id: int
     message_id: int
     origin_seq: int
+    after: tuple[str, int] | None = None  # (its message's `after` for this recipient, as Arrival's)
 
 
 _APPEND_SQL = f"""
@@ -132,17 +133,20 @@ def held_of(keys: list[Key]) -> dict[Key, list[Held]]:
     with hot_cursor() as cur:
         cur.execute(
             """
-            SELECT h.app_id, h.recipient, h.origin_domain, h.id, h.message_id, h.origin_seq
+            SELECT h.app_id, h.recipient, h.origin_domain, h.id, h.message_id, h.origin_seq,
+                   m.order_after -> h.recipient ->> 0, (m.order_after -> h.recipient ->> 1)::bigint
               FROM messaging_heldinorder h
               JOIN unnest(%s::bigint[], %s::text[], %s::text[]) AS k(app_id, recipient, origin)
                 ON h.app_id = k.app_id AND h.recipient = k.recipient AND h.origin_domain = k.origin
+              JOIN messaging_message m ON m.id = h.message_id
              ORDER BY h.origin_seq
             """,
             key_columns(keys),
         )
         out: dict[Key, list[Held]] = defaultdict(list)
-        for a, r, o, held_id, message_id, seq in cur.fetchall():
-            out[a, r, o].append(Held(held_id, message_id, seq))
+        for a, r, o, held_id, message_id, seq, after_origin, after_seq in cur.fetchall():
+            after = (after_origin, after_seq) if after_origin is not None and after_seq is not None else None
+            out[a, r, o].append(Held(held_id, message_id, seq, after))
         return out
 
 

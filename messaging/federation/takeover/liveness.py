@@ -18,6 +18,7 @@ import logging
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.utils import timezone
@@ -78,21 +79,29 @@ def heard_apply(heard: dict[str, int]) -> None:
              WHERE h.version < EXCLUDED.version""", [[d for d, _ in items], [v for _, v in items]])
 
 
+def heard_of(domain: str) -> tuple[int | None, float | None]:
+    """The last clock of `domain` heard here, and how long ago it came (None, None: never heard of)."""
+    row = DomainHeard.objects.filter(domain=domain).values_list("version", "heard_at").first()
+    if row is None:
+        return None, None
+    return row[0], max(0.0, (timezone.now() - row[1]).total_seconds())
+
+
 def silent_seconds(domain: str) -> float | None:
     """How long no newer word of `domain` has reached this domain (None: never heard of)."""
-    heard = DomainHeard.objects.filter(domain=domain).values_list("heard_at", flat=True).first()
-    return None if heard is None else max(0.0, (timezone.now() - heard).total_seconds())
+    return heard_of(domain)[1]
 
 
 # --- the witness --------------------------------------------------------------------------------
 
 
 def witness_answer(*, sender: str, payload: dict) -> dict:
-    """POST /internal/v1/witness {"home": name}: how long this domain has heard nothing of it."""
+    """POST /internal/v1/witness {"home": name}: the last clock of it heard here, and how long ago."""
     home = payload.get("home")
     if set(payload) != {"home"} or not isinstance(home, str) or not 0 < len(home) <= 64:
         raise PeerRefused(400, "the payload is {\"home\": <domain name>}")
-    return {"home": home, "silent_seconds": silent_seconds(home)}
+    version, silent = heard_of(home)
+    return {"home": home, "silent_seconds": silent, "version": version}
 
 
 def link_down_for(peer: str) -> float:
@@ -106,16 +115,50 @@ def link_down_for(peer: str) -> float:
     return (timezone.now() - since).total_seconds()
 
 
+def own_silence(threshold: float) -> float:
+    """How long a domain must have been silent here, at the least, before a third domain is asked
+    about it: two gossip rounds (each live neighbour's word comes every round), or `threshold` if
+    that is shorter. The threshold itself is counted from the first domain that heard its last word
+    (`witnesses_agree`): a domain that has just started heard that word again from its neighbours,
+    later than anyone."""
+    return min(threshold, 2 * settings.PRESENCE_GOSSIP_SECONDS)
+
+
 def silent_here_for(domain: str, threshold: float) -> bool:
-    """Whether `domain` has been silent here, and its link from here down, for `threshold` seconds
-    (before a third domain is asked: `witnesses_agree`)."""
+    """Whether `domain`'s link from here has been down for `threshold` seconds and it has been silent
+    here for `own_silence(threshold)` (then a third domain is asked: `witnesses_agree`)."""
     silent = silent_seconds(domain)
-    return (silent is None or silent >= threshold) and link_down_for(domain) >= threshold
+    return (silent is None or silent >= own_silence(threshold)) and link_down_for(domain) >= threshold
+
+
+@dataclass(frozen=True)
+class _Word:
+    """What one domain (this one, or a witness) last heard of the domain asked about."""
+
+    who: str
+    version: int | None  # its last clock (None: never heard of it)
+    silent: float | None  # how long ago that came
+
+
+def _silence(words: list[_Word]) -> tuple[float | None, list[str]]:
+    """How long the domain asked about has said nothing newer anywhere: since the first of `words`
+    to hear its newest clock heard it (None: nobody ever heard of it); and who holds that clock."""
+    heard = [w for w in words if w.version is not None and w.silent is not None]
+    if not heard:
+        return None, []
+    newest = max(w.version for w in heard)
+    latest = [w for w in heard if w.version == newest]
+    return max(w.silent for w in latest), [w.who for w in latest]
 
 
 def witnesses_agree(home: str, threshold: float | None = None) -> tuple[bool, str]:
-    """Whether a third domain agrees that `home` (a home, or a holder its home takes its users back
-    from) has been silent for `threshold` (FAILOVER_SECONDS), and none heard it since."""
+    """Whether `home` (a home, or a holder its home takes its users back from) has said nothing newer,
+    here or at a third domain, for `threshold` (FAILOVER_SECONDS) since the first of them heard its
+    last word. Each witness answers with the last clock of `home` it heard and how long ago
+    (`witness_answer`): one that heard a newer clock than the others counts from its own hearing of
+    it, so a word heard at a witness alone holds it off; a domain that heard the last word late (it
+    was started since) waits for no more than the one that heard it first. A witness that answers
+    without its clock (an older version) must have been silent for `threshold` itself."""
     threshold = settings.FAILOVER_SECONDS if threshold is None else threshold
     calls = []
     for peer in (p for p in liveness_peers() if p != home):  # (over liveness-only links too)
@@ -123,17 +166,29 @@ def witnesses_agree(home: str, threshold: float | None = None) -> tuple[bool, st
             calls.append(peer_call_prepare(peer=peer, path=WITNESS_PATH, payload={"home": home}))
         except PeerError:
             continue
+    version, silent = heard_of(home)
+    words = [_Word(settings.DOMAIN_NAME, version, silent)]
     agree, heard = [], []
     for call, answer in zip(calls, peer_calls_send(calls, timeout=settings.LINK_PROBE_TIMEOUT_SECONDS), strict=True):
         if isinstance(answer, PeerError):
             continue
-        silent = answer.get("silent_seconds")
-        if silent is None or (isinstance(silent, (int, float)) and silent >= threshold):
-            agree.append(call.peer)
-        else:
-            heard.append(call.peer)
+        silent_there = answer.get("silent_seconds")
+        if not (silent_there is None or isinstance(silent_there, (int, float))):
+            continue
+        if "version" not in answer:  # (a witness of an older version: its own silence, as before)
+            (agree if silent_there is None or silent_there >= threshold else heard).append(call.peer)
+            continue
+        there = answer["version"]
+        words.append(_Word(call.peer, there if isinstance(there, int) else None, silent_there))
+        agree.append(call.peer)
+    if not agree and not heard:
+        return False, f"no third domain answered about {home}"
+    since, latest = _silence(words)
+    if since is not None and since < threshold:
+        heard += [w for w in latest if w != settings.DOMAIN_NAME and w not in heard]
+        agree = [a for a in agree if a not in heard]
     if heard:
         return False, f"{', '.join(heard)} heard {home} within {threshold:g} s"
-    if not agree:
-        return False, f"no third domain answered about {home}"
+    if since is not None and since < threshold:
+        return False, f"{home} heard here within {threshold:g} s"
     return True, f"{home} silent for {threshold:g} s here and at {', '.join(agree)}"

@@ -53,7 +53,8 @@ def arrive(net, content: str, origin: str, seq: int, after: tuple[str, int] | No
     with net.at("domain-02"):
         message = Message.objects.create(app_id=net.app.pk, sender=CAROL, content=content, origin_domain=origin,
                                          origin_message_id=1000 + seq + (500 if origin == "domain-04" else 0),
-                                         forward_path=origin, created_at=timezone.now())
+                                         forward_path=origin, created_at=timezone.now(),
+                                         order_after={BOB: list(after)} if after else None)
         arrivals_put_in_order([Arrival(message.pk, net.app.pk, BOB, origin, seq, CAROL, after)])
 
 
@@ -240,3 +241,42 @@ def test_two_messages_that_each_follow_the_others_origin_do_not_wait_on_each_oth
     with net.at("domain-02"):
         assert not HeldInOrder.objects.exists()
         assert not OrderMark.objects.exclude(after_origin="").exists()
+
+
+def test_two_origins_that_follow_each_other_by_turns_go_in_by_turns(net_ring):
+    """Carol's home sent 1-2, her holder h1-h3 (after home's 2), home again 3-5 (after the holder's
+    3), the holder again h4-h5 (after home's 5). Each arrival's own `after` counts: the holder's h1
+    is not held for home's 5, which h4 waits for (one barrier for the key, after home's 5 from h1 on,
+    held h1-h3 while home's 3-5 waited for h3: both waited out the order wait and went in crossed,
+    17 pairs in a fault run)."""
+    net = net_ring
+    arrive(net, "home 1", "domain-03", 1)
+    arrive(net, "home 2", "domain-03", 2)
+    for seq in (3, 4, 5):
+        arrive(net, f"home {seq}", "domain-03", seq, after=("domain-04", 3))
+    arrive(net, "holder 4", "domain-04", 4, after=("domain-03", 5))
+    arrive(net, "holder 5", "domain-04", 5, after=("domain-03", 5))
+    assert bobs_mailbox(net) == ["home 1", "home 2"]
+    for seq in (1, 2, 3):
+        arrive(net, f"holder {seq}", "domain-04", seq, after=("domain-03", 2))
+    assert bobs_mailbox(net) == ["home 1", "home 2", "holder 1", "holder 2", "holder 3", "home 3", "home 4",
+                                 "home 5", "holder 4", "holder 5"]
+    with net.at("domain-02"):
+        assert not HeldInOrder.objects.exists()
+
+
+def test_when_the_wait_is_over_what_the_other_origin_held_before_the_awaited_message_goes_in_first(net_ring,
+                                                                                                  settings):
+    """The holder's 1 follows home's 3; home's 2 and 3 are held behind home's 1, which never comes.
+    When the holder's 1 has waited the order wait, home's 1 is taken for lost: home's 2 and 3 go in,
+    then the holder's 1 (not the other way round because the holder's was held first)."""
+    net = net_ring
+    arrive(net, "holder 1", "domain-04", 1, after=("domain-03", 3))
+    arrive(net, "home 2", "domain-03", 2)
+    arrive(net, "home 3", "domain-03", 3)
+    assert bobs_mailbox(net) == []
+    with net.at("domain-02"):
+        HeldInOrder.objects.filter(origin_domain="domain-04").update(
+            held_at=timezone.now() - timedelta(seconds=settings.NETWORK_ORDER_WAIT_SECONDS + 1))
+        held_release_overdue()
+    assert bobs_mailbox(net) == ["home 2", "home 3", "holder 1"]

@@ -134,6 +134,45 @@ def test_a_home_waits_the_failover_threshold_for_a_holder_that_was_not_handing_b
     assert held_by(net, "domain-03") is None
 
 
+def test_a_home_started_since_its_holder_fell_silent_counts_the_silence_from_the_witness(standby_ring, settings):
+    """domain-03, started again after domain-04 (holding its users) was killed, heard domain-04's
+    last word again from its neighbours as it started: not long ago here, but said long ago, and
+    domain-02 heard it then. The home waits for no more than domain-02 does."""
+    net = standby_ring
+    lost(net)
+    with net.at("domain-04"):
+        assert take_over("domain-03")["state"] == "taken"
+    told(net, "domain-04", "domain-03")
+    net.down.clear()
+    failover = settings.FAILOVER_SECONDS
+    holder_silent(net, failover + 1)
+    heard(net, "domain-03", "domain-04", 1, like="domain-02")  # (less than two gossip rounds here)
+    with net.at("domain-03"):
+        assert takeover_watch() == {}  # not even asked yet: its own neighbours may still tell it more
+    assert held_by(net, "domain-04") == "domain-04" and held_by(net, "domain-03") == "domain-04"
+    heard(net, "domain-03", "domain-04", 2 * settings.PRESENCE_GOSSIP_SECONDS, like="domain-02")
+    with net.at("domain-03"):
+        assert takeover_watch()["domain-04 holds"] == "taken back"
+        assert login(CAROL, net.app.app_id).ok
+    assert held_by(net, "domain-03") is None
+
+
+def test_a_home_started_since_waits_while_the_holders_last_word_is_recent_at_the_witness(standby_ring, settings):
+    net = standby_ring
+    lost(net)
+    with net.at("domain-04"):
+        assert take_over("domain-03")["state"] == "taken"
+    told(net, "domain-04", "domain-03")
+    net.down.clear()
+    failover = settings.FAILOVER_SECONDS
+    holder_silent(net, failover + 1)
+    heard(net, "domain-02", "domain-04", failover - 2)  # the witness heard a later word of it
+    with net.at("domain-03"):
+        watched = takeover_watch()
+    assert watched == {"domain-04 holds": f"not taken back: domain-02 heard domain-04 within {failover:g} s"}
+    assert held_by(net, "domain-03") == "domain-04"
+
+
 def test_a_home_does_not_take_its_users_back_while_a_third_domain_still_hears_the_holder(standby_ring, settings):
     net = standby_ring
     settings.HAND_BACK_GRACE_SECONDS = 3

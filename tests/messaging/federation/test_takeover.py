@@ -60,11 +60,16 @@ def copy_now(net, at: str = "domain-03") -> None:
     net.pump()
 
 
-def heard(net, at: str, of: str, seconds_ago: float) -> None:
-    """`at` last heard a newer word of `of` that long ago."""
+def heard(net, at: str, of: str, seconds_ago: float, *, like: str | None = None) -> None:
+    """`at` last heard a newer word of `of` that long ago: `of`'s clock then (the word came at once),
+    or (`like`) the last one that domain heard of `of`, come late."""
+    when = timezone.now() - timedelta(seconds=seconds_ago)
+    version = int(when.timestamp() * 1e9)
+    if like is not None:
+        with net.at(like):
+            version = DomainHeard.objects.get(domain=of).version
     with net.at(at):
-        DomainHeard.objects.update_or_create(domain=of, defaults={
-            "version": 1, "heard_at": timezone.now() - timedelta(seconds=seconds_ago)})
+        DomainHeard.objects.update_or_create(domain=of, defaults={"version": version, "heard_at": when})
 
 
 def lost(net, home: str = "domain-03") -> None:
