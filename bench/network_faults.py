@@ -75,7 +75,7 @@ import psycopg
 from bench.fault_order import copy_lag_now, kill_window, order_in_kill_window, twice_in_a_mailbox
 from bench.network import ring_ports
 from bench.platform_proc import platform_env, private_redis
-from bench.standby_faults import WiderFaults, fast_report, wider_report
+from bench.standby_faults import WiderFaults, acks_in_a_holder_lost, fast_report, wider_report
 from devstack.ring import Ring
 from devstack.ring_plan import DOMAIN_COUNT, STANDBY
 from tests.loadclients import Peer
@@ -503,7 +503,9 @@ def main(argv: list[str] | None = None) -> int:
             in_lag = [a for a in again_detail if any(kill[1] == a["acked_at"]
                                                      and -KILL_HOLD_MIN <= kill[0] - a["acked"]
                                                      <= kill_window(kill, COPY_LAG_ALLOWED) for kill in kills)]
-            again_after_ack = len(again_detail) - len(in_lag)
+            homes = {u: f"domain-0{n}" for n, us in users.items() for u in us}
+            at_a_lost_holder = [a for a in acks_in_a_holder_lost(faults, again_detail, homes, began) if a not in in_lag]
+            again_after_ack = len(again_detail) - len(in_lag) - len(at_a_lost_holder)
             # The same window for order: a message stored at a home as it was killed, past its copy.
             order_apart = order_in_kill_window(ring, wrong_order, faults.kills, COPY_LAG_ALLOWED)
             twice = twice_in_a_mailbox(ring, users)
@@ -516,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
                 "missing": sum(len(v) for v in missing.values()), "dead": dead,
                 "delivered_again_after_ack": again_after_ack,
                 "again_after_an_ack_in_the_copy_lag_before_a_kill": len(in_lag),
+                "again_after_an_ack_at_a_holder_killed_while_its_home_was_away": len(at_a_lost_holder),
                 "out_of_order": sum(len(v) for v in wrong_order.values()) - len(order_apart),
                 "out_of_order_in_the_copy_lag_before_a_kill": len(order_apart),
                 "out_of_order_in_the_copy_lag_detail": order_apart,

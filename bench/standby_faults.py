@@ -31,7 +31,11 @@ kind at most three times: `fault_kinds_as_meant`), in a random order, then at ra
   from its own standby (which took them over meanwhile). Login refusals from the holder's kill until
   the home has its users back are counted apart (`login_refused_in_holder_lost_seconds`): the home
   and its standby both lost, nobody may serve those users until the home is back and has heard the
-  holder silent for FAILOVER_SECONDS.
+  holder silent for FAILOVER_SECONDS. For the same reason an ACK the holder read for one of the
+  home's users before it was killed is counted apart when the message comes again
+  (`again_after_an_ack_at_a_holder_killed_while_its_home_was_away`): the holder's changes go home by
+  its feed, which waits while the home is away, so that ACK was on the killed holder alone when the
+  home took its users back; it comes home when the holder is back and finishes its hand-back.
 
 Each fault is logged in the run's `faults` with its `kind`; every SIGKILL joins the run's `kills` (an
 ACK the killed domain read in the copy lag before may be lost, as for `lost`). The ring's crash watch
@@ -98,6 +102,9 @@ class WiderFaults:
         self.rng.shuffle(self.todo)
         self.pair_windows: list[tuple[float, float]] = []  # (began, ended): monotonic
         self.holder_lost_windows: list[tuple[float, float]] = []  # (holder killed, home has its users back)
+        # (holder, home, the home lost, the holder killed): monotonic; an ACK of one of the home's users
+        # read at the holder meanwhile waited in the holder's feed home, which the home, away, never took
+        self.holder_lost_feeds: list[tuple[str, str, float, float]] = []
         self.watch = CrashWatch(self.ring)
         self.watch.start()
 
@@ -268,6 +275,7 @@ class WiderFaults:
         killed_wall = self._clock(n)
         self._lose(holder, crash=True)
         fields["holder_killed_at"] = round(time.monotonic() - began, 1)
+        self.holder_lost_feeds.append((name(holder), name(n), began, began + fields["holder_killed_at"]))
         starting = _Starter(self.ring, n)
         starting.join(timeout=BACK_WAIT)  # until n is ready
         ready = time.monotonic()
@@ -367,6 +375,25 @@ def fast_report(peers) -> dict:
             "fast_received_twice": len(seen) - len(set(seen)),
             "fast_received_never_sent": len(set(seen) - sent),
             "error_frames": len(errors), "error_frames_detail": errors[:20]}
+
+
+def acks_in_a_holder_lost(faults, again: list[dict], homes: dict[str, str], began: float) -> list[dict]:
+    """The deliveries again after an ACK (bench.network_faults's `again_after_ack_detail`, times from
+    `began`) whose ACK a holder read for a user of the home it held while that home was away, before
+    the holder was killed (holder_lost_holding): the holder's changes go home by its feed, which waits
+    while the home is away, so the ACK was nowhere but on the killed holder when the home took its
+    users back (it comes home when the holder is back and finishes its hand-back). `homes`: user ->
+    home domain."""
+    if faults.more is None:
+        return []
+    out = []
+    for a in again:
+        recipient = a["message"].split(" to ", 1)[1].split(" #", 1)[0]
+        for holder, home, lost, killed in faults.more.holder_lost_feeds:
+            if a["acked_at"] == holder and homes.get(recipient) == home and lost - began <= a["acked"] <= killed - began:
+                out.append(a)
+                break
+    return out
 
 
 def wider_report(faults, spans: list[tuple[float, float]]) -> tuple[dict, list[tuple[float, float]]]:

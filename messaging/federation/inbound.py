@@ -32,7 +32,7 @@ from messaging.core.delivery.sql import DEAD, FORWARDED, PENDING, in_mailbox_sql
 from messaging.core.next_hop import destination
 from messaging.core.store import deliveries_append_sql, messages_insert_sql
 from messaging.federation.links import link_received, route_blocked, route_holding
-from messaging.federation.order import Arrival, arrivals_put_in_order
+from messaging.federation.order import Arrival, Placed, arrivals_put_in_order
 from messaging.federation.presence_gossip import presence_accept
 from messaging.federation.senders import receipts
 from messaging.federation.senders.fast_forward import fast_accept
@@ -206,6 +206,30 @@ def _revive_passed_on(items: list[Incoming], delivery_ids: list[int]) -> None:
                         " AND d.id = ANY(%s::bigint[])", [*map(list, zip(*pairs, strict=True)), delivery_ids])
 
 
+def _repeats_in_order(items: list[Incoming]) -> Placed:
+    """Messages that repeat one stored here under another identity (a sender's clientMessageId
+    sent again at another domain after a doubt: its first send was stored here by the domain that
+    served the sender then, which was lost before it answered) still take their places in their
+    origin's order for the recipients homed here, as the message they repeat: without that their
+    origin's next messages waited NETWORK_ORDER_WAIT_SECONDS for one that never comes, and went
+    in after the sender's later ones (three in one fault run). The message it repeats goes into
+    the mailbox only where it is not there already."""
+    if not items:
+        return Placed([], 0)
+    with hot_cursor() as cur:
+        cur.execute(
+            """
+            SELECT t.ord, m.id FROM unnest(%s::int[], %s::bigint[], %s::text[], %s::text[]) AS t(ord, app_id, sender, cmid)
+              JOIN messaging_message m ON m.app_id = t.app_id AND m.sender = t.sender AND m.client_message_id = t.cmid
+            """,
+            [[m.ord for m in items], [m.app_id for m in items], [m.sender for m in items], [m.cmid for m in items]],
+        )
+        repeated = dict(cur.fetchall())
+    arrivals = [Arrival(repeated[m.ord], m.app_id, r, m.origin, m.seqs[r], m.sender, m.after.get(r))
+                for m in items if m.ord in repeated for r in m.in_order]
+    return arrivals_put_in_order(arrivals) if arrivals else Placed([], 0)
+
+
 def messages_store_forwarded(items: list[Incoming], *, sender: str) -> tuple[int, int]:
     """Store a call's messages (inside the caller's transaction); (deliveries new here, held in
     order among them; duplicates). Routing gets the new deliveries once the transaction commits."""
@@ -226,7 +250,12 @@ def messages_store_forwarded(items: list[Incoming], *, sender: str) -> tuple[int
         held += waiting
         todo = [m for m in todo if m.ord not in handled]
     # Neither stored nor here after two passes: the message collided with another unique key (a
-    # second confirmation of one message, message_confirmed_once): a duplicate, not an error.
+    # second confirmation of one message, message_confirmed_once; the same clientMessageId of the
+    # same sender, stored here under another origin): a duplicate, not an error. Its place in its
+    # origin's order is taken all the same, by the message it repeats.
+    placed = _repeats_in_order([m for m in todo if m.in_order])
+    delivery_ids += placed.delivery_ids
+    held += placed.held
     duplicates += sum(len(m.recipients) for m in todo)
     _revive_passed_on(items, delivery_ids)
     if delivery_ids:

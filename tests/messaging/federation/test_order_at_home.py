@@ -116,6 +116,25 @@ def test_messages_stored_in_one_call_wait_behind_a_gap_and_all_go_in_when_it_is_
     assert net_ring.mailbox("domain-03", CAROL) == [101, 102, 103, 104]
 
 
+def test_a_message_sent_again_elsewhere_after_its_first_send_was_stored_here_keeps_its_origins_order(net_ring):
+    """Alice's second message was stored here first from domain-02 (it served her then, and was lost
+    before it answered her); she sent it again, with its clientMessageId, from home (domain-01), which
+    numbers it 2 in its own order. It is stored once, and domain-01's 3 does not wait for it."""
+    def item(oid: int, seq: int, origin: str = "domain-01", cmid: str | None = None) -> dict:
+        return {"app": "ANZ", "sender": ALICE, "kind": "direct", "content": f"#{oid}", "reference": "",
+                "confirmation_requested": False, "client_message_id": cmid, "origin_domain": origin,
+                "origin_message_id": oid, "path": [origin, "domain-04"], "confirms": "",
+                "recipients": [CAROL], "seqs": {CAROL: seq}}
+
+    with net_ring.at("domain-03"):
+        forward_accept(sender="domain-04", payload={"messages": [item(101, 1)]})
+        forward_accept(sender="domain-04", payload={"messages": [item(500, 1, "domain-02", "alice-2")]})
+        again = forward_accept(sender="domain-04", payload={"messages": [item(102, 2, cmid="alice-2"), item(103, 3)]})
+        assert again["duplicates"] == 1
+        assert not HeldInOrder.objects.exists()
+    assert net_ring.mailbox("domain-03", CAROL) == [101, 500, 103]
+
+
 def test_a_malformed_sequence_refuses_the_call(net_ring):
     from messaging.federation.wire.transport import PeerRefused
 
