@@ -254,10 +254,15 @@ def _cached(key: tuple[str, str], load) -> AppSnapshot | None:
 def app_snapshot_known(app_name: str) -> tuple[bool, AppSnapshot | None]:
     """(True, the app or None) when the cache holds a fresh answer for `app_name`; (False, None)
     when only app_snapshot's query can tell. No I/O: safe on an event loop, so a web node's
-    AUTH_CLIENT needs no thread hop for an app it has seen in the last SNAPSHOT_TTL seconds."""
+    AUTH_CLIENT needs no thread hop for an app it has seen in the last SNAPSHOT_TTL seconds, unless
+    the takeovers are due a look (TAKEOVER_LOOK_SECONDS): answered from the cache alone, a web node
+    redirected a home's users to their home, or refused them at their new holder, for up to
+    SNAPSHOT_TTL after a takeover (4 s of a fault run's 15 s without a login)."""
+    now = time.monotonic()
     with _snapshots_lock:
         cached = _snapshots.get(("name", app_name))
-    if cached is None or time.monotonic() - cached[0] >= SNAPSHOT_TTL:
+        look_due = now - _takeovers_seen[0] >= TAKEOVER_LOOK_SECONDS
+    if cached is None or now - cached[0] >= SNAPSHOT_TTL or look_due:
         return False, None
     return True, cached[1]
 

@@ -9,13 +9,14 @@ domain-04; domain-01 and domain-02 are the third domains that may witness.
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
-from apps_registry.models import Takeover
-from apps_registry.selectors import app_snapshot, app_snapshots_clear
+from apps_registry.models import Domain, Takeover
+from apps_registry.selectors import TAKEOVER_LOOK_SECONDS, app_snapshot, app_snapshot_known, app_snapshots_clear
 from foundation.handoff import GOSSIP_TASK
 from foundation.transport.sockets import run_async
 from messaging.channels.models import Subscription
@@ -27,7 +28,7 @@ from messaging.federation.senders.queue import forward_sweep
 from messaging.federation.standby.mailbox_merge import Copied, mailbox_merge
 from messaging.federation.takeover import take
 from messaging.federation.takeover.fence import cut_off, fence, fence_forget
-from messaging.federation.takeover.records import network_accept, network_gossip
+from messaging.federation.takeover.records import epoch_next, network_accept, network_gossip
 from messaging.federation.takeover.take import given_back, hand_back, take_over, takeover_watch
 from messaging.gateway.authentication import client_authenticate
 from messaging.models import Delivery, Message
@@ -158,6 +159,30 @@ def sent_round_then_taken_over(net) -> None:
     net.pump()
     with net.at("domain-04"):
         assert take_over("domain-03")["state"] == "taken"
+
+
+def test_the_holders_web_node_serves_the_users_it_took_over_from_its_next_look_at_the_takeovers(standby_ring):
+    """The takeover is written by domain-04's worker; its web node has the app cached from before (carol
+    lives in domain-03). A login reads that cache without a query only until the node's next look at
+    the takeovers' epoch (TAKEOVER_LOOK_SECONDS); then it reads the app again (`app_snapshot`, on a
+    thread: run here), which has carol served at domain-04. Before, the cache answered logins until it
+    expired (SNAPSHOT_TTL): carol was refused at her holder for up to 5 s after the takeover (4 s of a
+    fault run's 15 s without a login)."""
+    net = standby_ring
+    lost(net)
+    heard(net, "domain-04", "domain-01", 0)  # (not cut off)
+    with net.at("domain-04"):
+        app_snapshots_clear()
+        app_snapshot("ANZ")
+        fence_forget()
+        fence()
+        refused = run_async(client_authenticate(app_id=net.app.app_id, user_id=CAROL, token=""), timeout=30)
+        assert refused.reason == "user lives in domain-03; connect to that domain"
+        Takeover.objects.create(home=Domain.objects.get(name="domain-03"), holder=Domain.objects.get(name="domain-04"),
+                                held=True, epoch=epoch_next(None), taken_at=timezone.now(), learned_at=timezone.now())
+        time.sleep(TAKEOVER_LOOK_SECONDS + 0.1)
+        assert app_snapshot_known("ANZ") == (False, None)  # the login asks the database
+        assert app_snapshot("ANZ").home_of(CAROL) == "domain-04"
 
 
 def test_a_message_that_went_round_towards_the_lost_home_comes_back_to_the_holder_once(standby_ring):
