@@ -54,6 +54,17 @@ def holder_silent(net, seconds: float) -> None:
             "up": False, "down_since": timezone.now() - timedelta(seconds=seconds), "last_error": "refused"})
 
 
+def held_then_holder_silent(net, seconds: float) -> None:
+    """domain-03 lost and taken over by domain-04, back (told so), and then domain-04 silent for
+    `seconds` (`holder_silent`) while it holds carol, not handing her back."""
+    lost(net)
+    with net.at("domain-04"):
+        assert take_over("domain-03")["state"] == "taken"
+    told(net, "domain-04", "domain-03")
+    net.down.clear()
+    holder_silent(net, seconds)
+
+
 def held_and_handing_back(net) -> None:
     """domain-03 lost and taken over by domain-04 (alice's "during" stored there and sent home), then
     back: domain-04 has begun handing carol back, and domain-03 has heard so; dave's "late" is stored
@@ -139,13 +150,8 @@ def test_a_home_started_since_its_holder_fell_silent_counts_the_silence_from_the
     last word again from its neighbours as it started: not long ago here, but said long ago, and
     domain-02 heard it then. The home waits for no more than domain-02 does."""
     net = standby_ring
-    lost(net)
-    with net.at("domain-04"):
-        assert take_over("domain-03")["state"] == "taken"
-    told(net, "domain-04", "domain-03")
-    net.down.clear()
     failover = settings.FAILOVER_SECONDS
-    holder_silent(net, failover + 1)
+    held_then_holder_silent(net, failover + 1)
     heard(net, "domain-03", "domain-04", 1, like="domain-02")  # (less than two gossip rounds here)
     with net.at("domain-03"):
         assert takeover_watch() == {}  # not even asked yet: its own neighbours may still tell it more
@@ -159,13 +165,8 @@ def test_a_home_started_since_its_holder_fell_silent_counts_the_silence_from_the
 
 def test_a_home_started_since_waits_while_the_holders_last_word_is_recent_at_the_witness(standby_ring, settings):
     net = standby_ring
-    lost(net)
-    with net.at("domain-04"):
-        assert take_over("domain-03")["state"] == "taken"
-    told(net, "domain-04", "domain-03")
-    net.down.clear()
     failover = settings.FAILOVER_SECONDS
-    holder_silent(net, failover + 1)
+    held_then_holder_silent(net, failover + 1)
     heard(net, "domain-02", "domain-04", failover - 2)  # the witness heard a later word of it
     with net.at("domain-03"):
         watched = takeover_watch()
