@@ -115,13 +115,16 @@ def link_down_for(peer: str) -> float:
     return (timezone.now() - since).total_seconds()
 
 
+OWN_SILENCE_ROUNDS = 2
+
+
 def own_silence(threshold: float) -> float:
     """How long a domain must have been silent here, at the least, before a third domain is asked
     about it: two gossip rounds (each live neighbour's word comes every round), or `threshold` if
     that is shorter. The threshold itself is counted from the first domain that heard its last word
     (`witnesses_agree`): a domain that has just started heard that word again from its neighbours,
     later than anyone."""
-    return min(threshold, 2 * settings.PRESENCE_GOSSIP_SECONDS)
+    return min(threshold, OWN_SILENCE_ROUNDS * settings.PRESENCE_GOSSIP_SECONDS)
 
 
 def silent_here_for(domain: str, threshold: float) -> bool:
