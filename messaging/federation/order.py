@@ -299,11 +299,14 @@ def held_release_overdue() -> int:
                     " WHERE (blocked_by <> '' OR after_origin <> '') AND blocked_until <= %s ORDER BY 1, 2, 3", [now])
         overdue = set(keys)
         expired = [tuple(row) for row in cur.fetchall() if tuple(row) not in overdue]
-        # ... and what the overdue ones' own `after`s wait for: taken for lost too, and first, so
-        # that what waits for it goes in after what its origin had held before it.
-        if keys:
-            cur.execute(_AWAITED_SQL, key_columns(keys))
-            given_up += cur.fetchall()
+    # ... and what the overdue ones' own `after`s wait for: taken for lost too, and first, so that
+    # what waits for it goes in after what its origin had held before it.
+    awaited: dict[Key, int] = {}
+    for key, rows in held_of(keys).items():
+        for item in rows:
+            if w := _awaits(item, key):
+                awaited[w[0]] = max(awaited.get(w[0], 0), w[1])
+    given_up += [(*other, seq) for other, seq in sorted(awaited.items())]
     first: list[Key] = []
     if given_up:
         with transaction.atomic():
@@ -317,19 +320,6 @@ def held_release_overdue() -> int:
     if released:
         log.warning("gave up waiting for earlier messages: %d held message(s) put in their mailboxes", released)
     return released
-
-
-# The messages of other origins that what is held for some keys comes after (its `after`), and not in
-# yet: (app, recipient, that origin, the highest such seq).
-_AWAITED_SQL = """
-SELECT h.app_id, h.recipient, m.order_after -> h.recipient ->> 0, max((m.order_after -> h.recipient ->> 1)::bigint)
-  FROM messaging_heldinorder h
-  JOIN unnest(%s::bigint[], %s::text[], %s::text[]) AS k(app_id, recipient, origin)
-    ON h.app_id = k.app_id AND h.recipient = k.recipient AND h.origin_domain = k.origin
-  JOIN messaging_message m ON m.id = h.message_id
- WHERE m.order_after -> h.recipient ->> 0 NOT IN ('', h.origin_domain)
- GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
-"""
 
 
 # OrderAfter rows that say nothing any more: a hand-back's past its wait, and a home's places not
